@@ -1,0 +1,127 @@
+// Package allowlist decides whether a destination is on the environment's allowlist; it is pure: no I/O.
+package allowlist
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+)
+
+// Reason is why a request was refused or failed; ReasonNone ("") means allowed.
+// The string values are the stable codes of DESIGN.md: they appear in logs,
+// metrics and the Egressd-Reason header, so never rename them.
+type Reason string
+
+// Reasons. The six after ReasonNone are policy denials; the rest are
+// failures (see IsDenial).
+const (
+	ReasonNone                  Reason = ""
+	ReasonBadRequest            Reason = "bad_request"
+	ReasonNotAllowlisted        Reason = "not_allowlisted"
+	ReasonPortNotAllowed        Reason = "port_not_allowed"
+	ReasonInternalAddress       Reason = "internal_address"
+	ReasonHostMismatch          Reason = "host_mismatch"
+	ReasonPlaintextCredential   Reason = "plaintext_credential"
+	ReasonCredentialUnavailable Reason = "credential_unavailable"
+	ReasonDNSFailure            Reason = "dns_failure"
+	ReasonUpstreamUnreachable   Reason = "upstream_unreachable"
+	ReasonUpstreamTLS           Reason = "upstream_tls"
+	ReasonUpstreamTimeout       Reason = "upstream_timeout"
+	// ReasonOverloaded answers connections beyond limits.max_connections (503).
+	ReasonOverloaded Reason = "overloaded"
+)
+
+// String returns the stable code, e.g. "not_allowlisted"; "" for ReasonNone.
+func (r Reason) String() string { return string(r) }
+
+// IsDenial reports whether r is a policy denial (the request was refused on
+// purpose). Failures (dns_failure, upstream_*, credential_unavailable) and
+// ReasonNone are not denials: denied and failed stay separate.
+func (r Reason) IsDenial() bool {
+	switch r {
+	case ReasonBadRequest, ReasonNotAllowlisted, ReasonPortNotAllowed,
+		ReasonInternalAddress, ReasonHostMismatch, ReasonPlaintextCredential:
+		return true
+	}
+	return false
+}
+
+// Message renders the one-sentence human explanation for the JSON response
+// body. host and port name the destination (host is the normalised name, never
+// a secret); env is the environment ID. detail is rendered only where it is a
+// short code from this project's own vocabulary: the address class for
+// internal_address and the cause for bad_request (e.g. "no_sni"). Details of
+// failures (upstream errors, Vault paths) belong in the log, not here.
+func (r Reason) Message(host string, port uint16, env, detail string) string {
+	if host == "" {
+		host = "the destination"
+	}
+	switch r {
+	case ReasonNone:
+		return ""
+	case ReasonBadRequest:
+		return withDetail("the request is malformed", detail)
+	case ReasonNotAllowlisted:
+		return notAllowlistedMessage(host, env)
+	case ReasonPortNotAllowed:
+		return fmt.Sprintf("port %d is not allowed for %s", port, host)
+	case ReasonInternalAddress:
+		return internalAddressMessage(host, detail)
+	}
+	return r.failureMessage(host, port)
+}
+
+// failureMessage renders the reasons after the allowlist stage.
+func (r Reason) failureMessage(host string, port uint16) string {
+	switch r {
+	case ReasonHostMismatch:
+		return fmt.Sprintf("the request names a host other than the connection's destination %s", host)
+	case ReasonPlaintextCredential:
+		return fmt.Sprintf("refusing to send a credential to %s over plain HTTP; use https", host)
+	case ReasonCredentialUnavailable:
+		return fmt.Sprintf("the credential for %s is currently unavailable", host)
+	case ReasonDNSFailure:
+		return fmt.Sprintf("%s could not be resolved", host)
+	case ReasonUpstreamUnreachable:
+		return fmt.Sprintf("could not connect to %s", hostPort(host, port))
+	case ReasonUpstreamTLS:
+		return fmt.Sprintf("could not establish a verified TLS connection to %s", host)
+	case ReasonUpstreamTimeout:
+		return fmt.Sprintf("%s did not respond in time", host)
+	case ReasonOverloaded:
+		return "egressd is at its connection limit; retry later"
+	}
+	return fmt.Sprintf("request to %s refused (%s)", host, string(r))
+}
+
+func notAllowlistedMessage(host, env string) string {
+	if env == "" {
+		return host + " is not on the allowlist"
+	}
+	return fmt.Sprintf("%s is not on the allowlist of environment %s", host, env)
+}
+
+// internalAddressMessage words the sentence for an IP literal ("is") and a
+// name ("resolves to") differently.
+func internalAddressMessage(host, class string) string {
+	verb := "resolves to"
+	if _, err := netip.ParseAddr(host); err == nil {
+		verb = "is"
+	}
+	return withDetail(fmt.Sprintf("%s %s a blocked address", host, verb), class)
+}
+
+func withDetail(msg, detail string) string {
+	if detail == "" {
+		return msg
+	}
+	return msg + " (" + detail + ")"
+}
+
+func hostPort(host string, port uint16) string {
+	if port == 0 {
+		return host
+	}
+	return net.JoinHostPort(host, strconv.Itoa(int(port)))
+}

@@ -1,0 +1,101 @@
+// Package metrics defines egressd's Prometheus series; every series is exported from the start.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Decision label values of requests_total.
+const (
+	DecisionAllow = "allow"
+	DecisionDeny  = "deny"
+	DecisionError = "error"
+)
+
+// Direction label values of bytes_total: "in" is read from the sandbox (requests and
+// uploads), "out" is written to the sandbox (responses and downloads).
+const (
+	DirectionIn  = "in"
+	DirectionOut = "out"
+)
+
+// Metrics holds every egressd series and the registry that exports them.
+// Label values are reason codes, listener names and credential IDs: never secrets.
+type Metrics struct {
+	Registry          *prometheus.Registry
+	Requests          *prometheus.CounterVec   // requests_total{listener,decision,reason}
+	Duration          *prometheus.HistogramVec // request_duration_seconds{listener}
+	TunnelsActive     prometheus.Gauge         // tunnels_active
+	Bytes             *prometheus.CounterVec   // bytes_total{direction}
+	CredentialRefresh *prometheus.CounterVec   // credential_refresh_total{credential,result}
+	CredentialAge     *prometheus.GaugeVec     // credential_age_seconds{credential}
+	LeafCache         *prometheus.CounterVec   // leaf_cache_total{result}
+	HookRequests      *prometheus.CounterVec   // hook_requests_total{event,outcome}
+	ConfigReloads     *prometheus.CounterVec   // config_reloads_total{result}
+}
+
+// New registers every series on a fresh registry, with Go and process collectors.
+func New() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egressd_requests_total", Help: "Requests and tunnels by listener, decision and reason code.",
+		}, []string{"listener", "decision", "reason"}),
+		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "egressd_request_duration_seconds", Help: "Time from request head to the end of the response or tunnel.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"listener"}),
+		TunnelsActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "egressd_tunnels_active", Help: "CONNECT and transparent tunnels currently open.",
+		}),
+		Bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egressd_bytes_total", Help: "Bytes read from (in) and written to (out) the sandbox.",
+		}, []string{"direction"}),
+		CredentialRefresh: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egressd_credential_refresh_total", Help: "Credential reads by credential ID and result.",
+		}, []string{"credential", "result"}),
+		CredentialAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "egressd_credential_age_seconds", Help: "Seconds since the credential was last read successfully.",
+		}, []string{"credential"}),
+		LeafCache: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egressd_leaf_cache_total", Help: "Leaf certificate cache lookups by result (hit, miss).",
+		}, []string{"result"}),
+		HookRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egressd_hook_requests_total", Help: "Hook calls by event and outcome.",
+		}, []string{"event", "outcome"}),
+		ConfigReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egressd_config_reloads_total", Help: "Config reloads by result (ok, error).",
+		}, []string{"result"}),
+	}
+	m.Registry.MustRegister(m.Requests, m.Duration, m.TunnelsActive, m.Bytes, m.CredentialRefresh,
+		m.CredentialAge, m.LeafCache, m.HookRequests, m.ConfigReloads,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.initKnown()
+	return m
+}
+
+// initKnown creates the label sets that exist regardless of traffic, so they export zeros.
+func (m *Metrics) initKnown() {
+	for _, d := range []string{DirectionIn, DirectionOut} {
+		m.Bytes.WithLabelValues(d)
+	}
+	for _, r := range []string{"hit", "miss"} {
+		m.LeafCache.WithLabelValues(r)
+	}
+	for _, r := range []string{"ok", "error"} {
+		m.ConfigReloads.WithLabelValues(r)
+	}
+}
+
+// InitListener exports zero values for a listener's decision and reason label sets.
+func (m *Metrics) InitListener(name string, denials, failures []string) {
+	m.Requests.WithLabelValues(name, DecisionAllow, "")
+	for _, r := range denials {
+		m.Requests.WithLabelValues(name, DecisionDeny, r)
+	}
+	for _, r := range failures {
+		m.Requests.WithLabelValues(name, DecisionError, r)
+	}
+	m.Duration.WithLabelValues(name)
+}
