@@ -1,0 +1,69 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/egressd/egressd/internal/explain"
+	"github.com/egressd/egressd/internal/netguard"
+)
+
+func cmdExplain(args []string) int {
+	fs, cfgPath, format := newFlags("explain", stderr)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(stderr, "usage: egressd explain [--config FILE] [--format json] URL")
+		return exitUsage
+	}
+	l, err := load(*cfgPath)
+	if err != nil {
+		printLoadError(stderr, err)
+		return exitUsage
+	}
+	guard, err := netguard.New(netguard.Options{
+		AllowCIDRs: l.cfg.Network.AllowCIDRs, UnsafeAllowCIDRs: l.cfg.Network.UnsafeAllowCIDRs,
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "egressd: %v\n", err)
+		return exitUsage
+	}
+	res := explain.URL(l.policy.Allowlist, guard, l.cfg.Environment, fs.Arg(0))
+	if *format == "json" {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(res)
+		return exitOK
+	}
+	printExplain(res)
+	return exitOK
+}
+
+func printExplain(r explain.Result) {
+	fmt.Printf("url:        %s\n", r.URL)
+	fmt.Printf("decision:   %s\n", r.Decision)
+	if r.Reason != "" {
+		fmt.Printf("reason:     %s\n", r.Reason)
+	}
+	if r.Detail != "" {
+		fmt.Printf("detail:     %s\n", r.Detail)
+	}
+	fmt.Printf("message:    %s\n", r.Message)
+	fmt.Printf("rule:       %s\n", orNone(r.Rule))
+	fmt.Printf("intercept:  %t\n", r.Intercept)
+	fmt.Printf("inject:     %s\n", orNone(strings.Join(r.Inject, ", ")))
+	fmt.Printf("credential: %s\n", orNone(r.Credential))
+	if r.Note != "" {
+		fmt.Printf("note:       %s\n", r.Note)
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}

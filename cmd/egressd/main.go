@@ -1,0 +1,48 @@
+// Command egressd is the egress proxy for AI-agent sandboxes: run, check, explain, version.
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+// Exit codes (DESIGN.md "Commands").
+const (
+	exitOK      = 0
+	exitUsage   = 1 // validation or usage error, with a message
+	exitRuntime = 2 // runtime failure
+)
+
+const usage = `usage: egressd <command> [flags]
+
+commands:
+  run      [--config FILE]                 serve (quick-start defaults without --config)
+  check    [--config FILE] [--format json] validate config and policy; exit 1 on any error
+  explain  [--config FILE] [--format json] URL
+                                           print the decision for URL, offline
+  version                                  version, commit, Go version
+`
+
+func main() {
+	os.Exit(runMain(os.Args[1:]))
+}
+
+func runMain(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return exitUsage
+	}
+	cmds := map[string]func([]string) int{
+		"run": cmdRun, "check": cmdCheck, "explain": cmdExplain, "version": cmdVersion,
+	}
+	cmd, ok := cmds[args[0]]
+	if !ok {
+		if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+			fmt.Fprint(os.Stdout, usage)
+			return exitOK
+		}
+		fmt.Fprintf(os.Stderr, "egressd: unknown command %q\n\n%s", args[0], usage)
+		return exitUsage
+	}
+	return cmd(args[1:])
+}

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/egressd/egressd/internal/admin"
+	"github.com/egressd/egressd/internal/metrics"
+	"github.com/egressd/egressd/internal/proxy"
+)
+
+// drainTimeout bounds how long SIGTERM waits for in-flight requests and tunnels.
+const drainTimeout = 25 * time.Second
+
+func cmdRun(args []string) int {
+	fs, cfgPath, _ := newFlags("run", stderr)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	l, err := load(*cfgPath)
+	if err != nil {
+		printLoadError(stderr, err)
+		return exitUsage
+	}
+	log := newLogger(l.cfg.Log)
+	d := &daemon{cfgPath: *cfgPath, log: log, metrics: metrics.New()}
+	if err := d.start(l); err != nil {
+		log.Error().Err(err).Msg("egressd failed to start")
+		return exitRuntime
+	}
+	return d.wait()
+}
+
+// daemon is a running egressd: its listeners, proxy server and admin server.
+type daemon struct {
+	cfgPath string
+	log     zerolog.Logger
+	metrics *metrics.Metrics
+
+	mu       sync.Mutex
+	current  *loaded
+	loadedAt time.Time
+	self     []netip.AddrPort
+
+	srv   *proxy.Server
+	admin *http.Server
+	errc  chan error
+}
+
+func (d *daemon) start(l *loaded) error {
+	lns, err := d.listen(l)
+	if err != nil {
+		return err
+	}
+	rt, err := buildRuntime(l, d.self)
+	if err != nil {
+		closeAll(lns)
+		return err
+	}
+	if rt.Guard.Unsafe() {
+		d.log.Warn().Msg("network.unsafe_allow_cidrs is set: internal addresses it names are reachable; for development and tests only")
+	}
+	for _, w := range l.cfg.Warnings {
+		d.log.Warn().Str("path", w.Path).Msg(w.Msg)
+	}
+	d.current, d.loadedAt = l, time.Now()
+	d.srv = proxy.New(rt, d.log, d.metrics)
+	d.errc = make(chan error, len(lns)+1)
+	for i, ln := range lns[:len(l.cfg.Listeners)] {
+		go func() { d.errc <- d.srv.Serve(ln, l.cfg.Listeners[i]) }()
+	}
+	if len(lns) > len(l.cfg.Listeners) {
+		d.serveAdmin(lns[len(lns)-1])
+	}
+	d.log.Info().Str("environment", l.cfg.Environment).Str("config_hash", l.cfg.Hash).Msg("egressd started")
+	return nil
+}
+
+// listen opens every sandbox listener and then the admin listener (last), and records
+// their bound addresses as egressd's own, which the guard never lets a request reach.
+func (d *daemon) listen(l *loaded) ([]net.Listener, error) {
+	var lns []net.Listener
+	addrs := make([]netip.AddrPort, 0, len(l.cfg.Listeners)+1)
+	for _, lc := range l.cfg.Listeners {
+		addrs = append(addrs, lc.Address)
+	}
+	if l.cfg.Admin.Address.IsValid() {
+		addrs = append(addrs, l.cfg.Admin.Address)
+	}
+	for i, a := range addrs {
+		ln, err := net.Listen("tcp", a.String())
+		if err != nil {
+			closeAll(lns)
+			return nil, err
+		}
+		bound := netip.MustParseAddrPort(ln.Addr().String())
+		name := "admin"
+		if i < len(l.cfg.Listeners) {
+			name = l.cfg.Listeners[i].Name
+		}
+		d.log.Info().Str("listener", name).Str("address", bound.String()).Msg("listening")
+		d.self = append(d.self, bound)
+		lns = append(lns, ln)
+	}
+	return lns, nil
+}
+
+func (d *daemon) serveAdmin(ln net.Listener) {
+	d.admin = &http.Server{
+		Handler:           admin.Handler(d, d.metrics),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	go func() {
+		if err := d.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.errc <- err
+		}
+	}()
+}
+
+// wait serves until SIGTERM/SIGINT (drain, exit 0) or a listener fails (exit 2).
+// SIGHUP reloads.
+func (d *daemon) wait() int {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	for {
+		select {
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				d.reload()
+				continue
+			}
+			return d.shutdown()
+		case err := <-d.errc:
+			if err != nil {
+				d.log.Error().Err(err).Msg("listener failed")
+				d.shutdown()
+				return exitRuntime
+			}
+		}
+	}
+}
+
+func (d *daemon) shutdown() int {
+	d.log.Info().Dur("drain_timeout", drainTimeout).Msg("draining")
+	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	if d.admin != nil {
+		d.admin.Close()
+	}
+	if err := d.srv.Shutdown(ctx); err != nil {
+		d.log.Warn().Err(err).Msg("drain timed out; open connections closed")
+	}
+	d.log.Info().Msg("egressd stopped")
+	return exitOK
+}
+
+func closeAll(lns []net.Listener) {
+	for _, ln := range lns {
+		ln.Close()
+	}
+}

@@ -1,0 +1,362 @@
+// Package config loads and validates egressd's operator config and policy;
+// raw schema in, validated runtime types out.
+//
+// The YAML operator config (egressd.yaml) decodes into the raw types of
+// raw.go, strictly: every unknown key, type mismatch and invalid value is
+// reported at once, with its path and line, in one *ValidationError. Only a
+// config without errors becomes a Config, whose fields hold parsed values
+// (netip.AddrPort, time.Duration, resolved file paths) with every default
+// applied, so the rest of egressd never re-checks them. The policy
+// (environment.json, or policy.allowlist inline) is loaded and compiled in
+// the same pass, so a Config and its policy are one snapshot: a reload
+// swaps both or neither.
+package config
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"time"
+
+	"github.com/egressd/egressd/internal/allowlist"
+)
+
+// Values of Listener.Mode.
+const (
+	ModeProxy       = "proxy"       // explicit proxy: HTTP absolute-form and CONNECT
+	ModeTransparent = "transparent" // REDIRECTed TCP: TLS by SNI, plain HTTP by Host
+)
+
+// Values of Listener.Role.
+const (
+	RoleSandbox = "sandbox" // the sandbox's traffic
+	RoleHooks   = "hooks"   // traffic from this listener is hook traffic
+)
+
+// Values of TLS.Intercept.
+const (
+	InterceptAuto = "auto" // terminate TLS only for entries that inject, and hook URLs
+	InterceptAll  = "all"  // terminate every tunnel
+	InterceptNone = "none" // never terminate; injection is then impossible
+)
+
+// Values of Credentials.Backend.
+const (
+	BackendFile  = "file"  // a JSON file of credential ID -> secret
+	BackendVault = "vault" // HashiCorp Vault KV v2
+)
+
+// Values of VaultAuth.Method.
+const (
+	AuthToken      = "token"
+	AuthAppRole    = "approle"
+	AuthJWT        = "jwt"
+	AuthKubernetes = "kubernetes"
+)
+
+// Values of Log.Level and Log.Format.
+const (
+	LevelDebug    = "debug"
+	LevelInfo     = "info"
+	LevelWarn     = "warn"
+	LevelError    = "error"
+	FormatJSON    = "json"
+	FormatConsole = "console"
+)
+
+// Config is a validated operator config. Every field holds a checked value
+// with its default applied; relative file paths have been resolved against
+// the config file's directory.
+type Config struct {
+	Version     int
+	Environment string // matches ^[A-Za-z0-9_.-]{1,64}$; default env_default
+	Listeners   []Listener
+	Admin       Admin
+	Policy      PolicySource
+	Network     Network
+	DNS         DNS
+	TLS         TLS
+	Credentials Credentials
+	Hooks       Hooks
+	Limits      Limits
+	Log         Log
+	StateDir    string
+	// Rules is the policy named by Policy, loaded and compiled with
+	// AllowlistOptions. Set by Parse, Load and LoadDefault; nil from Default.
+	Rules *Policy
+	// Warnings are the non-fatal problems of the config and its policy.
+	Warnings []Problem
+	// Hash is the lowercase hex SHA-256 of the config file's bytes followed
+	// by the policy file's bytes (`cat egressd.yaml environment.json |
+	// sha256sum`); an inline policy adds nothing. Shown by /healthz.
+	Hash string
+}
+
+// Listener is one address egressd serves the sandbox (or its hooks) on.
+type Listener struct {
+	Name    string         // unique; appears in logs and metrics
+	Address netip.AddrPort // an IP literal; port 0 picks a free port (tests)
+	Mode    string         // ModeProxy (default) or ModeTransparent
+	Role    string         // RoleSandbox (default) or RoleHooks
+}
+
+// Admin is the admin listener: health, metrics, explain, reload, CA, JWKS.
+type Admin struct {
+	// Address is invalid (the zero AddrPort) when the admin listener is off
+	// (admin.address: ""). It never equals a listener's address.
+	Address netip.AddrPort
+}
+
+// Enabled reports whether the admin listener should be served.
+func (a Admin) Enabled() bool { return a.Address.IsValid() }
+
+// PolicySource says where the policy comes from: exactly one of File (a
+// JSON environment, resolved path) and Inline (policy.allowlist).
+type PolicySource struct {
+	File   string
+	Inline []allowlist.Entry
+}
+
+// Network shapes how egressd reaches upstreams.
+type Network struct {
+	// Resolver is the DNS server egressd uses, as ip:port; "" means the
+	// system resolver.
+	Resolver string
+	// AllowCIDRs opens private, CGNAT and reserved ranges; never loopback,
+	// link-local, metadata and the other always-denied classes.
+	AllowCIDRs []netip.Prefix
+	// UnsafeAllowCIDRs may open anything but egressd's own addresses. For
+	// development and tests; a non-empty list is a warning.
+	UnsafeAllowCIDRs []netip.Prefix
+	// DefaultPorts are allowed for entries without ports; default 80, 443.
+	DefaultPorts []uint16
+}
+
+// DNS is the optional DNS guard for transparent mode.
+type DNS struct {
+	Listen string // ip:port, or "" for no DNS guard
+}
+
+// TLS configures interception and upstream verification.
+type TLS struct {
+	Intercept string // InterceptAuto (default), InterceptAll or InterceptNone
+	// CACert and CAKey are PEM files, both set or both empty; when empty the
+	// CA is generated into StateDir.
+	CACert, CAKey string
+	// UpstreamCAFile adds roots for verifying upstreams (private PKI, tests).
+	UpstreamCAFile string
+}
+
+// Credentials configures where credential IDs are resolved.
+type Credentials struct {
+	Backend string // BackendFile (default) or BackendVault
+	File    string // the JSON file of the file backend; required for it
+	// MaxStale bounds how old a cached secret may be once the backend stops
+	// answering; past it requests fail closed. Default 5m.
+	MaxStale time.Duration
+	Vault    Vault
+}
+
+// Vault configures the vault backend. An empty Address means VAULT_ADDR
+// (validation requires one or the other when the backend is vault).
+type Vault struct {
+	Address  string
+	Auth     VaultAuth
+	KVMount  string        // default "secret"
+	KVPrefix string        // default "egressd/credentials"
+	Refresh  time.Duration // default 30s, jittered by the backend
+}
+
+// VaultAuth is how egressd logs in to Vault. Token may hold a secret (when
+// the operator put one in the file, which validation warns about); String,
+// GoString and MarshalJSON redact it.
+type VaultAuth struct {
+	Method       string // AuthToken (default), AuthAppRole, AuthJWT or AuthKubernetes
+	Token        string // token: the token itself; prefer TokenFile or VAULT_TOKEN
+	TokenFile    string // token: a file holding the token
+	RoleIDFile   string // approle
+	SecretIDFile string // approle
+	Role         string // jwt, kubernetes
+	JWTFile      string // jwt; kubernetes (default: the service account token)
+	Mount        string // the auth mount path; default: the method's name
+}
+
+// redacted returns a copy safe to print.
+func (a VaultAuth) redacted() vaultAuthView {
+	if a.Token != "" {
+		a.Token = "[redacted]"
+	}
+	return vaultAuthView(a)
+}
+
+// vaultAuthView has VaultAuth's fields and none of its methods, so
+// printing it does not recurse.
+type vaultAuthView VaultAuth
+
+// String prints the fields with Token redacted.
+func (a VaultAuth) String() string { return fmt.Sprintf("%+v", a.redacted()) }
+
+// GoString prints the fields with Token redacted.
+func (a VaultAuth) GoString() string { return fmt.Sprintf("%#v", a.redacted()) }
+
+// MarshalJSON encodes the fields with Token redacted.
+func (a VaultAuth) MarshalJSON() ([]byte, error) { return json.Marshal(a.redacted()) }
+
+// Hooks configures hook traffic.
+type Hooks struct {
+	// File is hooks.json; "" means the policy's inline .agents/hooks.json
+	// (Config.Rules.HooksJSON).
+	File string
+	// FailClosed turns every failed pre_tool_execution call into a deny.
+	// Default true.
+	FailClosed bool
+	SigningKey SecretRef
+}
+
+// SecretRef names a secret by credential ID or file: exactly one, or
+// neither (then egressd generates the key into StateDir).
+type SecretRef struct {
+	Credential string
+	File       string
+}
+
+// Limits bound each way a client or upstream can hold a resource. All
+// positive.
+type Limits struct {
+	ReadHeader     time.Duration // client must send its request head within this
+	Dial           time.Duration // one upstream connect
+	DNS            time.Duration // one resolution
+	ResponseHeader time.Duration // upstream must answer within this (504)
+	ClientIdle     time.Duration // idle keep-alive client connections are closed
+	TunnelIdle     time.Duration // a tunnel with no bytes either way is closed
+	MaxHeaderBytes int           // larger request heads get 431
+	MaxConnections int           // per listener; beyond it 503
+	HookBodyBytes  int64         // larger hook bodies are a hook failure
+}
+
+// Log configures the logger.
+type Log struct {
+	Level  string // LevelDebug, LevelInfo (default), LevelWarn or LevelError
+	Format string // FormatJSON (default) or FormatConsole
+}
+
+// AllowlistOptions are the options the policy is compiled with.
+func (c *Config) AllowlistOptions() allowlist.Options {
+	return allowlist.Options{
+		DefaultPorts: c.Network.DefaultPorts,
+		Intercept:    allowlist.InterceptMode(c.TLS.Intercept),
+	}
+}
+
+// Load reads and validates the config file at path and the policy it
+// names. Relative paths in it resolve against its directory. A read
+// failure of the config file itself is a plain error; everything about its
+// content is a *ValidationError.
+func Load(path string) (*Config, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	data, err := readFile(abs)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return Parse(data, filepath.Dir(abs))
+}
+
+// Parse validates config bytes and loads the policy they name; relative
+// paths resolve against baseDir ("" leaves them relative to the working
+// directory). Every error it returns is a *ValidationError.
+func Parse(data []byte, baseDir string) (*Config, error) {
+	ps := newProblems()
+	raw, ok := decodeConfig(data, ps)
+	if !ok {
+		return nil, ps.err()
+	}
+	cfg := validate(raw, baseDir, ps)
+	policyBytes := cfg.loadPolicy(raw.Policy.Allowlist, ps)
+	if err := ps.err(); err != nil {
+		return nil, err
+	}
+	cfg.Warnings = ps.warnings()
+	cfg.Hash = hashOf(data, policyBytes)
+	return cfg, nil
+}
+
+// Default returns the quick-start config that `egressd run` uses without
+// --config: listener "sandbox" on 127.0.0.1:15001 (proxy, sandbox), admin
+// on 127.0.0.1:15000, policy configs/environment.json and the file backend
+// with configs/credentials.json (both relative to the working directory),
+// state in .egressd, and every other default. Its policy is not loaded
+// (Rules is nil, Hash empty): LoadDefault loads it.
+func Default() *Config {
+	ps := newProblems()
+	cfg := validate(defaultRaw(), "", ps)
+	if ps.count() > 0 {
+		panic("config: the default config is invalid: " + ps.err().Error())
+	}
+	return cfg
+}
+
+// LoadDefault returns Default with its policy loaded from the working
+// directory. Its Hash covers the policy file's bytes alone.
+func LoadDefault() (*Config, error) {
+	cfg := Default()
+	ps := newProblems()
+	policyBytes := cfg.loadPolicy(nil, ps)
+	if err := ps.err(); err != nil {
+		return nil, err
+	}
+	cfg.Warnings = ps.warnings()
+	cfg.Hash = hashOf(nil, policyBytes)
+	return cfg, nil
+}
+
+// defaultRaw is the quick-start config before defaults: only what has no
+// default of its own.
+func defaultRaw() *rawConfig {
+	version := 1
+	return &rawConfig{
+		Version:     &version,
+		Listeners:   []rawListener{{Name: DefaultListenerName, Address: DefaultListenerAddress}},
+		Policy:      rawPolicy{File: DefaultPolicyFile},
+		Credentials: rawCredentials{File: DefaultCredentialsFile},
+	}
+}
+
+// loadPolicy loads the policy file, or compiles the inline allowlist, into
+// c.Rules, recording problems in ps. It returns the policy file's bytes
+// (nil for an inline policy) for the hash.
+func (c *Config) loadPolicy(inline *rawAllowlist, ps *problems) []byte {
+	opts := c.AllowlistOptions()
+	if inline != nil {
+		p := &Policy{}
+		p.Allowlist, p.Entries = compileAllowlist(inline, "policy.allowlist", opts, ps)
+		c.Policy.Inline, c.Rules = p.Entries, p
+		return nil
+	}
+	if c.Policy.File == "" {
+		return nil // reported by validate
+	}
+	data, err := readFile(c.Policy.File)
+	if err != nil {
+		ps.errorf("policy.file", "cannot read the policy: %v", err)
+		return nil
+	}
+	p, pps := readPolicy(data, c.Policy.File, opts)
+	ps.merge(pps)
+	c.Rules = p
+	return data
+}
+
+// hashOf is the hex SHA-256 of the concatenated parts.
+func hashOf(parts ...[]byte) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write(p)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}

@@ -1,0 +1,106 @@
+package config
+
+import "time"
+
+// Defaults applied when a key is absent. Each matches the example in
+// DESIGN.md ("Operator config"); change both together.
+const (
+	// DefaultEnvironment names the environment in logs, metrics and hook
+	// assertions when the config does not.
+	DefaultEnvironment = "env_default"
+
+	// DefaultListenerName, DefaultListenerAddress, DefaultMode and
+	// DefaultRole describe the one listener of the quick-start config:
+	// an explicit proxy for the sandbox on loopback (HTTP_PROXY=http://127.0.0.1:15001).
+	DefaultListenerName    = "sandbox"
+	DefaultListenerAddress = "127.0.0.1:15001"
+	DefaultMode            = ModeProxy
+	DefaultRole            = RoleSandbox
+
+	// DefaultAdminAddress is the admin listener (health, metrics, explain,
+	// reload, CA, JWKS). Loopback only: the sandbox must never reach it.
+	DefaultAdminAddress = "127.0.0.1:15000"
+
+	// DefaultPolicyFile and DefaultCredentialsFile are the quick-start
+	// files, relative to the working directory (Default) or to the config
+	// file's directory (Parse, Load).
+	DefaultPolicyFile      = "configs/environment.json"
+	DefaultCredentialsFile = "configs/credentials.json"
+
+	// DefaultIntercept terminates TLS only where egressd must see the
+	// request: entries with a transform or credential, and hook URLs.
+	DefaultIntercept = InterceptAuto
+
+	// DefaultBackend keeps secrets in a local JSON file (the embedded default).
+	DefaultBackend = BackendFile
+
+	// DefaultMaxStale bounds how old a cached secret may be once its backend
+	// stops answering; past it, requests fail closed (credential_unavailable).
+	DefaultMaxStale = 5 * time.Minute
+
+	// DefaultVaultAuthMethod authenticates with a Vault token (token,
+	// token_file or VAULT_TOKEN).
+	DefaultVaultAuthMethod = AuthToken
+	// DefaultVaultKVMount and DefaultVaultKVPrefix place credential "x" at
+	// secret/data/egressd/credentials/x (KV v2).
+	DefaultVaultKVMount  = "secret"
+	DefaultVaultKVPrefix = "egressd/credentials"
+	// DefaultVaultRefresh is how often secrets are re-read (with jitter).
+	DefaultVaultRefresh = 30 * time.Second
+	// DefaultKubernetesJWTFile is the service account token the kubernetes
+	// auth method presents when jwt_file is empty.
+	DefaultKubernetesJWTFile = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+	// DefaultHooksFailClosed turns every failed pre_tool_execution call into
+	// an explicit deny; false lets the runtime fail open, as it does alone.
+	DefaultHooksFailClosed = true
+
+	// DefaultReadHeader bounds how long a client may take to send its
+	// request head (slowloris).
+	DefaultReadHeader = 10 * time.Second
+	// DefaultMaxHeaderBytes bounds a request head; larger heads get 431.
+	DefaultMaxHeaderBytes = 65536
+	// DefaultDial bounds one upstream TCP connect.
+	DefaultDial = 10 * time.Second
+	// DefaultDNS bounds one name resolution.
+	DefaultDNS = 5 * time.Second
+	// DefaultResponseHeader bounds the wait for the upstream's response
+	// head (504 upstream_timeout).
+	DefaultResponseHeader = 30 * time.Second
+	// DefaultClientIdle closes idle keep-alive client connections.
+	DefaultClientIdle = 5 * time.Minute
+	// DefaultTunnelIdle closes a tunnel with no bytes either way; active
+	// tunnels are never cut.
+	DefaultTunnelIdle = time.Hour
+	// DefaultMaxConnections is per listener; beyond it new connections get 503.
+	DefaultMaxConnections = 10000
+	// DefaultHookBodyBytes bounds hook request and decision bodies; larger
+	// ones are a hook failure (deny when fail-closed).
+	DefaultHookBodyBytes int64 = 1 << 20
+
+	// DefaultLogLevel and DefaultLogFormat: one JSON line per request at info.
+	DefaultLogLevel  = LevelInfo
+	DefaultLogFormat = FormatJSON
+
+	// DefaultStateDir holds the generated CA and hook signing key.
+	DefaultStateDir = ".egressd"
+)
+
+// defaultPorts returns the ports an allowlist entry without "ports"
+// allows (network.default_ports), fresh on each call so no caller can
+// change another's.
+func defaultPorts() []uint16 { return []uint16{80, 443} }
+
+// Limits on input, so that a hostile or broken file cannot exhaust memory.
+const (
+	// maxFileBytes bounds a config or policy file read from disk.
+	maxFileBytes = 16 << 20
+	// maxProblems bounds one ValidationError; the rest are summarised.
+	maxProblems = 100
+	// maxNodes bounds the nodes one decode visits, aliases expanded, so
+	// that aliases cannot blow a small document up into a huge one.
+	maxNodes = 1 << 20
+	// maxSuggestDistance is the largest edit distance at which an unknown
+	// key gets a "did you mean" suggestion.
+	maxSuggestDistance = 2
+)

@@ -1,0 +1,224 @@
+package config
+
+import (
+	"encoding/json"
+	"fmt"
+	"path"
+	"slices"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/egressd/egressd/internal/allowlist"
+)
+
+// Policy is a validated, compiled policy (environment.json).
+type Policy struct {
+	Allowlist *allowlist.Policy
+	// Entries are the allowlist entries as parsed, in order, for explain and
+	// check.
+	Entries []allowlist.Entry
+	// HooksJSON is the hooks.json document carried inline by the
+	// environment's sources (the one whose path is .agents/hooks.json), or
+	// nil. It is valid JSON; internal/hooks parses it.
+	HooksJSON json.RawMessage
+	Warnings  []Problem
+}
+
+// HooksSourcePath is the path of the sources item that carries hooks.json.
+const HooksSourcePath = ".agents/hooks.json"
+
+// shapeHint is the message for a document of none of the accepted shapes.
+const shapeHint = `expected {"network": {"allowlist": [...]}} or {"allowlist": [...]}`
+
+// LoadPolicy reads and validates the policy file at path. A read failure is
+// a plain error; everything about the content is a *ValidationError whose
+// problems name path as their File.
+func LoadPolicy(path string, opts allowlist.Options) (*Policy, error) {
+	data, err := readFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	return finishPolicy(readPolicy(data, path, opts))
+}
+
+// ParsePolicy validates and compiles a policy document. It accepts three
+// shapes, told apart by their keys:
+//
+//   - a whole environment, {"network": {"allowlist": [...]}, "sources": [...], ...};
+//     other top-level keys, and other keys inside "network", belong to the
+//     managed platform and are ignored;
+//   - just {"network": {"allowlist": [...]}};
+//   - just {"allowlist": [...]}, with no other key.
+//
+// Problem paths follow the shape read: network.allowlist[3].credential or
+// allowlist[3].credential. Every error it returns is a *ValidationError.
+func ParsePolicy(data []byte, opts allowlist.Options) (*Policy, error) {
+	return finishPolicy(readPolicy(data, "", opts))
+}
+
+// finishPolicy turns readPolicy's result into ParsePolicy's.
+func finishPolicy(p *Policy, ps *problems) (*Policy, error) {
+	if err := ps.err(); err != nil {
+		return nil, err
+	}
+	p.Warnings = ps.warnings()
+	return p, nil
+}
+
+// readPolicy decodes and compiles a policy document, with every problem
+// recorded in the returned problems (their File set to file). The Policy
+// is never nil, but holds what could be read only when there are no errors.
+func readPolicy(data []byte, file string, opts allowlist.Options) (*Policy, *problems) {
+	ps := newProblems()
+	ps.file = file
+	p := &Policy{}
+	root, err := parseJSON(data)
+	if err != nil {
+		ps.add(jsonProblem(err))
+		return p, ps
+	}
+	d := newDecoder(ps)
+	if root.Kind != yaml.MappingNode {
+		d.errorAt("policy", root.Line, "%s, got %s", shapeHint, describe(root))
+		return p, ps
+	}
+	al, prefix := findAllowlist(d, root)
+	if al == nil {
+		return p, ps
+	}
+	var entries rawAllowlist
+	entries.decodeNode(d, al, prefix)
+	p.Allowlist, p.Entries = compileAllowlist(&entries, prefix, opts, ps)
+	if prefix != "allowlist" {
+		p.HooksJSON = findHooks(d, root, data)
+	}
+	return p, ps
+}
+
+// findAllowlist finds the allowlist node by the document's shape and
+// returns it with the path prefix of its problems; nil when there is none
+// (reported).
+func findAllowlist(d *decoder, root *yaml.Node) (*yaml.Node, string) {
+	network, hasNetwork := mappingValue(root, "network")
+	al, hasAllowlist := mappingValue(root, "allowlist")
+	switch {
+	case hasNetwork && hasAllowlist:
+		d.errorAt("allowlist", keyLine(root, "allowlist"), `a top-level "allowlist" next to "network"; move it into "network"`)
+		return nil, ""
+	case hasAllowlist:
+		d.eachKey(root, "", func(key string, k, _ *yaml.Node, kpath string) {
+			if key != "allowlist" {
+				d.errorAt(kpath, k.Line, `unknown key; a policy of the {"allowlist": [...]} shape has no other key`)
+			}
+		})
+		return al, "allowlist"
+	case !hasNetwork:
+		d.errorAt("policy", root.Line, "%s", shapeHint)
+		return nil, ""
+	}
+	d.ps.setLine("network", keyLine(root, "network"))
+	if network = d.deref(network); network.Kind != yaml.MappingNode {
+		d.errorAt("network", network.Line, `expected a mapping such as {"allowlist": [...]}, got %s`, describe(network))
+		return nil, ""
+	}
+	al, ok := mappingValue(network, "allowlist")
+	if !ok {
+		d.errorAt("network.allowlist", network.Line, "required: egressd enforces network.allowlist (an empty list denies everything)")
+		return nil, ""
+	}
+	d.ps.setLine("network.allowlist", keyLine(network, "allowlist"))
+	return al, "network.allowlist"
+}
+
+// findHooks returns the content of the sources item whose path is
+// .agents/hooks.json, as JSON: a string content is the document's text, an
+// object content is the document itself. Other sources are ignored.
+func findHooks(d *decoder, root *yaml.Node, data []byte) json.RawMessage {
+	sources, ok := mappingValue(root, "sources")
+	if !ok || isNull(sources) {
+		return nil
+	}
+	d.ps.setLine("sources", keyLine(root, "sources"))
+	items, ok := d.list(sources, "sources")
+	if !ok {
+		return nil
+	}
+	found := -1
+	for i, item := range items {
+		p, _ := mappingValue(d.deref(item), "path")
+		if p == nil || p.Kind != yaml.ScalarNode || path.Clean(p.Value) != HooksSourcePath {
+			continue
+		}
+		ip := indexPath("sources", i)
+		d.ps.setLine(ip, item.Line)
+		if found >= 0 {
+			d.errorAt(ip, item.Line, "a second %s source (the first is sources[%d])", HooksSourcePath, found)
+			continue
+		}
+		found = i
+	}
+	if found < 0 {
+		return nil
+	}
+	return hooksContent(d, d.deref(items[found]), indexPath("sources", found), found, data)
+}
+
+// hooksContent extracts the content of the hooks source at index i.
+func hooksContent(d *decoder, item *yaml.Node, path string, i int, data []byte) json.RawMessage {
+	content, ok := mappingValue(item, "content")
+	cpath := path + ".content"
+	switch {
+	case !ok:
+		d.errorAt(cpath, item.Line, "required: the hooks.json document, as a JSON string or object")
+	case content.Kind == yaml.ScalarNode && content.ShortTag() == "!!str":
+		if err := json.Unmarshal([]byte(content.Value), new(json.RawMessage)); err != nil {
+			d.errorAt(cpath, content.Line, "not a JSON document: %v", err)
+			return nil
+		}
+		return json.RawMessage(content.Value)
+	case content.Kind == yaml.MappingNode:
+		return rawSourceContent(data, i)
+	default:
+		d.errorAt(cpath, content.Line, "expected the hooks.json document as a JSON string or object, got %s", describe(content))
+	}
+	return nil
+}
+
+// rawSourceContent returns the bytes of sources[i].content as written.
+// The document is known to be valid JSON with an object there.
+func rawSourceContent(data []byte, i int) json.RawMessage {
+	var env struct {
+		Sources []struct {
+			Content json.RawMessage `json:"content"`
+		} `json:"sources"`
+	}
+	_ = json.Unmarshal(data, &env) // type errors elsewhere in sources do not matter
+	if i >= len(env.Sources) {
+		return nil
+	}
+	return slices.Clone(env.Sources[i].Content)
+}
+
+// mappingValue returns the value of key in mapping n (the last one when
+// repeated, as encoding/json does).
+func mappingValue(n *yaml.Node, key string) (*yaml.Node, bool) {
+	var v *yaml.Node
+	if n.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Kind == yaml.ScalarNode && n.Content[i].Value == key {
+				v = n.Content[i+1]
+			}
+		}
+	}
+	return v, v != nil
+}
+
+// keyLine returns the line of key in mapping n.
+func keyLine(n *yaml.Node, key string) int {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i].Line
+		}
+	}
+	return n.Line
+}

@@ -1,0 +1,148 @@
+package config
+
+import (
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// The raw schema: what egressd.yaml may say, key for key as DESIGN.md
+// ("Operator config") lists it. Nothing here is validated; validate.go turns
+// a rawConfig into a Config. Pointers mark keys whose absence means "use the
+// default" where the zero value is meaningful (admin.address "" turns the
+// admin listener off; fail_closed false opens hooks). The yaml tags are the
+// contract: strict.go reports every key that matches no tag.
+
+type rawConfig struct {
+	Version     *int           `yaml:"version"`
+	Environment string         `yaml:"environment"`
+	Listeners   []rawListener  `yaml:"listeners"`
+	Admin       rawAdmin       `yaml:"admin"`
+	Policy      rawPolicy      `yaml:"policy"`
+	Network     rawNetwork     `yaml:"network"`
+	DNS         rawDNS         `yaml:"dns"`
+	TLS         rawTLS         `yaml:"tls"`
+	Credentials rawCredentials `yaml:"credentials"`
+	Hooks       rawHooks       `yaml:"hooks"`
+	Limits      rawLimits      `yaml:"limits"`
+	Log         rawLog         `yaml:"log"`
+	StateDir    string         `yaml:"state_dir"`
+}
+
+type rawListener struct {
+	Name    string `yaml:"name"`
+	Address string `yaml:"address"`
+	Mode    string `yaml:"mode"`
+	Role    string `yaml:"role"`
+}
+
+type rawAdmin struct {
+	Address *string `yaml:"address"` // nil: default; "": off
+}
+
+// rawPolicy is policy.file or an inline policy.allowlist.
+type rawPolicy struct {
+	File      string        `yaml:"file"`
+	Allowlist *rawAllowlist `yaml:"allowlist"`
+}
+
+type rawNetwork struct {
+	Resolver         string   `yaml:"resolver"`
+	AllowCIDRs       []string `yaml:"allow_cidrs"`
+	UnsafeAllowCIDRs []string `yaml:"unsafe_allow_cidrs"`
+	DefaultPorts     []int    `yaml:"default_ports"` // nil: default; []: an error
+}
+
+type rawDNS struct {
+	Listen string `yaml:"listen"`
+}
+
+type rawTLS struct {
+	Intercept      string `yaml:"intercept"`
+	CACert         string `yaml:"ca_cert"`
+	CAKey          string `yaml:"ca_key"`
+	UpstreamCAFile string `yaml:"upstream_ca_file"`
+}
+
+type rawCredentials struct {
+	Backend  string      `yaml:"backend"`
+	File     string      `yaml:"file"`
+	MaxStale rawDuration `yaml:"max_stale"`
+	Vault    rawVault    `yaml:"vault"`
+}
+
+type rawVault struct {
+	Address  string       `yaml:"address"`
+	Auth     rawVaultAuth `yaml:"auth"`
+	KVMount  string       `yaml:"kv_mount"`
+	KVPrefix string       `yaml:"kv_prefix"`
+	Refresh  rawDuration  `yaml:"refresh"`
+}
+
+type rawVaultAuth struct {
+	Method       string `yaml:"method"`
+	Token        string `yaml:"token"`
+	TokenFile    string `yaml:"token_file"`
+	RoleIDFile   string `yaml:"role_id_file"`
+	SecretIDFile string `yaml:"secret_id_file"`
+	Role         string `yaml:"role"`
+	JWTFile      string `yaml:"jwt_file"`
+	Mount        string `yaml:"mount"`
+}
+
+type rawHooks struct {
+	File       string       `yaml:"file"`
+	FailClosed *bool        `yaml:"fail_closed"` // nil: true
+	SigningKey rawSecretRef `yaml:"signing_key"`
+}
+
+type rawSecretRef struct {
+	Credential string `yaml:"credential"`
+	File       string `yaml:"file"`
+}
+
+type rawLimits struct {
+	ReadHeader     rawDuration `yaml:"read_header"`
+	MaxHeaderBytes *int        `yaml:"max_header_bytes"`
+	Dial           rawDuration `yaml:"dial"`
+	DNS            rawDuration `yaml:"dns"`
+	ResponseHeader rawDuration `yaml:"response_header"`
+	ClientIdle     rawDuration `yaml:"client_idle"`
+	TunnelIdle     rawDuration `yaml:"tunnel_idle"`
+	MaxConnections *int        `yaml:"max_connections"`
+	HookBodyBytes  *int64      `yaml:"hook_body_bytes"`
+}
+
+type rawLog struct {
+	Level  string `yaml:"level"`
+	Format string `yaml:"format"`
+}
+
+// rawEntry is one allowlist entry, in the policy JSON or inline in YAML.
+type rawEntry struct {
+	Domain         *string      `yaml:"domain"` // nil: missing (an error)
+	Ports          []int        `yaml:"ports"`
+	Transform      rawTransform `yaml:"transform"`
+	Credential     string       `yaml:"credential"`
+	AllowPlaintext bool         `yaml:"allow_plaintext"`
+}
+
+// rawDuration is a Go duration string ("10s", "5m"), parsed as it is
+// decoded so that a bad one is reported on its line.
+type rawDuration struct {
+	set bool
+	d   time.Duration
+}
+
+func (r *rawDuration) decodeNode(d *decoder, n *yaml.Node, path string) {
+	s, ok := d.scalar(n, path, `a duration such as "10s"`)
+	if !ok {
+		return
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		d.errorAt(path, n.Line, `invalid duration %s: use a number with a unit, such as "10s", "5m" or "1h"`, quoteShort(s))
+		return
+	}
+	r.set, r.d = true, v
+}

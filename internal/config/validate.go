@@ -1,0 +1,520 @@
+package config
+
+import (
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+)
+
+// validator turns raw values into validated ones, recording problems by
+// path. Each method returns a usable value even when it reports a problem
+// (the default, typically), so that checks further on, and the policy
+// compiled with these options, still run and report their own problems.
+type validator struct {
+	ps      *problems
+	baseDir string
+}
+
+// idPattern is what environment and listener names may look like: they
+// appear in logs, metrics labels and hook assertions.
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+// validate checks raw and returns the Config it describes.
+func validate(raw *rawConfig, baseDir string, ps *problems) *Config {
+	v := &validator{ps: ps, baseDir: baseDir}
+	cfg := &Config{
+		Version:     v.version(raw.Version),
+		Environment: v.environment(raw.Environment),
+		Listeners:   v.listeners(raw.Listeners),
+		Policy:      v.policySource(raw.Policy),
+		Network:     v.network(raw.Network),
+		DNS:         DNS{Listen: v.optionalAddr(raw.DNS.Listen, "dns.listen", "127.0.0.1:53", true)},
+		TLS:         v.tls(raw.TLS),
+		Credentials: v.credentials(raw.Credentials),
+		Hooks:       v.hooks(raw.Hooks),
+		Limits:      v.limits(raw.Limits),
+		Log:         v.log(raw.Log),
+		StateDir:    v.path(or(raw.StateDir, DefaultStateDir)),
+	}
+	cfg.Admin = v.admin(raw.Admin, cfg.Listeners)
+	return cfg
+}
+
+func (v *validator) version(ver *int) int {
+	switch {
+	case ver == nil:
+		v.ps.errorf("version", "required; add version: 1 at the top")
+	case *ver != 1:
+		v.ps.errorf("version", "unsupported version %d; this egressd reads version 1", *ver)
+	}
+	return 1
+}
+
+func (v *validator) environment(env string) string {
+	env = or(env, DefaultEnvironment)
+	if !idPattern.MatchString(env) {
+		v.ps.errorf("environment", "invalid id %s: use 1 to 64 letters, digits, '_', '.' or '-'", quoteShort(env))
+	}
+	return env
+}
+
+// listeners checks each listener, then that names and addresses are unique.
+func (v *validator) listeners(raws []rawListener) []Listener {
+	if len(raws) == 0 {
+		v.ps.errorf("listeners", "at least one listener is required, e.g. [{name: sandbox, address: %s}]", DefaultListenerAddress)
+		return nil
+	}
+	ls := make([]Listener, len(raws))
+	names := map[string]string{}
+	for i, r := range raws {
+		path := indexPath("listeners", i)
+		ls[i] = v.listener(r, path)
+		if first, dup := names[r.Name]; dup && r.Name != "" {
+			v.ps.errorf(path+".name", "duplicate name %q (also %s)", r.Name, first)
+		}
+		names[r.Name] = path
+		for j := range i {
+			if conflicts(ls[i].Address, ls[j].Address) {
+				v.ps.errorf(path+".address", "%s is already used by %s", ls[i].Address, indexPath("listeners", j))
+				break
+			}
+		}
+	}
+	return ls
+}
+
+func (v *validator) listener(r rawListener, path string) Listener {
+	l := Listener{
+		Name: r.Name,
+		Mode: v.oneOf(r.Mode, path+".mode", DefaultMode, ModeProxy, ModeTransparent),
+		Role: v.oneOf(r.Role, path+".role", DefaultRole, RoleSandbox, RoleHooks),
+	}
+	switch {
+	case r.Name == "":
+		v.ps.errorf(path+".name", "required, e.g. name: %s", DefaultListenerName)
+	case !idPattern.MatchString(r.Name):
+		v.ps.errorf(path+".name", "invalid name %s: use 1 to 64 letters, digits, '_', '.' or '-'", quoteShort(r.Name))
+	}
+	if r.Address == "" {
+		v.ps.errorf(path+".address", "required, e.g. address: %s", DefaultListenerAddress)
+		return l
+	}
+	l.Address, _ = v.addrPort(r.Address, path+".address", DefaultListenerAddress, true)
+	if l.Mode == ModeTransparent && l.Address.Addr().IsLoopback() {
+		v.ps.warnf(path+".address", "a transparent listener on %s: the REDIRECT target must be reachable from the sandbox (use the sandbox-facing interface)", l.Address.Addr())
+	}
+	return l
+}
+
+// admin parses admin.address ("" turns the admin listener off) and keeps it
+// apart from the sandbox's listeners.
+func (v *validator) admin(r rawAdmin, ls []Listener) Admin {
+	s := DefaultAdminAddress
+	if r.Address != nil {
+		s = *r.Address
+	}
+	if s == "" {
+		return Admin{}
+	}
+	ap, ok := v.addrPort(s, "admin.address", DefaultAdminAddress, true)
+	if !ok {
+		return Admin{}
+	}
+	for i, l := range ls {
+		if conflicts(ap, l.Address) {
+			v.ps.errorf("admin.address", "%s is already used by %s; the admin listener must never be the sandbox's", ap, indexPath("listeners", i))
+			return Admin{Address: ap}
+		}
+	}
+	if ap.Addr().IsUnspecified() {
+		v.ps.warnf("admin.address", "%s exposes reload and explain on every interface, the sandbox's included; prefer 127.0.0.1", ap)
+	}
+	return Admin{Address: ap}
+}
+
+// conflicts reports whether two listen addresses would collide: the same
+// non-zero port on the same address, or on any address when one of them
+// is unspecified (0.0.0.0, ::).
+func conflicts(a, b netip.AddrPort) bool {
+	if !a.IsValid() || !b.IsValid() || a.Port() == 0 || a.Port() != b.Port() {
+		return false
+	}
+	return a.Addr() == b.Addr() || a.Addr().IsUnspecified() || b.Addr().IsUnspecified()
+}
+
+// addrPort parses an ip:port literal. Host names are refused: a listener
+// must not depend on DNS, and a resolver cannot be found through itself.
+func (v *validator) addrPort(s, path, example string, portZeroOK bool) (netip.AddrPort, bool) {
+	ap, err := netip.ParseAddrPort(s)
+	if err == nil && (ap.Port() != 0 || portZeroOK) {
+		return ap, true
+	}
+	host, port, serr := net.SplitHostPort(s)
+	switch _, herr := netip.ParseAddr(host); {
+	case serr != nil && isAddr(s):
+		v.ps.errorf(path, "%s has no port, e.g. %s", quoteShort(s), example)
+	case serr != nil:
+		v.ps.errorf(path, "invalid address %s: want ip:port, e.g. %s", quoteShort(s), example)
+	case host == "":
+		v.ps.errorf(path, "%s has no IP address: use e.g. %s, or 0.0.0.0:%s for every interface", quoteShort(s), example, port)
+	case herr != nil:
+		v.ps.errorf(path, "%s is not an IP address: use an IP address, e.g. %s", quoteShort(host), example)
+	case err == nil:
+		v.ps.errorf(path, "port 0 is not allowed here, e.g. %s", example)
+	default:
+		v.ps.errorf(path, "invalid port %s: want 1 to 65535, e.g. %s", quoteShort(port), example)
+	}
+	return netip.AddrPort{}, false
+}
+
+// isAddr reports whether s is an IP address without a port.
+func isAddr(s string) bool {
+	_, err := netip.ParseAddr(strings.Trim(s, "[]"))
+	return err == nil
+}
+
+// optionalAddr validates an ip:port that may be empty, returning its
+// canonical form.
+func (v *validator) optionalAddr(s, path, example string, portZeroOK bool) string {
+	if s == "" {
+		return ""
+	}
+	if ap, ok := v.addrPort(s, path, example, portZeroOK); ok {
+		return ap.String()
+	}
+	return ""
+}
+
+// policySource checks that exactly one of policy.file and
+// policy.allowlist is set. The inline entries are compiled later, with
+// the network and TLS options (Config.loadPolicy).
+func (v *validator) policySource(r rawPolicy) PolicySource {
+	switch {
+	case r.File != "" && r.Allowlist != nil:
+		v.ps.errorf("policy", "set policy.file or policy.allowlist, not both")
+	case r.File == "" && r.Allowlist == nil:
+		v.ps.errorf("policy", "required: set policy.file (an environment JSON, e.g. %s) or policy.allowlist", filepath.Base(DefaultPolicyFile))
+	case r.File != "":
+		return PolicySource{File: v.path(r.File)}
+	}
+	return PolicySource{}
+}
+
+func (v *validator) network(r rawNetwork) Network {
+	n := Network{
+		Resolver:         v.optionalAddr(r.Resolver, "network.resolver", "1.1.1.1:53", false),
+		AllowCIDRs:       v.cidrs(r.AllowCIDRs, "network.allow_cidrs"),
+		UnsafeAllowCIDRs: v.cidrs(r.UnsafeAllowCIDRs, "network.unsafe_allow_cidrs"),
+		DefaultPorts:     v.defaultPorts(r.DefaultPorts),
+	}
+	if len(n.UnsafeAllowCIDRs) > 0 {
+		v.ps.warnf("network.unsafe_allow_cidrs", "opens %s, which may include loopback and metadata addresses: for development and tests only", joinPrefixes(n.UnsafeAllowCIDRs))
+	}
+	return n
+}
+
+// cidrs parses a list of CIDRs in canonical (masked) form.
+func (v *validator) cidrs(raws []string, path string) []netip.Prefix {
+	var out []netip.Prefix
+	for i, s := range raws {
+		ip := indexPath(path, i)
+		p, err := netip.ParsePrefix(s)
+		switch {
+		case err != nil:
+			if a, aerr := netip.ParseAddr(s); aerr == nil {
+				v.ps.errorf(ip, "%s is an address, not a CIDR; use %s", quoteShort(s), netip.PrefixFrom(a, a.BitLen()))
+			} else {
+				v.ps.errorf(ip, "invalid CIDR %s, e.g. 10.0.0.0/8", quoteShort(s))
+			}
+		case p != p.Masked():
+			v.ps.errorf(ip, "%s has host bits set; use %s", s, p.Masked())
+		default:
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// defaultPorts checks network.default_ports; absent means 80 and 443.
+func (v *validator) defaultPorts(raws []int) []uint16 {
+	if raws == nil {
+		return defaultPorts()
+	}
+	if len(raws) == 0 {
+		v.ps.errorf("network.default_ports", "empty: entries without ports would allow nothing; omit the key for [80, 443]")
+		return defaultPorts()
+	}
+	ports, ok := v.ports(raws, "network.default_ports")
+	if !ok {
+		return defaultPorts()
+	}
+	return ports
+}
+
+// ports converts a list of ints to ports, reporting out-of-range and
+// duplicate ones.
+func (v *validator) ports(raws []int, path string) ([]uint16, bool) {
+	ok := true
+	out := make([]uint16, 0, len(raws))
+	for i, p := range raws {
+		switch {
+		case p < 1 || p > 65535:
+			v.ps.errorf(indexPath(path, i), "%d is not a port (1 to 65535)", p)
+			ok = false
+		case slices.Contains(out, uint16(p)):
+			v.ps.errorf(indexPath(path, i), "duplicate port %d", p)
+			ok = false
+		default:
+			out = append(out, uint16(p))
+		}
+	}
+	return out, ok
+}
+
+func (v *validator) tls(r rawTLS) TLS {
+	t := TLS{
+		Intercept:      v.oneOf(r.Intercept, "tls.intercept", DefaultIntercept, InterceptAuto, InterceptAll, InterceptNone),
+		CACert:         v.path(r.CACert),
+		CAKey:          v.path(r.CAKey),
+		UpstreamCAFile: v.path(r.UpstreamCAFile),
+	}
+	switch {
+	case r.CACert != "" && r.CAKey == "":
+		v.ps.errorf("tls.ca_key", "required with tls.ca_cert (or leave both empty to generate a CA in state_dir)")
+	case r.CAKey != "" && r.CACert == "":
+		v.ps.errorf("tls.ca_cert", "required with tls.ca_key (or leave both empty to generate a CA in state_dir)")
+	}
+	return t
+}
+
+func (v *validator) credentials(r rawCredentials) Credentials {
+	c := Credentials{
+		Backend:  v.oneOf(r.Backend, "credentials.backend", DefaultBackend, BackendFile, BackendVault),
+		File:     v.path(r.File),
+		MaxStale: v.duration(r.MaxStale, "credentials.max_stale", DefaultMaxStale),
+	}
+	c.Vault = v.vault(r.Vault, c.Backend == BackendVault)
+	if r.File == "" && (r.Backend == "" || r.Backend == BackendFile) {
+		v.ps.errorf("credentials.file", "required for the file backend, e.g. file: %s", filepath.Base(DefaultCredentialsFile))
+	}
+	return c
+}
+
+// vault checks the vault section. Its syntax is checked whatever the
+// backend; what it requires only when used is checked when used. The
+// environment (VAULT_ADDR, VAULT_TOKEN) is read here, at validation time,
+// because the Vault client honours it too: a config that relies on it is
+// valid only where it is set.
+func (v *validator) vault(r rawVault, used bool) Vault {
+	vc := Vault{
+		Address:  r.Address,
+		KVMount:  strings.Trim(or(r.KVMount, DefaultVaultKVMount), "/"),
+		KVPrefix: strings.Trim(or(r.KVPrefix, DefaultVaultKVPrefix), "/"),
+		Refresh:  v.duration(r.Refresh, "credentials.vault.refresh", DefaultVaultRefresh),
+		Auth:     v.vaultAuth(r.Auth, used),
+	}
+	if r.Address != "" {
+		v.vaultAddress(r.Address)
+	} else if used && os.Getenv("VAULT_ADDR") == "" {
+		v.ps.errorf("credentials.vault.address", "required for the vault backend (or set VAULT_ADDR), e.g. https://vault.internal:8200")
+	}
+	return vc
+}
+
+// vaultAddress checks that address is an http(s) URL, warning on clear
+// text to anything but loopback.
+func (v *validator) vaultAddress(address string) {
+	u, err := url.Parse(address)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		v.ps.errorf("credentials.vault.address", "%s is not an http(s) URL, e.g. https://vault.internal:8200", quoteShort(address))
+		return
+	}
+	if ip, err := netip.ParseAddr(u.Hostname()); u.Scheme == "http" && (err != nil || !ip.IsLoopback()) && u.Hostname() != "localhost" {
+		v.ps.warnf("credentials.vault.address", "plain http: the Vault token and secrets cross the network in clear text; use https")
+	}
+}
+
+// authFields lists, per method, the auth keys it reads; the others are
+// ignored with a warning.
+var authFields = map[string][]string{
+	AuthToken:      {"token", "token_file"},
+	AuthAppRole:    {"role_id_file", "secret_id_file", "mount"},
+	AuthJWT:        {"role", "jwt_file", "mount"},
+	AuthKubernetes: {"role", "jwt_file", "mount"},
+}
+
+func (v *validator) vaultAuth(r rawVaultAuth, used bool) VaultAuth {
+	const p = "credentials.vault.auth"
+	a := VaultAuth{
+		Method:       v.oneOf(r.Method, p+".method", DefaultVaultAuthMethod, AuthToken, AuthAppRole, AuthJWT, AuthKubernetes),
+		Token:        r.Token,
+		TokenFile:    v.path(r.TokenFile),
+		RoleIDFile:   v.path(r.RoleIDFile),
+		SecretIDFile: v.path(r.SecretIDFile),
+		Role:         r.Role,
+		JWTFile:      v.path(r.JWTFile),
+		Mount:        strings.Trim(r.Mount, "/"),
+	}
+	if a.Method != AuthToken && a.Mount == "" {
+		a.Mount = a.Method
+	}
+	if a.Method == AuthKubernetes && a.JWTFile == "" {
+		a.JWTFile = DefaultKubernetesJWTFile
+	}
+	if r.Token != "" && a.Method == AuthToken {
+		v.ps.warnf(p+".token", "a token in the config file is a secret value; prefer token_file or VAULT_TOKEN")
+	}
+	set := map[string]string{"token": r.Token, "token_file": r.TokenFile, "role_id_file": r.RoleIDFile,
+		"secret_id_file": r.SecretIDFile, "role": r.Role, "jwt_file": r.JWTFile, "mount": r.Mount}
+	for _, k := range fieldsOf(reflect.TypeFor[rawVaultAuth]()).names {
+		if set[k] != "" && !slices.Contains(authFields[a.Method], k) {
+			v.ps.warnf(p+"."+k, "ignored with method %s", a.Method)
+		}
+	}
+	if used {
+		v.authRequired(r, a.Method)
+	}
+	return a
+}
+
+// authRequired reports the keys a method needs and lacks.
+func (v *validator) authRequired(r rawVaultAuth, method string) {
+	const p = "credentials.vault.auth"
+	need := func(key, value string) {
+		if value == "" {
+			v.ps.errorf(p+"."+key, "required for method %s", method)
+		}
+	}
+	switch method {
+	case AuthToken:
+		if r.Token == "" && r.TokenFile == "" && os.Getenv("VAULT_TOKEN") == "" {
+			v.ps.errorf(p+".token_file", "method token needs token_file, token or VAULT_TOKEN")
+		}
+	case AuthAppRole:
+		need("role_id_file", r.RoleIDFile)
+		need("secret_id_file", r.SecretIDFile)
+	case AuthJWT:
+		need("role", r.Role)
+		need("jwt_file", r.JWTFile)
+	case AuthKubernetes:
+		need("role", r.Role)
+	}
+}
+
+func (v *validator) hooks(r rawHooks) Hooks {
+	h := Hooks{
+		File:       v.path(r.File),
+		FailClosed: DefaultHooksFailClosed,
+		SigningKey: SecretRef{Credential: r.SigningKey.Credential, File: v.path(r.SigningKey.File)},
+	}
+	if r.FailClosed != nil {
+		h.FailClosed = *r.FailClosed
+	}
+	if r.SigningKey.Credential != "" && r.SigningKey.File != "" {
+		v.ps.errorf("hooks.signing_key", "set credential or file, not both")
+	}
+	return h
+}
+
+func (v *validator) limits(r rawLimits) Limits {
+	const p = "limits."
+	return Limits{
+		ReadHeader:     v.duration(r.ReadHeader, p+"read_header", DefaultReadHeader),
+		Dial:           v.duration(r.Dial, p+"dial", DefaultDial),
+		DNS:            v.duration(r.DNS, p+"dns", DefaultDNS),
+		ResponseHeader: v.duration(r.ResponseHeader, p+"response_header", DefaultResponseHeader),
+		ClientIdle:     v.duration(r.ClientIdle, p+"client_idle", DefaultClientIdle),
+		TunnelIdle:     v.duration(r.TunnelIdle, p+"tunnel_idle", DefaultTunnelIdle),
+		MaxHeaderBytes: positive(v, r.MaxHeaderBytes, p+"max_header_bytes", DefaultMaxHeaderBytes),
+		MaxConnections: positive(v, r.MaxConnections, p+"max_connections", DefaultMaxConnections),
+		HookBodyBytes:  positive(v, r.HookBodyBytes, p+"hook_body_bytes", DefaultHookBodyBytes),
+	}
+}
+
+func (v *validator) log(r rawLog) Log {
+	return Log{
+		Level:  v.oneOf(r.Level, "log.level", DefaultLogLevel, LevelDebug, LevelInfo, LevelWarn, LevelError),
+		Format: v.oneOf(r.Format, "log.format", DefaultLogFormat, FormatJSON, FormatConsole),
+	}
+}
+
+// oneOf returns s, or def when s is empty, and reports a value outside
+// allowed (returning def then, so later checks see a valid value).
+func (v *validator) oneOf(s, path, def string, allowed ...string) string {
+	if s == "" {
+		return def
+	}
+	if !slices.Contains(allowed, s) {
+		v.ps.errorf(path, "invalid value %s: use one of %s", quoteShort(s), strings.Join(allowed, ", "))
+		return def
+	}
+	return s
+}
+
+// duration returns d's value, or def when absent; it must be positive.
+func (v *validator) duration(d rawDuration, path string, def time.Duration) time.Duration {
+	if !d.set {
+		return def
+	}
+	if d.d <= 0 {
+		v.ps.errorf(path, "must be positive, e.g. %s", formatDuration(def))
+		return def
+	}
+	return d.d
+}
+
+// positive returns *n, or def when n is nil; it must be positive.
+func positive[T int | int64](v *validator, n *T, path string, def T) T {
+	if n == nil {
+		return def
+	}
+	if *n <= 0 {
+		v.ps.errorf(path, "must be positive, e.g. %d", def)
+		return def
+	}
+	return *n
+}
+
+// path resolves a relative file path against the config's directory.
+func (v *validator) path(p string) string {
+	if p == "" || filepath.IsAbs(p) || v.baseDir == "" {
+		return p
+	}
+	return filepath.Join(v.baseDir, p)
+}
+
+// or returns s, or def when s is empty.
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// formatDuration renders d the way an operator writes it: 5m, not 5m0s.
+func formatDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}
+
+// joinPrefixes renders prefixes as "a, b".
+func joinPrefixes(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ", ")
+}

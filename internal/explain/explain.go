@@ -1,0 +1,84 @@
+// Package explain computes, offline, the decision egressd would make for a URL: the
+// same allowlist and address guard as the proxy, with no DNS and no connection.
+package explain
+
+import (
+	"fmt"
+	"net/netip"
+	"net/url"
+
+	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/netguard"
+)
+
+// Result is what explain reports. It names headers and credential IDs, never values.
+type Result struct {
+	URL        string   `json:"url"`
+	Scheme     string   `json:"scheme"`
+	Host       string   `json:"host"`
+	Port       uint16   `json:"port"`
+	Decision   string   `json:"decision"` // allow | deny
+	Reason     string   `json:"reason"`
+	Detail     string   `json:"detail,omitempty"`
+	Message    string   `json:"message"`
+	Rule       string   `json:"rule"`
+	Intercept  bool     `json:"intercept"`
+	Inject     []string `json:"inject"`     // header names set from the rule's transform
+	Credential string   `json:"credential"` // credential ID whose headers would be set
+	Note       string   `json:"note,omitempty"`
+}
+
+// URL explains raw against policy p and guard g for environment env.
+func URL(p *allowlist.Policy, g *netguard.Guard, env, raw string) Result {
+	res := Result{URL: raw, Inject: []string{}}
+	t, scheme, err := parse(raw)
+	res.Scheme, res.Host, res.Port = scheme, t.Host, t.Port
+	if err != nil {
+		return res.deny(env, allowlist.ReasonBadRequest, err.Error())
+	}
+	d := p.DecideRequest(t, scheme)
+	res.Rule, res.Intercept = d.RuleName(), d.Intercept
+	if d.Rule != nil && d.Allowed() {
+		for _, h := range d.Rule.Transform {
+			res.Inject = append(res.Inject, h.Name)
+		}
+		res.Credential = d.Rule.Credential
+	}
+	if !d.Allowed() {
+		return res.deny(env, d.Reason, d.Detail)
+	}
+	if t.IsIP() {
+		if err := g.Check(netip.AddrPortFrom(t.Addr, t.Port)); err != nil {
+			return res.deny(env, allowlist.ReasonInternalAddress, string(netguard.Classify(t.Addr)))
+		}
+	} else {
+		res.Note = "offline: the name was not resolved; every address it resolves to is checked when it is used"
+	}
+	res.Decision = "allow"
+	res.Message = fmt.Sprintf("%s is allowed by rule %q", t, res.Rule)
+	return res
+}
+
+func (r Result) deny(env string, reason allowlist.Reason, detail string) Result {
+	r.Decision, r.Reason, r.Detail = "deny", string(reason), detail
+	r.Message = reason.Message(r.Host, r.Port, env, detail)
+	r.Inject, r.Credential, r.Intercept = []string{}, "", false
+	return r
+}
+
+func parse(raw string) (allowlist.Target, string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return allowlist.Target{}, "", err
+	}
+	if u.User != nil {
+		return allowlist.Target{}, u.Scheme, fmt.Errorf("userinfo in URL")
+	}
+	ports := map[string]uint16{"http": 80, "https": 443}
+	port, ok := ports[u.Scheme]
+	if !ok {
+		return allowlist.Target{}, u.Scheme, fmt.Errorf("unsupported scheme %q (use http or https)", u.Scheme)
+	}
+	t, err := allowlist.ParseAuthority(u.Host, port)
+	return t, u.Scheme, err
+}

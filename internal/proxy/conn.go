@@ -1,0 +1,155 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/egressd/egressd/internal/allowlist"
+)
+
+var errTooManyFiles = syscall.EMFILE
+
+// conn is one sandbox connection on an explicit proxy listener: a loop of requests,
+// ended by a CONNECT tunnel, a refusal that leaves the framing in doubt, the client,
+// an idle timeout or shutdown.
+type conn struct {
+	s    *Server
+	l    *listener
+	nc   net.Conn
+	head headReader
+	br   *bufio.Reader
+	bw   *bufio.Writer
+	idle atomic.Bool // waiting for the next request; Shutdown may close it
+
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newConn(s *Server, l *listener, nc net.Conn) *conn {
+	c := &conn{s: s, l: l, nc: nc}
+	c.head = headReader{r: nc, limit: -1}
+	c.br = bufio.NewReaderSize(&c.head, 4096)
+	c.bw = bufio.NewWriterSize(nc, 4096)
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	return c
+}
+
+// abort ends the connection and everything it is waiting on.
+func (c *conn) abort() {
+	c.cancel()
+	c.nc.Close()
+}
+
+func (c *conn) serve() {
+	defer c.abort()
+	defer c.recoverPanic()
+	for c.nextRequest() {
+		rt := c.s.Runtime()
+		req, err := readRequest(c.br, &c.head, rt.Limits.MaxHeaderBytes)
+		c.nc.SetReadDeadline(time.Time{})
+		if err != nil {
+			c.refuseHead(rt, req, err)
+			return
+		}
+		if !c.handle(rt, req) || c.s.closing.Load() {
+			return
+		}
+	}
+}
+
+// nextRequest waits up to limits.client_idle for the first byte of the next request,
+// then gives the client limits.read_header to send the whole head.
+func (c *conn) nextRequest() bool {
+	rt := c.s.Runtime()
+	c.idle.Store(true)
+	defer c.idle.Store(false)
+	if c.s.closing.Load() {
+		return false
+	}
+	c.nc.SetReadDeadline(time.Now().Add(rt.Limits.ClientIdle))
+	if _, err := c.br.Peek(1); err != nil {
+		return false
+	}
+	c.nc.SetReadDeadline(time.Now().Add(rt.Limits.ReadHeader))
+	return true
+}
+
+func (c *conn) recoverPanic() {
+	if v := recover(); v != nil {
+		c.s.log.Error().Str("listener", c.l.cfg.Name).Str("panic", fmt.Sprint(v)).
+			Bytes("stack", debug.Stack()).Msg("panic serving connection; connection closed")
+	}
+}
+
+// handle serves one request and reports whether the connection may carry another.
+func (c *conn) handle(rt *Runtime, req *http.Request) bool {
+	rec := newRecord(c.l, c.nc.RemoteAddr())
+	rec.Method = req.Method
+	defer rec.finish(&c.s.log, c.s.metrics)
+	if req.Method == http.MethodConnect {
+		return c.serveConnect(rt, req, rec)
+	}
+	return c.serveForward(rt, req, rec)
+}
+
+// refuseHead answers a request head that could not be read or was malformed.
+func (c *conn) refuseHead(rt *Runtime, req *http.Request, err error) {
+	if isTimeout(err) || isClosed(err) {
+		return // the client went away or never finished: nobody to answer
+	}
+	rec := newRecord(c.l, c.nc.RemoteAddr())
+	if req != nil {
+		rec.Method = req.Method
+	}
+	defer rec.finish(&c.s.log, c.s.metrics)
+	if err == errHeadTooLarge {
+		rec.fail(allowlist.ReasonBadRequest, "header_too_large")
+		c.writeRefusal(rt, rec, &refusal{Reason: allowlist.ReasonBadRequest, Detail: "header_too_large", Err: err},
+			http.StatusRequestHeaderFieldsTooLarge)
+		return
+	}
+	c.writeRefusal(rt, rec, badRequestFrom(err), 0)
+}
+
+// writeRefusal records err on rec and writes its response. A status of 0 means the
+// status DESIGN.md assigns to the reason.
+func (c *conn) writeRefusal(rt *Runtime, rec *Record, err error, status int) {
+	rf := classify(err)
+	rec.fail(rf.Reason, rf.Detail)
+	if rf.Err != nil {
+		rec.Error = rf.Err.Error()
+	}
+	code, h, body := refusalResponse(rf, rec, rt.Env)
+	if status != 0 {
+		code = status
+	}
+	rec.Status = code
+	writeHead(c.bw, code, h, false)
+	n, _ := c.bw.Write(body)
+	rec.BytesOut += int64(n)
+	c.bw.Flush()
+}
+
+func (c *conn) rejectOverloadedResponse() {
+	rec := &Record{ReqID: newRequestID(), Listener: c.l.cfg.Name, Role: c.l.cfg.Role, Start: time.Now()}
+	if a := c.nc.RemoteAddr(); a != nil {
+		rec.Client = a.String()
+	}
+	defer rec.finish(&c.s.log, c.s.metrics)
+	c.writeRefusal(c.s.Runtime(), rec, deny(allowlist.ReasonOverloaded, ""), 0)
+}
+
+// rejectOverloaded answers a connection beyond the listener's bound with 503 and closes it.
+func (s *Server) rejectOverloaded(l *listener, nc net.Conn) {
+	c := newConn(s, l, nc)
+	defer c.abort()
+	nc.SetDeadline(time.Now().Add(time.Second))
+	c.rejectOverloadedResponse()
+}

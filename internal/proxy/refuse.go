@@ -1,0 +1,131 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+
+	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/netguard"
+)
+
+// refusal is a request that ends in an egressd-made response: a denial or a failure.
+// Reason and Detail are what the client sees; Err is the cause, logged only.
+type refusal struct {
+	Reason allowlist.Reason
+	Detail string
+	Err    error
+}
+
+func (e *refusal) Error() string {
+	if e.Err != nil {
+		return string(e.Reason) + ": " + e.Err.Error()
+	}
+	return string(e.Reason)
+}
+
+func (e *refusal) Unwrap() error { return e.Err }
+
+func deny(reason allowlist.Reason, detail string) *refusal {
+	return &refusal{Reason: reason, Detail: detail}
+}
+
+func badRequest(detail string, err error) *refusal {
+	return &refusal{Reason: allowlist.ReasonBadRequest, Detail: detail, Err: err}
+}
+
+// classify is the one place where an error becomes a reason code. Policy denials
+// arrive as *refusal; everything else is a failure on the way to the upstream.
+func classify(err error) *refusal {
+	var r *refusal
+	var blocked *netguard.BlockedError
+	var dnsErr *netguard.DNSError
+	var dialErr *dialError
+	switch {
+	case errors.As(err, &r):
+		return r
+	case errors.As(err, &blocked):
+		return &refusal{Reason: allowlist.ReasonInternalAddress, Detail: string(blocked.Class), Err: err}
+	case errors.As(err, &dnsErr):
+		return &refusal{Reason: allowlist.ReasonDNSFailure, Err: err}
+	case isTLSVerifyError(err):
+		return &refusal{Reason: allowlist.ReasonUpstreamTLS, Err: err}
+	case errors.As(err, &dialErr):
+		return &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Err: err}
+	case isTimeout(err):
+		return &refusal{Reason: allowlist.ReasonUpstreamTimeout, Err: err}
+	default:
+		return &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Err: err}
+	}
+}
+
+func isTLSVerifyError(err error) bool {
+	var verr *tls.CertificateVerificationError
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var alert tls.AlertError
+	var rh tls.RecordHeaderError
+	return errors.As(err, &verr) || errors.As(err, &unknown) || errors.As(err, &host) ||
+		errors.As(err, &invalid) || errors.As(err, &alert) || errors.As(err, &rh)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// statusFor maps a reason code to the HTTP status DESIGN.md assigns it.
+func statusFor(r allowlist.Reason) int {
+	switch r {
+	case allowlist.ReasonBadRequest:
+		return http.StatusBadRequest
+	case allowlist.ReasonHostMismatch:
+		return http.StatusMisdirectedRequest
+	case allowlist.ReasonCredentialUnavailable, allowlist.ReasonOverloaded:
+		return http.StatusServiceUnavailable
+	case allowlist.ReasonDNSFailure, allowlist.ReasonUpstreamUnreachable, allowlist.ReasonUpstreamTLS:
+		return http.StatusBadGateway
+	case allowlist.ReasonUpstreamTimeout:
+		return http.StatusGatewayTimeout
+	default:
+		return http.StatusForbidden
+	}
+}
+
+// errorBody is the JSON body of every egressd-made response.
+type errorBody struct {
+	Error     string `json:"error"`
+	Reason    string `json:"reason"`
+	Detail    string `json:"detail,omitempty"`
+	Host      string `json:"host"`
+	Port      uint16 `json:"port"`
+	Message   string `json:"message"`
+	RequestID string `json:"request_id"`
+}
+
+// refusalResponse renders a refusal for the client: status, Egressd-Reason and the JSON
+// body. Only reason, detail, host and port reach the client; Err stays in the log.
+func refusalResponse(rf *refusal, rec *Record, env string) (int, http.Header, []byte) {
+	kind := "egress_denied"
+	if !rf.Reason.IsDenial() {
+		kind = "egress_failed"
+	}
+	body, _ := json.Marshal(errorBody{
+		Error: kind, Reason: string(rf.Reason), Detail: rf.Detail, Host: rec.Host, Port: rec.Port,
+		Message: rf.Reason.Message(rec.Host, rec.Port, env, rf.Detail), RequestID: rec.ReqID,
+	})
+	body = append(body, '\n')
+	h := http.Header{
+		"Content-Type":   {"application/json"},
+		"Content-Length": {strconv.Itoa(len(body))},
+		"Egressd-Reason": {string(rf.Reason)},
+		"Cache-Control":  {"no-store"},
+	}
+	return statusFor(rf.Reason), h, body
+}

@@ -1,0 +1,190 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+)
+
+// copyBufs holds the buffers responses are streamed through.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// writeHead writes a status line and header fields. Values reach here from net/http's
+// parsers or from egressd itself, so they hold no CR or LF.
+func writeHead(bw *bufio.Writer, code int, h http.Header, closeConn bool) {
+	bw.WriteString("HTTP/1.1 ")
+	bw.WriteString(strconv.Itoa(code))
+	bw.WriteByte(' ')
+	bw.WriteString(http.StatusText(code))
+	bw.WriteString("\r\n")
+	for name, values := range h {
+		for _, v := range values {
+			bw.WriteString(name)
+			bw.WriteString(": ")
+			bw.WriteString(v)
+			bw.WriteString("\r\n")
+		}
+	}
+	if closeConn {
+		bw.WriteString("Connection: close\r\n")
+	}
+	bw.WriteString("\r\n")
+}
+
+// writeResponse streams resp to an HTTP/1.1 client, flushing after every read so
+// server-sent events are never held back. It reports whether the connection may
+// carry another request.
+func writeResponse(bw *bufio.Writer, method string, wantClose bool, resp *http.Response, rec *Record) (bool, error) {
+	rec.Status = resp.StatusCode
+	removeHopByHop(resp.Header)
+	bodyless := method == http.MethodHead || resp.StatusCode/100 == 1 ||
+		resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified
+	chunked := false
+	switch {
+	case bodyless:
+	case resp.ContentLength >= 0:
+		resp.Header["Content-Length"] = []string{strconv.FormatInt(resp.ContentLength, 10)}
+	case !wantClose:
+		chunked = true
+		resp.Header["Transfer-Encoding"] = []string{"chunked"}
+		if len(resp.Trailer) > 0 {
+			resp.Header["Trailer"] = []string{trailerNames(resp.Trailer)}
+		}
+	default:
+		wantClose = true // close-delimited body
+	}
+	writeHead(bw, resp.StatusCode, resp.Header, wantClose)
+	if bodyless {
+		return !wantClose, bw.Flush()
+	}
+	n, err := copyBody(bw, resp.Body, chunked)
+	rec.BytesOut += n
+	if err != nil {
+		return false, err
+	}
+	if chunked {
+		bw.WriteString("0\r\n")
+		for name, values := range resp.Trailer {
+			for _, v := range values {
+				bw.WriteString(name + ": " + v + "\r\n")
+			}
+		}
+		bw.WriteString("\r\n")
+	}
+	return !wantClose, bw.Flush()
+}
+
+func trailerNames(t http.Header) string {
+	names := make([]string, 0, len(t))
+	for name := range t {
+		names = append(names, name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// copyBody copies src to bw, chunk-encoded when chunked, flushing after each read.
+func copyBody(bw *bufio.Writer, src io.Reader, chunked bool) (int64, error) {
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	var total int64
+	for {
+		n, rerr := src.Read(buf)
+		if n > 0 {
+			if chunked {
+				bw.WriteString(strconv.FormatInt(int64(n), 16))
+				bw.WriteString("\r\n")
+			}
+			bw.Write(buf[:n])
+			if chunked {
+				bw.WriteString("\r\n")
+			}
+			if err := bw.Flush(); err != nil {
+				return total, err
+			}
+			total += int64(n)
+		}
+		if rerr == io.EOF {
+			return total, nil
+		}
+		if rerr != nil {
+			return total, rerr
+		}
+	}
+}
+
+// requestBody is the client's request body as the transport reads it. Close does not
+// touch the client connection (net/http's body would drain it without bound); drain,
+// called by the connection loop, reads what is left within a bound.
+type requestBody struct {
+	mu     sync.Mutex
+	r      io.Reader
+	n      atomic.Int64
+	closed bool
+	eof    bool
+}
+
+// maxDrain is how much of an unread request body is read to keep the connection.
+const maxDrain = 256 << 10
+
+func newRequestBody(req *http.Request) *requestBody {
+	if req.Body == nil || req.Body == http.NoBody {
+		return &requestBody{r: http.NoBody, eof: true}
+	}
+	return &requestBody{r: req.Body}
+}
+
+func (b *requestBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return 0, http.ErrBodyReadAfterClose
+	}
+	n, err := b.r.Read(p)
+	b.n.Add(int64(n))
+	if err == io.EOF {
+		b.eof = true
+	}
+	return n, err
+}
+
+func (b *requestBody) Close() error {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	return nil
+}
+
+// drain reads the rest of the body, up to maxDrain, and reports whether the
+// connection's framing is intact for another request.
+func (b *requestBody) drain() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	if b.eof {
+		return true
+	}
+	_, err := io.CopyN(io.Discard, b.r, maxDrain)
+	return err == io.EOF
+}
+
+// badRequestFrom turns a request-parsing error into a bad_request refusal.
+func badRequestFrom(err error) error {
+	var rf *refusal
+	if errors.As(err, &rf) {
+		return rf
+	}
+	return badRequest("malformed_request", err)
+}
+
+func isClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET)
+}

@@ -1,0 +1,119 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"time"
+
+	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/netguard"
+)
+
+// Runtime is one immutable snapshot of everything a request is decided and forwarded
+// with. A reload builds a new Runtime and swaps it in; a request keeps the Runtime it
+// started with.
+type Runtime struct {
+	Env      string
+	Policy   *allowlist.Policy
+	Guard    *netguard.Guard
+	Resolver *netguard.Resolver
+	Limits   config.Limits
+	// UpstreamTLS verifies upstream certificates (system roots plus tls.upstream_ca_file).
+	// Nil means the system roots. InsecureSkipVerify is never set.
+	UpstreamTLS *tls.Config
+
+	dialer    *netguard.Dialer
+	transport *http.Transport
+}
+
+// Prepare builds the Runtime's dialer and transport. Call it once before use.
+func (rt *Runtime) Prepare() {
+	rt.dialer = rt.Guard.NewDialer(rt.Limits.Dial)
+	rt.transport = &http.Transport{
+		// Never follow HTTP_PROXY/HTTPS_PROXY from egressd's own environment.
+		Proxy:       nil,
+		DialContext: rt.dialGuarded,
+		// Compression is the client's business: asking for gzip and decompressing
+		// would change what the sandbox receives.
+		DisableCompression:    true,
+		TLSClientConfig:       rt.upstreamTLSConfig(),
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   rt.Limits.Dial,
+		ResponseHeaderTimeout: rt.Limits.ResponseHeader,
+		ExpectContinueTimeout: 0,
+	}
+}
+
+// Close releases the Runtime's idle upstream connections.
+func (rt *Runtime) Close() {
+	if rt.transport != nil {
+		rt.transport.CloseIdleConnections()
+	}
+}
+
+func (rt *Runtime) upstreamTLSConfig() *tls.Config {
+	if rt.UpstreamTLS != nil {
+		return rt.UpstreamTLS.Clone()
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12}
+}
+
+// dialError marks an error that happened while connecting, so that a connect timeout
+// reads as upstream_unreachable rather than upstream_timeout.
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+// resolve turns a decided target into checked addresses: an IP literal is checked as
+// is, a name is resolved once and every answer checked.
+func (rt *Runtime) resolve(ctx context.Context, t allowlist.Target) ([]netip.AddrPort, error) {
+	ctx, cancel := context.WithTimeout(ctx, rt.Limits.DNS)
+	defer cancel()
+	return rt.Guard.Resolve(ctx, rt.Resolver, t.Host, t.Addr, t.Port)
+}
+
+// dialTarget resolves, checks and dials t. The dialer checks each address again in
+// its Control hook, so nothing unchecked is ever connected to.
+func (rt *Runtime) dialTarget(ctx context.Context, t allowlist.Target) (net.Conn, error) {
+	addrs, err := rt.resolve(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := rt.dialer.DialAddrs(ctx, addrs)
+	if err != nil {
+		var blocked *netguard.BlockedError
+		if errors.As(err, &blocked) {
+			return nil, err
+		}
+		return nil, &dialError{err}
+	}
+	return conn, nil
+}
+
+// dialGuarded is the transport's DialContext: addr is the normalised target that the
+// request was decided on.
+func (rt *Runtime) dialGuarded(ctx context.Context, _, addr string) (net.Conn, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	port, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil {
+		return nil, err
+	}
+	t := allowlist.Target{Host: host, Port: uint16(port)}
+	if a, err := netip.ParseAddr(host); err == nil {
+		t.Addr = a
+	}
+	return rt.dialTarget(ctx, t)
+}

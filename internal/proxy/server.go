@@ -1,0 +1,197 @@
+// Package proxy is the only package that knows HTTP proxying: it accepts sandbox
+// connections, decides every request and tunnel on the current Runtime, forwards or
+// refuses, and writes one Record per request or tunnel.
+//
+// The HTTP/1 front end is a small loop over net/http's request parser rather than
+// net/http.Server or goproxy, for three reasons: the framing checks need the request
+// head as sent (net/http silently drops Content-Length when Transfer-Encoding is
+// present); a CONNECT tunnel must be handed the raw connection without a hijack
+// dance; and responses are streamed straight from the upstream response with a
+// flush per read, so server-sent events are never held in a buffer. goproxy in
+// particular would need its environment proxy, default transport, public CA and
+// inner-Host trust each overridden; none of them are used here.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/metrics"
+)
+
+// Server serves the sandbox-facing listeners. It holds the current Runtime; Swap
+// replaces it atomically and requests already in flight keep the one they started with.
+type Server struct {
+	rt      atomic.Pointer[Runtime]
+	log     zerolog.Logger
+	metrics *metrics.Metrics
+
+	closing atomic.Bool
+	mu      sync.Mutex
+	conns   map[*conn]struct{}
+	lns     map[net.Listener]struct{}
+}
+
+// New returns a Server that serves with rt.
+func New(rt *Runtime, log zerolog.Logger, m *metrics.Metrics) *Server {
+	s := &Server{log: log, metrics: m, conns: map[*conn]struct{}{}, lns: map[net.Listener]struct{}{}}
+	s.rt.Store(rt)
+	return s
+}
+
+// Runtime returns the Runtime new requests are served with.
+func (s *Server) Runtime() *Runtime { return s.rt.Load() }
+
+// Swap installs rt for new requests and returns the previous Runtime.
+func (s *Server) Swap(rt *Runtime) *Runtime { return s.rt.Swap(rt) }
+
+// listener is one configured listener with its connection bound.
+type listener struct {
+	cfg config.Listener
+	sem chan struct{}
+}
+
+// Serve accepts connections on ln until Shutdown. Beyond limits.max_connections
+// concurrent connections, a new connection is answered 503 and closed.
+func (s *Server) Serve(ln net.Listener, cfg config.Listener) error {
+	if !s.trackListener(ln, true) {
+		return nil
+	}
+	defer s.trackListener(ln, false)
+	l := &listener{cfg: cfg, sem: make(chan struct{}, s.Runtime().Limits.MaxConnections)}
+	s.metrics.InitListener(cfg.Name, denialCodes, failureCodes)
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if s.closing.Load() {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, errTooManyFiles) {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.log.Warn().Err(err).Str("listener", cfg.Name).Msg("accept failed; retrying")
+				time.Sleep(backoff)
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		s.accept(l, nc)
+	}
+}
+
+func (s *Server) accept(l *listener, nc net.Conn) {
+	select {
+	case l.sem <- struct{}{}:
+	default:
+		go s.rejectOverloaded(l, nc)
+		return
+	}
+	c := newConn(s, l, nc)
+	if !s.trackConn(c, true) {
+		<-l.sem
+		nc.Close()
+		return
+	}
+	go func() {
+		defer func() { <-l.sem }()
+		defer s.trackConn(c, false)
+		c.serve()
+	}()
+}
+
+func (s *Server) trackListener(ln net.Listener, add bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if add {
+		if s.closing.Load() {
+			return false
+		}
+		s.lns[ln] = struct{}{}
+	} else {
+		delete(s.lns, ln)
+	}
+	return true
+}
+
+func (s *Server) trackConn(c *conn, add bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if add {
+		if s.closing.Load() {
+			return false
+		}
+		s.conns[c] = struct{}{}
+	} else {
+		delete(s.conns, c)
+	}
+	return true
+}
+
+// Shutdown stops accepting, closes idle keep-alive connections, and waits for
+// in-flight requests and tunnels to finish until ctx ends; then it closes the rest.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closing.Store(true)
+	s.mu.Lock()
+	for ln := range s.lns {
+		ln.Close()
+	}
+	s.mu.Unlock()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if s.closeIdle() == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			s.closeAll()
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// closeIdle wakes connections waiting for their next request and returns how many
+// connections are still open.
+func (s *Server) closeIdle() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		if c.idle.Load() {
+			c.nc.SetReadDeadline(time.Now())
+		}
+	}
+	return len(s.conns)
+}
+
+func (s *Server) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		c.abort()
+	}
+}
+
+// denialCodes and failureCodes are the reason label values exported from the start.
+var (
+	denialCodes = []string{
+		string(allowlist.ReasonBadRequest), string(allowlist.ReasonNotAllowlisted),
+		string(allowlist.ReasonPortNotAllowed), string(allowlist.ReasonInternalAddress),
+		string(allowlist.ReasonHostMismatch), string(allowlist.ReasonPlaintextCredential),
+	}
+	failureCodes = []string{
+		string(allowlist.ReasonCredentialUnavailable), string(allowlist.ReasonDNSFailure),
+		string(allowlist.ReasonUpstreamUnreachable), string(allowlist.ReasonUpstreamTLS),
+		string(allowlist.ReasonUpstreamTimeout), string(allowlist.ReasonOverloaded),
+	}
+)

@@ -1,0 +1,389 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/metrics"
+	"github.com/egressd/egressd/internal/netguard"
+	"github.com/egressd/egressd/internal/proxy"
+	"github.com/egressd/egressd/internal/testutil/dnsstub"
+	"github.com/egressd/egressd/internal/testutil/netns"
+	"github.com/egressd/egressd/internal/testutil/testpki"
+)
+
+// The whole package runs inside a loopback-only network namespace of its own
+// (netns.Main), so every address below exists only there: a guard bug can reach a
+// canary in the namespace, never a host outside it.
+func TestMain(m *testing.M) { os.Exit(netns.Main(m)) }
+
+// publicIPs hands each world its own upstream address; they stand for public
+// upstreams and exist only inside the test namespace.
+var publicIPs atomic.Int32
+
+func nextPublicIP() string { return fmt.Sprintf("93.184.216.%d", 10+publicIPs.Add(1)) }
+
+// canaryAddrs are internal addresses a request must never reach. Each gets a listener
+// on port 80 that counts connections.
+var canaryAddrs = []string{
+	"127.0.0.1", "169.254.169.254", "10.0.0.5", "100.64.0.5", "192.168.1.5",
+	"172.16.0.5", "fd00:ec2::254", "::1", "fd12::5",
+}
+
+// world is one scenario's fixture: egressd's proxy on a real listener, an echo
+// upstream (HTTP on :80, HTTPS on :443 with its own CA) on publicIP, a canary on
+// every internal address, and a stub DNS server the proxy resolves through.
+type world struct {
+	t          *testing.T
+	PublicIP   string
+	ProxyAddr  string
+	Server     *proxy.Server
+	DNS        *dnsstub.Server
+	Upstream   *echo
+	UpstreamCA *x509.CertPool
+	canaries   []*canary
+	logs       *syncBuffer
+}
+
+// worldOpts changes the default world.
+type worldOpts struct {
+	allowlist []allowlist.Entry // default: defaultEntries
+	limits    func(*config.Limits)
+	allow     []netip.Prefix // network.allow_cidrs
+	unsafe    []netip.Prefix // network.unsafe_allow_cidrs
+	proxyAddr string         // default 127.0.0.1:0
+	// untrustedUpstream leaves the upstream's CA out of egressd's roots.
+	untrustedUpstream bool
+}
+
+var defaultEntries = []allowlist.Entry{
+	{Domain: "allowed.test"},
+	{Domain: "*.allowed.test"},
+	{Domain: "ports.test", Ports: []uint16{8443}},
+}
+
+func newWorld(t *testing.T, o worldOpts) *world {
+	t.Helper()
+	w := &world{t: t, logs: &syncBuffer{}, PublicIP: nextPublicIP()}
+	w.startUpstream()
+	w.canaries = startCanaries(t)
+	w.startDNS()
+	w.startProxy(o)
+	return w
+}
+
+func (w *world) startUpstream() {
+	w.Upstream = &echo{}
+	plain := listenOn(w.t, w.PublicIP+":80")
+	srv := &http.Server{Handler: w.Upstream}
+	go srv.Serve(plain)
+	ca := testpki.New(w.t)
+	tlsSrv := httptest.NewUnstartedServer(w.Upstream)
+	tlsSrv.Listener.Close()
+	tlsSrv.Listener = listenOn(w.t, w.PublicIP+":443")
+	tlsSrv.EnableHTTP2 = true
+	tlsSrv.TLS = &tls.Config{Certificates: []tls.Certificate{
+		ca.Leaf(w.t, "allowed.test", "*.allowed.test", "ports.test", w.PublicIP)}}
+	tlsSrv.StartTLS()
+	w.UpstreamCA = ca.Pool
+	w.t.Cleanup(func() { srv.Close(); tlsSrv.Close() })
+}
+
+// The canaries are shared by every world in the process and live until it exits: a
+// connection to any of them, from any test, fails the tests that check them.
+var (
+	canariesOnce sync.Once
+	canaries     []*canary
+)
+
+func startCanaries(t *testing.T) []*canary {
+	canariesOnce.Do(func() {
+		for _, a := range canaryAddrs {
+			canaries = append(canaries, startCanary(t, net.JoinHostPort(a, "80")))
+		}
+	})
+	return canaries
+}
+
+func (w *world) startDNS() {
+	w.DNS = dnsstub.Start(w.t)
+	w.DNS.Set("allowed.test", "A "+w.PublicIP)
+	w.DNS.Set("www.allowed.test", "A "+w.PublicIP)
+	w.DNS.Set("ports.test", "A "+w.PublicIP)
+	w.DNS.Set("loopback.allowed.test", "A 127.0.0.1")
+	w.DNS.Set("metadata.allowed.test", "A 169.254.169.254")
+	w.DNS.Set("private.allowed.test", "A 10.0.0.5")
+	w.DNS.Set("cgnat.allowed.test", "A 100.64.0.5")
+	w.DNS.Set("mixed.allowed.test", "A "+w.PublicIP, "A 10.0.0.5")
+	w.DNS.Set("cname.allowed.test", "CNAME inside.elsewhere.test.")
+	w.DNS.Set("inside.elsewhere.test", "A 10.0.0.5")
+	w.DNS.Set("mapped.allowed.test", "AAAA ::ffff:127.0.0.1")
+	w.DNS.Set("ula.allowed.test", "AAAA fd12::5")
+	w.DNS.Set("v6meta.allowed.test", "AAAA fd00:ec2::254")
+	w.DNS.SetFunc("rebind.allowed.test", func(n int) []string {
+		if n == 0 {
+			return []string{"A " + w.PublicIP}
+		}
+		return []string{"A 127.0.0.1"}
+	})
+}
+
+func (w *world) startProxy(o worldOpts) {
+	entries := o.allowlist
+	if entries == nil {
+		entries = defaultEntries
+	}
+	pol, err := allowlist.Compile(entries, allowlist.Options{})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if o.proxyAddr == "" {
+		o.proxyAddr = "127.0.0.1:0"
+	}
+	ln := listenOn(w.t, o.proxyAddr)
+	self := netip.MustParseAddrPort(ln.Addr().String())
+	guard, err := netguard.New(netguard.Options{AllowCIDRs: o.allow, UnsafeAllowCIDRs: o.unsafe, Self: []netip.AddrPort{self}})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	limits := config.Default().Limits
+	if o.limits != nil {
+		o.limits(&limits)
+	}
+	roots := w.UpstreamCA
+	if o.untrustedUpstream {
+		roots = x509.NewCertPool()
+	}
+	rt := &proxy.Runtime{
+		Env: "env_test", Policy: pol, Guard: guard, Limits: limits,
+		Resolver:    netguard.NewResolver(w.DNS.Addr, limits.DNS),
+		UpstreamTLS: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+	}
+	rt.Prepare()
+	log := zerolog.New(w.logs)
+	w.Server = proxy.New(rt, log, metrics.New())
+	w.ProxyAddr = ln.Addr().String()
+	lc := config.Listener{Name: "sandbox", Address: self, Mode: "proxy", Role: "sandbox"}
+	go w.Server.Serve(ln, lc)
+	w.t.Cleanup(func() { w.Server.Shutdown(contextWithTimeout(w.t, 2*time.Second)); rt.Close() })
+}
+
+// client returns an HTTP client that uses egressd as its explicit proxy and trusts
+// the upstream's CA (CONNECT tunnels are end to end).
+func (w *world) client() *http.Client {
+	pu, _ := url.Parse("http://" + w.ProxyAddr)
+	return &http.Client{
+		Transport: &http.Transport{
+			Proxy:           http.ProxyURL(pu),
+			TLSClientConfig: &tls.Config{RootCAs: w.UpstreamCA},
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Timeout:       10 * time.Second,
+	}
+}
+
+// raw sends a raw request head (and body) to the proxy and returns the response.
+func (w *world) raw(req string) *http.Response {
+	w.t.Helper()
+	c, err := net.DialTimeout("tcp", w.ProxyAddr, 2*time.Second)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, req); err != nil {
+		w.t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		w.t.Fatalf("reading response to %q: %v", req, err)
+	}
+	return resp
+}
+
+// assertNoCanaryHit fails the test if any internal address saw a connection.
+func (w *world) assertNoCanaryHit() {
+	w.t.Helper()
+	for _, c := range w.canaries {
+		if n := c.accepts.Load(); n != 0 {
+			w.t.Errorf("canary %s saw %d connection(s)", c.addr, n)
+		}
+	}
+}
+
+// logLines returns the canonical "egress" log lines written so far.
+func (w *world) logLines() []map[string]any {
+	var out []map[string]any
+	for _, line := range bytes.Split(w.logs.Bytes(), []byte("\n")) {
+		var m map[string]any
+		if json.Unmarshal(line, &m) == nil && m["message"] == "egress" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// lastLog waits briefly for the canonical line of req_id (or the last one when "").
+func (w *world) lastLog(reqID string) map[string]any {
+	w.t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		lines := w.logLines()
+		for i := len(lines) - 1; i >= 0; i-- {
+			if reqID == "" || lines[i]["req_id"] == reqID {
+				return lines[i]
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	w.t.Fatalf("no egress log line for %q", reqID)
+	return nil
+}
+
+// refusalBody is the JSON body of an egressd-made response.
+type refusalBody struct {
+	Error, Reason, Detail, Host, Message string
+	Port                                 int
+	RequestID                            string `json:"request_id"`
+}
+
+// assertRefused checks the status, the Egressd-Reason header, and the JSON body.
+func assertRefused(t *testing.T, resp *http.Response, status int, reason, detail string) refusalBody {
+	t.Helper()
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var rb refusalBody
+	if err := json.Unmarshal(body, &rb); err != nil {
+		t.Fatalf("status %d, body not JSON: %q", resp.StatusCode, body)
+	}
+	if resp.StatusCode != status || resp.Header.Get("Egressd-Reason") != reason || rb.Reason != reason {
+		t.Fatalf("got %d %q (body reason %q, detail %q); want %d %q", resp.StatusCode,
+			resp.Header.Get("Egressd-Reason"), rb.Reason, rb.Detail, status, reason)
+	}
+	if detail != "" && rb.Detail != detail {
+		t.Errorf("detail = %q, want %q", rb.Detail, detail)
+	}
+	if rb.RequestID == "" || rb.Message == "" {
+		t.Errorf("body lacks request_id or message: %s", body)
+	}
+	return rb
+}
+
+// echo is the upstream: it answers with what it received, as JSON.
+type echo struct {
+	requests atomic.Int64
+	handler  atomic.Pointer[http.HandlerFunc] // optional override
+}
+
+type echoed struct {
+	Method, Host, Path, Proto string
+	Header                    http.Header
+	Body                      string
+}
+
+func (e *echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	e.requests.Add(1)
+	if h := e.handler.Load(); h != nil {
+		(*h)(w, r)
+		return
+	}
+	body, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(echoed{r.Method, r.Host, r.URL.Path, r.Proto, r.Header, string(body)})
+}
+
+func (e *echo) set(h http.HandlerFunc) { e.handler.Store(&h) }
+
+func decodeEcho(t *testing.T, resp *http.Response) echoed {
+	t.Helper()
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	var e echoed
+	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// canary counts connections to an address nothing may reach.
+type canary struct {
+	addr    string
+	accepts atomic.Int64
+}
+
+func startCanary(t *testing.T, addr string) *canary {
+	c := &canary{addr: addr}
+	host, _, _ := net.SplitHostPort(addr)
+	if ip := netip.MustParseAddr(host); !ip.IsLoopback() {
+		netns.AddLoopbackAddr(t, netip.PrefixFrom(ip, ip.BitLen()).String())
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.accepts.Add(1)
+			conn.Close()
+		}
+	}()
+	return c
+}
+
+// listenOn listens on addr, first adding its IP to the namespace's loopback.
+func listenOn(t *testing.T, addr string) net.Listener {
+	t.Helper()
+	host, _, _ := net.SplitHostPort(addr)
+	if ip := netip.MustParseAddr(host); !ip.IsLoopback() {
+		netns.AddLoopbackAddr(t, netip.PrefixFrom(ip, ip.BitLen()).String())
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buf.Bytes())
+}
