@@ -20,6 +20,8 @@ commands:
   check    [--config FILE] [--format json] validate config and policy; exit 1 on any error
   explain  [--config FILE] [--format json] URL
                                            print the decision for URL, offline
+  ca init  [--config FILE]                 create the interception CA (state_dir) if absent
+  ca env   [--config FILE] [--format json] print the CA path and client variables (merged bundle)
   version                                  version, commit, Go version
 `
 
@@ -33,7 +35,7 @@ func runMain(args []string) int {
 		return exitUsage
 	}
 	cmds := map[string]func([]string) int{
-		"run": cmdRun, "check": cmdCheck, "explain": cmdExplain, "version": cmdVersion,
+		"run": cmdRun, "check": cmdCheck, "explain": cmdExplain, "version": cmdVersion, "ca": cmdCA,
 	}
 	cmd, ok := cmds[args[0]]
 	if !ok {

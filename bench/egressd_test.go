@@ -1,0 +1,78 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestLogSummary(t *testing.T) {
+	lines := []string{
+		`{"level":"info","req_id":"a-1","method":"GET","scheme":"http","decision":"allow","reason":"","status":200,"error":"","message":"egress"}`,
+		`{"level":"info","req_id":"a-2","method":"CONNECT","scheme":"connect","decision":"allow","reason":"","status":200,"error":"","message":"egress"}`,
+		`{"level":"info","req_id":"a-3","method":"GET","scheme":"http","decision":"error","reason":"upstream_unreachable","status":502,"error":"dial tcp 127.0.0.1:4242: connect: connection refused","message":"egress"}`,
+		`{"level":"info","req_id":"a-4","method":"GET","scheme":"http","decision":"error","reason":"upstream_unreachable","status":502,"error":"dial tcp 127.0.0.1:4343: connect: connection refused","message":"egress"}`,
+		`{"level":"info","message":"draining"}`,
+		`{"level":"warn","error":"boom","message":"drain timed out"}`,
+		`not json`,
+	}
+	var s logSummary
+	for _, l := range lines {
+		s.add([]byte(l))
+	}
+	if s.Lines != 7 || s.EgressLines != 4 || s.Allowed200 != 2 {
+		t.Errorf("lines %d, egress %d, allowed %d; want 7, 4, 2", s.Lines, s.EgressLines, s.Allowed200)
+	}
+	want := map[string]int64{
+		"GET http: decision=error status=502 reason=upstream_unreachable error=dial tcp 127.x:port: connect: connection refused": 2,
+		"warn: drain timed out: boom": 1,
+		"unparsed line: not json":     1,
+	}
+	if len(s.Unexpected) != len(want) {
+		t.Errorf("unexpected = %v, want %v", s.Unexpected, want)
+	}
+	for k, n := range want {
+		if s.Unexpected[k] != n {
+			t.Errorf("unexpected[%q] = %d, want %d (all: %v)", k, s.Unexpected[k], n, s.Unexpected)
+		}
+	}
+	if len(s.Examples) != 4 {
+		t.Errorf("%d examples, want 4", len(s.Examples))
+	}
+}
+
+func TestListening(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "log")
+	log := `{"level":"info","listener":"bench","address":"127.0.0.1:40139","message":"listening"}
+{"level":"info","listener":"admin","address":"127.0.0.1:45341","message":"listening"}
+{"level":"info","message":"egressd started"}
+{"level":"info","listener":"adm`
+	if err := os.WriteFile(p, []byte(log), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := listening(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got["bench"] != "127.0.0.1:40139" || got["admin"] != "127.0.0.1:45341" || len(got) != 2 {
+		t.Errorf("listening = %v", got)
+	}
+}
+
+func TestConfigNamesOnlyLoopback(t *testing.T) {
+	up := &upstream{httpAddr: "127.0.0.1:1080", tlsAddr: "127.0.0.1:1443", caPEM: []byte("pem")}
+	path, err := writeConfig(t.TempDir(), up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"ports: [1080, 1443]", "address: 127.0.0.1:0", "unsafe_allow_cidrs: [127.0.0.0/8]", "level: info"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("config lacks %q:\n%s", want, b)
+		}
+	}
+}

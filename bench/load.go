@@ -1,0 +1,299 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Bounds on the load generator. A run ends at the end of its window; these
+// keep it bounded even if the clock or the far side misbehaves.
+const (
+	// maxRequestsPerClient caps each client's loop by count as well as time.
+	maxRequestsPerClient = 10_000_000
+	// requestTimeout bounds one request (connect, TLS, response head; the
+	// run's context bounds the body), and how long a run may overrun its window.
+	requestTimeout = 10 * time.Second
+	// errorBackoff spaces a client's requests after a failure, so a refused
+	// connection does not become a busy loop.
+	errorBackoff = 5 * time.Millisecond
+)
+
+// loadOptions are the settings every run of a report shares.
+type loadOptions struct {
+	clients  int
+	size     int
+	warmup   time.Duration
+	duration time.Duration
+}
+
+// runResult is one run: one target, all clients, one measured window.
+type runResult struct {
+	Requests   int64            `json:"requests"` // completed inside the measured window
+	Seconds    float64          `json:"seconds"`
+	ReqPerSec  float64          `json:"req_per_s"`
+	P50US      float64          `json:"p50_us"`
+	P99US      float64          `json:"p99_us"`
+	MeanUS     float64          `json:"mean_us"`
+	MaxUS      float64          `json:"max_us"`
+	Total      int64            `json:"total_requests"` // warm-up and overrun included
+	Errors     int64            `json:"errors"`         // warm-up included
+	ErrorKinds map[string]int64 `json:"error_kinds,omitempty"`
+	// ClientConns counts the client's dials (to the upstream, or to egressd);
+	// UpstreamConns the connections the upstream accepted (from the client,
+	// or from egressd). With keep-alive both should equal the client count.
+	ClientConns   int64 `json:"client_conns"`
+	UpstreamConns int64 `json:"upstream_conns"`
+	// CPUSeconds is egressd's CPU time (user+system) over the window; only
+	// for runs through egressd.
+	CPUSeconds float64 `json:"egressd_cpu_s,omitempty"`
+	// CPUError says why CPUSeconds could not be measured (egressd exited).
+	CPUError string `json:"egressd_cpu_error,omitempty"`
+}
+
+// runLoad drives t with lo.clients clients for the warm-up and then the measured
+// window, and returns what the window saw. cpu, when set, is sampled at the
+// window's edges.
+func runLoad(ctx context.Context, t target, lo loadOptions, up *upstream, cpu func() (time.Duration, error)) (runResult, error) {
+	start := time.Now()
+	from, to := start.Add(lo.warmup), start.Add(lo.warmup+lo.duration)
+	runCtx, cancel := context.WithDeadline(ctx, to.Add(requestTimeout))
+	defer cancel()
+
+	var dials atomic.Int64
+	accepted := up.accepted.Load()
+	clients := make([]*client, lo.clients)
+	for i := range clients {
+		c, err := newClient(runCtx, t, lo.size, &dials)
+		if err != nil {
+			return runResult{}, err
+		}
+		clients[i] = c
+	}
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		wg.Go(func() { c.loop(runCtx, from, to) })
+	}
+	var cpuUsed time.Duration
+	var cpuErr error
+	if cpu != nil {
+		wg.Go(func() { cpuUsed, cpuErr = sampleCPU(runCtx, cpu, from, to) })
+	}
+	wg.Wait()
+	for _, c := range clients {
+		c.tr.CloseIdleConnections() // ends tunnels, so egressd logs them now
+	}
+	if err := ctx.Err(); err != nil {
+		return runResult{}, fmt.Errorf("interrupted: %w", err)
+	}
+	r := summarise(clients, lo.duration)
+	r.ClientConns = dials.Load()
+	r.UpstreamConns = up.accepted.Load() - accepted
+	r.CPUSeconds = cpuUsed.Seconds()
+	if cpuErr != nil {
+		r.CPUError = cpuErr.Error()
+	}
+	return r, nil
+}
+
+// sampleCPU returns how much CPU cpu() grew by between from and to.
+func sampleCPU(ctx context.Context, cpu func() (time.Duration, error), from, to time.Time) (time.Duration, error) {
+	if err := sleepUntil(ctx, from); err != nil {
+		return 0, err
+	}
+	before, err := cpu()
+	if err != nil {
+		return 0, err
+	}
+	if err := sleepUntil(ctx, to); err != nil {
+		return 0, err
+	}
+	after, err := cpu()
+	return after - before, err
+}
+
+func sleepUntil(ctx context.Context, t time.Time) error {
+	timer := time.NewTimer(time.Until(t))
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C:
+		return nil
+	}
+}
+
+func summarise(clients []*client, window time.Duration) runResult {
+	var h histogram
+	r := runResult{Seconds: window.Seconds()}
+	for _, c := range clients {
+		h.merge(&c.hist)
+		r.Total += c.total
+		r.Errors += c.errors
+		for k, n := range c.errorKinds {
+			if r.ErrorKinds == nil {
+				r.ErrorKinds = map[string]int64{}
+			}
+			r.ErrorKinds[k] += n
+		}
+	}
+	r.Requests = int64(h.n)
+	r.ReqPerSec = float64(h.n) / window.Seconds()
+	r.P50US = micros(h.quantile(0.50))
+	r.P99US = micros(h.quantile(0.99))
+	r.MeanUS = micros(h.mean())
+	r.MaxUS = micros(h.max)
+	return r
+}
+
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// client is one load-generating connection: its own transport, so its own
+// keep-alive connection, issuing requests back to back. Only its goroutine
+// touches it until the run is over.
+type client struct {
+	tr   *http.Transport
+	req  *http.Request
+	size int64
+
+	hist       histogram
+	total      int64
+	errors     int64
+	errorKinds map[string]int64
+}
+
+func newClient(ctx context.Context, t target, size int, dials *atomic.Int64) (*client, error) {
+	tr, err := newTransport(t, dials)
+	if err != nil {
+		return nil, err
+	}
+	// One request, reused: net/http allows it once the previous response's
+	// body is closed, and it keeps the client's own allocations out of the
+	// measurement.
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &client{tr: tr, req: req, size: int64(size)}, nil
+}
+
+// loop issues requests until the window closes (or maxRequestsPerClient),
+// recording the latency of those that complete inside [from, to].
+func (c *client) loop(ctx context.Context, from, to time.Time) {
+	for range maxRequestsPerClient {
+		t0 := time.Now()
+		if !t0.Before(to) || ctx.Err() != nil {
+			return
+		}
+		err := c.do()
+		t1 := time.Now()
+		c.total++
+		if err != nil {
+			c.fail(err)
+			time.Sleep(errorBackoff)
+			continue
+		}
+		if t1.After(from) && !t1.After(to) {
+			c.hist.record(t1.Sub(t0))
+		}
+	}
+}
+
+// do makes one request and reads the whole body, which is what returns the
+// connection to the transport for the next request.
+func (c *client) do() error {
+	resp, err := c.tr.RoundTrip(c.req)
+	if err != nil {
+		return err
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	switch {
+	case resp.StatusCode != http.StatusOK:
+		return statusError{code: resp.StatusCode, reason: resp.Header.Get("Egressd-Reason")}
+	case err != nil:
+		return fmt.Errorf("reading body: %w", err)
+	case n != c.size:
+		return fmt.Errorf("body of %d bytes, want %d", n, c.size)
+	}
+	return nil
+}
+
+func (c *client) fail(err error) {
+	c.errors++
+	if c.errorKinds == nil {
+		c.errorKinds = map[string]int64{}
+	}
+	c.errorKinds[normalizeErr(err.Error())]++
+}
+
+type statusError struct {
+	code   int
+	reason string
+}
+
+func (e statusError) Error() string {
+	if e.reason == "" {
+		return fmt.Sprintf("status %d", e.code)
+	}
+	return fmt.Sprintf("status %d (Egressd-Reason: %s)", e.code, e.reason)
+}
+
+// newTransport builds a client's transport for t: HTTP/1.1 only (so direct and
+// proxied runs speak the same protocol), no compression, no environment proxy.
+func newTransport(t target, dials *atomic.Int64) (*http.Transport, error) {
+	d := &net.Dialer{Timeout: requestTimeout}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if t.dialAddr != "" {
+				addr = t.dialAddr
+			}
+			if err := loopbackOnly(addr); err != nil {
+				return nil, err
+			}
+			dials.Add(1)
+			return d.DialContext(ctx, network, addr)
+		},
+		// Each client has its own transport, so one idle connection is its
+		// keep-alive connection; clients never share or steal connections.
+		MaxIdleConns:          1,
+		MaxIdleConnsPerHost:   1,
+		DisableKeepAlives:     t.newConnPerRequest,
+		DisableCompression:    true,
+		TLSHandshakeTimeout:   requestTimeout,
+		ResponseHeaderTimeout: requestTimeout,
+		// A non-nil, empty TLSNextProto keeps HTTP/2 off: HTTP/1.1 over TLS,
+		// comparable with the plain path and with what is spliced in CONNECT.
+		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
+	if t.roots != nil {
+		tr.TLSClientConfig = &tls.Config{RootCAs: t.roots, MinVersion: tls.VersionTLS12}
+	}
+	if t.proxy != "" {
+		u, err := url.Parse(t.proxy)
+		if err != nil {
+			return nil, err
+		}
+		tr.Proxy = http.ProxyURL(u)
+	}
+	return tr, nil
+}
+
+// loopbackOnly refuses to dial anything but a loopback IP literal: the bench
+// dials only the upstream and egressd, both on 127.0.0.1, never a name.
+func loopbackOnly(addr string) error {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil || !ap.Addr().IsLoopback() {
+		return errors.New("bench dials only loopback IP literals, not " + addr)
+	}
+	return nil
+}

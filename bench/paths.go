@@ -1,0 +1,107 @@
+package main
+
+import (
+	"crypto/x509"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// pathSpec is one way traffic can cross egressd, measured twice: direct to the
+// upstream and through egressd, with everything else equal. A new path (an
+// intercepted one, or a new connection per request) is one more entry in paths.
+type pathSpec struct {
+	name     string
+	desc     string
+	direct   func(*world) target
+	viaProxy func(*world) target
+}
+
+// world is what a path's targets are made from: the running upstream and egressd.
+type world struct {
+	up    *upstream
+	proxy string // http://127.0.0.1:port, egressd's bench listener
+}
+
+// target is one side of a path: the URL every request asks for and how the
+// client reaches it.
+type target struct {
+	url string
+	// proxy is egressd's URL, or "" for direct. For http:// URLs the client
+	// sends absolute-form requests to it; for https:// it tunnels with CONNECT.
+	proxy string
+	// dialAddr, when set, is where every dial goes whatever the URL's host
+	// resolves to (direct runs: the upstream's literal address, so a "::1
+	// localhost" line in /etc/hosts cannot change what is measured).
+	dialAddr string
+	// roots are the CAs the client trusts for https:// URLs.
+	roots *x509.CertPool
+	// newConnPerRequest turns keep-alive off: one TCP (and TLS) handshake per
+	// request.
+	newConnPerRequest bool
+}
+
+// paths lists every path the bench knows, in the order it runs them.
+var paths = []pathSpec{
+	{
+		name: "plain",
+		desc: "GET http://localhost:<port>/, keep-alive; through egressd as absolute-form",
+		direct: func(w *world) target {
+			return target{url: w.httpURL(), dialAddr: w.up.httpAddr}
+		},
+		viaProxy: func(w *world) target {
+			return target{url: w.httpURL(), proxy: w.proxy}
+		},
+	},
+	{
+		name: "connect",
+		desc: "GET https://localhost:<port>/ over HTTP/1.1 keep-alive; through egressd in a CONNECT tunnel (spliced)",
+		direct: func(w *world) target {
+			return target{url: w.httpsURL(), dialAddr: w.up.tlsAddr, roots: w.up.roots}
+		},
+		viaProxy: func(w *world) target {
+			return target{url: w.httpsURL(), proxy: w.proxy, roots: w.up.roots}
+		},
+	},
+}
+
+func (w *world) httpURL() string  { return "http://" + localhostAddr(w.up.httpAddr) + "/" }
+func (w *world) httpsURL() string { return "https://" + localhostAddr(w.up.tlsAddr) + "/" }
+
+// localhostAddr turns 127.0.0.1:port into localhost:port: egressd decides on
+// the name and resolves it through the system resolver, as it would a real host.
+func localhostAddr(addr string) string {
+	return "localhost" + addr[strings.LastIndexByte(addr, ':'):]
+}
+
+func pathNames() []string {
+	names := make([]string, len(paths))
+	for i, p := range paths {
+		names[i] = p.name
+	}
+	return names
+}
+
+// lookupPaths parses -paths: names from paths, comma-separated, each once,
+// run in the order given.
+func lookupPaths(list string) ([]pathSpec, error) {
+	var out []pathSpec
+	for name := range strings.SplitSeq(list, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		i := slices.IndexFunc(paths, func(p pathSpec) bool { return p.name == name })
+		if i < 0 {
+			return nil, fmt.Errorf("-paths: unknown path %q (known: %s)", name, strings.Join(pathNames(), ", "))
+		}
+		if slices.ContainsFunc(out, func(p pathSpec) bool { return p.name == name }) {
+			return nil, fmt.Errorf("-paths: %q given twice", name)
+		}
+		out = append(out, paths[i])
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("-paths: name at least one of %s", strings.Join(pathNames(), ", "))
+	}
+	return out, nil
+}

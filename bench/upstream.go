@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// upstream is the in-process origin every path ends at: plain HTTP/1.1 on one
+// loopback port and HTTPS (h2 and http/1.1 by ALPN) on another, both answering
+// every request with the same body of the configured size. It counts the
+// connections it accepts, so a report can tell keep-alive from reconnection on
+// the far side of egressd.
+type upstream struct {
+	httpAddr string // 127.0.0.1:port
+	tlsAddr  string // 127.0.0.1:port
+	caPEM    []byte // the throwaway CA that signed the HTTPS leaf
+	roots    *x509.CertPool
+
+	accepted atomic.Int64
+	servers  []*http.Server
+}
+
+// upstreamNames are the names the HTTPS leaf is valid for. "localhost" is what
+// the current paths use; "bench.test" is for paths that need a name egressd
+// must not resolve through /etc/hosts (interception, later).
+var upstreamNames = []string{"localhost", "bench.test"}
+
+func startUpstream(size int) (*upstream, error) {
+	ca, leaf, err := newPKI()
+	if err != nil {
+		return nil, err
+	}
+	u := &upstream{caPEM: ca.pem, roots: x509.NewCertPool()}
+	u.roots.AddCert(ca.cert)
+	h := fixedBody(size)
+	plain, err := u.serve(h, nil)
+	if err != nil {
+		return nil, err
+	}
+	u.httpAddr = plain
+	tlsConf := &tls.Config{
+		Certificates: []tls.Certificate{leaf},
+		NextProtos:   []string{"h2", "http/1.1"},
+		MinVersion:   tls.VersionTLS12,
+	}
+	if u.tlsAddr, err = u.serve(h, tlsConf); err != nil {
+		u.close()
+		return nil, err
+	}
+	return u, nil
+}
+
+// serve starts one server on 127.0.0.1:0 and returns its address. With a TLS
+// config, net/http serves h2 as well as HTTP/1.1 (ALPN "h2" is in NextProtos).
+func (u *upstream) serve(h http.Handler, tlsConf *tls.Config) (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	srv := &http.Server{
+		Handler:           h,
+		TLSConfig:         tlsConf,
+		ReadHeaderTimeout: 10 * time.Second,
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				u.accepted.Add(1)
+			}
+		},
+	}
+	u.servers = append(u.servers, srv)
+	// Serve's error is http.ErrServerClosed at close; any other failure shows
+	// up as client errors in the report.
+	if tlsConf != nil {
+		go func() { _ = srv.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { _ = srv.Serve(ln) }()
+	}
+	return ln.Addr().String(), nil
+}
+
+func (u *upstream) close() {
+	for _, s := range u.servers {
+		s.Close()
+	}
+}
+
+// fixedBody answers every request with size bytes and an explicit
+// Content-Length, so neither side pays for chunked framing.
+func fixedBody(size int) http.Handler {
+	body := bytes.Repeat([]byte("x"), size)
+	length := []string{strconv.Itoa(size)}
+	ctype := []string{"application/octet-stream"}
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hdr := w.Header()
+		hdr["Content-Length"] = length
+		hdr["Content-Type"] = ctype
+		_, _ = w.Write(body)
+	})
+}
+
+// ca is the bench's throwaway certificate authority: made in memory for one run,
+// written to the temp dir only as the PEM egressd's tls.upstream_ca_file reads.
+type ca struct {
+	cert *x509.Certificate
+	pem  []byte
+}
+
+// newPKI makes a CA and a leaf for upstreamNames and 127.0.0.1, both ECDSA
+// P-256 (cheap handshakes, like a modern public site).
+func newPKI() (ca, tls.Certificate, error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return ca{}, tls.Certificate{}, err
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "egressd bench CA"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(24 * time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return ca{}, tls.Certificate{}, err
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return ca{}, tls.Certificate{}, err
+	}
+	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return ca{}, tls.Certificate{}, err
+	}
+	leafTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: upstreamNames[0]},
+		DNSNames:     upstreamNames,
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, caCert, &leafKey.PublicKey, caKey)
+	if err != nil {
+		return ca{}, tls.Certificate{}, err
+	}
+	leaf := tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: leafKey}
+	if leaf.Leaf, err = x509.ParseCertificate(leafDER); err != nil {
+		return ca{}, tls.Certificate{}, errors.New("parsing the bench leaf: " + err.Error())
+	}
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	return ca{cert: caCert, pem: caPEM}, leaf, nil
+}

@@ -1,0 +1,302 @@
+package mitm
+
+import (
+	"container/list"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults for LeafOptions' zero values.
+const (
+	// DefaultLeafValidity is how long a minted leaf is valid, capped at the
+	// CA's NotAfter. A day keeps a leaf lifted from memory short-lived while
+	// a busy host is re-minted about once a day.
+	DefaultLeafValidity = 24 * time.Hour
+	// DefaultLeafCacheSize bounds the leaves kept in memory (about 2 KiB each:
+	// key, DER chain, parsed certificate). An agent rarely talks to more
+	// hosts than this; beyond it the least recently used leaf is dropped.
+	DefaultLeafCacheSize = 4096
+	// DefaultMintConcurrency bounds how many leaves are minted at once.
+	// Minting is CPU work (a key, a signature, a parse); bounding it means a
+	// flood of new hosts queues instead of starving the proxy's other work.
+	DefaultMintConcurrency = 4
+)
+
+// maxRefresh is how close to expiry a cached leaf may come before a lookup
+// re-mints it (or Validity/4 when that is shorter), so a handshake never gets
+// a leaf that expires during the connection's first hour.
+const maxRefresh = time.Hour
+
+// LeafOptions bound the leaf cache. Zero values mean the Default constants.
+type LeafOptions struct {
+	Validity        time.Duration // DefaultLeafValidity
+	CacheSize       int           // DefaultLeafCacheSize
+	MintConcurrency int           // DefaultMintConcurrency
+	// OnLookup, if set, is called once per Get: hit is false exactly when that
+	// call minted (or failed to mint) a leaf; a Get served from the cache or
+	// by a mint another Get had started is a hit. For leaf_cache_total{result}.
+	OnLookup func(hit bool)
+}
+
+// Leaves mints leaf certificates signed by a CA and keeps them in a bounded
+// LRU cache keyed by host, re-checking expiry on every hit (martian's
+// mitm.Config does the same). Safe for concurrent use.
+type Leaves struct {
+	ca       *CA
+	validity time.Duration
+	refresh  time.Duration // a hit expiring within this is re-minted
+	size     int
+	onLookup func(hit bool)
+	sem      chan struct{} // mint slots
+
+	mu     sync.Mutex
+	lru    list.List                // of *leafEntry, most recently used first
+	byHost map[string]*list.Element // into lru
+	flight map[string]*mintCall     // mints in progress (singleflight)
+
+	now   func() time.Time // time.Now; tests move the clock
+	mints atomic.Int64     // leaves minted; tests count them
+}
+
+type leafEntry struct {
+	host string
+	cert *tls.Certificate
+	// getCert is the host-bound GetCertificate ServerConfig hands out, made
+	// once per entry so ServerConfig allocates only the tls.Config.
+	getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+}
+
+type mintCall struct {
+	done chan struct{} // closed when cert and err are set
+	cert *tls.Certificate
+	err  error
+}
+
+// NewLeaves returns a leaf cache for ca, which must not be nil.
+func NewLeaves(ca *CA, o LeafOptions) *Leaves {
+	l := &Leaves{
+		ca:       ca,
+		validity: positiveOr(o.Validity, DefaultLeafValidity),
+		size:     positiveOr(o.CacheSize, DefaultLeafCacheSize),
+		onLookup: o.OnLookup,
+		byHost:   make(map[string]*list.Element),
+		flight:   make(map[string]*mintCall),
+		now:      time.Now,
+	}
+	l.refresh = min(maxRefresh, l.validity/4)
+	l.sem = make(chan struct{}, positiveOr(o.MintConcurrency, DefaultMintConcurrency))
+	return l
+}
+
+// Get returns the leaf for host, a normalised DNS name or IP literal: an ECDSA
+// P-256 key of its own, host as the only SAN and as CommonName, valid from an
+// hour ago for Validity (never past the CA's NotAfter), for server auth, with
+// the chain [leaf, CA] and Leaf set. Concurrent Gets for a missing host mint
+// once; distinct hosts mint in parallel up to MintConcurrency.
+func (l *Leaves) Get(host string) (*tls.Certificate, error) {
+	l.mu.Lock()
+	if cert := l.cachedLocked(host); cert != nil {
+		l.mu.Unlock()
+		l.lookup(true)
+		return cert, nil
+	}
+	if c, ok := l.flight[host]; ok {
+		l.mu.Unlock()
+		<-c.done
+		l.lookup(true)
+		return c.cert, c.err
+	}
+	c := &mintCall{done: make(chan struct{})}
+	l.flight[host] = c
+	l.mu.Unlock()
+
+	l.lookup(false)
+	c.cert, c.err = l.mint(host)
+
+	l.mu.Lock()
+	delete(l.flight, host)
+	if c.err == nil {
+		l.storeLocked(host, c.cert)
+	}
+	l.mu.Unlock()
+	close(c.done)
+	return c.cert, c.err
+}
+
+// ServerConfig returns the tls.Config for terminating a client connection to
+// host, which egressd has already decided on (the CONNECT target or the
+// checked SNI). Its GetCertificate returns host's leaf whatever SNI the client
+// sends; NextProtos is used as given (not copied: do not modify it after).
+// Called per intercepted connection, it allocates only the tls.Config when
+// host is cached (plus one small closure otherwise) and mints nothing: the
+// leaf is fetched during the handshake.
+func (l *Leaves) ServerConfig(host string, nextProtos []string) *tls.Config {
+	return &tls.Config{
+		GetCertificate: l.certFunc(host),
+		NextProtos:     nextProtos,
+		MinVersion:     tls.VersionTLS12,
+	}
+}
+
+func (l *Leaves) certFunc(host string) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	l.mu.Lock()
+	el, ok := l.byHost[host]
+	if ok {
+		get := el.Value.(*leafEntry).getCert
+		l.mu.Unlock()
+		return get
+	}
+	l.mu.Unlock()
+	return func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return l.Get(host) }
+}
+
+// cachedLocked returns host's cached leaf if it is fresh enough, marking it
+// recently used. A stale entry stays until its replacement is stored.
+func (l *Leaves) cachedLocked(host string) *tls.Certificate {
+	el, ok := l.byHost[host]
+	if !ok {
+		return nil
+	}
+	e := el.Value.(*leafEntry)
+	if !l.fresh(e.cert.Leaf) {
+		return nil
+	}
+	l.lru.MoveToFront(el)
+	return e.cert
+}
+
+// fresh reports whether leaf may still be handed out: it expires after the
+// refresh window, or it already runs to the CA's expiry (re-minting could not
+// do better) and has not expired.
+func (l *Leaves) fresh(leaf *x509.Certificate) bool {
+	left := leaf.NotAfter.Sub(l.now())
+	return left > l.refresh || (left > 0 && !leaf.NotAfter.Before(l.ca.Cert.NotAfter))
+}
+
+func (l *Leaves) storeLocked(host string, cert *tls.Certificate) {
+	if el, ok := l.byHost[host]; ok {
+		el.Value.(*leafEntry).cert = cert
+		l.lru.MoveToFront(el)
+		return
+	}
+	e := &leafEntry{host: host, cert: cert}
+	e.getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return l.Get(host) }
+	l.byHost[host] = l.lru.PushFront(e)
+	for l.lru.Len() > l.size {
+		oldest := l.lru.Back()
+		l.lru.Remove(oldest)
+		delete(l.byHost, oldest.Value.(*leafEntry).host)
+	}
+}
+
+func (l *Leaves) lookup(hit bool) {
+	if l.onLookup != nil {
+		l.onLookup(hit)
+	}
+}
+
+// mint makes a leaf for host once a mint slot is free.
+func (l *Leaves) mint(host string) (*tls.Certificate, error) {
+	l.sem <- struct{}{}
+	defer func() { <-l.sem }()
+	l.mints.Add(1)
+	return mintLeaf(l.ca, host, l.now(), l.validity)
+}
+
+// mintLeaf signs a leaf for host with ca, valid from now-backdate for validity
+// but within the CA's own validity.
+func mintLeaf(ca *CA, host string, now time.Time, validity time.Duration) (*tls.Certificate, error) {
+	tmpl, err := leafTemplate(host)
+	if err != nil {
+		return nil, err
+	}
+	tmpl.NotBefore = now.Add(-backdate)
+	if tmpl.NotBefore.Before(ca.Cert.NotBefore) {
+		tmpl.NotBefore = ca.Cert.NotBefore
+	}
+	tmpl.NotAfter = now.Add(validity)
+	if tmpl.NotAfter.After(ca.Cert.NotAfter) {
+		tmpl.NotAfter = ca.Cert.NotAfter
+	}
+	if !tmpl.NotAfter.After(now) {
+		return nil, fmt.Errorf("interception CA %q expired at %s", ca.Cert.Subject.CommonName, ca.Cert.NotAfter.Format(time.RFC3339))
+	}
+	if tmpl.SerialNumber, err = randomSerial(); err != nil {
+		return nil, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
+	if err != nil {
+		return nil, fmt.Errorf("minting leaf for %s: %w", host, err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+// leafTemplate is a server-auth leaf naming exactly host: an IP SAN for an IP
+// literal, else a DNS SAN.
+func leafTemplate(host string) (*x509.Certificate, error) {
+	tmpl := &x509.Certificate{
+		Subject:               pkix.Name{CommonName: host},
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		if ip.Zone() != "" {
+			return nil, fmt.Errorf("leaf host %q: an IP with a zone cannot be certified", host)
+		}
+		tmpl.IPAddresses = []net.IP{ip.AsSlice()}
+		return tmpl, nil
+	}
+	if err := checkDNSName(host); err != nil {
+		return nil, err
+	}
+	tmpl.DNSNames = []string{host}
+	return tmpl, nil
+}
+
+// checkDNSName rejects what cannot be a normalised host name: empty labels,
+// ports, brackets, wildcards and anything outside letters, digits, '-', '_'.
+func checkDNSName(host string) error {
+	if host == "" || len(host) > 253 {
+		return errors.New("leaf host: empty or longer than 253 bytes")
+	}
+	for label := range strings.SplitSeq(host, ".") {
+		if label == "" || len(label) > 63 {
+			return fmt.Errorf("leaf host %q: empty or over-long label", host)
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+				return fmt.Errorf("leaf host %q: not a normalised DNS name or IP literal", host)
+			}
+		}
+	}
+	return nil
+}
+
+func positiveOr[T int | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
+}
