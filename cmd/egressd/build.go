@@ -1,20 +1,29 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"net/netip"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/rs/zerolog"
 
 	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/credential"
+	"github.com/egressd/egressd/internal/credential/file"
+	"github.com/egressd/egressd/internal/inject"
+	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/netguard"
 	"github.com/egressd/egressd/internal/proxy"
 	mitm "github.com/egressd/egressd/internal/tls"
 )
 
 // buildRuntime turns a loaded config into the Runtime requests are served with.
-// self holds egressd's own bound addresses.
-func buildRuntime(l *loaded, self []netip.AddrPort) (*proxy.Runtime, error) {
+// self holds egressd's own bound addresses; the leaves and the credential store
+// outlive reloads and are built by the daemon.
+func buildRuntime(l *loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds inject.Credentials) (*proxy.Runtime, error) {
 	cfg := l.cfg
 	guard, err := netguard.New(netguard.Options{
 		AllowCIDRs:       cfg.Network.AllowCIDRs,
@@ -35,9 +44,71 @@ func buildRuntime(l *loaded, self []netip.AddrPort) (*proxy.Runtime, error) {
 		Resolver:    netguard.NewResolver(cfg.Network.Resolver, cfg.Limits.DNS),
 		Limits:      cfg.Limits,
 		UpstreamTLS: upstream,
+		Injector:    inject.New(l.policy.Allowlist, creds),
+		Leaves:      leaves,
 	}
 	rt.Prepare()
 	return rt, nil
+}
+
+// newLeaves loads or creates the interception CA (tls.ca_cert/ca_key, or state_dir).
+func newLeaves(cfg *config.Config, m *metrics.Metrics) (*mitm.Leaves, error) {
+	ca, _, err := mitm.LoadOrCreateCA(cfg.TLS.CACert, cfg.TLS.CAKey, cfg.StateDir, cfg.Environment)
+	if err != nil {
+		return nil, err
+	}
+	return mitm.NewLeaves(ca, mitm.LeafOptions{OnLookup: func(hit bool) {
+		result := "miss"
+		if hit {
+			result = "hit"
+		}
+		m.LeafCache.WithLabelValues(result).Inc()
+	}}), nil
+}
+
+// credentialIDs lists the credential IDs the policy references, sorted.
+func credentialIDs(l *loaded) []string {
+	var ids []string
+	for _, r := range l.policy.Allowlist.Rules() {
+		if r.Credential != "" && !slices.Contains(ids, r.Credential) {
+			ids = append(ids, r.Credential)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// storeKey identifies what a credential store was built from: a reload keeps the
+// running store (and its last good values) unless this changes.
+func storeKey(l *loaded) string {
+	c := l.cfg.Credentials
+	return fmt.Sprintf("%s|%s|%s|%s", c.Backend, c.File, c.MaxStale, strings.Join(credentialIDs(l), ","))
+}
+
+// newStore builds and starts the credential store for the policy's credential IDs.
+func newStore(ctx context.Context, l *loaded, log zerolog.Logger, m *metrics.Metrics) (*credential.Store, error) {
+	c := l.cfg.Credentials
+	if c.Backend != config.BackendFile {
+		return nil, fmt.Errorf("credentials.backend %q is not available in this build", c.Backend)
+	}
+	ids := credentialIDs(l)
+	for _, id := range ids {
+		for _, r := range []string{credential.ResultOK, credential.ResultError, credential.ResultNotFound, credential.ResultInvalid} {
+			m.CredentialRefresh.WithLabelValues(id, r)
+		}
+		m.CredentialAge.WithLabelValues(id)
+	}
+	backend := file.New(c.File, file.Options{Log: log})
+	store := credential.NewStore(backend, ids, credential.Options{
+		MaxStale: c.MaxStale,
+		Log:      log,
+		Metrics: &credential.Metrics{
+			Refresh: func(id, result string) { m.CredentialRefresh.WithLabelValues(id, result).Inc() },
+			Age:     func(id string, s float64) { m.CredentialAge.WithLabelValues(id).Set(s) },
+		},
+	})
+	store.Start(ctx)
+	return store, nil
 }
 
 // newLogger builds the process logger from log.level and log.format.

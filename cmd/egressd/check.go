@@ -50,11 +50,7 @@ func printProblems(rep checkReport) {
 		if p.Warning {
 			kind = "warning"
 		}
-		loc := p.Path
-		if p.Line > 0 {
-			loc = fmt.Sprintf("%s (line %d)", p.Path, p.Line)
-		}
-		fmt.Printf("%s: %s: %s\n", kind, loc, p.Msg)
+		fmt.Printf("%s: %s\n", kind, p.String())
 	}
 	if rep.OK {
 		fmt.Println("ok")

@@ -15,8 +15,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/egressd/egressd/internal/admin"
+	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/proxy"
+	mitm "github.com/egressd/egressd/internal/tls"
 )
 
 // drainTimeout bounds how long SIGTERM waits for in-flight requests and tunnels.
@@ -33,7 +35,10 @@ func cmdRun(args []string) int {
 		return exitUsage
 	}
 	log := newLogger(l.cfg.Log)
-	d := &daemon{cfgPath: *cfgPath, log: log, metrics: metrics.New()}
+	d := &daemon{cfgPath: *cfgPath, log: log, metrics: metrics.New(), sigs: make(chan os.Signal, 1)}
+	// Take the signals before anything starts, so a SIGTERM or SIGHUP that arrives
+	// during start-up is handled rather than killing the process.
+	signal.Notify(d.sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	if err := d.start(l); err != nil {
 		log.Error().Err(err).Msg("egressd failed to start")
 		return exitRuntime
@@ -55,6 +60,12 @@ type daemon struct {
 	srv   *proxy.Server
 	admin *http.Server
 	errc  chan error
+	sigs  chan os.Signal
+
+	leaves   *mitm.Leaves      // the CA is fixed for the process's life
+	store    *credential.Store // kept across reloads while storeKey is unchanged
+	storeKey string
+	stop     context.CancelFunc // stops the store's refreshers
 }
 
 func (d *daemon) start(l *loaded) error {
@@ -62,7 +73,11 @@ func (d *daemon) start(l *loaded) error {
 	if err != nil {
 		return err
 	}
-	rt, err := buildRuntime(l, d.self)
+	if d.leaves, err = newLeaves(l.cfg, d.metrics); err != nil {
+		closeAll(lns)
+		return err
+	}
+	rt, err := d.runtimeFor(l)
 	if err != nil {
 		closeAll(lns)
 		return err
@@ -77,6 +92,7 @@ func (d *daemon) start(l *loaded) error {
 	d.srv = proxy.New(rt, d.log, d.metrics)
 	d.errc = make(chan error, len(lns)+1)
 	for i, ln := range lns[:len(l.cfg.Listeners)] {
+		d.srv.InitMetrics(l.cfg.Listeners[i])
 		go func() { d.errc <- d.srv.Serve(ln, l.cfg.Listeners[i]) }()
 	}
 	if len(lns) > len(l.cfg.Listeners) {
@@ -130,11 +146,9 @@ func (d *daemon) serveAdmin(ln net.Listener) {
 // wait serves until SIGTERM/SIGINT (drain, exit 0) or a listener fails (exit 2).
 // SIGHUP reloads.
 func (d *daemon) wait() int {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	for {
 		select {
-		case sig := <-sigs:
+		case sig := <-d.sigs:
 			if sig == syscall.SIGHUP {
 				d.reload()
 				continue
@@ -150,6 +164,24 @@ func (d *daemon) wait() int {
 	}
 }
 
+// runtimeFor builds the Runtime for l, reusing the running credential store when
+// the backend and the credential IDs are unchanged, so a reload keeps last good values.
+func (d *daemon) runtimeFor(l *loaded) (*proxy.Runtime, error) {
+	if key := storeKey(l); d.store == nil || key != d.storeKey {
+		ctx, cancel := context.WithCancel(context.Background())
+		store, err := newStore(ctx, l, d.log, d.metrics)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		if d.stop != nil {
+			d.stop()
+		}
+		d.store, d.storeKey, d.stop = store, key, cancel
+	}
+	return buildRuntime(l, d.self, d.leaves, d.store)
+}
+
 func (d *daemon) shutdown() int {
 	d.log.Info().Dur("drain_timeout", drainTimeout).Msg("draining")
 	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
@@ -159,6 +191,9 @@ func (d *daemon) shutdown() int {
 	}
 	if err := d.srv.Shutdown(ctx); err != nil {
 		d.log.Warn().Err(err).Msg("drain timed out; open connections closed")
+	}
+	if d.stop != nil {
+		d.stop()
 	}
 	d.log.Info().Msg("egressd stopped")
 	return exitOK

@@ -16,9 +16,13 @@ func (d *daemon) ConfigInfo() (string, time.Time) {
 	return d.current.cfg.Hash, d.loadedAt
 }
 
-// Ready reports readiness: the config is loaded (credentials join with their backends).
+// Ready reports readiness: the config is loaded and every credential the policy
+// references can be served; the body has each credential's state (never a value).
 func (d *daemon) Ready() (bool, map[string]any) {
-	return true, map[string]any{"config": "loaded"}
+	d.mu.Lock()
+	store := d.store
+	d.mu.Unlock()
+	return store.Ready(), map[string]any{"config": "loaded", "credentials": store.Status()}
 }
 
 // reload validates the config and policy anew and swaps them in; an invalid new
@@ -28,7 +32,10 @@ func (d *daemon) reload() error {
 	l, err := load(d.cfgPath)
 	if err == nil {
 		var rt *proxy.Runtime
-		if rt, err = buildRuntime(l, d.self); err == nil {
+		d.mu.Lock()
+		rt, err = d.runtimeFor(l)
+		d.mu.Unlock()
+		if err == nil {
 			old := d.srv.Swap(rt)
 			old.Close()
 			d.mu.Lock()

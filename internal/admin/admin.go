@@ -34,8 +34,13 @@ func Handler(st State, m *metrics.Metrics) http.Handler {
 		if !ok {
 			code = http.StatusServiceUnavailable
 		}
-		detail["ready"] = ok
-		writeJSON(w, code, detail)
+		body := map[string]any{"ready": ok}
+		for k, v := range detail {
+			if k != "ready" {
+				body[k] = v
+			}
+		}
+		writeJSON(w, code, body)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /v1/explain", func(w http.ResponseWriter, r *http.Request) {

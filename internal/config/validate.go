@@ -215,7 +215,7 @@ func (v *validator) network(r rawNetwork) Network {
 		DefaultPorts:     v.defaultPorts(r.DefaultPorts),
 	}
 	if len(n.UnsafeAllowCIDRs) > 0 {
-		v.ps.warnf("network.unsafe_allow_cidrs", "opens %s, which may include loopback and metadata addresses: for development and tests only", joinPrefixes(n.UnsafeAllowCIDRs))
+		v.ps.warnf("network.unsafe_allow_cidrs", "opens %s to egressd's dialer (metadata and egressd's own addresses stay closed): for development and tests only", joinPrefixes(n.UnsafeAllowCIDRs))
 	}
 	return n
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // Outside a namespace these tests dial only 127.0.0.1. Every other address
-// is dialled only after netns.Isolate, with TestHookDial failing the test if
+// is dialled only in the body of netns.Run, with TestHookDial failing the test if
 // the guard lets a dial it should block reach connect.
 
 func listen(t *testing.T, addr string) *net.TCPListener {
@@ -160,59 +160,61 @@ func TestDialAddrs(t *testing.T) {
 // TestDialerBlocksInternal dials internal addresses in a loopback-only
 // namespace, so even a broken guard could not reach them.
 func TestDialerBlocksInternal(t *testing.T) {
-	netns.Isolate(t)
-	d := dialer(t, Options{})
-	d.TestHookDial = failHook(t)
-	for addr, want := range map[string]Class{
-		"10.0.0.1:80": Private, "192.168.1.1:443": Private, "172.16.0.1:443": Private, "100.64.0.1:443": CGNAT,
-		"169.254.169.254:80": Metadata, "169.254.170.2:80": Metadata, "100.100.100.200:80": Metadata,
-		"[fd00:ec2::254]:80": Metadata, "[fd20:ce::254]:80": Metadata, "[::ffff:10.0.0.1]:80": Private,
-		"[64:ff9b::a9fe:a9fe]:80": Metadata, "[2002:a00:1::]:80": Private, "[fe80::1%lo]:80": LinkLocal,
-		"192.0.2.1:80": Reserved, "224.0.0.1:80": Multicast,
-	} {
-		_, err := d.DialContext(context.Background(), "tcp", addr)
-		assertBlocked(t, "DialContext("+addr+")", err, want)
-	}
+	netns.Run(t, func(t *testing.T) {
+		d := dialer(t, Options{})
+		d.TestHookDial = failHook(t)
+		for addr, want := range map[string]Class{
+			"10.0.0.1:80": Private, "192.168.1.1:443": Private, "172.16.0.1:443": Private, "100.64.0.1:443": CGNAT,
+			"169.254.169.254:80": Metadata, "169.254.170.2:80": Metadata, "100.100.100.200:80": Metadata,
+			"[fd00:ec2::254]:80": Metadata, "[fd20:ce::254]:80": Metadata, "[::ffff:10.0.0.1]:80": Private,
+			"[64:ff9b::a9fe:a9fe]:80": Metadata, "[2002:a00:1::]:80": Private, "[fe80::1%lo]:80": LinkLocal,
+			"192.0.2.1:80": Reserved, "224.0.0.1:80": Multicast,
+		} {
+			_, err := d.DialContext(context.Background(), "tcp", addr)
+			assertBlocked(t, "DialContext("+addr+")", err, want)
+		}
+	})
 }
 
 // TestDialerReachableInternal puts listeners on internal addresses that
 // exist only in the namespace: the guard blocks them although they answer,
 // and AllowCIDRs opens the private one but never metadata or self.
 func TestDialerReachableInternal(t *testing.T) {
-	netns.Isolate(t)
-	for _, cidr := range []string{"10.0.0.5/32", "169.254.169.254/32", "fd00:ec2::254/128"} {
-		netns.AddLoopbackAddr(t, cidr)
-	}
-	private := listen(t, "10.0.0.5:0")
-	meta4 := listen(t, "169.254.169.254:0")
-	meta6 := listen(t, "[fd00:ec2::254]:0")
+	netns.Run(t, func(t *testing.T) {
+		for _, cidr := range []string{"10.0.0.5/32", "169.254.169.254/32", "fd00:ec2::254/128"} {
+			netns.AddLoopbackAddr(t, cidr)
+		}
+		private := listen(t, "10.0.0.5:0")
+		meta4 := listen(t, "169.254.169.254:0")
+		meta6 := listen(t, "[fd00:ec2::254]:0")
 
-	strict := dialer(t, Options{})
-	strict.TestHookDial = failHook(t)
-	_, err := strict.DialContext(context.Background(), "tcp", private.Addr().String())
-	assertBlocked(t, "default guard, dial 10.0.0.5", err, Private)
-	assertNoAccept(t, private)
+		strict := dialer(t, Options{})
+		strict.TestHookDial = failHook(t)
+		_, err := strict.DialContext(context.Background(), "tcp", private.Addr().String())
+		assertBlocked(t, "default guard, dial 10.0.0.5", err, Private)
+		assertNoAccept(t, private)
 
-	open := dialer(t, Options{
-		AllowCIDRs:       prefixes("10.0.0.0/8", "0.0.0.0/0", "::/0"),
-		UnsafeAllowCIDRs: prefixes("169.254.0.0/16", "fd00::/8"),
+		open := dialer(t, Options{
+			AllowCIDRs:       prefixes("10.0.0.0/8", "0.0.0.0/0", "::/0"),
+			UnsafeAllowCIDRs: prefixes("169.254.0.0/16", "fd00::/8"),
+		})
+		open.TestHookDial = failHook(t, addrPortOf(private))
+		c, err := open.DialContext(context.Background(), "tcp", private.Addr().String())
+		if err != nil {
+			t.Fatalf("with 10/8 open, dial 10.0.0.5: %v", err)
+		}
+		c.Close()
+		assertAccept(t, private)
+		for _, ln := range []*net.TCPListener{meta4, meta6} {
+			_, err := open.DialContext(context.Background(), "tcp", ln.Addr().String())
+			assertBlocked(t, "every CIDR open, dial "+ln.Addr().String(), err, Metadata)
+			assertNoAccept(t, ln)
+		}
+
+		self := dialer(t, Options{AllowCIDRs: prefixes("10.0.0.0/8"), Self: []netip.AddrPort{addrPortOf(private)}})
+		self.TestHookDial = failHook(t)
+		_, err = self.DialContext(context.Background(), "tcp", private.Addr().String())
+		assertBlocked(t, "10/8 open, dial self on 10.0.0.5", err, Self)
+		assertNoAccept(t, private)
 	})
-	open.TestHookDial = failHook(t, addrPortOf(private))
-	c, err := open.DialContext(context.Background(), "tcp", private.Addr().String())
-	if err != nil {
-		t.Fatalf("with 10/8 open, dial 10.0.0.5: %v", err)
-	}
-	c.Close()
-	assertAccept(t, private)
-	for _, ln := range []*net.TCPListener{meta4, meta6} {
-		_, err := open.DialContext(context.Background(), "tcp", ln.Addr().String())
-		assertBlocked(t, "every CIDR open, dial "+ln.Addr().String(), err, Metadata)
-		assertNoAccept(t, ln)
-	}
-
-	self := dialer(t, Options{AllowCIDRs: prefixes("10.0.0.0/8"), Self: []netip.AddrPort{addrPortOf(private)}})
-	self.TestHookDial = failHook(t)
-	_, err = self.DialContext(context.Background(), "tcp", private.Addr().String())
-	assertBlocked(t, "10/8 open, dial self on 10.0.0.5", err, Self)
-	assertNoAccept(t, private)
 }

@@ -181,11 +181,12 @@ func TestResolveRebinding(t *testing.T) {
 // TestSystemResolver runs in a namespace: the system resolver may send a
 // query to the configured nameserver, which is not on this machine.
 func TestSystemResolver(t *testing.T) {
-	netns.Isolate(t)
-	got, err := NewResolver("", waitTimeout).Lookup(context.Background(), "localhost")
-	if err != nil || !(slices.Contains(got, netip.MustParseAddr("127.0.0.1")) || slices.Contains(got, netip.IPv6Loopback())) {
-		t.Fatalf("system Lookup(localhost) = %v, %v; want a loopback address", got, err)
-	}
+	netns.Run(t, func(t *testing.T) {
+		got, err := NewResolver("", waitTimeout).Lookup(context.Background(), "localhost")
+		if err != nil || !(slices.Contains(got, netip.MustParseAddr("127.0.0.1")) || slices.Contains(got, netip.IPv6Loopback())) {
+			t.Fatalf("system Lookup(localhost) = %v, %v; want a loopback address", got, err)
+		}
+	})
 }
 
 func addrs(ss ...string) []netip.Addr {

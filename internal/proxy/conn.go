@@ -28,6 +28,10 @@ type conn struct {
 	bw   *bufio.Writer
 	idle atomic.Bool // waiting for the next request; Shutdown may close it
 
+	// pinned is the CONNECT target when this is the inside of an intercepted tunnel:
+	// every request is decided against it, never against its own Host.
+	pinned *allowlist.Target
+
 	ctx    context.Context
 	cancel context.CancelFunc
 }
@@ -93,10 +97,10 @@ func (c *conn) handle(rt *Runtime, req *http.Request) bool {
 	rec := newRecord(c.l, c.nc.RemoteAddr())
 	rec.Method = req.Method
 	defer rec.finish(&c.s.log, c.s.metrics)
-	if req.Method == http.MethodConnect {
+	if req.Method == http.MethodConnect && c.pinned == nil {
 		return c.serveConnect(rt, req, rec)
 	}
-	return c.serveForward(rt, req, rec)
+	return c.serveHTTP1(rt, req, rec)
 }
 
 // refuseHead answers a request head that could not be read or was malformed.
@@ -121,16 +125,7 @@ func (c *conn) refuseHead(rt *Runtime, req *http.Request, err error) {
 // writeRefusal records err on rec and writes its response. A status of 0 means the
 // status DESIGN.md assigns to the reason.
 func (c *conn) writeRefusal(rt *Runtime, rec *Record, err error, status int) {
-	rf := classify(err)
-	rec.fail(rf.Reason, rf.Detail)
-	if rf.Err != nil {
-		rec.Error = rf.Err.Error()
-	}
-	code, h, body := refusalResponse(rf, rec, rt.Env)
-	if status != 0 {
-		code = status
-	}
-	rec.Status = code
+	code, h, body := refusalFor(rt, rec, err, status)
 	writeHead(c.bw, code, h, false)
 	n, _ := c.bw.Write(body)
 	rec.BytesOut += int64(n)

@@ -11,6 +11,7 @@ import (
 	"strconv"
 
 	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/netguard"
 )
 
@@ -46,9 +47,12 @@ func classify(err error) *refusal {
 	var blocked *netguard.BlockedError
 	var dnsErr *netguard.DNSError
 	var dialErr *dialError
+	var credErr *credential.UnavailableError
 	switch {
 	case errors.As(err, &r):
 		return r
+	case errors.As(err, &credErr):
+		return &refusal{Reason: allowlist.ReasonCredentialUnavailable, Detail: credErr.Cause, Err: err}
 	case errors.As(err, &blocked):
 		return &refusal{Reason: allowlist.ReasonInternalAddress, Detail: string(blocked.Class), Err: err}
 	case errors.As(err, &dnsErr):
@@ -96,6 +100,22 @@ func statusFor(r allowlist.Reason) int {
 	default:
 		return http.StatusForbidden
 	}
+}
+
+// refusalFor classifies err, records it on rec, and renders the response. A status
+// of 0 means the status DESIGN.md assigns to the reason.
+func refusalFor(rt *Runtime, rec *Record, err error, status int) (int, http.Header, []byte) {
+	rf := classify(err)
+	rec.fail(rf.Reason, rf.Detail)
+	if rf.Err != nil {
+		rec.Error = rf.Err.Error()
+	}
+	code, h, body := refusalResponse(rf, rec, rt.Env)
+	if status != 0 {
+		code = status
+	}
+	rec.Status = code
+	return code, h, body
 }
 
 // errorBody is the JSON body of every egressd-made response.

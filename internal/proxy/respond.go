@@ -91,6 +91,25 @@ func trailerNames(t http.Header) string {
 
 // copyBody copies src to bw, chunk-encoded when chunked, flushing after each read.
 func copyBody(bw *bufio.Writer, src io.Reader, chunked bool) (int64, error) {
+	write := func(p []byte) error {
+		_, err := bw.Write(p)
+		return err
+	}
+	if chunked {
+		write = func(p []byte) error {
+			bw.WriteString(strconv.FormatInt(int64(len(p)), 16))
+			bw.WriteString("\r\n")
+			bw.Write(p)
+			_, err := bw.WriteString("\r\n")
+			return err
+		}
+	}
+	return streamBody(src, write, bw.Flush)
+}
+
+// streamBody copies src through write, flushing after every read so that nothing
+// the upstream has sent waits in a buffer (server-sent events, long polls).
+func streamBody(src io.Reader, write func([]byte) error, flush func() error) (int64, error) {
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
 	buf := *bp
@@ -98,15 +117,10 @@ func copyBody(bw *bufio.Writer, src io.Reader, chunked bool) (int64, error) {
 	for {
 		n, rerr := src.Read(buf)
 		if n > 0 {
-			if chunked {
-				bw.WriteString(strconv.FormatInt(int64(n), 16))
-				bw.WriteString("\r\n")
+			if err := write(buf[:n]); err != nil {
+				return total, err
 			}
-			bw.Write(buf[:n])
-			if chunked {
-				bw.WriteString("\r\n")
-			}
-			if err := bw.Flush(); err != nil {
+			if err := flush(); err != nil {
 				return total, err
 			}
 			total += int64(n)
@@ -129,6 +143,7 @@ type requestBody struct {
 	n      atomic.Int64
 	closed bool
 	eof    bool
+	onEOF  func() // runs once, when the body has been read to its end
 }
 
 // maxDrain is how much of an unread request body is read to keep the connection.
@@ -149,8 +164,11 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	}
 	n, err := b.r.Read(p)
 	b.n.Add(int64(n))
-	if err == io.EOF {
+	if err == io.EOF && !b.eof {
 		b.eof = true
+		if b.onEOF != nil {
+			b.onEOF()
+		}
 	}
 	return n, err
 }

@@ -12,7 +12,9 @@ import (
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/internal/netguard"
+	mitm "github.com/egressd/egressd/internal/tls"
 )
 
 // Runtime is one immutable snapshot of everything a request is decided and forwarded
@@ -27,6 +29,11 @@ type Runtime struct {
 	// UpstreamTLS verifies upstream certificates (system roots plus tls.upstream_ca_file).
 	// Nil means the system roots. InsecureSkipVerify is never set.
 	UpstreamTLS *tls.Config
+	// Injector sets each rule's headers; nil means no rule injects.
+	Injector *inject.Injector
+	// Leaves mints the certificates intercepted tunnels are terminated with; nil
+	// means nothing is intercepted (a rule that needs it is refused at build).
+	Leaves *mitm.Leaves
 
 	dialer    *netguard.Dialer
 	transport *http.Transport
@@ -34,6 +41,9 @@ type Runtime struct {
 
 // Prepare builds the Runtime's dialer and transport. Call it once before use.
 func (rt *Runtime) Prepare() {
+	if rt.Injector == nil {
+		rt.Injector = inject.New(rt.Policy, nil)
+	}
 	rt.dialer = rt.Guard.NewDialer(rt.Limits.Dial)
 	rt.transport = &http.Transport{
 		// Never follow HTTP_PROXY/HTTPS_PROXY from egressd's own environment.

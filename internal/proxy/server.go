@@ -67,7 +67,7 @@ func (s *Server) Serve(ln net.Listener, cfg config.Listener) error {
 	}
 	defer s.trackListener(ln, false)
 	l := &listener{cfg: cfg, sem: make(chan struct{}, s.Runtime().Limits.MaxConnections)}
-	s.metrics.InitListener(cfg.Name, denialCodes, failureCodes)
+	s.InitMetrics(cfg)
 	var backoff time.Duration
 	for {
 		nc, err := ln.Accept()
@@ -87,6 +87,12 @@ func (s *Server) Serve(ln net.Listener, cfg config.Listener) error {
 		backoff = 0
 		s.accept(l, nc)
 	}
+}
+
+// InitMetrics exports the zero-valued series of a listener; Serve calls it too, and
+// callers that must have them before the first scrape call it before Serve.
+func (s *Server) InitMetrics(cfg config.Listener) {
+	s.metrics.InitListener(cfg.Name, denialCodes, failureCodes)
 }
 
 func (s *Server) accept(l *listener, nc net.Conn) {

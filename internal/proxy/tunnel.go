@@ -9,55 +9,23 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/egressd/egressd/internal/allowlist"
 )
 
-// serveConnect serves a CONNECT: decide on the authority, dial a checked address,
-// answer 200 and splice bytes until either side is done. A refused CONNECT gets the
-// refusal instead of 200 and the connection stays usable.
-func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
-	rec.Scheme = "connect"
-	t, err := allowlist.ParseAuthority(req.RequestURI, 0)
-	if err != nil {
-		err = badRequest("connect_target", err)
-	} else {
-		rec.setTarget(t)
-		err = decide(rt, t, "", rec)
-	}
-	if err != nil {
-		c.writeRefusal(rt, rec, err, 0)
-		return !req.Close
-	}
-	up, err := rt.dialTarget(c.ctx, t)
-	if err != nil {
-		c.writeRefusal(rt, rec, err, 0)
-		return !req.Close
-	}
-	rec.setResolved(up.RemoteAddr())
-	rec.Status = http.StatusOK
-	c.bw.WriteString("HTTP/1.1 200 Connection established\r\n\r\n")
-	if err := c.bw.Flush(); err != nil {
-		up.Close()
-		return false
-	}
-	c.tunnel(rt, up, rec)
-	return false
-}
-
-// tunnel splices the client connection and up until both directions end. Bytes the
-// client sent ahead of the 200 (already in the read buffer) go first.
-func (c *conn) tunnel(rt *Runtime, up net.Conn, rec *Record) {
+// tunnel splices the client connection and up until both directions end. The bytes
+// already read from the client (its ClientHello, and whatever is buffered) go first.
+func (c *conn) tunnel(rt *Runtime, up net.Conn, hello *clientHello, rec *Record) {
 	defer up.Close()
 	c.s.metrics.TunnelsActive.Inc()
 	defer c.s.metrics.TunnelsActive.Dec()
+	early := hello.raw
 	if n := c.br.Buffered(); n > 0 {
-		early, _ := c.br.Peek(n)
-		if _, err := up.Write(early); err != nil {
-			return
-		}
-		rec.BytesIn += int64(n)
+		buffered, _ := c.br.Peek(n)
+		early = append(early, buffered...)
 	}
+	if _, err := up.Write(early); err != nil {
+		return
+	}
+	rec.BytesIn += int64(len(early))
 	c.br, c.bw = nil, nil // a tunnel holds no buffers
 	idle := rt.Limits.TunnelIdle
 	done := make(chan int64, 1)

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -14,6 +15,8 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,12 +26,16 @@ import (
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/credential"
+	"github.com/egressd/egressd/internal/credential/file"
+	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/netguard"
 	"github.com/egressd/egressd/internal/proxy"
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
 	"github.com/egressd/egressd/internal/testutil/netns"
 	"github.com/egressd/egressd/internal/testutil/testpki"
+	mitm "github.com/egressd/egressd/internal/tls"
 )
 
 // The whole package runs inside a loopback-only network namespace of its own
@@ -60,8 +67,13 @@ type world struct {
 	DNS        *dnsstub.Server
 	Upstream   *echo
 	UpstreamCA *x509.CertPool
-	canaries   []*canary
-	logs       *syncBuffer
+	// CA is egressd's interception CA; clients of intercepted tunnels trust it.
+	CA            *mitm.CA
+	CAPool        *x509.CertPool
+	upstreamCAPEM []byte
+	credFile      string
+	canaries      []*canary
+	logs          *syncBuffer
 }
 
 // worldOpts changes the default world.
@@ -73,6 +85,9 @@ type worldOpts struct {
 	proxyAddr string         // default 127.0.0.1:0
 	// untrustedUpstream leaves the upstream's CA out of egressd's roots.
 	untrustedUpstream bool
+	// credentials are credential ID -> secret JSON, written to a credentials file.
+	credentials map[string]string
+	maxStale    time.Duration // credentials.max_stale; default 5m
 }
 
 var defaultEntries = []allowlist.Entry{
@@ -102,9 +117,9 @@ func (w *world) startUpstream() {
 	tlsSrv.Listener = listenOn(w.t, w.PublicIP+":443")
 	tlsSrv.EnableHTTP2 = true
 	tlsSrv.TLS = &tls.Config{Certificates: []tls.Certificate{
-		ca.Leaf(w.t, "allowed.test", "*.allowed.test", "ports.test", w.PublicIP)}}
+		ca.Leaf(w.t, "allowed.test", "*.allowed.test", "ports.test", "other.test", w.PublicIP)}}
 	tlsSrv.StartTLS()
-	w.UpstreamCA = ca.Pool
+	w.UpstreamCA, w.upstreamCAPEM = ca.Pool, ca.PEM()
 	w.t.Cleanup(func() { srv.Close(); tlsSrv.Close() })
 }
 
@@ -128,6 +143,8 @@ func (w *world) startDNS() {
 	w.DNS = dnsstub.Start(w.t)
 	w.DNS.Set("allowed.test", "A "+w.PublicIP)
 	w.DNS.Set("www.allowed.test", "A "+w.PublicIP)
+	w.DNS.Set("api.allowed.test", "A "+w.PublicIP)
+	w.DNS.Set("other.test", "A "+w.PublicIP)
 	w.DNS.Set("ports.test", "A "+w.PublicIP)
 	w.DNS.Set("loopback.allowed.test", "A 127.0.0.1")
 	w.DNS.Set("metadata.allowed.test", "A 169.254.169.254")
@@ -178,13 +195,50 @@ func (w *world) startProxy(o worldOpts) {
 		Resolver:    netguard.NewResolver(w.DNS.Addr, limits.DNS),
 		UpstreamTLS: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
 	}
-	rt.Prepare()
 	log := zerolog.New(w.logs)
+	rt.Leaves = w.interceptionCA()
+	rt.Injector = inject.New(pol, w.credentialStore(o, log))
+	rt.Prepare()
 	w.Server = proxy.New(rt, log, metrics.New())
 	w.ProxyAddr = ln.Addr().String()
 	lc := config.Listener{Name: "sandbox", Address: self, Mode: "proxy", Role: "sandbox"}
 	go w.Server.Serve(ln, lc)
 	w.t.Cleanup(func() { w.Server.Shutdown(contextWithTimeout(w.t, 2*time.Second)); rt.Close() })
+}
+
+// interceptionCA makes egressd's CA in a temporary state dir, as a first start does.
+func (w *world) interceptionCA() *mitm.Leaves {
+	ca, _, err := mitm.LoadOrCreateCA("", "", w.t.TempDir(), "env_test")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.CA, w.CAPool = ca, x509.NewCertPool()
+	w.CAPool.AddCert(ca.Cert)
+	return mitm.NewLeaves(ca, mitm.LeafOptions{})
+}
+
+// credentialStore writes o.credentials to a file and serves them with the file
+// backend, polled fast so the tests see changes quickly.
+func (w *world) credentialStore(o worldOpts, log zerolog.Logger) *credential.Store {
+	doc := "{"
+	ids := make([]string, 0, len(o.credentials))
+	for id, secret := range o.credentials {
+		if len(ids) > 0 {
+			doc += ","
+		}
+		doc += `"` + id + `":` + secret
+		ids = append(ids, id)
+	}
+	w.credFile = filepath.Join(w.t.TempDir(), "credentials.json")
+	if err := os.WriteFile(w.credFile, []byte(doc+"}"), 0o600); err != nil {
+		w.t.Fatal(err)
+	}
+	backend := file.New(w.credFile, file.Options{PollInterval: 20 * time.Millisecond, Log: log})
+	store := credential.NewStore(backend, ids, credential.Options{MaxStale: o.maxStale, Log: log})
+	ctx, cancel := context.WithCancel(context.Background())
+	store.Start(ctx)
+	w.t.Cleanup(func() { cancel(); store.Wait() })
+	return store
 }
 
 // client returns an HTTP client that uses egressd as its explicit proxy and trusts
@@ -290,8 +344,9 @@ func assertRefused(t *testing.T, resp *http.Response, status int, reason, detail
 
 // echo is the upstream: it answers with what it received, as JSON.
 type echo struct {
-	requests atomic.Int64
-	handler  atomic.Pointer[http.HandlerFunc] // optional override
+	requests     atomic.Int64
+	withoutToken atomic.Int64                     // requests to api.allowed.test without the injected token
+	handler      atomic.Pointer[http.HandlerFunc] // optional override
 }
 
 type echoed struct {
@@ -302,6 +357,9 @@ type echoed struct {
 
 func (e *echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e.requests.Add(1)
+	if strings.HasPrefix(r.Host, "api.allowed.test") && r.Header.Get("Authorization") != "Bearer "+secretToken {
+		e.withoutToken.Add(1)
+	}
 	if h := e.handler.Load(); h != nil {
 		(*h)(w, r)
 		return

@@ -1,16 +1,21 @@
 // Package netns runs a test inside a fresh loopback-only network namespace.
 //
 // A test that dials addresses which are not on this machine (10.x,
-// 169.254.169.254, fd00:ec2::254, public IPs) calls Isolate first. Isolate
-// re-executes the test binary under `unshare -rn`, where the only interface
-// is lo, so such a dial fails with "network is unreachable" even when the
-// code under test is wrong. The test must still assert its own error, not the
-// dial error.
+// 169.254.169.254, fd00:ec2::254, public IPs) puts that part in netns.Run.
+// Run re-executes the test binary under `unshare -rn`, where the only
+// interface is lo, so such a dial fails with "network is unreachable" even
+// when the code under test is wrong. The test must still assert its own
+// error, not the dial error.
 //
 //	func TestGuardBlocksMetadata(t *testing.T) {
-//		netns.Isolate(t)
-//		// runs only inside the namespace
+//		netns.Run(t, func(t *testing.T) {
+//			// runs only inside the namespace
+//		})
 //	}
+//
+// Code before and after the Run call runs in both processes, the test binary
+// and its re-executed copy in the namespace; keep it to setup that is safe in
+// either. A package whose every test needs the namespace uses Main instead.
 package netns
 
 import (
@@ -19,14 +24,11 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"reflect"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
 )
 
 const (
@@ -47,7 +49,7 @@ var (
 // Inside reports whether this process runs in the namespace: the child's
 // environment variable is set and lo is the only interface. The second test
 // means a stray EGRESSD_IN_NETNS in a developer's shell cannot make a test
-// dial out; Isolate then re-executes the test in a namespace as usual.
+// dial out; Run then re-executes the test in a namespace as usual.
 func Inside() bool { return inside() }
 
 var inside = sync.OnceValue(func() bool {
@@ -58,31 +60,35 @@ var inside = sync.OnceValue(func() bool {
 	return err == nil && len(ifs) == 1 && ifs[0].Flags&net.FlagLoopback != 0
 })
 
-// Isolate runs the calling test in a fresh user and network namespace with
-// only lo, brought up. Inside the namespace it returns at once and the test
-// body runs. Outside it re-executes the test binary (same build, so -race
-// carries over) running only this test, and ends the calling test with the
-// child's result without running the body: FAIL with the child's output, or
-// PASS with the output logged. When unshare does not work the test is
-// skipped, or fails if EGRESSD_REQUIRE_NETNS is set.
-func Isolate(t *testing.T) {
+// Run runs body in a fresh user and network namespace with only lo, brought
+// up. Inside the namespace (a re-executed child, or a package under Main) it
+// calls body(t). Outside it re-executes the test binary (same build, so -race
+// carries over) running only this test, and reports the child's result on t
+// without calling body: t.Fatalf with the child's output when it failed,
+// t.Skip when it skipped, t.Log of its output when it passed. When unshare
+// does not work the test is skipped, or fails if EGRESSD_REQUIRE_NETNS is set.
+//
+// Call Run at most once per test: the child runs the whole test, so a second
+// Run would run the first body again. Put each isolated part in a subtest.
+func Run(t *testing.T, body func(t *testing.T)) {
 	t.Helper()
 	if Inside() {
 		bringUpLoopback(t)
+		body(t)
 		return
 	}
 	if err := probe(); err != nil {
 		unavailable(t, err)
 	}
 	out, err := runChild(t)
-	if err != nil {
+	switch {
+	case err != nil:
 		t.Fatalf("in a loopback-only network namespace: %v\n%s", err, out)
-	}
-	if strings.Contains(out, "--- SKIP: "+t.Name()+" ") {
+	case strings.Contains(out, "--- SKIP: "+t.Name()+" "):
 		t.Skipf("skipped in a loopback-only network namespace:\n%s", out)
+	default:
+		t.Logf("passed in a loopback-only network namespace:\n%s", out)
 	}
-	t.Logf("passed in a loopback-only network namespace:\n%s", out)
-	pass(t)
 }
 
 // AddLoopbackAddr adds cidr (such as "10.0.0.5/32" or "fd00::5/128") to lo
@@ -91,7 +97,7 @@ func Isolate(t *testing.T) {
 func AddLoopbackAddr(t *testing.T, cidr string) {
 	t.Helper()
 	if !Inside() {
-		t.Fatalf("netns.AddLoopbackAddr(%q) outside the namespace: call netns.Isolate(t) first", cidr)
+		t.Fatalf("netns.AddLoopbackAddr(%q) outside the namespace: call it from the body of netns.Run", cidr)
 	}
 	args := []string{"addr", "add", cidr, "dev", "lo"}
 	if strings.Contains(cidr, ":") {
@@ -194,26 +200,4 @@ func RunPattern(name string) string {
 		elems[i] = "^" + regexp.QuoteMeta(e) + "$"
 	}
 	return strings.Join(elems, "/")
-}
-
-// pass ends the calling test as passed without returning to it.
-//
-// The testing package has no such call: runtime.Goexit alone is reported as
-// "test executed panic(nil) or runtime.Goexit", and SkipNow reports SKIP. So
-// pass marks the test finished the way SkipNow and FailNow do (T.finished,
-// under T.mu) and then calls runtime.Goexit. If a future testing package
-// renames those fields, pass falls back to SkipNow: the test then shows as
-// SKIP with the child's PASS in its log, never as a false PASS or FAIL.
-func pass(t *testing.T) {
-	common := reflect.ValueOf(t).Elem().FieldByName("common")
-	finished := common.FieldByName("finished")
-	mu := common.FieldByName("mu")
-	if !finished.IsValid() || finished.Kind() != reflect.Bool || !mu.IsValid() || mu.Type() != reflect.TypeFor[sync.RWMutex]() {
-		t.SkipNow()
-	}
-	lock := (*sync.RWMutex)(unsafe.Pointer(mu.UnsafeAddr()))
-	lock.Lock()
-	*(*bool)(unsafe.Pointer(finished.UnsafeAddr())) = true
-	lock.Unlock()
-	runtime.Goexit()
 }

@@ -1,0 +1,980 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/explain"
+	"github.com/egressd/egressd/internal/testutil/testpki"
+)
+
+// These tests run `egressd run` as a subprocess on loopback: the sandbox listener
+// and the admin listener on 127.0.0.1, an upstream on 127.0.0.1, and a policy that
+// allows only localhost, opened with network.unsafe_allow_cidrs (the development and
+// test switch). Nothing leaves the machine.
+
+// waitTimeout bounds every wait for the runner: a log line, a signal's effect, an exit.
+const waitTimeout = 10 * time.Second
+
+// egressFields are the fields DESIGN.md ("Observability and operations") puts on
+// every canonical log line, present even when empty.
+var egressFields = []string{
+	"req_id", "listener", "role", "client", "method", "scheme", "host", "port", "path",
+	"decision", "reason", "rule", "intercepted", "injected", "credential", "credential_version",
+	"hook_group", "hook_event", "status", "bytes_in", "bytes_out", "resolved_ip", "dur_ms",
+}
+
+// runOpts shapes the config runConfig writes.
+type runOpts struct {
+	listener, admin string // bound addresses; default 127.0.0.1:0
+	allow           string // the one allowlisted domain; default localhost
+	ports           []int  // its ports
+	extra           string // appended YAML
+}
+
+func runConfig(o runOpts) string {
+	if o.listener == "" {
+		o.listener = "127.0.0.1:0"
+	}
+	if o.admin == "" {
+		o.admin = "127.0.0.1:0"
+	}
+	if o.allow == "" {
+		o.allow = "localhost"
+	}
+	ports := make([]string, len(o.ports))
+	for i, p := range o.ports {
+		ports[i] = strconv.Itoa(p)
+	}
+	// ::1/128 joins 127.0.0.0/8 because many hosts files map localhost to both, and
+	// every address a name resolves to must pass the guard.
+	return fmt.Sprintf(`version: 1
+environment: env_run
+listeners:
+  - {name: sandbox, address: "%s", mode: proxy, role: sandbox}
+admin: {address: "%s"}
+policy:
+  allowlist:
+    - {domain: %s, ports: [%s]}
+network:
+  unsafe_allow_cidrs: [127.0.0.0/8, "::1/128"]
+credentials: {file: credentials.json}
+log: {level: info, format: json}
+%s`, o.listener, o.admin, o.allow, strings.Join(ports, ", "), o.extra)
+}
+
+// logLine is one JSON line egressd wrote to stdout.
+type logLine map[string]any
+
+func (l logLine) str(k string) string { s, _ := l[k].(string); return s }
+
+func (l logLine) num(k string) float64 { f, _ := l[k].(float64); return f }
+
+// lineLog collects the lines a subprocess writes and wakes waiters on each one.
+type lineLog struct {
+	mu      sync.Mutex
+	partial []byte
+	lines   []string
+	changed chan struct{} // closed and replaced when a line arrives
+}
+
+func newLineLog() *lineLog { return &lineLog{changed: make(chan struct{})} }
+
+func (l *lineLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.partial = append(l.partial, p...)
+	for {
+		i := bytes.IndexByte(l.partial, '\n')
+		if i < 0 {
+			break
+		}
+		l.lines = append(l.lines, string(l.partial[:i]))
+		l.partial = l.partial[i+1:]
+		close(l.changed)
+		l.changed = make(chan struct{})
+	}
+	return len(p), nil
+}
+
+func (l *lineLog) snapshot() ([]string, <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines...), l.changed
+}
+
+func (l *lineLog) String() string {
+	lines, _ := l.snapshot()
+	return strings.Join(lines, "\n")
+}
+
+// lockedBuffer is a bytes.Buffer safe for the writer goroutine and the test.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// runner is one `egressd run` subprocess.
+type runner struct {
+	t       *testing.T
+	cmd     *exec.Cmd
+	cfgPath string
+	Proxy   string // the sandbox listener's bound address
+	Admin   string // the admin listener's bound address
+	log     *lineLog
+	stderr  *lockedBuffer
+	started time.Time // when "egressd started" was seen
+
+	exited   chan struct{}
+	exitCode int // set before exited is closed
+}
+
+// startRunner writes cfg and a credentials file into a temporary directory, starts
+// `egressd run --config` on it and waits until both listeners are bound. The
+// process is killed at the end of the test if it is still running.
+func startRunner(t *testing.T, cfg string) *runner {
+	t.Helper()
+	dir := writeFiles(t, map[string]string{
+		"egressd.yaml":     cfg,
+		"credentials.json": `{"example-api": {"token": "` + demoToken + `"}}`,
+	})
+	d := &runner{
+		t: t, cfgPath: filepath.Join(dir, "egressd.yaml"), log: newLineLog(), stderr: &lockedBuffer{},
+		exited: make(chan struct{}),
+	}
+	d.cmd = exec.Command(binary, "run", "--config", d.cfgPath)
+	d.cmd.Dir = dir
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.stderr
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		err := d.cmd.Wait()
+		var exit *exec.ExitError
+		switch {
+		case err == nil:
+		case errors.As(err, &exit):
+			d.exitCode = exit.ExitCode() // -1 when killed by a signal
+		default:
+			d.exitCode = -2
+		}
+		close(d.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-d.exited:
+		default:
+			d.cmd.Process.Kill()
+			<-d.exited
+		}
+		if t.Failed() {
+			t.Logf("egressd stdout:\n%s\negressd stderr:\n%s", d.log, d.stderr)
+		}
+	})
+	d.waitLog("egressd started", func(l logLine) bool { return l.str("message") == "egressd started" })
+	d.started = time.Now()
+	for _, l := range d.lines() {
+		if l.str("message") != "listening" {
+			continue
+		}
+		switch l.str("listener") {
+		case "sandbox":
+			d.Proxy = l.str("address")
+		case "admin":
+			d.Admin = l.str("address")
+		}
+	}
+	if d.Proxy == "" || d.Admin == "" {
+		t.Fatalf("no \"listening\" lines for the sandbox and admin listeners:\n%s", d.log)
+	}
+	return d
+}
+
+// lines returns the JSON lines logged so far.
+func (d *runner) lines() []logLine {
+	raw, _ := d.log.snapshot()
+	return parseLines(raw)
+}
+
+func parseLines(raw []string) []logLine {
+	out := make([]logLine, 0, len(raw))
+	for _, s := range raw {
+		var l logLine
+		if json.Unmarshal([]byte(s), &l) == nil {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// waitLog waits for a log line that match accepts and returns it.
+func (d *runner) waitLog(desc string, match func(logLine) bool) logLine {
+	d.t.Helper()
+	return d.waitNth(desc, 1, match)
+}
+
+// waitNth waits for the nth log line that match accepts and returns it.
+func (d *runner) waitNth(desc string, n int, match func(logLine) bool) logLine {
+	d.t.Helper()
+	timer := time.NewTimer(waitTimeout)
+	defer timer.Stop()
+	for {
+		raw, changed := d.log.snapshot()
+		seen := 0
+		for _, l := range parseLines(raw) {
+			if match(l) {
+				if seen++; seen == n {
+					return l
+				}
+			}
+		}
+		select {
+		case <-changed:
+		case <-d.exited:
+			d.t.Fatalf("egressd exited (%d) before logging %s:\n%s\n%s", d.exitCode, desc, d.log, d.stderr)
+		case <-timer.C:
+			d.t.Fatalf("egressd did not log %s within %v:\n%s", desc, waitTimeout, d.log)
+		}
+	}
+}
+
+// egressLine waits for the canonical log line of the request with this ID.
+func (d *runner) egressLine(reqID string) logLine {
+	d.t.Helper()
+	return d.waitLog("egress line of "+reqID, func(l logLine) bool {
+		return l.str("message") == "egress" && l.str("req_id") == reqID
+	})
+}
+
+// signalGrace is how long after "egressd started" signal waits before it sends a
+// signal. egressd installs its signal handlers only after it has logged that line,
+// and a signal before then kills it (see TestRunSignalRightAfterStart).
+const signalGrace = 250 * time.Millisecond
+
+func (d *runner) signal(sig os.Signal) {
+	d.t.Helper()
+	time.Sleep(time.Until(d.started.Add(signalGrace)))
+	if err := d.cmd.Process.Signal(sig); err != nil {
+		d.t.Fatalf("signal %v: %v", sig, err)
+	}
+}
+
+// waitExit waits for the process to exit and returns its exit code.
+func (d *runner) waitExit(within time.Duration) int {
+	d.t.Helper()
+	select {
+	case <-d.exited:
+		return d.exitCode
+	case <-time.After(within):
+		d.t.Fatalf("egressd still running %v later:\n%s", within, d.log)
+		return 0
+	}
+}
+
+// adminGet fetches path from the admin listener.
+func (d *runner) adminGet(path string) (int, string) {
+	d.t.Helper()
+	c := &http.Client{Timeout: waitTimeout}
+	res, err := c.Get("http://" + d.Admin + path)
+	if err != nil {
+		d.t.Fatalf("admin GET %s: %v", path, err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		d.t.Fatalf("admin GET %s: %v", path, err)
+	}
+	return res.StatusCode, string(body)
+}
+
+// adminJSON fetches path from the admin listener and decodes its JSON body into v.
+func (d *runner) adminJSON(path string, wantCode int, v any) {
+	d.t.Helper()
+	code, body := d.adminGet(path)
+	if code != wantCode {
+		d.t.Fatalf("admin GET %s: %d, want %d\n%s", path, code, wantCode, body)
+	}
+	if err := json.Unmarshal([]byte(body), v); err != nil {
+		d.t.Fatalf("admin GET %s: not JSON: %v\n%s", path, err, body)
+	}
+}
+
+// metric returns the value of one series from /metrics, written as Prometheus writes
+// it (labels in name order), or fails the test if the series is not exported.
+func (d *runner) metric(series string) float64 {
+	d.t.Helper()
+	v, ok := d.lookupMetric(series)
+	if !ok {
+		d.t.Fatalf("/metrics does not export %s", series)
+	}
+	return v
+}
+
+func (d *runner) lookupMetric(series string) (float64, bool) {
+	d.t.Helper()
+	code, body := d.adminGet("/metrics")
+	if code != http.StatusOK {
+		d.t.Fatalf("admin GET /metrics: %d\n%s", code, body)
+	}
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				d.t.Fatalf("/metrics: %q: %v", line, err)
+			}
+			return f, true
+		}
+	}
+	return 0, false
+}
+
+// waitListenerMetrics waits until the sandbox listener's series are exported.
+// egressd exports them from the goroutine that serves the listener, which may run
+// after "egressd started" is logged and /readyz says ready; see
+// TestRunListenerMetricsAtStart.
+func (d *runner) waitListenerMetrics() {
+	d.t.Helper()
+	for deadline := time.Now().Add(waitTimeout); ; time.Sleep(5 * time.Millisecond) {
+		if _, ok := d.lookupMetric(zeroSeries[0]); ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatalf("/metrics does not export %s %v after start", zeroSeries[0], waitTimeout)
+		}
+	}
+}
+
+func (d *runner) configHash() string {
+	d.t.Helper()
+	var h struct {
+		ConfigHash string `json:"config_hash"`
+	}
+	d.adminJSON("/healthz", http.StatusOK, &h)
+	return h.ConfigHash
+}
+
+// rewriteConfig replaces the config file the runner was started with.
+func (d *runner) rewriteConfig(cfg string) {
+	d.t.Helper()
+	if err := os.WriteFile(d.cfgPath, []byte(cfg), 0o600); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+// proxyClient returns a client that sends everything through egressd as its
+// explicit proxy and does not follow redirects.
+func (d *runner) proxyClient() *http.Client {
+	pu := &url.URL{Scheme: "http", Host: d.Proxy}
+	return &http.Client{
+		Transport:     &http.Transport{Proxy: http.ProxyURL(pu)},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Timeout:       waitTimeout,
+	}
+}
+
+// get fetches rawURL through the proxy and returns the response with its body read.
+func get(t *testing.T, c *http.Client, rawURL string) (*http.Response, string) {
+	t.Helper()
+	res, err := c.Get(rawURL)
+	if err != nil {
+		t.Fatalf("GET %s through egressd: %v", rawURL, err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatalf("GET %s through egressd: reading the body: %v", rawURL, err)
+	}
+	return res, string(body)
+}
+
+// denial is the JSON body of a response egressd makes itself.
+type denial struct {
+	Error     string `json:"error"`
+	Reason    string `json:"reason"`
+	Detail    string `json:"detail"`
+	Host      string `json:"host"`
+	Port      int    `json:"port"`
+	Message   string `json:"message"`
+	RequestID string `json:"request_id"`
+}
+
+// assertDenied checks a response egressd made itself: status, Egressd-Reason, and a
+// JSON body that agrees with them. It returns the body.
+func assertDenied(t *testing.T, res *http.Response, body string, status int, reason, host string, port int) denial {
+	t.Helper()
+	if res.StatusCode != status || res.Header.Get("Egressd-Reason") != reason {
+		t.Errorf("response %d with Egressd-Reason %q, want %d %q\n%s", res.StatusCode, res.Header.Get("Egressd-Reason"), status, reason, body)
+	}
+	if ct := res.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type = %q, want application/json", ct)
+	}
+	var d denial
+	if err := json.Unmarshal([]byte(body), &d); err != nil {
+		t.Fatalf("body is not JSON: %v\n%s", err, body)
+	}
+	if d.Error != "egress_denied" || d.Reason != reason || d.Host != host || d.Port != port || d.Message == "" || d.RequestID == "" {
+		t.Errorf("body %s\nwant error egress_denied, reason %s, host %s, port %d, a message and a request_id", body, reason, host, port)
+	}
+	return d
+}
+
+// upstream is an HTTP server on 127.0.0.1. GET /slow answers only when release is
+// closed (or after waitTimeout), so a test controls how long a request is in flight.
+type upstream struct {
+	*httptest.Server
+	port        int
+	slowStarted chan struct{}
+	release     chan struct{} // closed by releaseSlow
+	releaseOnce sync.Once
+
+	mu   sync.Mutex
+	seen []string // request URIs as received
+}
+
+func startUpstream(t *testing.T, tlsCert *tls.Certificate) *upstream {
+	t.Helper()
+	u := &upstream{slowStarted: make(chan struct{}, 1), release: make(chan struct{})}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.mu.Lock()
+		u.seen = append(u.seen, r.RequestURI)
+		u.mu.Unlock()
+		if r.URL.Path == "/slow" {
+			u.slowStarted <- struct{}{}
+			select {
+			case <-u.release:
+			case <-time.After(waitTimeout):
+			}
+		}
+		fmt.Fprintf(w, "hello from upstream %s", r.URL.Path)
+	}))
+	if tlsCert != nil {
+		srv.TLS = &tls.Config{Certificates: []tls.Certificate{*tlsCert}}
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
+	// Release a held request before Close, which waits for it.
+	t.Cleanup(func() { u.releaseSlow(); srv.Close() })
+	u.Server = srv
+	u.port = srv.Listener.Addr().(*net.TCPAddr).Port
+	return u
+}
+
+// releaseSlow lets held /slow requests answer.
+func (u *upstream) releaseSlow() { u.releaseOnce.Do(func() { close(u.release) }) }
+
+func (u *upstream) requests() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.seen...)
+}
+
+// zeroSeries are series DESIGN.md says exist from the start, with zero values.
+var zeroSeries = []string{
+	`egressd_requests_total{decision="allow",listener="sandbox",reason=""}`,
+	`egressd_requests_total{decision="deny",listener="sandbox",reason="not_allowlisted"}`,
+	`egressd_requests_total{decision="deny",listener="sandbox",reason="port_not_allowed"}`,
+	`egressd_requests_total{decision="deny",listener="sandbox",reason="internal_address"}`,
+	`egressd_requests_total{decision="deny",listener="sandbox",reason="host_mismatch"}`,
+	`egressd_requests_total{decision="deny",listener="sandbox",reason="plaintext_credential"}`,
+	`egressd_requests_total{decision="deny",listener="sandbox",reason="bad_request"}`,
+	`egressd_requests_total{decision="error",listener="sandbox",reason="credential_unavailable"}`,
+	`egressd_requests_total{decision="error",listener="sandbox",reason="dns_failure"}`,
+	`egressd_requests_total{decision="error",listener="sandbox",reason="upstream_unreachable"}`,
+	`egressd_requests_total{decision="error",listener="sandbox",reason="upstream_tls"}`,
+	`egressd_requests_total{decision="error",listener="sandbox",reason="upstream_timeout"}`,
+	`egressd_config_reloads_total{result="ok"}`,
+	`egressd_config_reloads_total{result="error"}`,
+	`egressd_bytes_total{direction="in"}`,
+	`egressd_bytes_total{direction="out"}`,
+	`egressd_leaf_cache_total{result="hit"}`,
+	`egressd_leaf_cache_total{result="miss"}`,
+	`egressd_tunnels_active`,
+	`egressd_request_duration_seconds_count{listener="sandbox"}`,
+}
+
+// TestRunServes: an allowed request reaches the upstream, a denied one gets the 403
+// with its reason, each leaves one complete log line, and the admin listener
+// reports health, readiness, metrics and explanations.
+func TestRunServes(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, nil)
+	d := startRunner(t, runConfig(runOpts{ports: []int{up.port}}))
+
+	d.waitListenerMetrics()
+	for _, s := range zeroSeries {
+		if v := d.metric(s); v != 0 {
+			t.Errorf("before any traffic %s = %v, want 0", s, v)
+		}
+	}
+
+	c := d.proxyClient()
+	target := fmt.Sprintf("http://localhost:%d/hello?token=q", up.port)
+	res, body := get(t, c, target)
+	if res.StatusCode != http.StatusOK || body != "hello from upstream /hello" {
+		t.Fatalf("GET %s: %d %q, want 200 from the upstream", target, res.StatusCode, body)
+	}
+	if got := up.requests(); len(got) != 1 || got[0] != "/hello?token=q" {
+		t.Errorf("upstream received %q, want [/hello?token=q]", got)
+	}
+	allowed := d.waitLog("egress line of the allowed request", func(l logLine) bool {
+		return l.str("message") == "egress" && l.str("decision") == "allow"
+	})
+	assertEgressLine(t, allowed, map[string]any{
+		"listener": "sandbox", "role": "sandbox", "method": "GET", "scheme": "http", "host": "localhost",
+		"port": float64(up.port), "path": "/hello", "decision": "allow", "reason": "", "rule": "localhost",
+		"intercepted": false, "credential": "", "status": float64(http.StatusOK), "resolved_ip": "127.0.0.1",
+	})
+	if n := allowed.num("bytes_out"); n < float64(len(body)) {
+		t.Errorf("bytes_out = %v, want at least the body's %d bytes", n, len(body))
+	}
+	if !strings.HasPrefix(allowed.str("client"), "127.0.0.1:") {
+		t.Errorf("client = %q, want 127.0.0.1:port", allowed.str("client"))
+	}
+
+	res, body = get(t, c, "http://evil.test/x?y=z")
+	den := assertDenied(t, res, body, http.StatusForbidden, "not_allowlisted", "evil.test", 80)
+	assertEgressLine(t, d.egressLine(den.RequestID), map[string]any{
+		"listener": "sandbox", "method": "GET", "scheme": "http", "host": "evil.test", "port": float64(80),
+		"path": "/x", "decision": "deny", "reason": "not_allowlisted", "rule": "", "status": float64(http.StatusForbidden),
+		"resolved_ip": "",
+	})
+
+	res, body = get(t, c, "http://localhost:1/")
+	den = assertDenied(t, res, body, http.StatusForbidden, "port_not_allowed", "localhost", 1)
+	assertEgressLine(t, d.egressLine(den.RequestID), map[string]any{
+		"decision": "deny", "reason": "port_not_allowed", "rule": "localhost", "status": float64(http.StatusForbidden),
+	})
+
+	// A denied CONNECT gets the 403 instead of "200 Connection established".
+	res, body = rawConnect(t, d.Proxy, "evil.test:443")
+	assertDenied(t, res, body, http.StatusForbidden, "not_allowlisted", "evil.test", 443)
+
+	var health struct {
+		Status       string    `json:"status"`
+		ConfigHash   string    `json:"config_hash"`
+		ConfigLoaded time.Time `json:"config_loaded"`
+	}
+	d.adminJSON("/healthz", http.StatusOK, &health)
+	started := d.waitLog("egressd started", func(l logLine) bool { return l.str("message") == "egressd started" })
+	if health.Status != "ok" || health.ConfigHash == "" || health.ConfigHash != started.str("config_hash") ||
+		time.Since(health.ConfigLoaded) > time.Minute {
+		t.Errorf("/healthz = %+v, want status ok, the config_hash logged at start (%s), a recent load time", health, started.str("config_hash"))
+	}
+	var ready map[string]any
+	d.adminJSON("/readyz", http.StatusOK, &ready)
+	if ready["ready"] != true {
+		t.Errorf("/readyz = %v, want \"ready\": true", ready)
+	}
+
+	for series, want := range map[string]float64{
+		`egressd_requests_total{decision="allow",listener="sandbox",reason=""}`:                1,
+		`egressd_requests_total{decision="deny",listener="sandbox",reason="not_allowlisted"}`:  2,
+		`egressd_requests_total{decision="deny",listener="sandbox",reason="port_not_allowed"}`: 1,
+		`egressd_requests_total{decision="deny",listener="sandbox",reason="internal_address"}`: 0,
+		`egressd_request_duration_seconds_count{listener="sandbox"}`:                           4,
+	} {
+		if v := d.metric(series); v != want {
+			t.Errorf("%s = %v, want %v", series, v, want)
+		}
+	}
+
+	var ex explain.Result
+	d.adminJSON("/v1/explain?url="+url.QueryEscape(target), http.StatusOK, &ex)
+	if ex.Decision != "allow" || ex.Rule != "localhost" || ex.Host != "localhost" || ex.Port != uint16(up.port) {
+		t.Errorf("/v1/explain %s = %+v, want allow by rule localhost", target, ex)
+	}
+	d.adminJSON("/v1/explain?url="+url.QueryEscape("http://evil.test/"), http.StatusOK, &ex)
+	if ex.Decision != "deny" || ex.Reason != "not_allowlisted" {
+		t.Errorf("/v1/explain http://evil.test/ = %+v, want deny not_allowlisted", ex)
+	}
+	if code, body := d.adminGet("/v1/explain"); code != http.StatusBadRequest {
+		t.Errorf("/v1/explain without url: %d, want 400\n%s", code, body)
+	}
+
+	for _, l := range d.lines() {
+		if strings.Contains(fmt.Sprint(l), demoToken) {
+			t.Errorf("a log line holds the secret: %v", l)
+		}
+	}
+}
+
+// assertEgressLine checks that l has every canonical field and the given values.
+func assertEgressLine(t *testing.T, l logLine, want map[string]any) {
+	t.Helper()
+	for _, f := range egressFields {
+		if _, ok := l[f]; !ok {
+			t.Errorf("egress line lacks %q: %v", f, l)
+		}
+	}
+	for k, v := range want {
+		if fmt.Sprint(l[k]) != fmt.Sprint(v) {
+			t.Errorf("egress line %s = %v, want %v\n%v", k, l[k], v, l)
+		}
+	}
+	if inj, ok := l["injected"].([]any); !ok || len(inj) != 0 {
+		t.Errorf("egress line injected = %v, want []", l["injected"])
+	}
+	if l.str("req_id") == "" {
+		t.Errorf("egress line without req_id: %v", l)
+	}
+	if _, ok := l["dur_ms"].(float64); !ok {
+		t.Errorf("egress line dur_ms = %v, want a number", l["dur_ms"])
+	}
+}
+
+// rawConnect sends a CONNECT for authority to the proxy and reads the response.
+func rawConnect(t *testing.T, proxyAddr, authority string) (*http.Response, string) {
+	t.Helper()
+	nc, err := net.DialTimeout("tcp", proxyAddr, waitTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(waitTimeout))
+	fmt.Fprintf(nc, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", authority, authority)
+	res, err := http.ReadResponse(bufio.NewReader(nc), &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		t.Fatalf("CONNECT %s: %v", authority, err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	return res, string(body)
+}
+
+// TestRunListenerMetricsAtStart: once egressd has logged "egressd started" (and
+// /readyz answers ready), the listener's zero-valued series are exported.
+func TestRunListenerMetricsAtStart(t *testing.T) {
+	t.Parallel()
+	for range 20 {
+		d := startRunner(t, runConfig(runOpts{ports: []int{80}}))
+		if _, ok := d.lookupMetric(zeroSeries[0]); !ok {
+			t.Fatalf("/metrics right after \"egressd started\" lacks %s", zeroSeries[0])
+		}
+		d.signal(syscall.SIGTERM)
+		d.waitExit(waitTimeout)
+	}
+}
+
+// TestRunSignalRightAfterStart: a SIGHUP or SIGTERM that arrives as soon as egressd
+// has logged "egressd started" reloads or drains; it does not kill the process.
+func TestRunSignalRightAfterStart(t *testing.T) {
+	t.Parallel()
+	for range 20 {
+		d := startRunner(t, runConfig(runOpts{ports: []int{80}}))
+		if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		d.waitLog("config reloaded", func(l logLine) bool { return l.str("message") == "config reloaded" })
+		if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if code := d.waitExit(waitTimeout); code != 0 {
+			t.Fatalf("SIGTERM right after a reload: exit %d, want 0", code)
+		}
+	}
+}
+
+// TestRunTunnel: an allowed CONNECT is spliced end to end (the client verifies the
+// upstream's own certificate) and logged once, at close, with its byte counts.
+func TestRunTunnel(t *testing.T) {
+	t.Parallel()
+	ca := testpki.New(t)
+	cert := ca.Leaf(t, "localhost")
+	up := startUpstream(t, &cert)
+	d := startRunner(t, runConfig(runOpts{ports: []int{up.port}}))
+
+	c := d.proxyClient()
+	c.Transport.(*http.Transport).TLSClientConfig = &tls.Config{RootCAs: ca.Pool}
+	target := fmt.Sprintf("https://localhost:%d/tls", up.port)
+	res, body := get(t, c, target)
+	if res.StatusCode != http.StatusOK || body != "hello from upstream /tls" {
+		t.Fatalf("GET %s: %d %q, want 200 from the upstream", target, res.StatusCode, body)
+	}
+	c.CloseIdleConnections() // ends the tunnel, which logs at close
+	l := d.waitLog("egress line of the tunnel", func(l logLine) bool {
+		return l.str("message") == "egress" && l.str("method") == "CONNECT"
+	})
+	assertEgressLine(t, l, map[string]any{
+		"host": "localhost", "port": float64(up.port), "decision": "allow", "reason": "", "rule": "localhost",
+		"intercepted": false, "resolved_ip": "127.0.0.1",
+	})
+	if l.num("bytes_in") == 0 || l.num("bytes_out") == 0 {
+		t.Errorf("tunnel line bytes_in %v, bytes_out %v; want both counted", l["bytes_in"], l["bytes_out"])
+	}
+}
+
+// freePorts returns n ports on 127.0.0.1 that were free a moment ago.
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var ports []int
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports
+}
+
+// TestRunNeverReachesItself: even with loopback opened and both of egressd's own
+// ports on the allowlist, a request to its listener or admin address is refused
+// as internal_address (self), before and after a reload.
+func TestRunNeverReachesItself(t *testing.T) {
+	t.Parallel()
+	ports := freePorts(t, 2)
+	lport, aport := ports[0], ports[1]
+	cfg := runOpts{
+		listener: fmt.Sprintf("127.0.0.1:%d", lport), admin: fmt.Sprintf("127.0.0.1:%d", aport),
+		ports: []int{lport, aport},
+	}
+	d := startRunner(t, runConfig(cfg))
+	check := func(when string) {
+		t.Helper()
+		c := d.proxyClient()
+		for _, p := range []int{lport, aport} {
+			res, body := get(t, c, fmt.Sprintf("http://localhost:%d/healthz", p))
+			den := assertDenied(t, res, body, http.StatusForbidden, "internal_address", "localhost", p)
+			if den.Detail != "self" {
+				t.Errorf("%s: request to own port %d: detail %q, want self", when, p, den.Detail)
+			}
+		}
+	}
+	check("at start")
+	cfg.extra = "limits: {dial: 5s}\n" // a different config, so the reload is a real one
+	d.rewriteConfig(runConfig(cfg))
+	d.signal(syscall.SIGHUP)
+	d.waitLog("config reloaded", func(l logLine) bool { return l.str("message") == "config reloaded" })
+	check("after a reload")
+}
+
+// TestRunReload: SIGHUP with an invalid config keeps the running one in force; with a
+// valid one it swaps the policy for the next request, and /healthz and the
+// metrics show it.
+func TestRunReload(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, nil)
+	d := startRunner(t, runConfig(runOpts{ports: []int{up.port}}))
+	c := d.proxyClient()
+	target := fmt.Sprintf("http://localhost:%d/reload", up.port)
+	if res, body := get(t, c, target); res.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s before any reload: %d %s", target, res.StatusCode, body)
+	}
+	hash0 := d.configHash()
+
+	// An invalid config is rejected; the old policy stays in force.
+	d.rewriteConfig(runConfig(runOpts{ports: []int{up.port}, extra: "limits: {dial: forever}\n"}))
+	d.signal(syscall.SIGHUP)
+	rejected := d.waitLog("reload rejected", func(l logLine) bool {
+		return strings.HasPrefix(l.str("message"), "reload rejected")
+	})
+	if l := rejected.str("level"); l != "error" || !strings.Contains(rejected.str("error"), "limits.dial") {
+		t.Errorf("reload rejected line: level %q, error %q; want error naming limits.dial", l, rejected.str("error"))
+	}
+	if res, body := get(t, c, target); res.StatusCode != http.StatusOK {
+		t.Errorf("GET %s after a rejected reload: %d %s, want 200 (the old policy)", target, res.StatusCode, body)
+	}
+	if h := d.configHash(); h != hash0 {
+		t.Errorf("config_hash after a rejected reload = %s, want %s", h, hash0)
+	}
+	assertReloads(t, d, 0, 1)
+
+	// A valid config that no longer allows localhost.
+	d.rewriteConfig(runConfig(runOpts{allow: "other.test", ports: []int{up.port}}))
+	d.signal(syscall.SIGHUP)
+	reloaded := d.waitLog("config reloaded", func(l logLine) bool { return l.str("message") == "config reloaded" })
+	res, body := get(t, c, target) // on the same keep-alive connection, if the client kept one
+	assertDenied(t, res, body, http.StatusForbidden, "not_allowlisted", "localhost", up.port)
+	res, body = get(t, d.proxyClient(), target) // and on a new one
+	assertDenied(t, res, body, http.StatusForbidden, "not_allowlisted", "localhost", up.port)
+	hash1 := d.configHash()
+	if hash1 == hash0 || hash1 != reloaded.str("config_hash") {
+		t.Errorf("config_hash after the reload = %s; want new (not %s) and as logged (%s)", hash1, hash0, reloaded.str("config_hash"))
+	}
+	assertReloads(t, d, 1, 1)
+	var ex explain.Result
+	d.adminJSON("/v1/explain?url="+url.QueryEscape(target), http.StatusOK, &ex)
+	if ex.Decision != "deny" || ex.Reason != "not_allowlisted" {
+		t.Errorf("/v1/explain after the reload = %+v, want deny not_allowlisted", ex)
+	}
+
+	// A rejected reload never fails open: the policy that denies localhost stays.
+	d.rewriteConfig(runConfig(runOpts{ports: []int{up.port}, extra: "limits: {dial: forever}\n"}))
+	d.signal(syscall.SIGHUP)
+	d.waitNth("a second reload rejected", 2, func(l logLine) bool {
+		return strings.HasPrefix(l.str("message"), "reload rejected")
+	})
+	assertReloads(t, d, 1, 2)
+	res, body = get(t, c, target)
+	assertDenied(t, res, body, http.StatusForbidden, "not_allowlisted", "localhost", up.port)
+	if h := d.configHash(); h != hash1 {
+		t.Errorf("config_hash after a rejected reload = %s, want %s", h, hash1)
+	}
+	if n := len(up.requests()); n != 2 {
+		t.Errorf("upstream received %d requests, want 2 (none after the policy denied localhost)", n)
+	}
+}
+
+func assertReloads(t *testing.T, d *runner, ok, failed float64) {
+	t.Helper()
+	if v := d.metric(`egressd_config_reloads_total{result="ok"}`); v != ok {
+		t.Errorf(`config_reloads_total{result="ok"} = %v, want %v`, v, ok)
+	}
+	if v := d.metric(`egressd_config_reloads_total{result="error"}`); v != failed {
+		t.Errorf(`config_reloads_total{result="error"} = %v, want %v`, v, failed)
+	}
+}
+
+// TestRunDrain: SIGTERM stops accepting at once, lets the request in flight (held
+// 500 ms by the upstream) finish with its 200, and exits 0.
+func TestRunDrain(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, nil)
+	d := startRunner(t, runConfig(runOpts{ports: []int{up.port}}))
+
+	type outcome struct {
+		code int
+		body string
+		err  error
+	}
+	done := make(chan outcome, 1)
+	start := time.Now()
+	go func() {
+		res, err := d.proxyClient().Get(fmt.Sprintf("http://localhost:%d/slow", up.port))
+		if err != nil {
+			done <- outcome{err: err}
+			return
+		}
+		defer res.Body.Close()
+		body, err := io.ReadAll(res.Body)
+		done <- outcome{res.StatusCode, string(body), err}
+	}()
+	select {
+	case <-up.slowStarted:
+	case <-time.After(waitTimeout):
+		t.Fatal("the slow request never reached the upstream")
+	}
+
+	d.signal(syscall.SIGTERM)
+	d.waitLog("draining", func(l logLine) bool { return l.str("message") == "draining" })
+	refusedAt := waitRefused(t, d.Proxy)
+	select {
+	case o := <-done:
+		t.Fatalf("the request in flight ended before the upstream answered: %+v", o)
+	default:
+	}
+	t.Logf("new connections refused %v after the request started", refusedAt.Sub(start).Round(time.Millisecond))
+
+	time.Sleep(time.Until(start.Add(500 * time.Millisecond)))
+	up.releaseSlow()
+	select {
+	case o := <-done:
+		if o.err != nil || o.code != http.StatusOK || o.body != "hello from upstream /slow" {
+			t.Errorf("request in flight during SIGTERM: %+v, want 200 from the upstream", o)
+		}
+	case <-time.After(waitTimeout):
+		t.Fatal("the request in flight did not complete")
+	}
+	if code := d.waitExit(5 * time.Second); code != 0 {
+		t.Errorf("egressd exited %d after SIGTERM, want 0", code)
+	}
+	d.waitLog("egressd stopped", func(l logLine) bool { return l.str("message") == "egressd stopped" })
+	if _, err := net.DialTimeout("tcp", d.Proxy, time.Second); err == nil {
+		t.Error("the proxy address accepts connections after egressd exited")
+	}
+}
+
+// waitRefused waits until a connection to addr is refused and returns when.
+func waitRefused(t *testing.T, addr string) time.Time {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		nc, err := net.DialTimeout("tcp", addr, time.Second)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return time.Now()
+		}
+		if err == nil {
+			nc.Close()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("connections to %s still not refused %v after SIGTERM (last: %v)", addr, waitTimeout, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRunAddressInUse: a listener or admin address that cannot be bound is a runtime
+// failure, exit 2, with the cause logged.
+func TestRunAddressInUse(t *testing.T) {
+	t.Parallel()
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	for _, o := range []runOpts{
+		{listener: busy.Addr().String(), ports: []int{80}},
+		{admin: busy.Addr().String(), ports: []int{80}},
+	} {
+		dir := writeFiles(t, map[string]string{"egressd.yaml": runConfig(o), "credentials.json": "{}"})
+		res := egressd(t, "run", "--config", filepath.Join(dir, "egressd.yaml"))
+		if res.code != 2 {
+			t.Errorf("run with %s in use: %s\nwant exit 2", busy.Addr(), res)
+		}
+		var failed logLine
+		for _, l := range parseLines(strings.Split(res.stdout, "\n")) {
+			if l.str("message") == "egressd failed to start" {
+				failed = l
+			}
+		}
+		if failed == nil || !strings.Contains(failed.str("error"), "address already in use") || failed.str("level") != "error" {
+			t.Errorf("run with %s in use: no error line \"egressd failed to start\" naming the cause\n%s", busy.Addr(), res)
+		}
+	}
+}
+
+func TestRunInvalidConfig(t *testing.T) {
+	t.Parallel()
+	dir := writeFiles(t, map[string]string{"egressd.yaml": badConfig})
+	res := egressd(t, "run", "--config", filepath.Join(dir, "egressd.yaml"))
+	if res.code != 1 {
+		t.Errorf("run with an invalid config: %s\nwant exit 1", res)
+	}
+	for _, want := range badConfigProblems {
+		if !strings.Contains(res.stderr, want.path) {
+			t.Errorf("run with an invalid config: stderr lacks %s\n%s", want.path, res)
+		}
+	}
+}

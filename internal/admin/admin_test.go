@@ -1,0 +1,296 @@
+package admin_test
+
+import (
+	"encoding/json"
+	"io"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/admin"
+	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/explain"
+	"github.com/egressd/egressd/internal/metrics"
+	"github.com/egressd/egressd/internal/netguard"
+	"github.com/egressd/egressd/internal/proxy"
+)
+
+// telemetryKey is a transform value: explain must name its header, never show it.
+const telemetryKey = "admin-test-secret-value"
+
+// fakeState is the admin endpoints' view of a running egressd, with a Runtime
+// built the way the daemon builds one (no listener, no network: explain is offline).
+type fakeState struct {
+	rt     *proxy.Runtime
+	hash   string
+	loaded time.Time
+
+	mu     sync.Mutex
+	ready  bool
+	detail map[string]any
+}
+
+func (s *fakeState) Runtime() *proxy.Runtime { return s.rt }
+
+func (s *fakeState) ConfigInfo() (string, time.Time) { return s.hash, s.loaded }
+
+func (s *fakeState) Ready() (bool, map[string]any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ready, s.detail
+}
+
+func (s *fakeState) setReady(ok bool, detail map[string]any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ready, s.detail = ok, detail
+}
+
+func newState(t *testing.T) *fakeState {
+	t.Helper()
+	pol, err := allowlist.Compile([]allowlist.Entry{
+		{Domain: "*.github.com"},
+		{Domain: "telemetry.example.com", Transform: []allowlist.Header{{Name: "X-Telemetry-Key", Value: telemetryKey}}},
+		{Domain: "api.example.com", Credential: "example-api"},
+		{Domain: "*"},
+	}, allowlist.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	guard, err := netguard.New(netguard.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limits := config.Default().Limits
+	rt := &proxy.Runtime{
+		Env: "env_admin", Policy: pol, Guard: guard, Limits: limits,
+		Resolver: netguard.NewResolver("", limits.DNS),
+	}
+	rt.Prepare()
+	t.Cleanup(rt.Close)
+	return &fakeState{
+		rt: rt, hash: "c0ffee", loaded: time.Date(2026, 3, 1, 12, 30, 0, 0, time.FixedZone("CET", 3600)),
+		ready: true, detail: map[string]any{"config": "loaded"},
+	}
+}
+
+// serve makes one request to the admin handler and returns the response and its body.
+func serve(t *testing.T, h http.Handler, method, target string) (*http.Response, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, target, nil))
+	res := rec.Result()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, string(body)
+}
+
+// decodeJSON checks that res is a JSON response and decodes its body into v.
+func decodeJSON(t *testing.T, res *http.Response, body string, v any) {
+	t.Helper()
+	if ct := res.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type = %q, want application/json", ct)
+	}
+	if err := json.Unmarshal([]byte(body), v); err != nil {
+		t.Fatalf("body is not JSON: %v\n%s", err, body)
+	}
+}
+
+func TestHealthz(t *testing.T) {
+	st := newState(t)
+	res, body := serve(t, admin.Handler(st, metrics.New()), http.MethodGet, "/healthz")
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("GET /healthz: %d, want 200\n%s", res.StatusCode, body)
+	}
+	var got struct {
+		Status       string    `json:"status"`
+		ConfigHash   string    `json:"config_hash"`
+		ConfigLoaded time.Time `json:"config_loaded"`
+	}
+	decodeJSON(t, res, body, &got)
+	if got.Status != "ok" || got.ConfigHash != st.hash || !got.ConfigLoaded.Equal(st.loaded) {
+		t.Errorf("GET /healthz = %+v, want status ok, config_hash %q, config_loaded %v", got, st.hash, st.loaded)
+	}
+	if !strings.Contains(body, `"2026-03-01T11:30:00Z"`) {
+		t.Errorf("config_loaded is not rendered in UTC:\n%s", body)
+	}
+}
+
+func TestReadyz(t *testing.T) {
+	st := newState(t)
+	h := admin.Handler(st, metrics.New())
+	for _, tc := range []struct {
+		name   string
+		ready  bool
+		detail map[string]any
+		want   int
+	}{
+		{"ready", true, map[string]any{"config": "loaded", "credentials": map[string]any{"example-api": "ok"}}, http.StatusOK},
+		{"not ready", false, map[string]any{"config": "loaded", "credentials": map[string]any{"example-api": "unavailable"}}, http.StatusServiceUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st.setReady(tc.ready, maps.Clone(tc.detail))
+			res, body := serve(t, h, http.MethodGet, "/readyz")
+			if res.StatusCode != tc.want {
+				t.Fatalf("GET /readyz: %d, want %d\n%s", res.StatusCode, tc.want, body)
+			}
+			var got map[string]any
+			decodeJSON(t, res, body, &got)
+			if got["ready"] != tc.ready {
+				t.Errorf(`"ready" = %v, want %t`, got["ready"], tc.ready)
+			}
+			for k, v := range tc.detail {
+				gotJSON, _ := json.Marshal(got[k])
+				wantJSON, _ := json.Marshal(v)
+				if string(gotJSON) != string(wantJSON) {
+					t.Errorf("%q = %s, want %s", k, gotJSON, wantJSON)
+				}
+			}
+		})
+	}
+}
+
+// TestReadyzDetailNotOwned: the detail map belongs to the State, which may return
+// nil (nothing to add) or a map it shares between calls. The handler must neither
+// panic on nil nor write "ready" into the State's map, which concurrent /readyz
+// requests would otherwise do at once.
+func TestReadyzDetailNotOwned(t *testing.T) {
+	st := newState(t)
+	h := admin.Handler(st, metrics.New())
+
+	st.setReady(false, nil)
+	res, body := serve(t, h, http.MethodGet, "/readyz")
+	if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, `"ready": false`) {
+		t.Errorf("GET /readyz with nil detail: %d %s, want 503 with \"ready\": false", res.StatusCode, body)
+	}
+
+	shared := map[string]any{"config": "loaded"}
+	st.setReady(true, shared)
+	serve(t, h, http.MethodGet, "/readyz")
+	if _, ok := shared["ready"]; ok || len(shared) != 1 {
+		t.Errorf("GET /readyz wrote into the State's detail map: %v", shared)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	m := metrics.New()
+	m.InitListener("sandbox", []string{string(allowlist.ReasonNotAllowlisted)}, []string{string(allowlist.ReasonDNSFailure)})
+	m.ConfigReloads.WithLabelValues("ok").Inc()
+	res, body := serve(t, admin.Handler(newState(t), m), http.MethodGet, "/metrics")
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %d, want 200\n%s", res.StatusCode, body)
+	}
+	if ct := res.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
+		t.Errorf("Content-Type = %q, want the Prometheus text format", ct)
+	}
+	for _, want := range []string{
+		`egressd_requests_total{decision="allow",listener="sandbox",reason=""} 0`,
+		`egressd_requests_total{decision="deny",listener="sandbox",reason="not_allowlisted"} 0`,
+		`egressd_requests_total{decision="error",listener="sandbox",reason="dns_failure"} 0`,
+		`egressd_config_reloads_total{result="ok"} 1`,
+		`egressd_config_reloads_total{result="error"} 0`,
+		`egressd_bytes_total{direction="in"} 0`,
+		`egressd_leaf_cache_total{result="miss"} 0`,
+		`egressd_tunnels_active 0`,
+		`egressd_request_duration_seconds_count{listener="sandbox"} 0`,
+		"go_goroutines ",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("GET /metrics lacks %q", want)
+		}
+	}
+}
+
+func TestExplain(t *testing.T) {
+	h := admin.Handler(newState(t), metrics.New())
+	for _, tc := range []struct {
+		url  string
+		want explain.Result
+	}{
+		{"https://api.github.com/repos", explain.Result{
+			Scheme: "https", Host: "api.github.com", Port: 443, Decision: "allow", Rule: "*.github.com"}},
+		{"https://telemetry.example.com/v1", explain.Result{
+			Scheme: "https", Host: "telemetry.example.com", Port: 443, Decision: "allow", Rule: "telemetry.example.com",
+			Intercept: true, Inject: []string{"X-Telemetry-Key"}}},
+		{"https://api.example.com/", explain.Result{
+			Scheme: "https", Host: "api.example.com", Port: 443, Decision: "allow", Rule: "api.example.com",
+			Intercept: true, Credential: "example-api"}},
+		{"http://169.254.169.254/latest/meta-data/", explain.Result{
+			Scheme: "http", Host: "169.254.169.254", Port: 80, Decision: "deny", Reason: "internal_address",
+			Detail: "metadata", Rule: "*"}},
+		{"http://[::ffff:127.0.0.1]:8080/", explain.Result{
+			Scheme: "http", Host: "::ffff:127.0.0.1", Port: 8080, Decision: "deny", Reason: "port_not_allowed", Rule: "*"}},
+		{"ftp://example.com/", explain.Result{
+			Scheme: "ftp", Decision: "deny", Reason: "bad_request", Detail: `unsupported scheme "ftp" (use http or https)`}},
+	} {
+		t.Run(tc.url, func(t *testing.T) {
+			res, body := serve(t, h, http.MethodGet, "/v1/explain?url="+url.QueryEscape(tc.url))
+			if res.StatusCode != http.StatusOK {
+				t.Fatalf("GET /v1/explain: %d, want 200\n%s", res.StatusCode, body)
+			}
+			var got explain.Result
+			decodeJSON(t, res, body, &got)
+			if got.URL != tc.url || got.Scheme != tc.want.Scheme || got.Host != tc.want.Host || got.Port != tc.want.Port ||
+				got.Decision != tc.want.Decision || got.Reason != tc.want.Reason || got.Detail != tc.want.Detail ||
+				got.Rule != tc.want.Rule || got.Intercept != tc.want.Intercept || got.Credential != tc.want.Credential ||
+				strings.Join(got.Inject, ",") != strings.Join(tc.want.Inject, ",") {
+				t.Errorf("explain %s =\n%s\nwant %+v", tc.url, body, tc.want)
+			}
+			if got.Message == "" {
+				t.Errorf("explain %s: empty message", tc.url)
+			}
+			if strings.Contains(body, telemetryKey) {
+				t.Errorf("explain %s shows a header value:\n%s", tc.url, body)
+			}
+		})
+	}
+}
+
+func TestExplainWithoutURL(t *testing.T) {
+	h := admin.Handler(newState(t), metrics.New())
+	for _, target := range []string{"/v1/explain", "/v1/explain?url="} {
+		res, body := serve(t, h, http.MethodGet, target)
+		if res.StatusCode != http.StatusBadRequest {
+			t.Errorf("GET %s: %d, want 400\n%s", target, res.StatusCode, body)
+			continue
+		}
+		var got map[string]string
+		decodeJSON(t, res, body, &got)
+		if got["error"] == "" {
+			t.Errorf("GET %s: no error in %s", target, body)
+		}
+	}
+}
+
+func TestRouting(t *testing.T) {
+	h := admin.Handler(newState(t), metrics.New())
+	for _, tc := range []struct {
+		method, target string
+		want           int
+	}{
+		{http.MethodGet, "/", http.StatusNotFound},
+		{http.MethodGet, "/nope", http.StatusNotFound},
+		{http.MethodGet, "/healthz/extra", http.StatusNotFound},
+		{http.MethodPost, "/healthz", http.StatusMethodNotAllowed},
+		{http.MethodDelete, "/readyz", http.StatusMethodNotAllowed},
+		{http.MethodPut, "/metrics", http.StatusMethodNotAllowed},
+		{http.MethodPost, "/v1/explain?url=http://a.test/", http.StatusMethodNotAllowed},
+		{http.MethodHead, "/healthz", http.StatusOK},
+	} {
+		res, body := serve(t, h, tc.method, tc.target)
+		if res.StatusCode != tc.want {
+			t.Errorf("%s %s: %d, want %d\n%s", tc.method, tc.target, res.StatusCode, tc.want, body)
+		}
+		if tc.want == http.StatusMethodNotAllowed && !strings.Contains(res.Header.Get("Allow"), http.MethodGet) {
+			t.Errorf("%s %s: Allow = %q, want GET in it", tc.method, tc.target, res.Header.Get("Allow"))
+		}
+	}
+}

@@ -1,0 +1,25 @@
+package credential
+
+import "context"
+
+// Backend reads credentials; a Store calls it at Start and in the background, never on the
+// request path. Implementations must be safe for concurrent use.
+//
+// Read returns the headers of one ID and a version that changes whenever the secret does,
+// or an error. Errors must never contain a secret value (name the ID, a path, a status):
+//   - ErrNotFound (wrapped or not): the backend answered and the ID is not there;
+//   - an error wrapping ErrInvalid (ParseSecret's): the secret has a bad shape;
+//   - anything else is a failed read (backend down, file unreadable, corrupt as a whole),
+//     after which the Store keeps serving the last good value until MaxStale.
+//
+// The Store copies the returned headers; the backend may keep and share its own slice.
+type Backend interface {
+	Name() string // "file", "vault": the backend field of log lines
+	Read(ctx context.Context, id string) (headers []Header, version string, err error)
+}
+
+// Watcher is implemented by backends that notice changes themselves (the file backend).
+// Store.Start runs Watch until its context ends, re-reading every ID on each onChange.
+type Watcher interface {
+	Watch(ctx context.Context, onChange func())
+}

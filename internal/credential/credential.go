@@ -1,0 +1,109 @@
+// Package credential resolves credential IDs to the headers they inject, from a backend,
+// serving the last good value from memory.
+//
+// Invariant: a secret never leaves this package in printable form. Header and Value redact
+// themselves in every rendering (fmt verbs, JSON, zerolog); errors name credential IDs,
+// header names and cause classes, never values. Requests are answered from memory only:
+// backend reads happen at Start and in the background, never on the request path.
+package credential
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// redacted replaces a secret wherever one would be printed.
+const redacted = "[redacted]"
+
+// Header is one header a credential sets. Value is secret: Header prints as
+// "Name: [redacted]" in every fmt verb, JSON and zerolog.
+type Header struct{ Name, Value string }
+
+// String returns the header name and a redaction marker, never the value.
+func (h Header) String() string { return h.Name + ": " + redacted }
+
+// GoString is String for %#v.
+func (h Header) GoString() string {
+	return fmt.Sprintf("credential.Header{Name:%q, Value:%q}", h.Name, redacted)
+}
+
+// Format implements fmt.Formatter so that no verb (%d, %x, %+v ...) can reach the value.
+func (h Header) Format(f fmt.State, verb rune) { format(f, verb, h.String(), h.GoString()) }
+
+// MarshalJSON writes the name and a redaction marker.
+func (h Header) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct{ Name, Value string }{h.Name, redacted})
+}
+
+// MarshalZerologObject writes the header name only.
+func (h Header) MarshalZerologObject(e *zerolog.Event) { e.Str("name", h.Name) }
+
+// Value is a credential's current secret, as headers. It redacts itself everywhere it
+// could be printed: String, GoString, Format, MarshalJSON and MarshalZerologObject show
+// the ID, version and header names only.
+//
+// Headers is shared by every copy of the Value handed out by a Store: callers must
+// not modify the slice or its elements.
+//
+// fmt cannot call methods on unexported struct fields: a struct that keeps a Value or
+// Header in an unexported field and is itself printed with %v shows the secret. Log the
+// Value (or its ID and Version), never a struct that holds one.
+type Value struct {
+	ID      string
+	Version string    // backend version (file: sha256 prefix of the secret's canonical JSON; Vault: KV version)
+	Headers []Header  // derived from the secret's shape by ParseSecret
+	ReadAt  time.Time // last successful read of this credential
+}
+
+// Names returns the names of the headers the credential sets, in order.
+func (v Value) Names() []string {
+	names := make([]string, len(v.Headers))
+	for i, h := range v.Headers {
+		names[i] = h.Name
+	}
+	return names
+}
+
+// String shows the ID, version and header names, e.g.
+// "credential example-api version 3f2a… headers [Authorization]".
+func (v Value) String() string {
+	return "credential " + v.ID + " version " + v.Version + " headers [" + strings.Join(v.Names(), " ") + "]"
+}
+
+// GoString is the redacted %#v rendering.
+func (v Value) GoString() string {
+	return fmt.Sprintf("credential.Value{ID:%q, Version:%q, Headers:%#v, ReadAt:%s}",
+		v.ID, v.Version, v.Names(), v.ReadAt.Format(time.RFC3339Nano))
+}
+
+// Format implements fmt.Formatter so that no verb (%d, %x, %+v ...) can reach a value.
+func (v Value) Format(f fmt.State, verb rune) { format(f, verb, v.String(), v.GoString()) }
+
+// MarshalJSON writes the ID, version, header names and read time.
+func (v Value) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		ID      string    `json:"id"`
+		Version string    `json:"version"`
+		Headers []string  `json:"headers"`
+		ReadAt  time.Time `json:"read_at"`
+	}{v.ID, v.Version, v.Names(), v.ReadAt})
+}
+
+// MarshalZerologObject writes the ID, version, header names and read time.
+func (v Value) MarshalZerologObject(e *zerolog.Event) {
+	e.Str("id", v.ID).Str("version", v.Version).Strs("headers", v.Names()).Time("read_at", v.ReadAt)
+}
+
+// format renders a secret-holding type: %#v gets goString, every other verb the
+// redacted string (so %x or %q show the redacted text, not the secret).
+func format(f fmt.State, verb rune, s, goString string) {
+	if verb == 'v' && f.Flag('#') {
+		fmt.Fprint(f, goString)
+		return
+	}
+	fmt.Fprint(f, s)
+}

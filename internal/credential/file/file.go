@@ -1,0 +1,110 @@
+// Package file is egressd's embedded credential backend: a JSON file of credential ID ->
+// secret, re-read when it changes. It parses the file once per change, not once per ID.
+//
+// Invariant: errors name the file, a byte offset or an ID, never content: a corrupt file's
+// bytes may be secrets.
+package file
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/egressd/egressd/internal/credential"
+)
+
+// Defaults and bounds of the file backend.
+const (
+	// DefaultPollInterval is how often Watch stats the file; a change is noticed within it.
+	DefaultPollInterval = time.Second
+	// hashEvery: every this many polls Watch re-reads and hashes the file even when its stat
+	// is unchanged, to catch writes that keep size, mtime and inode (cp -p over the file).
+	hashEvery = 10
+	// racyWindow: a file modified less than this before it was read may change again
+	// without its stat showing it (mtimes are coarse on some filesystems: 1s, 2s on FAT),
+	// so until the window has passed its content is re-hashed on every load.
+	racyWindow = 2 * time.Second
+	// maxFileBytes bounds the file: larger is a failed read, not an allocation.
+	maxFileBytes = 4 << 20
+)
+
+// Options configure a Backend; zero values take the defaults.
+type Options struct {
+	PollInterval time.Duration  // default DefaultPollInterval (1s)
+	Log          zerolog.Logger // the world-readable warning; the zero Logger discards it
+}
+
+// Backend reads credentials from a JSON file: {"<credential ID>": <secret shape>, ...}.
+// A file that cannot be read or is not a JSON object is a failed read for every ID; a file
+// that parses but lacks an ID gives credential.ErrNotFound for it; an ID whose secret has a
+// bad shape gives an error wrapping credential.ErrInvalid for that ID only.
+// Versions are the first 16 hex digits of the sha256 of the secret's canonical JSON (keys
+// sorted), so they are stable across restarts and replicas.
+type Backend struct {
+	path   string
+	o      Options
+	mu     sync.Mutex // guards snap and serialises loads
+	snap   *snapshot  // the last load; nil before the first
+	warned atomic.Bool
+}
+
+var (
+	_ credential.Backend = (*Backend)(nil)
+	_ credential.Watcher = (*Backend)(nil)
+)
+
+// New returns a Backend for the file at path (symlinks followed: Kubernetes ConfigMap and
+// Secret volumes swap a symlink). Nothing is read until the first Read or Watch poll.
+func New(path string, o Options) *Backend {
+	if o.PollInterval <= 0 {
+		o.PollInterval = DefaultPollInterval
+	}
+	return &Backend{path: path, o: o}
+}
+
+// Name is "file".
+func (b *Backend) Name() string { return "file" }
+
+// Read returns the headers and version of id from the cached parse of the file, re-reading
+// the file first if its stat changed.
+func (b *Backend) Read(ctx context.Context, id string) ([]credential.Header, string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, "", err
+	}
+	snap := b.load(false)
+	if snap.err != nil {
+		return nil, "", snap.err
+	}
+	e, ok := snap.entries[id]
+	switch {
+	case !ok:
+		return nil, "", fmt.Errorf("%w in credentials file %s", credential.ErrNotFound, b.path)
+	case e.err != nil:
+		return nil, "", e.err
+	}
+	return e.headers, e.version, nil
+}
+
+// Watch polls the file every PollInterval until ctx ends and calls onChange (synchronously)
+// whenever its content or its failure changes: a rewrite, a rename over it, a symlink swap,
+// a deletion, a restore. The first poll always calls onChange once.
+func (b *Backend) Watch(ctx context.Context, onChange func()) {
+	t := time.NewTicker(b.o.PollInterval)
+	defer t.Stop()
+	var seen uint64
+	for n := 1; ; n++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if snap := b.load(n%hashEvery == 0); snap.gen != seen {
+			seen = snap.gen
+			onChange()
+		}
+	}
+}

@@ -1,0 +1,332 @@
+package file
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/egressd/egressd/internal/credential"
+)
+
+// planted is a secret value: no error or log line may contain it.
+const planted = "PLANTED-s3cr3t-v4lue"
+
+// writeFile replaces path atomically (write a temporary file, rename it over), mode 0600.
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// age sets the file's mtime into the past, out of the racy window, so that a stat that
+// did not change is trusted.
+func age(t *testing.T, path string) {
+	t.Helper()
+	old := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(path, old, old); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReadShapes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "credentials.json")
+	writeFile(t, path, mustJSON(t, map[string]any{
+		"tok":     map[string]any{"token": planted},
+		"hdr":     map[string]any{"headers": map[string]any{"x-api-key": planted}},
+		"basic":   map[string]any{"username": "u", "password": planted},
+		"bad":     map[string]any{"token": planted, "extra": planted},
+		"string":  planted,
+		"number":  7,
+		"nothing": map[string]any{},
+	}))
+	b := New(path, Options{})
+	ctx := context.Background()
+	for id, want := range map[string]string{"tok": "Authorization", "hdr": "X-Api-Key", "basic": "Authorization"} {
+		hs, version, err := b.Read(ctx, id)
+		if err != nil || len(hs) != 1 || hs[0].Name != want || len(version) != 16 {
+			t.Errorf("%s: %v %q %v", id, hs, version, err)
+		}
+	}
+	for _, id := range []string{"bad", "string", "number", "nothing"} {
+		_, _, err := b.Read(ctx, id)
+		if !errors.Is(err, credential.ErrInvalid) || !strings.Contains(err.Error(), "credential "+id+":") {
+			t.Errorf("%s: %v", id, err)
+		}
+		if err != nil && strings.Contains(err.Error(), planted) {
+			t.Errorf("%s: error shows the secret: %v", id, err)
+		}
+	}
+	if _, _, err := b.Read(ctx, "absent"); !errors.Is(err, credential.ErrNotFound) {
+		t.Errorf("absent: %v", err)
+	}
+}
+
+func TestWholeFileFailures(t *testing.T) {
+	dir := t.TempDir()
+	for name, content := range map[string]string{
+		"corrupt":   `{"a": {"token": "` + planted + `"}` + planted,
+		"truncated": `{"a": {"token": "` + planted,
+		"array":     `["` + planted + `"]`,
+		"string":    `"` + planted + `"`,
+		"null":      `null`,
+		"empty":     ``,
+		"too large": `{"a": {"token": "` + strings.Repeat("x", maxFileBytes) + `"}}`,
+	} {
+		path := filepath.Join(dir, strings.ReplaceAll(name, " ", "_")+".json")
+		writeFile(t, path, content)
+		_, _, err := New(path, Options{}).Read(context.Background(), "a")
+		if err == nil || errors.Is(err, credential.ErrNotFound) || errors.Is(err, credential.ErrInvalid) {
+			t.Errorf("%s: want a failed read, got %v", name, err)
+			continue
+		}
+		if strings.Contains(err.Error(), planted) || !strings.Contains(err.Error(), path) {
+			t.Errorf("%s: error must name the file and not its content: %v", name, err)
+		}
+	}
+	_, _, err := New(filepath.Join(dir, "missing.json"), Options{}).Read(context.Background(), "a")
+	if !errors.Is(err, os.ErrNotExist) || errors.Is(err, credential.ErrNotFound) {
+		t.Errorf("missing file: %v", err)
+	}
+}
+
+func TestVersionIsTheSecretsCanonicalHash(t *testing.T) {
+	dir := t.TempDir()
+	version := func(content string) string {
+		path := filepath.Join(dir, "c.json")
+		writeFile(t, path, content)
+		_, v, err := New(path, Options{}).Read(context.Background(), "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	v1 := version(`{"a": {"username": "u", "password": "p"}, "b": {"token": "x"}}`)
+	if v2 := version("{\n  \"b\": {\"token\": \"y\"},\n  \"a\": {\"password\": \"p\", \"username\": \"u\"}\n}"); v2 != v1 {
+		t.Errorf("same secret, other layout and neighbours: %s != %s", v2, v1)
+	}
+	if v3 := version(`{"a": {"username": "u", "password": "q"}}`); v3 == v1 {
+		t.Error("another secret kept the version")
+	}
+	if v1 != "e9f9f6c126ca4e48" { // sha256(`{"password":"p","username":"u"}`)[:16]
+		t.Errorf("version %s", v1)
+	}
+}
+
+func TestParsedOncePerChange(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.json")
+	writeFile(t, path, `{"a": {"token": "1"}, "b": {"token": "2"}}`)
+	age(t, path)
+	b := New(path, Options{})
+	ctx := context.Background()
+	b.Read(ctx, "a")
+	first := b.snap
+	b.Read(ctx, "b")
+	b.Read(ctx, "a")
+	if b.snap != first {
+		t.Error("an unchanged file was re-read")
+	}
+	// Touched: re-read, same content, not re-parsed.
+	now := time.Now()
+	os.Chtimes(path, now, now)
+	b.Read(ctx, "b")
+	if b.snap == first || b.snap.gen != first.gen {
+		t.Errorf("touch: snapshot %p gen %d, first %p gen %d", b.snap, b.snap.gen, first, first.gen)
+	}
+	if &b.snap.entries["a"].headers[0] != &first.entries["a"].headers[0] {
+		t.Error("touch re-parsed an unchanged content")
+	}
+	writeFile(t, path, `{"a": {"token": "3"}, "b": {"token": "2"}}`)
+	b.Read(ctx, "b")
+	if b.snap.gen != first.gen+1 {
+		t.Errorf("rewrite: gen %d, want %d", b.snap.gen, first.gen+1)
+	}
+}
+
+func TestWorldReadableWarnsOnce(t *testing.T) {
+	dir := t.TempDir()
+	var buf bytes.Buffer
+	for _, mode := range []os.FileMode{0o600, 0o640, 0o644, 0o604} {
+		path := filepath.Join(dir, mode.String()+".json")
+		writeFile(t, path, `{"a": {"token": "`+planted+`"}}`)
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		buf.Reset()
+		b := New(path, Options{Log: zerolog.New(&buf)})
+		for range 3 {
+			b.Read(context.Background(), "a")
+			b.load(true)
+		}
+		n := strings.Count(buf.String(), "credentials file is readable by every user")
+		if want := int(mode & 0o004 >> 2); n != want {
+			t.Errorf("%v: %d warnings, want %d: %s", mode, n, want, buf.String())
+		}
+	}
+}
+
+// watcher runs Watch and counts its onChange calls.
+type watcher struct {
+	mu      sync.Mutex
+	changes int
+}
+
+func (w *watcher) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.changes
+}
+
+func startWatch(t *testing.T, b *Backend) *watcher {
+	w := &watcher{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		b.Watch(ctx, func() { w.mu.Lock(); w.changes++; w.mu.Unlock() })
+		close(done)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return w
+}
+
+// waitChanges waits until w has seen at least n changes, lets a few more polls pass, and
+// returns the count.
+func waitChanges(t *testing.T, w *watcher, n int, what string) int {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for w.count() < n && time.Now().Before(deadline) {
+		time.Sleep(2 * time.Millisecond)
+	}
+	time.Sleep(30 * time.Millisecond)
+	got := w.count()
+	if got < n {
+		t.Fatalf("%s: %d changes, want %d", what, got, n)
+	}
+	return got
+}
+
+// exactly fails unless waitChanges saw exactly n changes.
+func exactly(t *testing.T, got, n int, what string) {
+	t.Helper()
+	if got != n {
+		t.Fatalf("%s: %d changes, want %d", what, got, n)
+	}
+}
+
+func TestWatchNoticesChanges(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "c.json")
+	writeFile(t, path, `{"a": {"token": "one"}}`)
+	b := New(path, Options{PollInterval: 5 * time.Millisecond})
+	w := startWatch(t, b)
+	exactly(t, waitChanges(t, w, 1, "first poll"), 1, "first poll")
+
+	exactly(t, waitChanges(t, w, 1, "nothing"), 1, "no change")
+
+	writeFile(t, path, `{"a": {"token": "two"}}`)
+	exactly(t, waitChanges(t, w, 2, "rename over"), 2, "rename over")
+
+	// In place and the same size: a poll may also see the truncated file in between.
+	if err := os.WriteFile(path, []byte(`{"a": {"token": "six"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n := waitChanges(t, w, 3, "in-place rewrite")
+	if n > 4 {
+		t.Fatalf("in-place rewrite: %d changes", n)
+	}
+	if got, _, _ := b.Read(context.Background(), "a"); got[0].Value != "Bearer six" {
+		t.Fatalf("in-place rewrite: %v", got)
+	}
+
+	now := time.Now()
+	os.Chtimes(path, now, now)
+	exactly(t, waitChanges(t, w, n, "touch"), n, "touch without a content change")
+
+	os.Remove(path)
+	exactly(t, waitChanges(t, w, n+1, "deletion"), n+1, "deletion")
+
+	writeFile(t, path, `{"a": {"token": "six"}}`)
+	exactly(t, waitChanges(t, w, n+2, "restore"), n+2, "restore")
+
+	writeFile(t, path, `{"a": {"token": "six"`)
+	exactly(t, waitChanges(t, w, n+3, "corruption"), n+3, "corruption")
+}
+
+// TestWatchSameStatNewContent: a write that keeps size, mtime and inode is caught by the
+// periodic re-hash.
+func TestWatchSameStatNewContent(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.json")
+	writeFile(t, path, `{"a": {"token": "one"}}`)
+	age(t, path)
+	fi, _ := os.Stat(path)
+	b := New(path, Options{PollInterval: 2 * time.Millisecond})
+	w := startWatch(t, b)
+	waitChanges(t, w, 1, "first poll")
+	// Stop the watcher's loads while the file is rewritten: it must only see the end state.
+	b.mu.Lock()
+	if err := os.WriteFile(path, []byte(`{"a": {"token": "two"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.Chtimes(path, fi.ModTime(), fi.ModTime())
+	b.mu.Unlock()
+	if fi2, _ := os.Stat(path); keyOf(fi2) != keyOf(fi) {
+		t.Fatal("the stat changed; the test needs it equal")
+	}
+	exactly(t, waitChanges(t, w, 2, "same stat, new content"), 2, "same stat, new content")
+}
+
+// TestConfigMapSymlinkSwap follows the Kubernetes volume layout: c.json -> ..data/c.json,
+// ..data -> ..v1; an update writes ..v2 and renames a new ..data link over the old one.
+func TestConfigMapSymlinkSwap(t *testing.T) {
+	dir := t.TempDir()
+	for v, tok := range map[string]string{"..v1": "one", "..v2": "two"} {
+		os.Mkdir(filepath.Join(dir, v), 0o700)
+		writeFile(t, filepath.Join(dir, v, "c.json"), `{"a": {"token": "`+tok+`"}}`)
+	}
+	must(t, os.Symlink("..v1", filepath.Join(dir, "..data")))
+	must(t, os.Symlink("..data/c.json", filepath.Join(dir, "c.json")))
+	b := New(filepath.Join(dir, "c.json"), Options{PollInterval: 5 * time.Millisecond})
+	w := startWatch(t, b)
+	waitChanges(t, w, 1, "first poll")
+	hs, v1, _ := b.Read(context.Background(), "a")
+	if hs[0].Value != "Bearer one" {
+		t.Fatalf("before the swap: %v", hs)
+	}
+
+	must(t, os.Symlink("..v2", filepath.Join(dir, "..data_tmp")))
+	must(t, os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")))
+	exactly(t, waitChanges(t, w, 2, "symlink swap"), 2, "symlink swap")
+	hs, v2, _ := b.Read(context.Background(), "a")
+	if hs[0].Value != "Bearer two" || v2 == v1 {
+		t.Errorf("after the swap: %v %s", hs, v2)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

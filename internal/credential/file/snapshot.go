@@ -1,0 +1,166 @@
+package file
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"time"
+
+	"github.com/egressd/egressd/internal/credential"
+)
+
+// versionLen is the number of hex digits of the sha256 kept as a version.
+const versionLen = 16
+
+// snapshot is one load of the file; immutable once stored.
+type snapshot struct {
+	key     statKey // of the file read; zero when stat failed
+	readAt  time.Time
+	read    bool     // the content was read (hash is valid)
+	hash    [32]byte // of the content
+	gen     uint64   // bumped whenever the content or the failure changes
+	entries map[string]entry
+	err     error // the whole file failed: every Read returns it
+}
+
+// entry is one credential of the file.
+type entry struct {
+	headers []credential.Header
+	version string
+	err     error // the secret's shape is bad (wraps credential.ErrInvalid)
+}
+
+// statKey is what a change of the file changes: size, mtime, inode and device.
+type statKey struct {
+	size, mtime int64
+	ino, dev    uint64
+}
+
+func keyOf(fi fs.FileInfo) statKey {
+	ino, dev := inode(fi)
+	return statKey{size: fi.Size(), mtime: fi.ModTime().UnixNano(), ino: ino, dev: dev}
+}
+
+// load returns the current snapshot, re-reading the file when its stat changed, when the
+// last read was racy, or when force is set; the content is re-parsed only when its hash
+// changed.
+func (b *Backend) load(force bool) *snapshot {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	fi, err := os.Stat(b.path) // follows symlinks: a ConfigMap swap changes the inode
+	if err != nil {
+		return b.store(b.failed(err))
+	}
+	b.checkMode(fi)
+	key, cur := keyOf(fi), b.snap
+	if cur != nil && cur.read && !force && cur.key == key && cur.readAt.Sub(fi.ModTime()) >= racyWindow {
+		return cur
+	}
+	now := time.Now()
+	data, err := readFile(b.path)
+	if err != nil {
+		return b.store(b.failed(err))
+	}
+	next := &snapshot{key: key, readAt: now, read: true, hash: sha256.Sum256(data)}
+	if cur != nil && cur.read && cur.hash == next.hash {
+		next.gen, next.entries, next.err = cur.gen, cur.entries, cur.err
+		return b.store(next)
+	}
+	next.gen = b.nextGen()
+	next.entries, next.err = parse(b.path, data)
+	return b.store(next)
+}
+
+// failed is the snapshot of a file that could not be stat'ed or read; it keeps the
+// generation when the failure is the same as before, so Watch reports it once.
+func (b *Backend) failed(err error) *snapshot {
+	if cur := b.snap; cur != nil && !cur.read && cur.err.Error() == err.Error() {
+		return cur
+	}
+	return &snapshot{readAt: time.Now(), gen: b.nextGen(), err: err}
+}
+
+func (b *Backend) nextGen() uint64 {
+	if b.snap == nil {
+		return 1
+	}
+	return b.snap.gen + 1
+}
+
+func (b *Backend) store(s *snapshot) *snapshot {
+	b.snap = s
+	return s
+}
+
+// checkMode warns, once, when the file is readable by every user.
+func (b *Backend) checkMode(fi fs.FileInfo) {
+	if fi.Mode().Perm()&0o004 != 0 && b.warned.CompareAndSwap(false, true) {
+		b.o.Log.Warn().Str("path", b.path).Str("mode", fi.Mode().Perm().String()).
+			Msg("credentials file is readable by every user; chmod o-r it (or set defaultMode 0440 on the volume)")
+	}
+}
+
+// readFile reads at most maxFileBytes of path.
+func readFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxFileBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxFileBytes {
+		return nil, fmt.Errorf("credentials file %s: larger than %d bytes", path, maxFileBytes)
+	}
+	return data, nil
+}
+
+// parse splits the file into its credentials. A whole-file error never quotes content.
+func parse(path string, data []byte) (map[string]entry, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		var syn *json.SyntaxError
+		if errors.As(err, &syn) {
+			return nil, fmt.Errorf("credentials file %s: not valid JSON (syntax error at byte %d)", path, syn.Offset)
+		}
+		return nil, fmt.Errorf("credentials file %s: not a JSON object of credential ID -> secret", path)
+	}
+	if top == nil { // the file says null
+		return nil, fmt.Errorf("credentials file %s: not a JSON object of credential ID -> secret", path)
+	}
+	entries := make(map[string]entry, len(top))
+	for id, raw := range top {
+		entries[id] = parseEntry(id, raw)
+	}
+	return entries, nil
+}
+
+// parseEntry turns one secret into headers and a version: the sha256 of its canonical JSON
+// (encoding/json sorts map keys). A secret that is not an object reaches ParseSecret as nil.
+func parseEntry(id string, raw json.RawMessage) entry {
+	var v any
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	if err := d.Decode(&v); err != nil {
+		v = nil // cannot happen: the whole file decoded
+	}
+	m, _ := v.(map[string]any)
+	headers, err := credential.ParseSecret(id, m)
+	if err != nil {
+		return entry{err: err}
+	}
+	canon, err := json.Marshal(m)
+	if err != nil {
+		return entry{err: fmt.Errorf("credential %s: %w", id, credential.ErrInvalid)}
+	}
+	sum := sha256.Sum256(canon)
+	return entry{headers: headers, version: hex.EncodeToString(sum[:])[:versionLen]}
+}

@@ -1,0 +1,149 @@
+package credential
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Start reads every ID once, synchronously (the whole pass bounded by ReadTimeout: a read
+// still running then is a failed read), then refreshes each ID in the background every
+// Refresh ± Jitter until ctx ends. If the backend is a Watcher, Start also runs its Watch,
+// re-reading every ID on each change. Reads after the first are never on the request path.
+// Start must be called once.
+func (s *Store) Start(ctx context.Context) {
+	if !s.started.CompareAndSwap(false, true) {
+		panic("credential: Store.Start called twice")
+	}
+	first, cancel := context.WithTimeout(ctx, s.o.ReadTimeout)
+	s.refreshAll(first)
+	cancel()
+	for _, id := range s.ids {
+		e := s.entries[id]
+		s.wg.Go(func() { s.loop(ctx, e) })
+	}
+	if w, ok := s.backend.(Watcher); ok {
+		s.wg.Go(func() { w.Watch(ctx, func() { s.RefreshNow(ctx, "") }) })
+	}
+}
+
+// Wait blocks until the goroutines Start began have returned; they do once its ctx ends.
+func (s *Store) Wait() { s.wg.Wait() }
+
+// RefreshNow re-reads one ID now, or every ID when id is ""; it returns when the reads are
+// done. IDs the Store does not manage are ignored. The file backend's watcher calls it on
+// every change.
+func (s *Store) RefreshNow(ctx context.Context, id string) {
+	if id == "" {
+		s.refreshAll(ctx)
+		return
+	}
+	if e := s.entries[id]; e != nil {
+		s.refresh(ctx, e)
+	}
+}
+
+// loop refreshes one ID every jittered Refresh until ctx ends.
+func (s *Store) loop(ctx context.Context, e *entry) {
+	t := time.NewTimer(s.interval())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.refresh(ctx, e)
+			t.Reset(s.interval())
+		}
+	}
+}
+
+func (s *Store) interval() time.Duration { return jittered(s.o.Refresh, s.o.Jitter, rand.Float64()) }
+
+// jittered spreads base over [base*(1-frac), base*(1+frac)) as r goes over [0, 1).
+func jittered(base time.Duration, frac, r float64) time.Duration {
+	return base + time.Duration(float64(base)*frac*(2*r-1))
+}
+
+// refreshAll reads every ID, at most readParallelism at a time, and returns when all are done.
+func (s *Store) refreshAll(ctx context.Context) {
+	sem := make(chan struct{}, readParallelism)
+	var wg sync.WaitGroup
+	for _, id := range s.ids {
+		e := s.entries[id]
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			s.refresh(ctx, e)
+		})
+	}
+	wg.Wait()
+}
+
+// refresh reads one ID and stores the outcome: a good read replaces the value, a failed one
+// keeps it (Get decides staleness), not_found and invalid make it unavailable at once.
+func (s *Store) refresh(ctx context.Context, e *entry) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	start := s.o.Now()
+	rctx, cancel := context.WithTimeout(ctx, s.o.ReadTimeout)
+	headers, version, err := s.backend.Read(rctx, e.id)
+	cancel()
+	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
+		return // shutting down (or the caller gave up): not the backend's failure
+	}
+	if err == nil && len(headers) == 0 {
+		err = fmt.Errorf("credential %s: backend %s returned no headers: %w", e.id, s.backend.Name(), ErrInvalid)
+	}
+	prev := e.cur.Load()
+	next := &state{good: prev.good, hasGood: prev.hasGood, result: classify(err), err: err}
+	if err == nil {
+		next.good = Value{ID: e.id, Version: version, Headers: slices.Clone(headers), ReadAt: start}
+		next.hasGood = true
+	}
+	e.cur.Store(next)
+	s.report(e.id, prev, next)
+}
+
+func classify(err error) string {
+	switch {
+	case err == nil:
+		return ResultOK
+	case errors.Is(err, ErrNotFound):
+		return ResultNotFound
+	case errors.Is(err, ErrInvalid):
+		return ResultInvalid
+	}
+	return ResultError
+}
+
+// report logs and counts one read. Lines carry the ID, versions and errors, never values.
+func (s *Store) report(id string, prev, next *state) {
+	if m := s.o.Metrics; m != nil {
+		if m.Refresh != nil {
+			m.Refresh(id, next.result)
+		}
+		if m.Age != nil && next.hasGood {
+			m.Age(id, s.o.Now().Sub(next.good.ReadAt).Seconds())
+		}
+	}
+	log, backend := &s.o.Log, s.backend.Name()
+	switch {
+	case next.result != ResultOK:
+		log.Warn().Str("credential", id).Str("backend", backend).Str("result", next.result).
+			Err(next.err).Msg("credential read failed")
+	case !prev.hasGood:
+		log.Info().Str("credential", id).Str("version", next.good.Version).Str("backend", backend).
+			Msg("credential loaded")
+	case prev.good.Version != next.good.Version:
+		log.Info().Str("credential", id).Str("version", next.good.Version).
+			Str("previous_version", prev.good.Version).Str("backend", backend).Msg("credential rotated")
+	case prev.result != ResultOK:
+		log.Info().Str("credential", id).Str("version", next.good.Version).Str("backend", backend).
+			Str("previous_result", prev.result).Msg("credential recovered")
+	}
+}

@@ -1,0 +1,90 @@
+package proxy
+
+import (
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/egressd/egressd/internal/allowlist"
+)
+
+// serveConnect serves a CONNECT: decide on the authority, answer 200, read the
+// client's ClientHello and check that its SNI names the CONNECT host, then either
+// terminate TLS (the rule injects, or intercept is "all") or dial a checked address
+// and splice bytes until either side is done. A refused CONNECT gets the refusal
+// instead of 200 and the connection stays usable.
+func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
+	rec.Scheme = "connect"
+	t, err := allowlist.ParseAuthority(req.RequestURI, 0)
+	if err != nil {
+		c.writeRefusal(rt, rec, badRequest("connect_target", err), 0)
+		return !req.Close
+	}
+	rec.setTarget(t)
+	d := rt.Policy.DecideRequest(t, "")
+	rec.setDecision(d)
+	if !d.Allowed() {
+		c.writeRefusal(rt, rec, deny(d.Reason, d.Detail), 0)
+		return !req.Close
+	}
+	var up net.Conn
+	if !d.Intercept {
+		// Dial before answering 200, so an unreachable or internal upstream is a
+		// refusal the client can read rather than a dropped tunnel.
+		if up, err = rt.dialTarget(c.ctx, t); err != nil {
+			c.writeRefusal(rt, rec, err, 0)
+			return !req.Close
+		}
+		rec.setResolved(up.RemoteAddr())
+	}
+	c.bw.WriteString("HTTP/1.1 200 Connection established\r\n\r\n")
+	if err := c.bw.Flush(); err != nil {
+		closeIf(up)
+		return false
+	}
+	rec.Status = http.StatusOK
+	hello, err := c.checkClientHello(rt, t, rec)
+	if err != nil {
+		closeIf(up)
+		return false
+	}
+	if d.Intercept {
+		c.serveIntercepted(rt, t, hello, rec)
+		return false
+	}
+	c.tunnel(rt, up, hello, rec)
+	return false
+}
+
+// checkClientHello reads the ClientHello the client sends into the tunnel, without
+// consuming it, and refuses a tunnel whose SNI names another host than the CONNECT
+// target (domain fronting) with the TLS alert unrecognized_name, or one that does
+// not start with a ClientHello at all.
+func (c *conn) checkClientHello(rt *Runtime, t allowlist.Target, rec *Record) (*clientHello, error) {
+	c.nc.SetReadDeadline(time.Now().Add(rt.Limits.ReadHeader))
+	hello, err := peekClientHello(c.br)
+	c.nc.SetReadDeadline(time.Time{})
+	if err != nil {
+		rec.fail(allowlist.ReasonBadRequest, "not_tls")
+		rec.Error = err.Error()
+		return nil, err
+	}
+	if hello.serverName != "" && !sameSNI(hello.serverName, t) {
+		rec.fail(allowlist.ReasonHostMismatch, "sni")
+		rec.Error = "SNI " + hello.serverName + " in a tunnel to " + t.Host
+		c.nc.Write(alertUnrecognizedName)
+		return nil, errSNIMismatch
+	}
+	return hello, nil
+}
+
+func sameSNI(sni string, t allowlist.Target) bool {
+	host, _, err := allowlist.NormalizeHost(sni)
+	return err == nil && host == t.Host
+}
+
+func closeIf(c net.Conn) {
+	if c != nil {
+		c.Close()
+	}
+}

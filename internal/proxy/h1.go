@@ -1,0 +1,38 @@
+package proxy
+
+import (
+	"net/http"
+)
+
+// serveHTTP1 serves one HTTP/1.x request, on the explicit listener (pinned == nil)
+// or inside an intercepted tunnel, and reports whether the connection may carry
+// another request.
+func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
+	x := newExchange(rt, req, rec, c.pinned)
+	defer x.body.Close()
+	wantClose := req.Close || !req.ProtoAtLeast(1, 1)
+	out, err := x.prepare(c.ctx)
+	if err != nil {
+		c.writeRefusal(rt, rec, err, 0)
+		return !wantClose && x.body.drain()
+	}
+	if expectsContinue(req) {
+		c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
+		c.bw.Flush()
+	}
+	resp, err := rt.transport.RoundTrip(out)
+	if err != nil {
+		rec.BytesIn = x.body.n.Load()
+		c.writeRefusal(rt, rec, err, 0)
+		return false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		rec.BytesIn = x.body.n.Load()
+		c.serveUpgrade(resp, rec)
+		return false
+	}
+	keep, err := writeResponse(c.bw, req.Method, wantClose, resp, rec)
+	rec.BytesIn = x.body.n.Load()
+	return err == nil && keep && x.body.drain()
+}

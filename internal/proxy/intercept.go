@@ -1,0 +1,163 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/egressd/egressd/internal/allowlist"
+)
+
+// serveIntercepted terminates the client's TLS with a leaf for the CONNECT target
+// (never for a name the client sends later) and serves the requests inside over
+// HTTP/2 or HTTP/1.1, as ALPN says. Each request is decided again, against the
+// target, on the Runtime current when it arrives.
+func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHello, rec *Record) {
+	rec.Intercepted = true
+	if rt.Leaves == nil {
+		rec.fail(allowlist.ReasonUpstreamTLS, "no_ca")
+		rec.Error = "interception needed but no CA is configured"
+		return
+	}
+	c.s.metrics.TunnelsActive.Inc()
+	defer c.s.metrics.TunnelsActive.Dec()
+	client := &replayConn{Conn: c.nc, r: io.MultiReader(bytes.NewReader(hello.raw), c.br)}
+	tc := tls.Server(client, rt.Leaves.ServerConfig(t.Host, []string{"h2", "http/1.1"}))
+	tc.SetDeadline(time.Now().Add(rt.Limits.ReadHeader))
+	if err := tc.HandshakeContext(c.ctx); err != nil {
+		rec.fail(allowlist.ReasonBadRequest, "client_tls")
+		rec.Error = err.Error()
+		return
+	}
+	tc.SetDeadline(time.Time{})
+	if tc.ConnectionState().NegotiatedProtocol == "h2" {
+		c.serveH2(rt, tc, t)
+		return
+	}
+	inner := newConn(c.s, c.l, tc)
+	inner.pinned = &t
+	if c.s.trackConn(inner, true) {
+		defer c.s.trackConn(inner, false)
+		inner.serve()
+	}
+}
+
+// serveH2 serves an intercepted HTTP/2 connection until it ends, with net/http's
+// own HTTP/2 server (x/net/http2's server is deprecated in its favour).
+func (c *conn) serveH2(rt *Runtime, tc *tls.Conn, t allowlist.Target) {
+	ln := newOneConnListener(tc)
+	srv := &http.Server{
+		Handler:           &h2Handler{c: c, target: t},
+		ReadHeaderTimeout: rt.Limits.ReadHeader,
+		IdleTimeout:       rt.Limits.ClientIdle,
+		MaxHeaderBytes:    rt.Limits.MaxHeaderBytes,
+		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: maxStreams},
+		ErrorLog:          log.New(io.Discard, "", 0),
+		BaseContext:       func(net.Listener) context.Context { return c.ctx },
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed || st == http.StateHijacked {
+				ln.Close()
+			}
+		},
+	}
+	go func() {
+		<-ln.done
+		srv.Close()
+	}()
+	srv.Serve(ln)
+}
+
+// maxStreams bounds concurrent requests on one intercepted HTTP/2 connection.
+const maxStreams = 250
+
+// oneConnListener hands net/http's server a single, already terminated connection.
+// The connection must stay a *tls.Conn (net/http finds HTTP/2 by that type), so its
+// end is learnt from the server's ConnState.
+type oneConnListener struct {
+	conn chan net.Conn
+	done chan struct{}
+	addr net.Addr
+	once sync.Once
+}
+
+func newOneConnListener(c net.Conn) *oneConnListener {
+	l := &oneConnListener{conn: make(chan net.Conn, 1), done: make(chan struct{}), addr: c.LocalAddr()}
+	l.conn <- c
+	return l
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conn:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *oneConnListener) Close() error   { l.once.Do(func() { close(l.done) }); return nil }
+func (l *oneConnListener) Addr() net.Addr { return l.addr }
+
+// h2Handler serves the streams of one intercepted HTTP/2 connection.
+type h2Handler struct {
+	c      *conn
+	target allowlist.Target
+}
+
+func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rt := h.c.s.Runtime()
+	rec := newRecord(h.c.l, h.c.nc.RemoteAddr())
+	defer rec.finish(&h.c.s.log, h.c.s.metrics)
+	x := newExchange(rt, r, rec, &h.target)
+	defer x.body.Close()
+	out, err := x.prepare(r.Context())
+	if err == nil {
+		var resp *http.Response
+		if resp, err = rt.transport.RoundTrip(out); err == nil {
+			defer resp.Body.Close()
+			rec.BytesIn = x.body.n.Load()
+			writeResponseRW(w, resp, rec)
+			return
+		}
+	}
+	rec.BytesIn = x.body.n.Load()
+	code, hdr, body := refusalFor(rt, rec, err, 0)
+	for k, v := range hdr {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(code)
+	n, _ := w.Write(body)
+	rec.BytesOut += int64(n)
+}
+
+// writeResponseRW streams resp through an http.ResponseWriter (the HTTP/2 side),
+// flushing after every read, with trailers announced and then set.
+func writeResponseRW(w http.ResponseWriter, resp *http.Response, rec *Record) {
+	rec.Status = resp.StatusCode
+	removeHopByHop(resp.Header)
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
+	}
+	for k := range resp.Trailer {
+		h.Add("Trailer", k)
+	}
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	n, err := streamBody(resp.Body, func(p []byte) error { _, err := w.Write(p); return err }, rc.Flush)
+	rec.BytesOut += n
+	if err != nil && !errors.Is(err, io.EOF) {
+		rec.Error = err.Error()
+		return
+	}
+	for k, v := range resp.Trailer {
+		h[k] = v
+	}
+}

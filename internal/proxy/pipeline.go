@@ -1,0 +1,192 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptrace"
+	"strings"
+
+	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/inject"
+)
+
+// exchange is one request on its way through the pipeline: parse and normalise the
+// target, decide, prepare the outbound request (strip, inject), forward. The same
+// stages serve the explicit listener and the requests inside an intercepted tunnel,
+// whether they arrive over HTTP/1.1 or HTTP/2.
+type exchange struct {
+	rt     *Runtime
+	req    *http.Request
+	rec    *Record
+	body   *requestBody
+	pinned *allowlist.Target // the CONNECT target inside an intercepted tunnel
+	target allowlist.Target
+}
+
+func newExchange(rt *Runtime, req *http.Request, rec *Record, pinned *allowlist.Target) *exchange {
+	rec.Method = req.Method
+	return &exchange{rt: rt, req: req, rec: rec, body: newRequestBody(req), pinned: pinned}
+}
+
+// prepare runs every stage before forwarding and returns the outbound request, or
+// the refusal that ends the exchange.
+func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
+	scheme, err := x.resolveTarget()
+	if err != nil {
+		return nil, err
+	}
+	d := x.rt.Policy.DecideRequest(x.target, scheme)
+	x.rec.setDecision(d)
+	if x.pinned != nil {
+		x.rec.Intercepted = true
+	}
+	if !d.Allowed() {
+		return nil, deny(d.Reason, d.Detail)
+	}
+	out := x.outbound(ctx, scheme)
+	res, err := x.rt.Injector.Apply(d.Rule, out.Header, x.req.Trailer)
+	if err != nil {
+		return nil, err
+	}
+	x.rec.Injected, x.rec.Credential, x.rec.CredentialVersion = res.Names, res.Credential, res.Version
+	x.body.trailers(x.req, out, res.Names)
+	return out, nil
+}
+
+// resolveTarget sets x.target: the absolute URL's host on the explicit listener; the
+// pinned CONNECT target inside a tunnel, where the request may not name another.
+func (x *exchange) resolveTarget() (string, error) {
+	u := x.req.URL
+	x.rec.Path = u.Path
+	if x.pinned == nil {
+		t, err := forwardTarget(x.req)
+		x.target = t
+		x.rec.Scheme = u.Scheme
+		x.rec.setTarget(t)
+		return u.Scheme, err
+	}
+	x.target, x.rec.Scheme = *x.pinned, "https"
+	x.rec.setTarget(x.target)
+	return "https", checkInnerHost(x.req, x.target)
+}
+
+// forwardTarget reads the destination of an absolute-form request.
+func forwardTarget(req *http.Request) (allowlist.Target, error) {
+	u := req.URL
+	if !u.IsAbs() || u.Host == "" {
+		return allowlist.Target{}, badRequest("not_proxy_request", errors.New("request target is not an absolute URL"))
+	}
+	if u.User != nil {
+		return allowlist.Target{}, badRequest("userinfo", errors.New("userinfo in request URL"))
+	}
+	port, ok := defaultPorts[u.Scheme]
+	if !ok {
+		return allowlist.Target{}, badRequest("scheme", errors.New("unsupported scheme "+u.Scheme))
+	}
+	t, err := allowlist.ParseAuthority(u.Host, port)
+	if err != nil {
+		return t, badRequest("host", err)
+	}
+	return t, nil
+}
+
+var defaultPorts = map[string]uint16{"http": 80, "https": 443}
+
+// checkInnerHost refuses a request inside a tunnel whose Host (HTTP/1.1),
+// :authority (HTTP/2) or absolute-form URL names a host other than the tunnel's
+// target. Hosts compare by normalised name and effective port.
+func checkInnerHost(req *http.Request, t allowlist.Target) error {
+	if req.Method == http.MethodConnect {
+		return badRequest("connect_in_tunnel", errors.New("CONNECT inside a tunnel"))
+	}
+	if req.URL.IsAbs() && !sameHost(req.URL.Host, t) {
+		return deny(allowlist.ReasonHostMismatch, "url")
+	}
+	if req.Host == "" {
+		return badRequest("missing_host", errors.New("request without Host"))
+	}
+	if !sameHost(req.Host, t) {
+		return deny(allowlist.ReasonHostMismatch, "host")
+	}
+	return nil
+}
+
+func sameHost(authority string, t allowlist.Target) bool {
+	got, err := allowlist.ParseAuthority(authority, 443)
+	return err == nil && got.Host == t.Host && got.Port == t.Port
+}
+
+// outbound turns the client's request into the upstream request, in place: the
+// target is the decided, normalised one; hop-by-hop and Egressd-* headers are gone.
+// Injection comes after, so nothing the client sends can strip what egressd adds.
+func (x *exchange) outbound(ctx context.Context, scheme string) *http.Request {
+	rec := x.rec
+	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { rec.setResolved(i.Conn.RemoteAddr()) }}
+	out := x.req.WithContext(httptrace.WithClientTrace(ctx, trace))
+	u := *x.req.URL
+	u.Scheme, u.Host, u.User = scheme, x.target.String(), nil
+	out.URL = &u
+	out.Host = hostHeader(x.target, scheme)
+	out.RequestURI = ""
+	out.Close = false
+	out.Body = x.body
+	if x.req.ContentLength == 0 {
+		out.Body = http.NoBody
+	}
+	out.Header = x.req.Header
+	upgrade := upgradeType(out.Header)
+	removeHopByHop(out.Header)
+	if upgrade != "" {
+		out.Header.Set("Connection", "Upgrade")
+		out.Header.Set("Upgrade", upgrade)
+	}
+	out.Header.Del("Expect")
+	removeEgressdHeaders(out.Header)
+	return out
+}
+
+// hostHeader is the Host the upstream sees: the target, without the scheme's default port.
+func hostHeader(t allowlist.Target, scheme string) string {
+	if t.Port != defaultPorts[scheme] {
+		return t.String()
+	}
+	if t.IsIP() && t.Addr.Is6() {
+		return "[" + t.Host + "]"
+	}
+	return t.Host
+}
+
+func expectsContinue(req *http.Request) bool {
+	return strings.EqualFold(req.Header.Get("Expect"), "100-continue") && req.ContentLength != 0
+}
+
+// trailers arranges for the client's request trailers to reach the upstream without
+// any injected name and without Egressd-* or hop-by-hop fields. The declared names
+// are filtered now (HTTP/2 upstreams announce trailers with the request head) and
+// the values when the body ends, which is when the transport writes them.
+func (b *requestBody) trailers(in, out *http.Request, injected []string) {
+	if in.Trailer == nil {
+		out.Trailer = nil
+		return
+	}
+	out.Trailer = filterTrailer(in.Trailer, injected)
+	b.onEOF = func() {
+		clear(out.Trailer)
+		for k, v := range filterTrailer(in.Trailer, injected) {
+			out.Trailer[k] = v
+		}
+	}
+}
+
+// filterTrailer copies t without the injected names and the fields only egressd or
+// the connection may set.
+func filterTrailer(t http.Header, injected []string) http.Header {
+	out := t.Clone()
+	for _, name := range injected {
+		inject.Remove(out, name)
+	}
+	removeHopByHop(out)
+	removeEgressdHeaders(out)
+	return out
+}
