@@ -15,7 +15,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/egressd/egressd/internal/admin"
+	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/credential"
+	"github.com/egressd/egressd/internal/dnsguard"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/proxy"
 	mitm "github.com/egressd/egressd/internal/tls"
@@ -98,6 +100,9 @@ func (d *daemon) start(l *loaded) error {
 	if len(lns) > len(l.cfg.Listeners) {
 		d.serveAdmin(lns[len(lns)-1])
 	}
+	if err := d.serveDNS(l); err != nil {
+		return err
+	}
 	d.log.Info().Str("environment", l.cfg.Environment).Str("config_hash", l.cfg.Hash).Msg("egressd started")
 	return nil
 }
@@ -112,6 +117,9 @@ func (d *daemon) listen(l *loaded) ([]net.Listener, error) {
 	}
 	if l.cfg.Admin.Address.IsValid() {
 		addrs = append(addrs, l.cfg.Admin.Address)
+	}
+	if dl, err := netip.ParseAddrPort(l.cfg.DNS.Listen); err == nil {
+		d.self = append(d.self, dl) // the DNS guard's TCP side is egressd's own too
 	}
 	for i, a := range addrs {
 		ln, err := net.Listen("tcp", a.String())
@@ -141,6 +149,29 @@ func (d *daemon) serveAdmin(ln net.Listener) {
 			d.errc <- err
 		}
 	}()
+}
+
+// serveDNS starts the DNS guard when dns.listen is set. It answers from the current
+// Runtime's policy, resolver and guard, so a reload applies to the next query.
+func (d *daemon) serveDNS(l *loaded) error {
+	if l.cfg.DNS.Listen == "" {
+		return nil
+	}
+	rt := d.srv.Runtime()
+	g := dnsguard.New(dnsguard.Options{
+		Listen:   l.cfg.DNS.Listen,
+		Policy:   func() *allowlist.Policy { return d.srv.Runtime().Policy },
+		Resolver: rt.Resolver,
+		Guard:    rt.Guard,
+		Log:      d.log,
+		Timeout:  l.cfg.Limits.DNS,
+	})
+	if err := g.Listen(); err != nil {
+		return err
+	}
+	d.log.Info().Str("listener", "dns").Str("address", g.Addr()).Msg("listening")
+	go func() { d.errc <- g.Run(context.Background()) }()
+	return nil
 }
 
 // wait serves until SIGTERM/SIGINT (drain, exit 0) or a listener fails (exit 2).

@@ -68,6 +68,22 @@ func (v Value) Names() []string {
 	return names
 }
 
+// Token returns the bare token of a {"token": ...} secret (its one header is
+// "Authorization: Bearer <token>"; a {"headers": ...} secret with only that header gives its
+// token too), and false otherwise. A token may be a PEM
+// block, line breaks included: that is how egressd reads its hook signing key through the
+// Store. The result is the secret itself: never log it.
+func (v Value) Token() (string, bool) {
+	if len(v.Headers) != 1 || v.Headers[0].Name != "Authorization" {
+		return "", false
+	}
+	tok, ok := strings.CutPrefix(v.Headers[0].Value, "Bearer ")
+	if !ok {
+		return "", false
+	}
+	return tok, true
+}
+
 // String shows the ID, version and header names, e.g.
 // "credential example-api version 3f2a… headers [Authorization]".
 func (v Value) String() string {

@@ -2,6 +2,7 @@ package credential
 
 import (
 	"encoding/base64"
+	"encoding/pem"
 	"net/http"
 	"slices"
 	"strconv"
@@ -94,6 +95,12 @@ func parseToken(id string, v any) ([]Header, error) {
 		return nil, shapeErr(id, "empty token")
 	case len(tok) >= 7 && strings.EqualFold(tok[:7], "bearer "):
 		return nil, valueErr(id, `token starts with "Bearer ": give the bare token, egressd adds the scheme`)
+	case isPEMBlock(tok):
+		// Key material (egressd's hook signing key) keeps its line breaks: it is read with
+		// Value.Token, never meant as a header. Were an allowlist entry to name it anyway,
+		// net/http refuses a header value with a line break before sending anything, so the
+		// request fails; it can never split a header.
+		return []Header{{Name: "Authorization", Value: "Bearer " + tok}}, nil
 	}
 	if what := checkValue(tok); what != "" {
 		return nil, valueErr(id, "token "+what)
@@ -155,6 +162,18 @@ func parseBasic(id string, raw map[string]any, hasUser, hasPass bool) ([]Header,
 	// An empty password is allowed: some APIs take the key as the username (user:).
 	enc := base64.StdEncoding.EncodeToString([]byte(user + ":" + pass))
 	return []Header{{Name: "Authorization", Value: "Basic " + enc}}, nil
+}
+
+// isPEMBlock reports whether tok is exactly one PEM block ("-----BEGIN ..." first, nothing but
+// white space after its END line) whose only control characters are line breaks.
+func isPEMBlock(tok string) bool {
+	if !strings.HasPrefix(tok, "-----BEGIN ") || strings.ContainsFunc(tok, func(r rune) bool {
+		return (r < 0x20 && r != '\n' && r != '\r') || r == 0x7f
+	}) {
+		return false
+	}
+	block, rest := pem.Decode([]byte(tok))
+	return block != nil && strings.TrimSpace(string(rest)) == ""
 }
 
 // checkValue returns what is wrong with a header value (never the value), or "".

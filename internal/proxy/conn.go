@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"runtime/debug"
 	"sync/atomic"
 	"syscall"
@@ -32,6 +33,12 @@ type conn struct {
 	// every request is decided against it, never against its own Host.
 	pinned *allowlist.Target
 
+	// orig is the original destination of a connection on a transparent listener.
+	orig netip.AddrPort
+	// refuseAll, when set, answers every request on the connection with this
+	// refusal: a denied transparent TLS connection is completed only to say why.
+	refuseAll error
+
 	ctx    context.Context
 	cancel context.CancelFunc
 }
@@ -54,6 +61,11 @@ func (c *conn) abort() {
 func (c *conn) serve() {
 	defer c.abort()
 	defer c.recoverPanic()
+	c.serveLoop()
+}
+
+// serveLoop reads and serves requests until the connection is done.
+func (c *conn) serveLoop() {
 	for c.nextRequest() {
 		rt := c.s.Runtime()
 		req, err := readRequest(c.br, &c.head, rt.Limits.MaxHeaderBytes)
@@ -97,7 +109,13 @@ func (c *conn) handle(rt *Runtime, req *http.Request) bool {
 	rec := newRecord(c.l, c.nc.RemoteAddr())
 	rec.Method = req.Method
 	defer rec.finish(&c.s.log, c.s.metrics)
-	if req.Method == http.MethodConnect && c.pinned == nil {
+	if c.refuseAll != nil {
+		rec.Path, rec.Scheme, rec.Intercepted = req.URL.Path, "https", true
+		rec.setTarget(*c.pinned)
+		c.writeRefusal(rt, rec, c.refuseAll, 0)
+		return false
+	}
+	if req.Method == http.MethodConnect && c.pinned == nil && !c.orig.IsValid() {
 		return c.serveConnect(rt, req, rec)
 	}
 	return c.serveHTTP1(rt, req, rec)

@@ -8,7 +8,7 @@ import (
 // or inside an intercepted tunnel, and reports whether the connection may carry
 // another request.
 func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
-	x := newExchange(rt, req, rec, c.pinned)
+	x := newExchange(rt, req, rec, c.pinned, c.orig)
 	defer x.body.Close()
 	wantClose := req.Close || !req.ProtoAtLeast(1, 1)
 	out, err := x.prepare(c.ctx)

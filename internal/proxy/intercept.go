@@ -9,6 +9,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -42,7 +43,7 @@ func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHe
 		return
 	}
 	inner := newConn(c.s, c.l, tc)
-	inner.pinned = &t
+	inner.pinned, inner.refuseAll = &t, c.refuseAll
 	if c.s.trackConn(inner, true) {
 		defer c.s.trackConn(inner, false)
 		inner.serve()
@@ -115,7 +116,13 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt := h.c.s.Runtime()
 	rec := newRecord(h.c.l, h.c.nc.RemoteAddr())
 	defer rec.finish(&h.c.s.log, h.c.s.metrics)
-	x := newExchange(rt, r, rec, &h.target)
+	if h.c.refuseAll != nil {
+		rec.Method, rec.Path, rec.Scheme, rec.Intercepted = r.Method, r.URL.Path, "https", true
+		rec.setTarget(h.target)
+		writeRefusalRW(w, rt, rec, h.c.refuseAll)
+		return
+	}
+	x := newExchange(rt, r, rec, &h.target, netip.AddrPort{})
 	defer x.body.Close()
 	out, err := x.prepare(r.Context())
 	if err == nil {
@@ -128,6 +135,11 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	rec.BytesIn = x.body.n.Load()
+	writeRefusalRW(w, rt, rec, err)
+}
+
+// writeRefusalRW writes a refusal through an http.ResponseWriter.
+func writeRefusalRW(w http.ResponseWriter, rt *Runtime, rec *Record, err error) {
 	code, hdr, body := refusalFor(rt, rec, err, 0)
 	for k, v := range hdr {
 		w.Header()[k] = v

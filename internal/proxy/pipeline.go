@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptrace"
+	"net/netip"
 	"strings"
 
 	"github.com/egressd/egressd/internal/allowlist"
@@ -21,12 +22,13 @@ type exchange struct {
 	rec    *Record
 	body   *requestBody
 	pinned *allowlist.Target // the CONNECT target inside an intercepted tunnel
+	orig   netip.AddrPort    // the original destination on a transparent listener
 	target allowlist.Target
 }
 
-func newExchange(rt *Runtime, req *http.Request, rec *Record, pinned *allowlist.Target) *exchange {
+func newExchange(rt *Runtime, req *http.Request, rec *Record, pinned *allowlist.Target, orig netip.AddrPort) *exchange {
 	rec.Method = req.Method
-	return &exchange{rt: rt, req: req, rec: rec, body: newRequestBody(req), pinned: pinned}
+	return &exchange{rt: rt, req: req, rec: rec, body: newRequestBody(req), pinned: pinned, orig: orig}
 }
 
 // prepare runs every stage before forwarding and returns the outbound request, or
@@ -59,6 +61,12 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 func (x *exchange) resolveTarget() (string, error) {
 	u := x.req.URL
 	x.rec.Path = u.Path
+	if x.orig.IsValid() && x.pinned == nil {
+		t, err := transparentTarget(x.req, x.orig)
+		x.target, x.rec.Scheme = t, "http"
+		x.rec.setTarget(t)
+		return "http", err
+	}
 	if x.pinned == nil {
 		t, err := forwardTarget(x.req)
 		x.target = t

@@ -111,6 +111,10 @@ func (s *Server) accept(l *listener, nc net.Conn) {
 	go func() {
 		defer func() { <-l.sem }()
 		defer s.trackConn(c, false)
+		if l.cfg.Mode == config.ModeTransparent {
+			c.serveTransparent()
+			return
+		}
 		c.serve()
 	}()
 }

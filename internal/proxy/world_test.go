@@ -313,6 +313,20 @@ func (w *world) lastLog(reqID string) map[string]any {
 	return nil
 }
 
+// waitLog waits briefly for a canonical log line that match accepts.
+func (w *world) waitLog(t *testing.T, match func(map[string]any) bool) map[string]any {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		for _, l := range w.logLines() {
+			if match(l) {
+				return l
+			}
+		}
+	}
+	t.Fatal("no matching egress log line")
+	return nil
+}
+
 // refusalBody is the JSON body of an egressd-made response.
 type refusalBody struct {
 	Error, Reason, Detail, Host, Message string

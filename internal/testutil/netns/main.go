@@ -15,7 +15,9 @@ import (
 //	func TestMain(m *testing.M) { os.Exit(netns.Main(m)) }
 //
 // Outside the namespace it re-executes the test binary with the same arguments
-// under `unshare -rn` and returns its exit code; inside it brings lo up and runs the
+// under `unshare -rnm` (user, network and mount namespaces: the mount namespace lets
+// tests make further namespaces with `ip netns add`) and returns its exit code;
+// inside it brings lo up and runs the
 // tests. When no namespace can be made the package is skipped with a message, or
 // fails if EGRESSD_REQUIRE_NETNS is set.
 func Main(m *testing.M) int {
@@ -34,7 +36,7 @@ func Main(m *testing.M) int {
 		fmt.Println("SKIP: these tests run only inside a network namespace (unshare -rn)")
 		return 0
 	}
-	cmd := exec.Command("unshare", append([]string{"-rn", "--", os.Args[0]}, os.Args[1:]...)...)
+	cmd := exec.Command("unshare", append([]string{"-rnm", "--", os.Args[0]}, os.Args[1:]...)...)
 	cmd.Env = append(os.Environ(), envInside+"=1")
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	err := cmd.Run()

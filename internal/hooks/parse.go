@@ -1,0 +1,247 @@
+package hooks
+
+import (
+	"fmt"
+	"math"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/egressd/egressd/internal/allowlist"
+)
+
+// ParseError lists every problem Parse found, each with its JSON path.
+type ParseError struct {
+	Problems []Finding // all of SeverityError
+}
+
+// Error renders "invalid hooks.json:" and one indented line per problem.
+func (e *ParseError) Error() string {
+	var b strings.Builder
+	b.WriteString("invalid hooks.json:")
+	for _, p := range e.Problems {
+		b.WriteString("\n  " + p.String())
+	}
+	return b.String()
+}
+
+// Parse reads hooks.json: an object of group name -> {enabled, pre_tool_execution,
+// post_tool_execution}; each event a list of {matcher, hooks}; each hook {type,
+// command | url, headers, timeout}. It is strict about the types of the keys it knows
+// and every problem is reported at once, with its path, as a *ParseError; unknown keys
+// are recorded in File.Unknown, not refused, since the runtime's format may grow. A
+// null event is an empty one.
+func Parse(data []byte) (*File, error) {
+	root, err := parseJSON(data)
+	if err != nil {
+		return nil, &ParseError{Problems: []Finding{{Severity: SeverityError, Msg: "not a JSON document: " + err.Error()}}}
+	}
+	p := &parser{}
+	f := p.file(root)
+	if len(p.problems) > 0 {
+		return nil, &ParseError{Problems: p.problems}
+	}
+	return f, nil
+}
+
+// parser collects problems and unknown keys while walking the document.
+type parser struct {
+	problems []Finding
+	unknown  []string
+}
+
+func (p *parser) errorf(path, format string, args ...any) {
+	p.problems = append(p.problems, Finding{Path: path, Severity: SeverityError, Msg: fmt.Sprintf(format, args...)})
+}
+
+// want reports whether n has kind k, recording a problem when it has not.
+func (p *parser) want(n *node, k kind, path, what string) bool {
+	if n.kind == k {
+		return true
+	}
+	p.errorf(path, "expected %s, got %s", what, n.kind)
+	return false
+}
+
+// fields walks an object's keys, calling known for the keys it handles and recording
+// the others as unknown.
+func (p *parser) fields(n *node, path string, known map[string]func(v *node, path string)) {
+	for _, k := range n.keys {
+		if f, ok := known[k]; ok {
+			f(n.vals[k], keyPath(path, k))
+		} else {
+			p.unknown = append(p.unknown, keyPath(path, k))
+		}
+	}
+}
+
+func (p *parser) file(root *node) *File {
+	f := &File{}
+	if !p.want(root, kObject, "", `an object of group name -> {"pre_tool_execution": [...], ...}`) {
+		return f
+	}
+	for _, name := range root.keys {
+		if g, ok := p.group(name, root.vals[name], keyPath("", name)); ok {
+			f.Groups = append(f.Groups, g)
+		}
+	}
+	f.Unknown = p.unknown
+	return f
+}
+
+func (p *parser) group(name string, n *node, path string) (Group, bool) {
+	g := Group{Name: name, Path: path, Enabled: true}
+	if !p.want(n, kObject, path, `a group {"pre_tool_execution": [...], "post_tool_execution": [...]}`) {
+		return g, false
+	}
+	p.fields(n, path, map[string]func(*node, string){
+		"enabled": func(v *node, vp string) {
+			if p.want(v, kBool, vp, "true or false") {
+				g.Enabled = v.b
+			}
+		},
+		EventPre:  func(v *node, vp string) { g.Pre = p.rules(v, vp) },
+		EventPost: func(v *node, vp string) { g.Post = p.rules(v, vp) },
+	})
+	return g, true
+}
+
+func (p *parser) rules(n *node, path string) []Rule {
+	if n.kind == kNull || !p.want(n, kArray, path, `a list of {"matcher": ..., "hooks": [...]}`) {
+		return nil
+	}
+	var rules []Rule
+	for i, item := range n.arr {
+		rp := indexPath(path, i)
+		if !p.want(item, kObject, rp, `a rule {"matcher": ..., "hooks": [...]}`) {
+			continue
+		}
+		r := Rule{Path: rp}
+		hasHooks := false
+		p.fields(item, rp, map[string]func(*node, string){
+			"matcher": func(v *node, vp string) {
+				if p.want(v, kString, vp, "a string (an RE2 pattern, or \"*\" for every built-in tool)") {
+					r.Matcher = v.str
+				}
+			},
+			"hooks": func(v *node, vp string) { hasHooks, r.Hooks = true, p.hooks(v, vp) },
+		})
+		if !hasHooks {
+			p.errorf(keyPath(rp, "hooks"), `required: the list of hooks to run, e.g. [{"type": "http", "url": "https://..."}]`)
+		}
+		rules = append(rules, r)
+	}
+	return rules
+}
+
+func (p *parser) hooks(n *node, path string) []Hook {
+	if !p.want(n, kArray, path, `a list of hooks {"type": "http", "url": ...}`) {
+		return nil
+	}
+	var hooks []Hook
+	for i, item := range n.arr {
+		hp := indexPath(path, i)
+		if p.want(item, kObject, hp, `a hook {"type": "http", "url": ...} or {"type": "command", "command": ...}`) {
+			hooks = append(hooks, p.hook(item, hp))
+		}
+	}
+	return hooks
+}
+
+func (p *parser) hook(n *node, path string) Hook {
+	h := Hook{Path: path, Timeout: DefaultTimeout}
+	str := func(dst *string) func(*node, string) {
+		return func(v *node, vp string) {
+			if p.want(v, kString, vp, "a string") {
+				*dst = v.str
+			}
+		}
+	}
+	p.fields(n, path, map[string]func(*node, string){
+		"type":    str(&h.Type),
+		"command": str(&h.Command),
+		"url":     str(&h.URL),
+		"headers": func(v *node, vp string) { h.Headers = p.headers(v, vp) },
+		"timeout": func(v *node, vp string) { h.Timeout, h.TimeoutSet = p.timeout(v, vp), true },
+	})
+	switch h.Type {
+	case TypeCommand:
+		if h.Command == "" {
+			p.errorf(keyPath(path, "command"), "required for a command hook: the command to run")
+		}
+	case TypeHTTP:
+		p.target(&h, keyPath(path, "url"))
+	case "":
+		if _, ok := n.get("type"); !ok {
+			p.errorf(keyPath(path, "type"), `required: "http" or "command"`)
+		}
+	default:
+		p.errorf(keyPath(path, "type"), `unknown hook type %q; use "http" or "command"`, h.Type)
+	}
+	return h
+}
+
+func (p *parser) headers(n *node, path string) []Header {
+	if !p.want(n, kObject, path, `an object of header name -> value`) {
+		return nil
+	}
+	var hs []Header
+	for _, k := range n.keys {
+		if v := n.vals[k]; p.want(v, kString, keyPath(path, k), "a string") {
+			hs = append(hs, Header{Name: k, Value: v.str})
+		}
+	}
+	return hs
+}
+
+// timeout reads a positive number of seconds.
+func (p *parser) timeout(n *node, path string) time.Duration {
+	if !p.want(n, kNumber, path, "a number of seconds") {
+		return DefaultTimeout
+	}
+	s, err := n.num.Float64()
+	switch {
+	case err != nil || math.IsNaN(s) || s <= 0:
+		p.errorf(path, "must be a positive number of seconds, got %s", n.num)
+		return DefaultTimeout
+	case s > maxTimeout.Seconds():
+		p.errorf(path, "%s seconds is more than %s; the timeout is in seconds", n.num, maxTimeout)
+		return DefaultTimeout
+	}
+	return time.Duration(s * float64(time.Second))
+}
+
+// target parses an http hook's URL into the fields Index compares.
+func (p *parser) target(h *Hook, path string) {
+	if h.URL == "" {
+		p.errorf(path, "required for an http hook: the endpoint's https:// URL")
+		return
+	}
+	u, err := url.Parse(h.URL)
+	if err != nil {
+		p.errorf(path, "not a URL: %v", err)
+		return
+	}
+	h.Scheme = strings.ToLower(u.Scheme)
+	if h.Scheme != "http" && h.Scheme != "https" || u.Host == "" {
+		p.errorf(path, "%q is not an absolute http:// or https:// URL", h.URL)
+		return
+	}
+	t, err := allowlist.ParseAuthority(u.Host, defaultPort(h.Scheme))
+	if err != nil {
+		p.errorf(path, "bad host: %v", err)
+		return
+	}
+	h.Target, h.PPath = t, u.EscapedPath()
+	if h.PPath == "" {
+		h.PPath = "/"
+	}
+}
+
+// defaultPort is the scheme's port when a URL names none.
+func defaultPort(scheme string) uint16 {
+	if scheme == "https" {
+		return 443
+	}
+	return 80
+}

@@ -1,0 +1,273 @@
+package hooks
+
+import (
+	"crypto"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+
+	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/credential"
+	"github.com/egressd/egressd/pkg/hookauth"
+)
+
+// ErrNoSigningKey is wrapped by Sign's error when the key cannot be had: its credential
+// is unavailable or does not hold a usable key. A pre-tool call then fails closed.
+var ErrNoSigningKey = errors.New("hook signing key unavailable")
+
+// Credentials is the part of credential.Store a credential-held key is read through.
+type Credentials interface {
+	Get(id string) (credential.Value, error)
+}
+
+// Signer signs hook assertions with an Ed25519 key and publishes the public keys as a
+// JWKS: the current key and the one before it, so that assertions signed just before a
+// rotation still verify. It is safe for concurrent use.
+//
+// A Signer from NewCredentialSigner follows the credential store: whenever the
+// credential's version changes, the next Sign or JWKS parses the new key and rotates to
+// it. A Signer from NewSigner keeps its key until Rotate.
+type Signer struct {
+	creds Credentials // nil: a fixed key
+	id    string
+
+	mu        sync.RWMutex
+	cur, prev *signingKey
+	version   string // of the credential value cur came from
+	badVer    string // a credential version whose key could not be used
+	badErr    error
+}
+
+// signingKey is one key with its RFC 7638 thumbprint as kid.
+type signingKey struct {
+	kid    string
+	pub    ed25519.PublicKey
+	signer jose.Signer
+}
+
+func newSigningKey(priv ed25519.PrivateKey) (*signingKey, error) {
+	if len(priv) != ed25519.PrivateKeySize {
+		return nil, errors.New("hook signing key: not an Ed25519 private key")
+	}
+	pub := priv.Public().(ed25519.PublicKey)
+	tp, err := (&jose.JSONWebKey{Key: pub}).Thumbprint(crypto.SHA256)
+	if err != nil {
+		return nil, err
+	}
+	kid := base64.RawURLEncoding.EncodeToString(tp)
+	js, err := jose.NewSigner(
+		jose.SigningKey{Algorithm: jose.EdDSA, Key: jose.JSONWebKey{Key: priv, KeyID: kid}},
+		(&jose.SignerOptions{}).WithType("JWT"))
+	if err != nil {
+		return nil, err
+	}
+	return &signingKey{kid: kid, pub: pub, signer: js}, nil
+}
+
+// NewSigner signs with a fixed key (hooks.signing_key.file, or the generated one).
+func NewSigner(key ed25519.PrivateKey) (*Signer, error) {
+	k, err := newSigningKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return &Signer{cur: k}, nil
+}
+
+// NewCredentialSigner signs with the key credential id holds as {"token": "<PEM>"},
+// read through creds (a credential.Store that manages id) on each Sign and JWKS, from
+// memory. Until the credential can be read, Sign fails with ErrNoSigningKey.
+func NewCredentialSigner(creds Credentials, id string) *Signer {
+	return &Signer{creds: creds, id: id}
+}
+
+// NewSignerFromConfig builds the Signer hooks.signing_key names: a credential read
+// through creds, a file, or, with neither, the key generated into stateDir on first
+// start (KeyFileName). A file or generated key that cannot be read is an error.
+func NewSignerFromConfig(ref config.SecretRef, stateDir string, creds Credentials) (*Signer, error) {
+	switch {
+	case ref.Credential != "":
+		if creds == nil {
+			return nil, fmt.Errorf("hook signing key: credential %s needs a credential store", ref.Credential)
+		}
+		return NewCredentialSigner(creds, ref.Credential), nil
+	case ref.File != "":
+		k, err := LoadKeyFile(ref.File)
+		if err != nil {
+			return nil, err
+		}
+		return NewSigner(k)
+	}
+	k, _, _, err := LoadOrCreateKey(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	return NewSigner(k)
+}
+
+// Rotate makes key the current key and keeps the current one as previous (both stay in
+// the JWKS). Rotating to the current key changes nothing.
+func (s *Signer) Rotate(key ed25519.PrivateKey) error {
+	k, err := newSigningKey(key)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.rotateLocked(k)
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Signer) rotateLocked(k *signingKey) {
+	if s.cur != nil && s.cur.kid == k.kid {
+		return
+	}
+	s.prev, s.cur = s.cur, k
+}
+
+// KeyID returns the kid of the current key.
+func (s *Signer) KeyID() (string, error) {
+	k, err := s.current()
+	if err != nil {
+		return "", err
+	}
+	return k.kid, nil
+}
+
+// Sign returns the compact JWS (header alg EdDSA, typ JWT, kid) over c. It refuses
+// claims that miss iss, aud, jti, iat or exp, or whose exp is not after iat.
+func (s *Signer) Sign(c hookauth.Claims) (string, error) {
+	if c.Issuer != hookauth.Issuer || c.Audience == "" || c.ID == "" || c.IssuedAt == 0 || c.Expiry <= c.IssuedAt {
+		return "", errors.New("hook assertion: incomplete claims (iss, aud, jti, iat and exp are required; use NewClaims)")
+	}
+	k, err := s.current()
+	if err != nil {
+		return "", err
+	}
+	payload, err := json.Marshal(c)
+	if err != nil {
+		return "", err
+	}
+	jws, err := k.signer.Sign(payload)
+	if err != nil {
+		return "", fmt.Errorf("hook assertion: %w", err)
+	}
+	return jws.CompactSerialize()
+}
+
+// SignCall signs the claims of one call to m's hook URL: NewClaims at time.Now.
+func (s *Signer) SignCall(m Match, env string, byListener bool, body []byte) (string, error) {
+	return s.Sign(NewClaims(m, env, byListener, body, time.Now()))
+}
+
+// JWKS returns the public keys, current first, as a JSON Web Key Set (RFC 7517, keys
+// per RFC 8037: kty OKP, crv Ed25519, with kid, use sig and alg EdDSA), for
+// /.well-known/jwks.json. With no key yet it is {"keys":[]}.
+func (s *Signer) JWKS() []byte {
+	_, _ = s.current() // follow the credential; the keys known so far are served either way
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	set := jose.JSONWebKeySet{Keys: []jose.JSONWebKey{}}
+	for _, k := range []*signingKey{s.cur, s.prev} {
+		if k != nil {
+			set.Keys = append(set.Keys, jose.JSONWebKey{Key: k.pub, KeyID: k.kid, Algorithm: string(jose.EdDSA), Use: "sig"})
+		}
+	}
+	b, err := json.Marshal(set)
+	if err != nil {
+		return []byte(`{"keys":[]}`) // unreachable: Ed25519 public keys always marshal
+	}
+	return b
+}
+
+// current returns the key to sign with, first following the credential when there is one.
+func (s *Signer) current() (*signingKey, error) {
+	if s.creds != nil {
+		if err := s.follow(); err != nil {
+			return nil, err
+		}
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.cur == nil {
+		return nil, ErrNoSigningKey
+	}
+	return s.cur, nil
+}
+
+// follow reads the credential from memory and rotates when its version changed. A
+// version whose key is unusable is remembered, so it is parsed once, not per call.
+func (s *Signer) follow() error {
+	v, err := s.creds.Get(s.id)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrNoSigningKey, err)
+	}
+	s.mu.RLock()
+	same, bad, badErr := v.Version == s.version && s.cur != nil, v.Version == s.badVer, s.badErr
+	s.mu.RUnlock()
+	switch {
+	case same:
+		return nil
+	case bad:
+		return badErr
+	}
+	k, err := keyOf(v)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.badVer, s.badErr = v.Version, err
+		return err
+	}
+	s.rotateLocked(k)
+	s.version = v.Version
+	return nil
+}
+
+// keyOf parses the PEM key a credential value holds as its token.
+func keyOf(v credential.Value) (*signingKey, error) {
+	tok, ok := v.Token()
+	if !ok {
+		return nil, fmt.Errorf(`%w: credential %s is not {"token": "<PEM PKCS#8 Ed25519 key>"}`, ErrNoSigningKey, v.ID)
+	}
+	priv, err := ParseKeyPEM([]byte(tok))
+	if err != nil {
+		return nil, fmt.Errorf("%w: credential %s version %s: %v", ErrNoSigningKey, v.ID, v.Version, err)
+	}
+	return newSigningKey(priv)
+}
+
+// NewClaims returns the claims of one hook call: iss egressd, aud m.Audience, env,
+// m's group and event, the SHA-256 of body (the exact bytes forwarded upstream), iat
+// now and exp now+60 s, a random 128-bit jti, and ident "listener" when the call came
+// in on a hooks listener, else "url".
+func NewClaims(m Match, env string, byListener bool, body []byte, now time.Time) hookauth.Claims {
+	ident := hookauth.IdentURL
+	if byListener {
+		ident = hookauth.IdentListener
+	}
+	return hookauth.Claims{
+		Issuer:     hookauth.Issuer,
+		Audience:   m.Audience,
+		Env:        env,
+		Group:      m.Group,
+		Event:      m.Event,
+		BodySHA256: hookauth.BodySHA256(body),
+		IssuedAt:   now.Unix(),
+		Expiry:     now.Add(hookauth.Lifetime).Unix(),
+		ID:         newJTI(),
+		Ident:      ident,
+	}
+}
+
+// newJTI returns 128 random bits, base64url. crypto/rand.Read never fails (Go 1.24+).
+func newJTI() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
