@@ -13,6 +13,8 @@ import (
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/credential/file"
+	"github.com/egressd/egressd/internal/credential/vault"
+	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/netguard"
@@ -23,8 +25,12 @@ import (
 // buildRuntime turns a loaded config into the Runtime requests are served with.
 // self holds egressd's own bound addresses; the leaves and the credential store
 // outlive reloads and are built by the daemon.
-func buildRuntime(l *loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds inject.Credentials) (*proxy.Runtime, error) {
+func buildRuntime(l *loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds inject.Credentials, signer *hooks.Signer) (*proxy.Runtime, error) {
 	cfg := l.cfg
+	hk, err := runtimeHooks(l, signer)
+	if err != nil {
+		return nil, err
+	}
 	guard, err := netguard.New(netguard.Options{
 		AllowCIDRs:       cfg.Network.AllowCIDRs,
 		UnsafeAllowCIDRs: cfg.Network.UnsafeAllowCIDRs,
@@ -46,6 +52,7 @@ func buildRuntime(l *loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds i
 		UpstreamTLS: upstream,
 		Injector:    inject.New(l.policy.Allowlist, creds),
 		Leaves:      leaves,
+		Hooks:       hk,
 	}
 	rt.Prepare()
 	return rt, nil
@@ -66,9 +73,13 @@ func newLeaves(cfg *config.Config, m *metrics.Metrics) (*mitm.Leaves, error) {
 	}}), nil
 }
 
-// credentialIDs lists the credential IDs the policy references, sorted.
+// credentialIDs lists the credential IDs the policy (and the hook signing key)
+// references, sorted.
 func credentialIDs(l *loaded) []string {
 	var ids []string
+	if id := l.cfg.Hooks.SigningKey.Credential; id != "" {
+		ids = append(ids, id)
+	}
 	for _, r := range l.policy.Allowlist.Rules() {
 		if r.Credential != "" && !slices.Contains(ids, r.Credential) {
 			ids = append(ids, r.Credential)
@@ -85,10 +96,25 @@ func storeKey(l *loaded) string {
 	return fmt.Sprintf("%s|%s|%s|%s", c.Backend, c.File, c.MaxStale, strings.Join(credentialIDs(l), ","))
 }
 
-// newStore builds and starts the credential store for the policy's credential IDs.
+// newStore builds and starts the credential store for the policy's credential IDs. A
+// Vault that cannot be reached, or refuses the login, is not fatal: its credentials are
+// unavailable (never_read, /readyz not ready) while the backend keeps retrying.
 func newStore(ctx context.Context, l *loaded, log zerolog.Logger, m *metrics.Metrics) (*credential.Store, error) {
 	c := l.cfg.Credentials
-	if c.Backend != config.BackendFile {
+	var backend credential.Backend
+	opts := credential.Options{MaxStale: c.MaxStale, Log: log}
+	switch c.Backend {
+	case config.BackendFile:
+		backend = file.New(c.File, file.Options{Log: log})
+	case config.BackendVault:
+		vb, err := vault.FromConfig(c.Vault, log)
+		if err != nil {
+			return nil, err
+		}
+		log.Info().Str("address", vb.Address()).Str("auth", c.Vault.Auth.Method).Str("kv_mount", c.Vault.KVMount).
+			Str("kv_prefix", c.Vault.KVPrefix).Msg("credentials from vault")
+		backend, opts.Refresh = vb, c.Vault.Refresh
+	default:
 		return nil, fmt.Errorf("credentials.backend %q is not available in this build", c.Backend)
 	}
 	ids := credentialIDs(l)
@@ -98,15 +124,11 @@ func newStore(ctx context.Context, l *loaded, log zerolog.Logger, m *metrics.Met
 		}
 		m.CredentialAge.WithLabelValues(id)
 	}
-	backend := file.New(c.File, file.Options{Log: log})
-	store := credential.NewStore(backend, ids, credential.Options{
-		MaxStale: c.MaxStale,
-		Log:      log,
-		Metrics: &credential.Metrics{
-			Refresh: func(id, result string) { m.CredentialRefresh.WithLabelValues(id, result).Inc() },
-			Age:     func(id string, s float64) { m.CredentialAge.WithLabelValues(id).Set(s) },
-		},
-	})
+	opts.Metrics = &credential.Metrics{
+		Refresh: func(id, result string) { m.CredentialRefresh.WithLabelValues(id, result).Inc() },
+		Age:     func(id string, s float64) { m.CredentialAge.WithLabelValues(id).Set(s) },
+	}
+	store := credential.NewStore(backend, ids, opts)
 	store.Start(ctx)
 	return store, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/dnsguard"
+	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/proxy"
 	mitm "github.com/egressd/egressd/internal/tls"
@@ -65,6 +66,8 @@ type daemon struct {
 	sigs  chan os.Signal
 
 	leaves   *mitm.Leaves      // the CA is fixed for the process's life
+	signer   *hooks.Signer     // the hook signing key, likewise
+	live     liveStore         // the current store, for injectors and the signer
 	store    *credential.Store // kept across reloads while storeKey is unchanged
 	storeKey string
 	stop     context.CancelFunc // stops the store's refreshers
@@ -91,6 +94,11 @@ func (d *daemon) start(l *loaded) error {
 		d.log.Warn().Str("path", w.Path).Msg(w.Msg)
 	}
 	d.current, d.loadedAt = l, time.Now()
+	for _, ev := range []string{hooks.EventPre, hooks.EventPost} {
+		for _, o := range proxy.HookOutcomes {
+			d.metrics.HookRequests.WithLabelValues(ev, o)
+		}
+	}
 	d.srv = proxy.New(rt, d.log, d.metrics)
 	d.errc = make(chan error, len(lns)+1)
 	for i, ln := range lns[:len(l.cfg.Listeners)] {
@@ -209,8 +217,16 @@ func (d *daemon) runtimeFor(l *loaded) (*proxy.Runtime, error) {
 			d.stop()
 		}
 		d.store, d.storeKey, d.stop = store, key, cancel
+		d.live.p.Store(store)
 	}
-	return buildRuntime(l, d.self, d.leaves, d.store)
+	if d.signer == nil {
+		signer, err := hooks.NewSignerFromConfig(l.cfg.Hooks.SigningKey, l.cfg.StateDir, &d.live)
+		if err != nil {
+			return nil, err
+		}
+		d.signer = signer
+	}
+	return buildRuntime(l, d.self, d.leaves, &d.live, d.signer)
 }
 
 func (d *daemon) shutdown() int {

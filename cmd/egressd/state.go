@@ -50,3 +50,6 @@ func (d *daemon) reload() error {
 	d.log.Error().Err(err).Msg("reload rejected; the running config stays in force")
 	return err
 }
+
+// JWKS is the hook signing keys' public half, for /.well-known/jwks.json.
+func (d *daemon) JWKS() []byte { return d.signer.JWKS() }

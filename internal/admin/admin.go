@@ -19,6 +19,8 @@ type State interface {
 	Runtime() *proxy.Runtime
 	ConfigInfo() (hash string, loaded time.Time)
 	Ready() (bool, map[string]any)
+	// JWKS is the hook assertion keys as a JWK Set; nil when there are none.
+	JWKS() []byte
 }
 
 // Handler returns the admin HTTP handler.
@@ -41,6 +43,15 @@ func Handler(st State, m *metrics.Metrics) http.Handler {
 			}
 		}
 		writeJSON(w, code, body)
+	})
+	mux.HandleFunc("GET /.well-known/jwks.json", func(w http.ResponseWriter, _ *http.Request) {
+		keys := st.JWKS()
+		if keys == nil {
+			keys = []byte(`{"keys":[]}`)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "max-age=60")
+		w.Write(keys)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /v1/explain", func(w http.ResponseWriter, r *http.Request) {

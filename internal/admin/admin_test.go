@@ -38,6 +38,8 @@ type fakeState struct {
 
 func (s *fakeState) Runtime() *proxy.Runtime { return s.rt }
 
+func (s *fakeState) JWKS() []byte { return []byte(`{"keys":[]}`) }
+
 func (s *fakeState) ConfigInfo() (string, time.Time) { return s.hash, s.loaded }
 
 func (s *fakeState) Ready() (bool, map[string]any) {

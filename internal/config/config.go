@@ -168,6 +168,22 @@ type Vault struct {
 	KVMount  string        // default "secret"
 	KVPrefix string        // default "egressd/credentials"
 	Refresh  time.Duration // default 30s, jittered by the backend
+	// Paths are credentials read from any Vault path instead of KV
+	// (credentials.vault.paths), sorted by ID.
+	Paths []VaultPath
+}
+
+// VaultPath is one credential read from a Vault path other than KV, such
+// as a Vault identity token (identity/oidc/token/<role>) or a leased
+// secret: one string field of the response's data becomes one header.
+type VaultPath struct {
+	ID     string // the credential ID, as the policy names it
+	Path   string // the API path without /v1/, no leading or trailing "/"
+	Field  string // the data key holding the value; default "token"
+	Header string // canonical header name; default Authorization
+	// Format is the header value with "{}" (exactly once) standing for the
+	// field's value; default "Bearer {}".
+	Format string
 }
 
 // VaultAuth is how egressd logs in to Vault. Token may hold a secret (when

@@ -47,6 +47,13 @@ const (
 	DefaultVaultKVPrefix = "egressd/credentials"
 	// DefaultVaultRefresh is how often secrets are re-read (with jitter).
 	DefaultVaultRefresh = 30 * time.Second
+	// DefaultVaultPathField, DefaultVaultPathHeader and
+	// DefaultVaultPathFormat turn a credentials.vault.paths entry's
+	// {"token": "t"} into Authorization: Bearer t, as the KV shape
+	// {"token": ...} does.
+	DefaultVaultPathField  = "token"
+	DefaultVaultPathHeader = "Authorization"
+	DefaultVaultPathFormat = "Bearer {}"
 	// DefaultKubernetesJWTFile is the service account token the kubernetes
 	// auth method presents when jwt_file is empty.
 	DefaultKubernetesJWTFile = "/var/run/secrets/kubernetes.io/serviceaccount/token"

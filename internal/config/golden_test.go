@@ -45,6 +45,7 @@ func TestGoldenConfigs(t *testing.T) {
 	shipped := map[string]string{
 		"../../configs/quickstart.yaml": filepath.Join(goldenDir, "shipped_quickstart.golden"),
 		"../../configs/dev-local.yaml":  filepath.Join(goldenDir, "shipped_dev-local.golden"),
+		"../../configs/vault.yaml":      filepath.Join(goldenDir, "shipped_vault.golden"),
 	}
 	for _, in := range inputs {
 		shipped[in] = strings.TrimSuffix(in, ".yaml") + ".golden"

@@ -72,11 +72,12 @@ type rawCredentials struct {
 }
 
 type rawVault struct {
-	Address  string       `yaml:"address"`
-	Auth     rawVaultAuth `yaml:"auth"`
-	KVMount  string       `yaml:"kv_mount"`
-	KVPrefix string       `yaml:"kv_prefix"`
-	Refresh  rawDuration  `yaml:"refresh"`
+	Address  string        `yaml:"address"`
+	Auth     rawVaultAuth  `yaml:"auth"`
+	KVMount  string        `yaml:"kv_mount"`
+	KVPrefix string        `yaml:"kv_prefix"`
+	Refresh  rawDuration   `yaml:"refresh"`
+	Paths    rawVaultPaths `yaml:"paths"`
 }
 
 type rawVaultAuth struct {

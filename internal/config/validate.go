@@ -319,6 +319,7 @@ func (v *validator) vault(r rawVault, used bool) Vault {
 		KVPrefix: strings.Trim(or(r.KVPrefix, DefaultVaultKVPrefix), "/"),
 		Refresh:  v.duration(r.Refresh, "credentials.vault.refresh", DefaultVaultRefresh),
 		Auth:     v.vaultAuth(r.Auth, used),
+		Paths:    v.vaultPaths(r.Paths),
 	}
 	if r.Address != "" {
 		v.vaultAddress(r.Address)

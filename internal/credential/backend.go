@@ -23,3 +23,13 @@ type Backend interface {
 type Watcher interface {
 	Watch(ctx context.Context, onChange func())
 }
+
+// IDWatcher is implemented by backends that know when one ID must be re-read before its
+// Refresh comes round: the vault backend, whose leased and short-lived secrets (Vault
+// identity tokens) must be replaced before they expire, and which re-reads every ID after
+// it has logged in again. Store.Start runs WatchIDs until its context ends; each
+// refresh(id) re-reads that ID now and returns when the read is done, refresh("") re-reads
+// every ID (Store.RefreshNow). IDs the Store does not manage are ignored.
+type IDWatcher interface {
+	WatchIDs(ctx context.Context, refresh func(id string))
+}

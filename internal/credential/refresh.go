@@ -13,7 +13,8 @@ import (
 // Start reads every ID once, synchronously (the whole pass bounded by ReadTimeout: a read
 // still running then is a failed read), then refreshes each ID in the background every
 // Refresh ± Jitter until ctx ends. If the backend is a Watcher, Start also runs its Watch,
-// re-reading every ID on each change. Reads after the first are never on the request path.
+// re-reading every ID on each change; if it is an IDWatcher, its WatchIDs, re-reading the
+// IDs it names. Reads after the first are never on the request path.
 // Start must be called once.
 func (s *Store) Start(ctx context.Context) {
 	if !s.started.CompareAndSwap(false, true) {
@@ -29,6 +30,9 @@ func (s *Store) Start(ctx context.Context) {
 	if w, ok := s.backend.(Watcher); ok {
 		s.wg.Go(func() { w.Watch(ctx, func() { s.RefreshNow(ctx, "") }) })
 	}
+	if w, ok := s.backend.(IDWatcher); ok {
+		s.wg.Go(func() { w.WatchIDs(ctx, func(id string) { s.RefreshNow(ctx, id) }) })
+	}
 }
 
 // Wait blocks until the goroutines Start began have returned; they do once its ctx ends.
@@ -36,7 +40,7 @@ func (s *Store) Wait() { s.wg.Wait() }
 
 // RefreshNow re-reads one ID now, or every ID when id is ""; it returns when the reads are
 // done. IDs the Store does not manage are ignored. The file backend's watcher calls it on
-// every change.
+// every change, the vault backend's when a lease nears its end or after a new login.
 func (s *Store) RefreshNow(ctx context.Context, id string) {
 	if id == "" {
 		s.refreshAll(ctx)

@@ -110,10 +110,7 @@ func (c *conn) handle(rt *Runtime, req *http.Request) bool {
 	rec.Method = req.Method
 	defer rec.finish(&c.s.log, c.s.metrics)
 	if c.refuseAll != nil {
-		rec.Path, rec.Scheme, rec.Intercepted = req.URL.Path, "https", true
-		rec.setTarget(*c.pinned)
-		c.writeRefusal(rt, rec, c.refuseAll, 0)
-		return false
+		return c.serveRefused(rt, req, rec)
 	}
 	if req.Method == http.MethodConnect && c.pinned == nil && !c.orig.IsValid() {
 		return c.serveConnect(rt, req, rec)
@@ -165,4 +162,18 @@ func (s *Server) rejectOverloaded(l *listener, nc net.Conn) {
 	defer c.abort()
 	nc.SetDeadline(time.Now().Add(time.Second))
 	c.rejectOverloadedResponse()
+}
+
+// serveRefused answers a request on a connection egressd accepted only to say why it
+// is refused: a hook call gets its fail-closed deny, anything else the refusal.
+func (c *conn) serveRefused(rt *Runtime, req *http.Request, rec *Record) bool {
+	x := newExchange(c, rt, req, rec, c.pinned)
+	defer x.body.Close()
+	if m, ok := x.hookMatch(c.l.cfg.Role); ok {
+		return c.writeHookResponse(rt, x, m, true)
+	}
+	rec.Path, rec.Scheme, rec.Intercepted = req.URL.Path, "https", true
+	rec.setTarget(*c.pinned)
+	c.writeRefusal(rt, rec, c.refuseAll, 0)
+	return false
 }

@@ -23,12 +23,13 @@ func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 	rec.setTarget(t)
 	d := rt.Policy.DecideRequest(t, "")
 	rec.setDecision(d)
-	if !d.Allowed() {
+	intercept, ok := c.tunnelPlan(rt, t, d)
+	if !ok {
 		c.writeRefusal(rt, rec, deny(d.Reason, d.Detail), 0)
 		return !req.Close
 	}
 	var up net.Conn
-	if !d.Intercept {
+	if !intercept {
 		// Dial before answering 200, so an unreachable or internal upstream is a
 		// refusal the client can read rather than a dropped tunnel.
 		if up, err = rt.dialTarget(c.ctx, t); err != nil {
@@ -48,12 +49,29 @@ func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 		closeIf(up)
 		return false
 	}
-	if d.Intercept {
+	if intercept {
 		c.serveIntercepted(rt, t, hello, rec)
 		return false
 	}
 	c.tunnel(rt, up, hello, rec)
 	return false
+}
+
+// tunnelPlan decides what a tunnel to t becomes: intercepted when the rule injects or
+// t serves hook URLs, spliced otherwise. A denied tunnel to a hook host is still
+// accepted and intercepted when hooks fail closed: the runtime reads a refused
+// CONNECT as "allow", so egressd answers the hook call inside with an explicit deny
+// (c.refuseAll). ok is false when the tunnel is refused outright.
+func (c *conn) tunnelPlan(rt *Runtime, t allowlist.Target, d allowlist.Decision) (intercept, ok bool) {
+	hookHost := rt.Hooks != nil && rt.Hooks.Index != nil && rt.Hooks.Index.Intercepts(t.Host, t.Port)
+	if d.Allowed() {
+		return d.Intercept || hookHost, true
+	}
+	if hookHost && rt.Hooks.FailClosed {
+		c.refuseAll = deny(d.Reason, d.Detail)
+		return true, true
+	}
+	return false, false
 }
 
 // checkClientHello reads the ClientHello the client sends into the tunnel, without

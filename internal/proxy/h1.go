@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"github.com/egressd/egressd/internal/hooks"
 	"net/http"
 )
 
@@ -8,9 +9,12 @@ import (
 // or inside an intercepted tunnel, and reports whether the connection may carry
 // another request.
 func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
-	x := newExchange(rt, req, rec, c.pinned, c.orig)
+	x := newExchange(c, rt, req, rec, c.pinned)
 	defer x.body.Close()
 	wantClose := req.Close || !req.ProtoAtLeast(1, 1)
+	if m, ok := x.hookMatch(c.l.cfg.Role); ok {
+		return c.writeHookResponse(rt, x, m, wantClose)
+	}
 	out, err := x.prepare(c.ctx)
 	if err != nil {
 		c.writeRefusal(rt, rec, err, 0)
@@ -34,5 +38,17 @@ func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 	}
 	keep, err := writeResponse(c.bw, req.Method, wantClose, resp, rec)
 	rec.BytesIn = x.body.n.Load()
+	return err == nil && keep && x.body.drain()
+}
+
+// writeHookResponse serves a hook call (see exchange.serveHook) on HTTP/1.1.
+func (c *conn) writeHookResponse(rt *Runtime, x *exchange, m hooks.Match, wantClose bool) bool {
+	resp, err := x.serveHook(c.ctx, m, c.refuseAll)
+	x.rec.BytesIn = x.body.n.Load()
+	if err != nil {
+		c.writeRefusal(rt, x.rec, err, 0)
+		return false
+	}
+	keep, err := writeResponse(c.bw, x.req.Method, wantClose, resp, x.rec)
 	return err == nil && keep && x.body.drain()
 }

@@ -9,7 +9,6 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"net/netip"
 	"sync"
 	"time"
 
@@ -116,14 +115,24 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt := h.c.s.Runtime()
 	rec := newRecord(h.c.l, h.c.nc.RemoteAddr())
 	defer rec.finish(&h.c.s.log, h.c.s.metrics)
+	x := newExchange(h.c, rt, r, rec, &h.target)
+	defer x.body.Close()
+	if m, ok := x.hookMatch(h.c.l.cfg.Role); ok {
+		resp, err := x.serveHook(r.Context(), m, h.c.refuseAll)
+		rec.BytesIn = x.body.n.Load()
+		if err == nil {
+			writeResponseRW(w, resp, rec)
+		} else {
+			writeRefusalRW(w, rt, rec, err)
+		}
+		return
+	}
 	if h.c.refuseAll != nil {
-		rec.Method, rec.Path, rec.Scheme, rec.Intercepted = r.Method, r.URL.Path, "https", true
+		rec.Path, rec.Scheme, rec.Intercepted = r.URL.Path, "https", true
 		rec.setTarget(h.target)
 		writeRefusalRW(w, rt, rec, h.c.refuseAll)
 		return
 	}
-	x := newExchange(rt, r, rec, &h.target, netip.AddrPort{})
-	defer x.body.Close()
 	out, err := x.prepare(r.Context())
 	if err == nil {
 		var resp *http.Response

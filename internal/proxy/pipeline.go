@@ -10,6 +10,7 @@ import (
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/inject"
+	"github.com/egressd/egressd/internal/metrics"
 )
 
 // exchange is one request on its way through the pipeline: parse and normalise the
@@ -17,27 +18,40 @@ import (
 // stages serve the explicit listener and the requests inside an intercepted tunnel,
 // whether they arrive over HTTP/1.1 or HTTP/2.
 type exchange struct {
-	rt     *Runtime
-	req    *http.Request
-	rec    *Record
-	body   *requestBody
-	pinned *allowlist.Target // the CONNECT target inside an intercepted tunnel
-	orig   netip.AddrPort    // the original destination on a transparent listener
-	target allowlist.Target
+	rt      *Runtime
+	metrics *metrics.Metrics
+	req     *http.Request
+	rec     *Record
+	body    *requestBody
+	pinned  *allowlist.Target // the CONNECT target inside an intercepted tunnel
+	orig    netip.AddrPort    // the original destination on a transparent listener
+	target  allowlist.Target
+	scheme  string // set by locate
+	located bool
+	locErr  error
 }
 
-func newExchange(rt *Runtime, req *http.Request, rec *Record, pinned *allowlist.Target, orig netip.AddrPort) *exchange {
+func newExchange(c *conn, rt *Runtime, req *http.Request, rec *Record, pinned *allowlist.Target) *exchange {
 	rec.Method = req.Method
-	return &exchange{rt: rt, req: req, rec: rec, body: newRequestBody(req), pinned: pinned, orig: orig}
+	return &exchange{rt: rt, metrics: c.s.metrics, req: req, rec: rec, body: newRequestBody(req), pinned: pinned, orig: c.orig}
+}
+
+// locate reads and checks the request's target once.
+func (x *exchange) locate() error {
+	if !x.located {
+		x.located = true
+		x.scheme, x.locErr = x.resolveTarget()
+	}
+	return x.locErr
 }
 
 // prepare runs every stage before forwarding and returns the outbound request, or
 // the refusal that ends the exchange.
 func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
-	scheme, err := x.resolveTarget()
-	if err != nil {
+	if err := x.locate(); err != nil {
 		return nil, err
 	}
+	scheme := x.scheme
 	d := x.rt.Policy.DecideRequest(x.target, scheme)
 	x.rec.setDecision(d)
 	if x.pinned != nil {

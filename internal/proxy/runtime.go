@@ -34,6 +34,8 @@ type Runtime struct {
 	// Leaves mints the certificates intercepted tunnels are terminated with; nil
 	// means nothing is intercepted (a rule that needs it is refused at build).
 	Leaves *mitm.Leaves
+	// Hooks recognises and signs hook calls; nil when there are none.
+	Hooks *Hooks
 
 	dialer    *netguard.Dialer
 	transport *http.Transport

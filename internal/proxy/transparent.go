@@ -65,10 +65,11 @@ func (c *conn) serveTransparentTLS(rt *Runtime, rec *Record) {
 	rec.setTarget(t)
 	d := rt.Policy.DecideRequest(t, "")
 	rec.setDecision(d)
+	intercept, ok := c.tunnelPlan(rt, t, d)
 	switch {
-	case !d.Allowed():
+	case !ok:
 		c.refuseOverTLS(rt, t, hello, deny(d.Reason, d.Detail), rec)
-	case d.Intercept:
+	case intercept:
 		c.serveIntercepted(rt, t, hello, rec)
 	default:
 		up, err := rt.dialTarget(c.ctx, t)

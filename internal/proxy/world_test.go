@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -28,6 +29,7 @@ import (
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/credential/file"
+	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/netguard"
@@ -72,6 +74,7 @@ type world struct {
 	CAPool        *x509.CertPool
 	upstreamCAPEM []byte
 	credFile      string
+	Signer        *hooks.Signer
 	canaries      []*canary
 	logs          *syncBuffer
 }
@@ -88,6 +91,9 @@ type worldOpts struct {
 	// credentials are credential ID -> secret JSON, written to a credentials file.
 	credentials map[string]string
 	maxStale    time.Duration // credentials.max_stale; default 5m
+	// hooksJSON, when set, is the hooks.json egressd recognises hook calls by.
+	hooksJSON     string
+	hookBodyBytes int64 // limits.hook_body_bytes
 }
 
 var defaultEntries = []allowlist.Entry{
@@ -186,6 +192,9 @@ func (w *world) startProxy(o worldOpts) {
 	if o.limits != nil {
 		o.limits(&limits)
 	}
+	if o.hookBodyBytes != 0 {
+		limits.HookBodyBytes = o.hookBodyBytes
+	}
 	roots := w.UpstreamCA
 	if o.untrustedUpstream {
 		roots = x509.NewCertPool()
@@ -197,6 +206,7 @@ func (w *world) startProxy(o worldOpts) {
 	}
 	log := zerolog.New(w.logs)
 	rt.Leaves = w.interceptionCA()
+	rt.Hooks = w.hooks(o)
 	rt.Injector = inject.New(pol, w.credentialStore(o, log))
 	rt.Prepare()
 	w.Server = proxy.New(rt, log, metrics.New())
@@ -204,6 +214,22 @@ func (w *world) startProxy(o worldOpts) {
 	lc := config.Listener{Name: "sandbox", Address: self, Mode: "proxy", Role: "sandbox"}
 	go w.Server.Serve(ln, lc)
 	w.t.Cleanup(func() { w.Server.Shutdown(contextWithTimeout(w.t, 2*time.Second)); rt.Close() })
+}
+
+// hooks indexes o.hooksJSON and signs with a fresh key; w.Signer verifies.
+func (w *world) hooks(o worldOpts) *proxy.Hooks {
+	if o.hooksJSON == "" {
+		return nil
+	}
+	f, err := hooks.Parse([]byte(o.hooksJSON))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	_, key, _ := ed25519.GenerateKey(nil)
+	if w.Signer, err = hooks.NewSigner(key); err != nil {
+		w.t.Fatal(err)
+	}
+	return &proxy.Hooks{Index: hooks.NewIndex(f), Signer: w.Signer, FailClosed: true}
 }
 
 // interceptionCA makes egressd's CA in a temporary state dir, as a first start does.
@@ -452,6 +478,12 @@ func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) Reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Reset()
 }
 
 func (b *syncBuffer) Bytes() []byte {

@@ -30,11 +30,7 @@ type Server struct {
 func Start(t testing.TB) *Server {
 	t.Helper()
 	s := &Server{names: map[string]Answer{}, queries: map[string]int{}}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
+	pc, ln, err := listenBoth()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,4 +116,23 @@ func (s *Server) lookup(name string, qtype uint16) ([]string, bool) {
 	}
 	recs := f(n) // the n-th query of this type: A and AAAA each count their own
 	return recs, len(recs) > 0
+}
+
+// listenBoth binds UDP on a free port and TCP on the same port, trying again when
+// the TCP side of the port is taken.
+func listenBoth() (net.PacketConn, net.Listener, error) {
+	var err error
+	for range 16 {
+		var pc net.PacketConn
+		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
+			return nil, nil, err
+		}
+		ln, lerr := net.Listen("tcp", pc.LocalAddr().String())
+		if lerr == nil {
+			return pc, ln, nil
+		}
+		pc.Close()
+		err = lerr
+	}
+	return nil, nil, err
 }

@@ -1,0 +1,89 @@
+package vault
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/egressd/egressd/internal/credential"
+)
+
+// kvPath is the KV v2 API path of id.
+func (b *Backend) kvPath(id string) string {
+	if b.kvPrefix == "" {
+		return b.kvMount + "/data/" + id
+	}
+	return b.kvMount + "/data/" + b.kvPrefix + "/" + id
+}
+
+// readKV reads the current version of id from KV v2. A path without a secret, or whose
+// current version is deleted or destroyed, is credential.ErrNotFound: Vault answered.
+func (b *Backend) readKV(ctx context.Context, id string) ([]credential.Header, string, error) {
+	path := b.kvPath(id)
+	sec, err := b.client.Logical().ReadWithContext(ctx, path)
+	if err != nil {
+		return nil, "", describe("vault read", path, err)
+	}
+	if sec == nil || sec.Data == nil {
+		return nil, "", fmt.Errorf("%w: no secret at %s", credential.ErrNotFound, path)
+	}
+	meta, _ := sec.Data["metadata"].(map[string]any)
+	data, isMap := sec.Data["data"].(map[string]any)
+	if sec.Data["data"] == nil {
+		return nil, "", fmt.Errorf("%w: the current version at %s is %s", credential.ErrNotFound, path, deletedState(meta))
+	}
+	if !isMap {
+		return nil, "", fmt.Errorf("credential %s: %s is not a KV v2 secret (is %s a KV v2 mount?): %w", id, path, b.kvMount, credential.ErrInvalid)
+	}
+	version, err := kvVersion(meta)
+	if err != nil {
+		return nil, "", fmt.Errorf("credential %s: %s: %w", id, path, err)
+	}
+	headers, err := credential.ParseSecret(id, data)
+	if err != nil {
+		return nil, "", err // names the ID and at most a key, never a value
+	}
+	return headers, version, nil
+}
+
+// deletedState says why a KV version has no data.
+func deletedState(meta map[string]any) string {
+	if d, _ := meta["destroyed"].(bool); d {
+		return "destroyed"
+	}
+	return "deleted"
+}
+
+// kvVersion returns metadata.version as a decimal string ("3").
+func kvVersion(meta map[string]any) (string, error) {
+	v, ok := meta["version"]
+	if !ok {
+		return "", fmt.Errorf("no metadata.version in the response")
+	}
+	n, ok := toInt(v)
+	if !ok || n <= 0 {
+		return "", fmt.Errorf("metadata.version is not a positive integer")
+	}
+	return strconv.FormatInt(n, 10), nil
+}
+
+// toInt reads a JSON number as the api package decodes it (json.Number), or as
+// encoding/json does (float64), or a decimal string.
+func toInt(v any) (int64, bool) {
+	switch v := v.(type) {
+	case json.Number:
+		n, err := v.Int64()
+		return n, err == nil
+	case float64:
+		return int64(v), v == float64(int64(v))
+	case int:
+		return int64(v), true
+	case int64:
+		return v, true
+	case string:
+		n, err := strconv.ParseInt(v, 10, 64)
+		return n, err == nil
+	}
+	return 0, false
+}

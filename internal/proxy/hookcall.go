@@ -1,0 +1,182 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/egressd/egressd/internal/hooks"
+	"github.com/egressd/egressd/pkg/hookauth"
+)
+
+// Hook outcome label values of hook_requests_total.
+const (
+	hookAllow      = "allow"         // the endpoint allowed
+	hookDeny       = "deny"          // the endpoint denied
+	hookFailClosed = "failed_closed" // egressd answered deny in the endpoint's place
+	hookForwarded  = "forwarded"     // a post-tool call, signed and forwarded
+	hookFailed     = "failed"        // a post-tool call that could not be forwarded
+)
+
+// HookOutcomes are the outcome label values exported from the start.
+var HookOutcomes = []string{hookAllow, hookDeny, hookFailClosed, hookForwarded, hookFailed}
+
+// Hooks is what a Runtime knows about the agent runtime's hook calls.
+type Hooks struct {
+	Index      *hooks.Index
+	Signer     *hooks.Signer
+	FailClosed bool // hooks.fail_closed: pre-tool failures become an explicit deny
+	// ByListener is true when a hooks listener exists: then only its traffic is
+	// hook traffic. Otherwise any listener's traffic is matched by URL alone.
+	ByListener bool
+}
+
+// hookMatch reports whether the request is a hook call: a POST to the URL of an
+// http hook of an enabled group, on a hooks listener if one exists.
+func (x *exchange) hookMatch(role string) (hooks.Match, bool) {
+	h := x.rt.Hooks
+	if h == nil || h.Index == nil || x.req.Method != http.MethodPost || x.locate() != nil {
+		return hooks.Match{}, false
+	}
+	if h.ByListener && role != "hooks" {
+		return hooks.Match{}, false
+	}
+	return h.Index.Lookup(x.scheme, x.target.Host, x.target.Port, x.req.URL.EscapedPath())
+}
+
+// serveHook serves one hook call and returns the response for the client. The body is
+// read (bounded), signed and forwarded as read. A pre-tool call with fail_closed is
+// answered within the hook's timeout minus a margin, and every way it can fail —
+// egressd's own refusal included — becomes 200 {"decision":"deny"}; a well-formed
+// allow or deny passes through unchanged.
+func (x *exchange) serveHook(ctx context.Context, m hooks.Match, prepErr error) (*http.Response, error) {
+	x.rec.HookGroup, x.rec.HookEvent = m.Group, m.Event
+	failClosed := m.Event == hooks.EventPre && x.rt.Hooks.FailClosed
+	if failClosed {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, hooks.Deadline(m.Timeout))
+		defer cancel()
+	}
+	resp, err := x.forwardHook(ctx, m, prepErr)
+	if err == nil && failClosed {
+		var verdict string
+		if verdict, err = hooks.Verdict(resp.StatusCode, resp.bodyBytes, x.rt.Limits.HookBodyBytes); err == nil {
+			x.countHook(m, verdict)
+			return resp.Response, nil
+		}
+	}
+	switch {
+	case err == nil:
+		x.countHook(m, hookForwarded)
+		return resp.Response, nil
+	case failClosed:
+		x.countHook(m, hookFailClosed)
+		rf := classify(err)
+		x.rec.fail(rf.Reason, rf.Detail)
+		x.rec.Error = err.Error()
+		return denyResponse(hookFailure(err)), nil
+	default:
+		x.countHook(m, hookFailed)
+		return nil, err // the caller writes the refusal
+	}
+}
+
+// bufferedResponse is an upstream response whose body has been read.
+type bufferedResponse struct {
+	*http.Response
+	bodyBytes []byte
+}
+
+// forwardHook prepares, signs and forwards the hook call and reads the answer.
+func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error) (*bufferedResponse, error) {
+	if prepErr != nil {
+		return nil, prepErr
+	}
+	limit := x.rt.Limits.HookBodyBytes
+	body, err := io.ReadAll(io.LimitReader(x.body, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading the hook request: %w", err)
+	}
+	if int64(len(body)) > limit {
+		return nil, badRequest("hook_body_too_large", fmt.Errorf("hook request larger than %d bytes", limit))
+	}
+	out, err := x.prepare(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	out.TransferEncoding = nil
+	assertion, err := x.rt.Hooks.Signer.SignCall(m, x.rt.Env, x.rt.Hooks.ByListener, body)
+	if err != nil {
+		return nil, &hookError{"hook signing key unavailable", err}
+	}
+	out.Header.Set(hookauth.HeaderName, assertion)
+	resp, err := x.rt.transport.RoundTrip(out)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	rbody, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading the hook response: %w", err)
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(rbody))
+	resp.ContentLength = int64(len(rbody))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(rbody)))
+	resp.TransferEncoding = nil
+	return &bufferedResponse{resp, rbody}, nil
+}
+
+// hookError is a hook failure egressd names itself.
+type hookError struct {
+	msg string
+	err error
+}
+
+func (e *hookError) Error() string { return e.msg + ": " + e.err.Error() }
+func (e *hookError) Unwrap() error { return e.err }
+
+// hookFailure words what failed, for the deny's reason. It names reason codes and
+// the endpoint's status, never a secret or an upstream error's detail.
+func hookFailure(err error) string {
+	var he *hookError
+	var de *hooks.DecisionError
+	switch {
+	case errors.As(err, &de):
+		return de.Error()
+	case errors.As(err, &he):
+		return he.msg
+	case errors.Is(err, context.DeadlineExceeded):
+		return "endpoint timed out"
+	}
+	rf := classify(err)
+	if rf.Reason == "upstream_timeout" {
+		return "endpoint timed out"
+	}
+	return "request refused (" + string(rf.Reason) + ")"
+}
+
+// denyResponse is egressd's explicit deny in the endpoint's place.
+func denyResponse(reason string) *http.Response {
+	body := hooks.DenyBody(reason)
+	return &http.Response{
+		StatusCode: http.StatusOK, ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{
+			"Content-Type":   {"application/json"},
+			"Content-Length": {strconv.Itoa(len(body))},
+			"Egressd-Hook":   {"fail-closed"},
+		},
+		ContentLength: int64(len(body)),
+		Body:          io.NopCloser(bytes.NewReader(body)),
+	}
+}
+
+func (x *exchange) countHook(m hooks.Match, outcome string) {
+	if x.metrics != nil {
+		x.metrics.HookRequests.WithLabelValues(m.Event, outcome).Inc()
+	}
+}

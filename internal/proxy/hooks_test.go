@@ -1,0 +1,167 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/pkg/hookauth"
+)
+
+// hooksJSON declares a pre-tool security gate on policy.allowed.test (intercepted
+// because it is a hook URL), one on port 8443 where nothing listens, one on a host
+// that is not allowlisted, and a post-tool audit hook.
+const hooksJSON = `{
+  "security-gate": {"pre_tool_execution": [{"matcher": "code_execution", "hooks": [
+    {"type": "http", "url": "https://policy.allowed.test/pre", "timeout": 2},
+    {"type": "http", "url": "https://policy.allowed.test:8443/pre", "timeout": 2},
+    {"type": "http", "url": "https://evil.test/pre", "timeout": 2},
+    {"type": "http", "url": "https://api.allowed.test/pre", "timeout": 2}]}]},
+  "audit": {"post_tool_execution": [{"matcher": "*", "hooks": [
+    {"type": "http", "url": "https://policy.allowed.test/post", "timeout": 5}]}]}
+}`
+
+var hookEntries = []allowlist.Entry{
+	{Domain: "policy.allowed.test", Ports: []uint16{443, 8443}},
+	{Domain: "api.allowed.test", Credential: "missing"},
+}
+
+func newHookWorld(t *testing.T) *world {
+	w := newWorld(t, worldOpts{allowlist: hookEntries, hooksJSON: hooksJSON, hookBodyBytes: 4096,
+		credentials: map[string]string{}})
+	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
+	return w
+}
+
+// hookCall posts a tool-call body to url through egressd, as the runtime would.
+func (w *world) hookCall(t *testing.T, url string) (int, map[string]any, time.Duration) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(`{"tool":"code_execution","input":"ls"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Egressd-Hook-Assertion", "forged-by-the-sandbox")
+	start := time.Now()
+	resp, err := w.interceptingClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body map[string]any
+	json.NewDecoder(resp.Body).Decode(&body)
+	return resp.StatusCode, body, time.Since(start)
+}
+
+func TestHookFailClosedMatrix(t *testing.T) {
+	w := newHookWorld(t)
+	endpoint := func(status int, body string, delay time.Duration) http.HandlerFunc {
+		return func(rw http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			time.Sleep(delay)
+			rw.WriteHeader(status)
+			io.WriteString(rw, body)
+		}
+	}
+	cases := []struct {
+		name     string
+		url      string
+		handler  http.HandlerFunc
+		decision string // what the runtime receives
+		reason   string // substring of the deny reason
+	}{
+		{"allow", "/pre", endpoint(200, `{"decision":"allow"}`, 0), "allow", ""},
+		{"deny", "/pre", endpoint(200, `{"decision":"deny","reason":"no curl"}`, 0), "deny", "no curl"},
+		{"500", "/pre", endpoint(500, `{"decision":"allow"}`, 0), "deny", "endpoint returned 500"},
+		{"403", "/pre", endpoint(403, `{"decision":"allow"}`, 0), "deny", "endpoint returned 403"},
+		{"garbage body", "/pre", endpoint(200, `<html>oops`, 0), "deny", "not JSON"},
+		{"unknown decision", "/pre", endpoint(200, `{"decision":"maybe"}`, 0), "deny", "maybe"},
+		{"empty body", "/pre", endpoint(200, ``, 0), "deny", "empty"},
+		{"oversized body", "/pre", endpoint(200, `{"decision":"allow","pad":"`+strings.Repeat("x", 8192)+`"}`, 0), "deny", "larger than"},
+		{"hang past the timeout", "/pre", endpoint(200, `{"decision":"allow"}`, 3*time.Second), "deny", "timed out"},
+		{"connection refused", ":8443/pre", nil, "deny", "upstream_unreachable"},
+		{"not allowlisted", "evil", nil, "deny", "not_allowlisted"},
+		{"credential unavailable", "api", nil, "deny", "credential_unavailable"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			url := "https://policy.allowed.test" + tc.url
+			switch tc.url {
+			case "evil":
+				url = "https://evil.test/pre"
+			case "api":
+				url = "https://api.allowed.test/pre"
+			}
+			if tc.handler != nil {
+				w.Upstream.set(tc.handler)
+			}
+			status, body, took := w.hookCall(t, url)
+			if status != 200 || body["decision"] != tc.decision {
+				t.Fatalf("runtime got %d %v, want 200 decision %q", status, body, tc.decision)
+			}
+			if reason, _ := body["reason"].(string); !strings.Contains(reason, tc.reason) {
+				t.Errorf("reason %q does not mention %q", reason, tc.reason)
+			}
+			if tc.decision == "deny" && tc.reason != "no curl" {
+				if reason := body["reason"].(string); !strings.HasPrefix(reason, "egressd: ") || !strings.HasSuffix(reason, "(fail-closed)") {
+					t.Errorf("reason %q is not egressd's fail-closed deny", reason)
+				}
+			}
+			if took > 2*time.Second {
+				t.Errorf("answered after %v, past the hook's 2 s timeout", took)
+			}
+			line := w.waitLog(t, func(l map[string]any) bool { return l["path"] == "/pre" && l["hook_event"] == "pre_tool_execution" })
+			if line["hook_group"] != "security-gate" {
+				t.Errorf("log hook_group %v", line["hook_group"])
+			}
+			w.logs.Reset()
+		})
+	}
+}
+
+func TestHookAssertionVerifies(t *testing.T) {
+	w := newHookWorld(t)
+	keys, err := hookauth.ParseJWKS(w.Signer.JWKS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	verifier, err := hookauth.NewVerifier(hookauth.Options{Audience: "https://policy.allowed.test", Env: "env_test", Keys: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claims *hookauth.Claims
+	var verr, replayErr error
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		assertion := r.Header.Get(hookauth.HeaderName)
+		claims, verr = verifier.Verify(context.Background(), assertion, body)
+		_, replayErr = verifier.Verify(context.Background(), assertion, body)
+		if _, err := verifier.Verify(context.Background(), assertion, append(bytes.Clone(body), ' ')); err == nil {
+			verr = errString("a changed body verified")
+		}
+		io.WriteString(rw, `{"decision":"allow"}`)
+	})
+	for _, path := range []string{"/pre", "/post"} {
+		status, body, _ := w.hookCall(t, "https://policy.allowed.test"+path)
+		if status != 200 || body["decision"] != "allow" {
+			t.Fatalf("%s: %d %v", path, status, body)
+		}
+		if verr != nil {
+			t.Fatalf("%s: the endpoint could not verify the assertion: %v", path, verr)
+		}
+		if replayErr == nil {
+			t.Errorf("%s: a replayed assertion verified", path)
+		}
+		wantEvent := map[string]string{"/pre": "pre_tool_execution", "/post": "post_tool_execution"}[path]
+		if claims.Event != wantEvent || claims.Env != "env_test" || claims.Ident != "url" || claims.Issuer != "egressd" {
+			t.Errorf("%s: claims %+v", path, claims)
+		}
+	}
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }
