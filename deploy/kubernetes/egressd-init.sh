@@ -1,0 +1,102 @@
+#!/bin/sh
+# egressd-init: installs egressd's redirect rules in a pod's network namespace.
+# The pod's init container runs it (like Istio's istio-init), with NET_ADMIN
+# and NET_RAW, before egressd and the agent start.
+#
+# In a pod every container shares one network namespace, so the rules live
+# in the OUTPUT chains, for traffic the pod's own processes send:
+#
+#   nat    OUTPUT -> EGRESSD_OUTPUT
+#            egressd's own traffic (uid EGRESSD_UID) and traffic to the pod's
+#              own addresses (out through lo): untouched
+#            TCP 80/443 (EGRESSD_REDIRECT_PORTS) -> REDIRECT to EGRESSD_TPROXY_PORT
+#            UDP and TCP 53                     -> REDIRECT to EGRESSD_DNS_PORT
+#   filter OUTPUT -> EGRESSD_OUTPUT
+#            uid EGRESSD_UID: ACCEPT (egressd dials upstreams, Vault, DNS)
+#            loopback to EGRESSD_ADMIN_PORT: REJECT (the admin API is not the
+#              sandbox's; kubelet probes arrive from outside and are unaffected)
+#            loopback, and the REDIRECTed traffic (conntrack state DNAT): ACCEPT
+#            replies on connections made to the pod: ACCEPT
+#            everything else: REJECT (TCP with a reset, so connect() fails at once)
+#
+# REDIRECT in OUTPUT rewrites the destination to 127.0.0.1 (IPv4) or ::1
+# (IPv6), so egressd's transparent listeners are 127.0.0.1:15002 and
+# [::1]:15002 and dns.listen is 127.0.0.1:15053. (In the gateway-namespace
+# model of deploy/netns the redirect is a DNAT on another interface, and the
+# listener must be on that interface's address instead.)
+#
+# The exclusion is by UID: egressd must run as EGRESSD_UID and the agent
+# must not, nor have NET_ADMIN (it could then undo these rules).
+#
+# Idempotent: the chains are flushed and refilled, the jumps added once.
+#
+# Environment (defaults in brackets):
+#   EGRESSD_UID             egressd's UID, excluded from every rule [1337]
+#   EGRESSD_TPROXY_PORT     transparent listener port [15002]
+#   EGRESSD_DNS_PORT        DNS guard port [15053]
+#   EGRESSD_ADMIN_PORT      admin port, closed to the sandbox [15000]
+#   EGRESSD_REDIRECT_PORTS  TCP ports sent to egressd [80,443]
+#   EGRESSD_IPV6            1: ip6tables too, failing if it fails; 0: skip;
+#                           auto: ip6tables when the kernel has IPv6 [auto]
+#   EGRESSD_IPTABLES        iptables or iptables-legacy, matching the node [iptables]
+set -eu
+
+EGRESSD_UID=${EGRESSD_UID:-1337}
+TPROXY_PORT=${EGRESSD_TPROXY_PORT:-15002}
+DNS_PORT=${EGRESSD_DNS_PORT:-15053}
+ADMIN_PORT=${EGRESSD_ADMIN_PORT:-15000}
+REDIRECT_PORTS=${EGRESSD_REDIRECT_PORTS:-80,443}
+IPV6=${EGRESSD_IPV6:-auto}
+IPTABLES=${EGRESSD_IPTABLES:-iptables}
+IP6TABLES=$(echo "$IPTABLES" | sed 's/^iptables/ip6tables/')
+CHAIN=EGRESSD_OUTPUT
+
+# ensure_chain TOOL TABLE: create CHAIN empty (or empty it) and jump to it
+# first thing in OUTPUT.
+ensure_chain() {
+  if "$1" -w -t "$2" -S "$CHAIN" >/dev/null 2>&1; then
+    "$1" -w -t "$2" -F "$CHAIN"
+  else
+    "$1" -w -t "$2" -N "$CHAIN"
+  fi
+  "$1" -w -t "$2" -C OUTPUT -j "$CHAIN" 2>/dev/null || "$1" -w -t "$2" -I OUTPUT 1 -j "$CHAIN"
+}
+
+# rules TOOL: one family's rules.
+rules() {
+  ipt=$1
+  ensure_chain "$ipt" nat
+  "$ipt" -w -t nat -A "$CHAIN" -m owner --uid-owner "$EGRESSD_UID" -j RETURN
+  "$ipt" -w -t nat -A "$CHAIN" -o lo -j RETURN
+  "$ipt" -w -t nat -A "$CHAIN" -p tcp -m multiport --dports "$REDIRECT_PORTS" -j REDIRECT --to-ports "$TPROXY_PORT"
+  "$ipt" -w -t nat -A "$CHAIN" -p udp --dport 53 -j REDIRECT --to-ports "$DNS_PORT"
+  "$ipt" -w -t nat -A "$CHAIN" -p tcp --dport 53 -j REDIRECT --to-ports "$DNS_PORT"
+
+  ensure_chain "$ipt" filter
+  "$ipt" -w -A "$CHAIN" -m owner --uid-owner "$EGRESSD_UID" -j ACCEPT
+  "$ipt" -w -A "$CHAIN" -o lo -p tcp --dport "$ADMIN_PORT" -j REJECT --reject-with tcp-reset
+  "$ipt" -w -A "$CHAIN" -o lo -j ACCEPT
+  # The REDIRECTed traffic. Matching it by -o lo does not work: the filter
+  # chain still sees the interface the packet was routed to before the nat
+  # chain rewrote its destination. Only the rules above translate anything
+  # in this namespace, so DNAT means "redirected to egressd".
+  "$ipt" -w -A "$CHAIN" -m conntrack --ctstate DNAT -j ACCEPT
+  "$ipt" -w -A "$CHAIN" -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+  "$ipt" -w -A "$CHAIN" -p tcp -j REJECT --reject-with tcp-reset
+  "$ipt" -w -A "$CHAIN" -j REJECT
+}
+
+rules "$IPTABLES"
+case $IPV6 in
+  1) rules "$IP6TABLES" ;;
+  0) echo "egressd-init: EGRESSD_IPV6=0: no IPv6 rules" >&2 ;;
+  auto)
+    if [ -e /proc/net/if_inet6 ]; then
+      rules "$IP6TABLES"
+    else
+      echo "egressd-init: the kernel has no IPv6; no IPv6 rules" >&2
+    fi
+    ;;
+  *) echo "egressd-init: EGRESSD_IPV6 must be 0, 1 or auto" >&2; exit 1 ;;
+esac
+echo "egressd-init: TCP $REDIRECT_PORTS -> :$TPROXY_PORT, DNS -> :$DNS_PORT; uid $EGRESSD_UID excluded"

@@ -1,0 +1,626 @@
+package deploy_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/netip"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/egressd/egressd/internal/config"
+)
+
+// The manifests are checked against each other and against egressd's own
+// config parser: a port, path or UID that one file changes and another
+// does not fails here, not in a cluster.
+
+// egressdUID is the UID egressd runs as everywhere and the Kubernetes init
+// container excludes from the redirect.
+const egressdUID = 1337
+
+// Kubernetes objects, as far as the checks need them.
+type (
+	object struct {
+		Kind     string                `yaml:"kind"`
+		Metadata struct{ Name string } `yaml:"metadata"`
+		Data     map[string]string     `yaml:"data"`
+		Spec     podSpec               `yaml:"spec"` // a Pod's
+	}
+	podSpec struct {
+		ServiceAccountName           string      `yaml:"serviceAccountName"`
+		AutomountServiceAccountToken *bool       `yaml:"automountServiceAccountToken"`
+		ShareProcessNamespace        bool        `yaml:"shareProcessNamespace"`
+		InitContainers               []container `yaml:"initContainers"`
+		Containers                   []container `yaml:"containers"`
+		Volumes                      []volume    `yaml:"volumes"`
+	}
+	container struct {
+		Name            string   `yaml:"name"`
+		Image           string   `yaml:"image"`
+		Command         []string `yaml:"command"`
+		Args            []string `yaml:"args"`
+		RestartPolicy   string   `yaml:"restartPolicy"`
+		Env             []struct{ Name, Value string }
+		Ports           []containerPort `yaml:"ports"`
+		StartupProbe    *probe          `yaml:"startupProbe"`
+		ReadinessProbe  *probe          `yaml:"readinessProbe"`
+		LivenessProbe   *probe          `yaml:"livenessProbe"`
+		SecurityContext securityContext `yaml:"securityContext"`
+		VolumeMounts    []struct {
+			Name      string `yaml:"name"`
+			MountPath string `yaml:"mountPath"`
+		} `yaml:"volumeMounts"`
+	}
+	containerPort struct {
+		Name          string `yaml:"name"`
+		ContainerPort int    `yaml:"containerPort"`
+		Protocol      string `yaml:"protocol"`
+	}
+	probe struct {
+		HTTPGet *struct {
+			Path string `yaml:"path"`
+			Port int    `yaml:"port"`
+		} `yaml:"httpGet"`
+	}
+	securityContext struct {
+		RunAsUser                *int  `yaml:"runAsUser"`
+		RunAsNonRoot             *bool `yaml:"runAsNonRoot"`
+		ReadOnlyRootFilesystem   *bool `yaml:"readOnlyRootFilesystem"`
+		AllowPrivilegeEscalation *bool `yaml:"allowPrivilegeEscalation"`
+		Capabilities             struct {
+			Add  []string `yaml:"add"`
+			Drop []string `yaml:"drop"`
+		} `yaml:"capabilities"`
+	}
+	volume struct {
+		Name      string                 `yaml:"name"`
+		ConfigMap *struct{ Name string } `yaml:"configMap"`
+		Secret    *struct {
+			SecretName string `yaml:"secretName"`
+			Items      []struct {
+				Key string `yaml:"key"`
+			} `yaml:"items"`
+		} `yaml:"secret"`
+		EmptyDir  *struct{} `yaml:"emptyDir"`
+		Projected *struct {
+			Sources []struct {
+				ServiceAccountToken *struct {
+					Audience string `yaml:"audience"`
+					Path     string `yaml:"path"`
+				} `yaml:"serviceAccountToken"`
+			} `yaml:"sources"`
+		} `yaml:"projected"`
+	}
+)
+
+// workload holds the parts of the sidecar manifest the checks compare.
+type workload struct {
+	configMaps map[string]map[string]string
+	pod        podSpec
+}
+
+func TestKubernetesManifests(t *testing.T) {
+	w := loadKubernetes(t)
+	egressd := w.container(t, "egressd")
+	initC := w.container(t, "egressd-init")
+
+	cfgPath, cfg := w.egressdConfig(t, egressd)
+	t.Logf("egressd in the pod reads %s", cfgPath)
+	for _, p := range cfg.Warnings {
+		t.Logf("config warning: %v", p)
+	}
+
+	t.Run("ports", func(t *testing.T) {
+		tproxy := transparentPort(t, cfg)
+		for _, l := range cfg.Listeners {
+			if l.Mode == config.ModeTransparent && !l.Address.Addr().IsLoopback() {
+				t.Errorf("listener %s on %s: REDIRECT in a pod's OUTPUT chain delivers to 127.0.0.1 or ::1", l.Name, l.Address)
+			}
+		}
+		if !hasListener(cfg, "127.0.0.1") || !hasListener(cfg, "::1") {
+			t.Errorf("want transparent listeners on 127.0.0.1 and ::1 (IPv4 and IPv6 REDIRECT targets)")
+		}
+		dns := netip.MustParseAddrPort(cfg.DNS.Listen)
+		if !dns.Addr().IsLoopback() {
+			t.Errorf("dns.listen %s: REDIRECT delivers to loopback", dns)
+		}
+		admin := int(cfg.Admin.Address.Port())
+		wantPort(t, egressd, "transparent", "TCP", tproxy)
+		wantPort(t, egressd, "dns-udp", "UDP", int(dns.Port()))
+		wantPort(t, egressd, "dns-tcp", "TCP", int(dns.Port()))
+		wantPort(t, egressd, "admin", "TCP", admin)
+		for name, p := range map[string]*probe{"startupProbe": egressd.StartupProbe, "readinessProbe": egressd.ReadinessProbe, "livenessProbe": egressd.LivenessProbe} {
+			if p == nil || p.HTTPGet == nil || p.HTTPGet.Port != admin {
+				t.Errorf("%s: want an httpGet on the admin port %d", name, admin)
+			}
+		}
+		if egressd.LivenessProbe.HTTPGet.Path != "/healthz" || egressd.ReadinessProbe.HTTPGet.Path != "/readyz" {
+			t.Errorf("probes: liveness %s, readiness %s; want /healthz and /readyz",
+				egressd.LivenessProbe.HTTPGet.Path, egressd.ReadinessProbe.HTTPGet.Path)
+		}
+		wantEnv(t, initC, "EGRESSD_TPROXY_PORT", strconv.Itoa(tproxy))
+		wantEnv(t, initC, "EGRESSD_DNS_PORT", strconv.Itoa(int(dns.Port())))
+		wantEnv(t, initC, "EGRESSD_ADMIN_PORT", strconv.Itoa(admin))
+		wantEnv(t, initC, "EGRESSD_REDIRECT_PORTS", joinPorts(cfg.Network.DefaultPorts))
+	})
+
+	t.Run("uids", func(t *testing.T) {
+		wantEnv(t, initC, "EGRESSD_UID", strconv.Itoa(egressdUID))
+		if u := egressd.SecurityContext.RunAsUser; u == nil || *u != egressdUID {
+			t.Errorf("egressd runAsUser %v, want %d (the UID the init container excludes)", deref(u), egressdUID)
+		}
+		if u := dockerfileUID(t); u != egressdUID {
+			t.Errorf("Dockerfile USER %d, want %d", u, egressdUID)
+		}
+		for _, c := range w.pod.Containers {
+			if u := c.SecurityContext.RunAsUser; u == nil || *u == egressdUID || *u == 0 {
+				t.Errorf("container %s runAsUser %v: must be set, not root, and not %d (that UID bypasses the redirect)", c.Name, deref(u), egressdUID)
+			}
+		}
+	})
+
+	t.Run("security", func(t *testing.T) {
+		sc := egressd.SecurityContext
+		if !isTrue(sc.RunAsNonRoot) || !isTrue(sc.ReadOnlyRootFilesystem) || isTrue(sc.AllowPrivilegeEscalation) ||
+			!slices.Equal(sc.Capabilities.Drop, []string{"ALL"}) || len(sc.Capabilities.Add) != 0 {
+			t.Errorf("egressd securityContext %+v: want non-root, read-only root, no escalation, all capabilities dropped", sc)
+		}
+		if add := initC.SecurityContext.Capabilities.Add; !slices.Contains(add, "NET_ADMIN") || !slices.Contains(add, "NET_RAW") {
+			t.Errorf("egressd-init capabilities %v: needs NET_ADMIN and NET_RAW", add)
+		}
+		for _, c := range w.pod.Containers {
+			sc := c.SecurityContext
+			if !slices.Equal(sc.Capabilities.Drop, []string{"ALL"}) || len(sc.Capabilities.Add) != 0 || isTrue(sc.AllowPrivilegeEscalation) {
+				t.Errorf("container %s: drop ALL capabilities and add none (with NET_ADMIN it could undo the rules)", c.Name)
+			}
+		}
+		if egressd.RestartPolicy != "Always" || !slices.ContainsFunc(w.pod.InitContainers, func(c container) bool { return c.Name == "egressd" }) {
+			t.Errorf("egressd should be a native sidecar (an init container with restartPolicy Always), so it is ready before the agent starts")
+		}
+		if i, j := w.initIndex("egressd-init"), w.initIndex("egressd"); i < 0 || j < 0 || i > j {
+			t.Errorf("egressd-init must run before egressd")
+		}
+		if w.pod.ShareProcessNamespace {
+			t.Errorf("shareProcessNamespace would let the agent read egressd's files through /proc")
+		}
+	})
+
+	t.Run("paths", func(t *testing.T) {
+		// The read-only root filesystem leaves state_dir and the CA to mounts.
+		if v := w.mountVolume(egressd, cfg.StateDir); v == nil || v.EmptyDir == nil {
+			t.Errorf("state_dir %s is not on an emptyDir mount", cfg.StateDir)
+		}
+		for _, f := range []string{cfg.TLS.CACert, cfg.TLS.CAKey} {
+			if f != "" && w.mountVolume(egressd, path.Dir(f)) == nil {
+				t.Errorf("%s is not on a mount of the egressd container", f)
+			}
+		}
+	})
+
+	t.Run("vault", func(t *testing.T) {
+		if cfg.Credentials.Backend != config.BackendVault || cfg.Credentials.Vault.Auth.Method != config.AuthKubernetes {
+			t.Fatalf("credentials: backend %s, auth %s; want vault with kubernetes auth",
+				cfg.Credentials.Backend, cfg.Credentials.Vault.Auth.Method)
+		}
+		jwt := cfg.Credentials.Vault.Auth.JWTFile
+		v := w.mountVolume(egressd, path.Dir(jwt))
+		if v == nil || v.Projected == nil || len(v.Projected.Sources) != 1 ||
+			v.Projected.Sources[0].ServiceAccountToken == nil || v.Projected.Sources[0].ServiceAccountToken.Path != path.Base(jwt) {
+			t.Fatalf("jwt_file %s is not a projected service account token mounted into egressd", jwt)
+		}
+		if !isFalse(w.pod.AutomountServiceAccountToken) {
+			t.Errorf("automountServiceAccountToken must be false: only egressd gets a token")
+		}
+		// The sandbox's containers get no token and, of a Secret, only a
+		// certificate (egressd's CA, to trust it), never a key.
+		for _, c := range w.pod.Containers {
+			for _, m := range c.VolumeMounts {
+				vol := w.volume(m.Name)
+				if vol == nil {
+					t.Errorf("container %s mounts undefined volume %s", c.Name, m.Name)
+					continue
+				}
+				if vol.Projected != nil {
+					t.Errorf("container %s mounts projected volume %s (a token)", c.Name, m.Name)
+				}
+				if vol.Secret != nil && (len(vol.Secret.Items) == 0 || slices.ContainsFunc(vol.Secret.Items, func(it struct {
+					Key string `yaml:"key"`
+				}) bool {
+					return it.Key != "tls.crt"
+				})) {
+					t.Errorf("container %s mounts Secret volume %s with more than tls.crt", c.Name, m.Name)
+				}
+			}
+		}
+	})
+
+	t.Run("init script", func(t *testing.T) {
+		script := readRepoFile(t, "kubernetes/egressd-init.sh")
+		for _, e := range initC.Env {
+			if !strings.Contains(script, e.Name) {
+				t.Errorf("egressd-init env %s is not read by egressd-init.sh", e.Name)
+			}
+		}
+		df := readRepoFile(t, "docker/Dockerfile.init")
+		if !strings.Contains(df, "COPY deploy/kubernetes/egressd-init.sh /usr/local/bin/egressd-init") ||
+			!strings.Contains(df, `ENTRYPOINT ["/usr/local/bin/egressd-init"]`) {
+			t.Errorf("Dockerfile.init does not install and run egressd-init.sh")
+		}
+		if !strings.Contains(initC.Image, "egressd-init") || len(initC.Command) != 0 {
+			t.Errorf("egressd-init runs %s with command %v; want the egressd-init image's entrypoint", initC.Image, initC.Command)
+		}
+	})
+
+	t.Run("entrypoint", func(t *testing.T) {
+		// command replaces the ENTRYPOINT and args the CMD; the pod's command
+		// line must be the image's.
+		got := append(slices.Clone(egressd.Command), egressd.Args...)
+		if want := dockerfileEntrypoint(t); !slices.Equal(got, want) {
+			t.Errorf("egressd command+args %q, Dockerfile ENTRYPOINT %q", got, want)
+		}
+	})
+}
+
+// loadKubernetes decodes every document of every YAML file in kubernetes/.
+func loadKubernetes(t *testing.T) *workload {
+	t.Helper()
+	files, err := filepath.Glob("kubernetes/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests in deploy/kubernetes: %v", err)
+	}
+	w := &workload{configMaps: map[string]map[string]string{}}
+	pods := 0
+	for _, f := range files {
+		dec := yaml.NewDecoder(bytes.NewReader([]byte(readRepoFile(t, strings.TrimPrefix(f, "./")))))
+		for i := 0; ; i++ {
+			var o object
+			err := dec.Decode(&o)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s document %d: %v", f, i, err)
+			}
+			switch o.Kind {
+			case "ConfigMap":
+				w.configMaps[o.Metadata.Name] = o.Data
+			case "Pod":
+				w.pod = o.Spec
+				pods++
+			case "ServiceAccount", "":
+			default:
+				t.Errorf("%s document %d: kind %s is not checked by this test; extend it", f, i, o.Kind)
+			}
+		}
+	}
+	if pods != 1 {
+		t.Fatalf("%d Pods in deploy/kubernetes, want 1", pods)
+	}
+	return w
+}
+
+// egressdConfig finds the file the egressd container's --config names,
+// writes the ConfigMap that provides it (every key) to a directory, and
+// parses it as egressd would.
+func (w *workload) egressdConfig(t *testing.T, c container) (string, *config.Config) {
+	t.Helper()
+	i := slices.Index(c.Args, "--config")
+	if i < 0 || i+1 >= len(c.Args) {
+		t.Fatalf("egressd args %v lack --config FILE", c.Args)
+	}
+	cfgPath := c.Args[i+1]
+	v := w.mountVolume(c, path.Dir(cfgPath))
+	if v == nil || v.ConfigMap == nil {
+		t.Fatalf("--config %s: no ConfigMap is mounted at %s", cfgPath, path.Dir(cfgPath))
+	}
+	data, ok := w.configMaps[v.ConfigMap.Name]
+	if !ok {
+		t.Fatalf("ConfigMap %s is mounted but not defined in deploy/kubernetes", v.ConfigMap.Name)
+	}
+	if _, ok := data[path.Base(cfgPath)]; !ok {
+		t.Fatalf("ConfigMap %s has no key %s", v.ConfigMap.Name, path.Base(cfgPath))
+	}
+	dir := t.TempDir()
+	for k, v := range data {
+		if err := os.WriteFile(filepath.Join(dir, k), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("VAULT_ADDR", "") // the config must name Vault itself
+	cfg, err := config.Parse([]byte(data[path.Base(cfgPath)]), dir)
+	if err != nil {
+		t.Fatalf("%s from ConfigMap %s: %v", cfgPath, v.ConfigMap.Name, err)
+	}
+	// Paths under the mount resolve to dir; map them back to the pod's view.
+	rebase := func(p string) string {
+		if rel, ok := strings.CutPrefix(p, dir); ok {
+			return path.Dir(cfgPath) + filepath.ToSlash(rel)
+		}
+		return p
+	}
+	cfg.StateDir, cfg.TLS.CACert, cfg.TLS.CAKey = rebase(cfg.StateDir), rebase(cfg.TLS.CACert), rebase(cfg.TLS.CAKey)
+	cfg.Credentials.Vault.Auth.JWTFile = rebase(cfg.Credentials.Vault.Auth.JWTFile)
+	return cfgPath, cfg
+}
+
+func (w *workload) container(t *testing.T, name string) container {
+	t.Helper()
+	for _, c := range append(slices.Clone(w.pod.InitContainers), w.pod.Containers...) {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no container %s in the pod", name)
+	return container{}
+}
+
+func (w *workload) initIndex(name string) int {
+	return slices.IndexFunc(w.pod.InitContainers, func(c container) bool { return c.Name == name })
+}
+
+func (w *workload) volume(name string) *volume {
+	for i := range w.pod.Volumes {
+		if w.pod.Volumes[i].Name == name {
+			return &w.pod.Volumes[i]
+		}
+	}
+	return nil
+}
+
+// mountVolume returns the volume mounted exactly at dir in c.
+func (w *workload) mountVolume(c container, dir string) *volume {
+	for _, m := range c.VolumeMounts {
+		if path.Clean(m.MountPath) == path.Clean(dir) {
+			return w.volume(m.Name)
+		}
+	}
+	return nil
+}
+
+func TestDockerfile(t *testing.T) {
+	df := readRepoFile(t, "docker/Dockerfile")
+	stages := regexp.MustCompile(`(?m)^FROM\s+(\S+)`).FindAllStringSubmatch(df, -1)
+	if len(stages) < 2 || !strings.HasPrefix(stages[len(stages)-1][1], "gcr.io/distroless/static") {
+		t.Errorf("want a multi-stage build ending on gcr.io/distroless/static, got %v", stages)
+	}
+	if !strings.Contains(df, "CGO_ENABLED=0 go build") {
+		t.Error("the binary must be static: CGO_ENABLED=0")
+	}
+	want := []string{"/egressd", "run", "--config", "/etc/egressd/egressd.yaml"}
+	if got := dockerfileEntrypoint(t); !slices.Equal(got, want) {
+		t.Errorf("ENTRYPOINT %q, want %q", got, want)
+	}
+	expose := regexp.MustCompile(`(?m)^EXPOSE\s+(.*)$`).FindStringSubmatch(df)
+	for _, p := range []string{"15000/tcp", "15002/tcp", "15053/tcp", "15053/udp"} {
+		if expose == nil || !slices.Contains(strings.Fields(expose[1]), p) {
+			t.Errorf("EXPOSE lacks %s", p)
+		}
+	}
+}
+
+func TestSystemdUnit(t *testing.T) {
+	unit := parseUnit(t, readRepoFile(t, "systemd/egressd.service"))
+	exec := strings.Fields(unit["ExecStart"][0])
+	i := slices.Index(exec, "--config")
+	if i < 0 || i+1 >= len(exec) || exec[1] != "run" {
+		t.Fatalf("ExecStart %q: want egressd run --config FILE", exec)
+	}
+	cfgPath := exec[i+1]
+	// The unit documents which repository file is installed at cfgPath.
+	install := regexp.MustCompile(`install .*deploy/systemd/(\S+) ` + regexp.QuoteMeta(cfgPath)).FindStringSubmatch(readRepoFile(t, "systemd/egressd.service"))
+	if install == nil {
+		t.Fatalf("egressd.service does not document what to install at %s", cfgPath)
+	}
+	cfg := parseRepoConfig(t, "systemd/"+install[1])
+	if want := "/var/lib/" + unit["StateDirectory"][0]; cfg.StateDir != want {
+		t.Errorf("state_dir %s, want %s (StateDirectory=%s)", cfg.StateDir, want, unit["StateDirectory"][0])
+	}
+	if cfg.Credentials.Backend == config.BackendFile {
+		name, _, _ := strings.Cut(strings.Join(unit["LoadCredential"], ""), ":")
+		if want := "/run/credentials/egressd.service/" + name; name == "" || cfg.Credentials.File != want {
+			t.Errorf("credentials.file %s: want the LoadCredential= path %s", cfg.Credentials.File, want)
+		}
+	}
+	for key, want := range map[string]string{
+		"NoNewPrivileges":         "yes",
+		"ProtectSystem":           "strict",
+		"ProtectHome":             "yes",
+		"PrivateTmp":              "yes",
+		"DynamicUser":             "yes",
+		"AmbientCapabilities":     "",
+		"CapabilityBoundingSet":   "",
+		"RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX",
+		"ExecReload":              "/bin/kill -HUP $MAINPID",
+	} {
+		if got := unit[key]; len(got) != 1 || got[0] != want {
+			t.Errorf("%s=%q, want %q", key, got, want)
+		}
+	}
+
+	// The example config is for a namespace made by egressd-netns with
+	// EGRESSD_NETNS_INDEX=1 and the script's default ports.
+	tproxy, dns := scriptDefault(t, "EGRESSD_TPROXY_PORT"), scriptDefault(t, "EGRESSD_DNS_PORT")
+	if !hasListenerAt(cfg, "10.200.1.1:"+tproxy) || !hasListenerAt(cfg, "[fd00:200:0:1::1]:"+tproxy) {
+		t.Errorf("%s: want transparent listeners on 10.200.1.1:%s and [fd00:200:0:1::1]:%s", install[1], tproxy, tproxy)
+	}
+	if cfg.DNS.Listen != "10.200.1.1:"+dns {
+		t.Errorf("%s: dns.listen %s, want 10.200.1.1:%s", install[1], cfg.DNS.Listen, dns)
+	}
+}
+
+// TestDefaultPortsAgree: the netns script, the init container's script and
+// the Kubernetes config use one set of port numbers.
+func TestDefaultPortsAgree(t *testing.T) {
+	initScript := readRepoFile(t, "kubernetes/egressd-init.sh")
+	for _, v := range []string{"EGRESSD_TPROXY_PORT", "EGRESSD_DNS_PORT", "EGRESSD_REDIRECT_PORTS"} {
+		netnsDefault := scriptDefault(t, v)
+		m := regexp.MustCompile(`\$\{` + v + `:-([^}]*)\}`).FindStringSubmatch(initScript)
+		if m == nil || m[1] != netnsDefault {
+			t.Errorf("%s: egressd-netns default %s, egressd-init.sh %v", v, netnsDefault, m)
+		}
+	}
+}
+
+// parseRepoConfig parses a config from the repository with the policy and
+// credentials files it names taken from configs/.
+func parseRepoConfig(t *testing.T, name string) *config.Config {
+	t.Helper()
+	dir := t.TempDir()
+	for _, f := range []string{"environment.json", "credentials.json"} {
+		b, err := os.ReadFile(filepath.Join("..", "configs", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg, err := config.Parse([]byte(readRepoFile(t, name)), dir)
+	if err != nil {
+		t.Fatalf("deploy/%s: %v", name, err)
+	}
+	return cfg
+}
+
+// parseUnit reads a systemd unit's Key=Value lines (all sections).
+func parseUnit(t *testing.T, text string) map[string][]string {
+	t.Helper()
+	m := map[string][]string{}
+	for _, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, "[") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Fatalf("unit line %q is not Key=Value", line)
+		}
+		m[k] = append(m[k], v)
+	}
+	return m
+}
+
+// scriptDefault is the default the netns script gives variable v.
+func scriptDefault(t *testing.T, v string) string {
+	t.Helper()
+	m := regexp.MustCompile(`\$\{` + v + `:-([^}]*)\}`).FindStringSubmatch(readRepoFile(t, script))
+	if m == nil {
+		t.Fatalf("%s has no default for %s", script, v)
+	}
+	return m[1]
+}
+
+func dockerfileUID(t *testing.T) int {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^USER\s+(\d+)`).FindAllStringSubmatch(readRepoFile(t, "docker/Dockerfile"), -1)
+	if len(m) == 0 {
+		t.Fatal("Dockerfile has no numeric USER")
+	}
+	uid, _ := strconv.Atoi(m[len(m)-1][1])
+	return uid
+}
+
+func dockerfileEntrypoint(t *testing.T) []string {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^ENTRYPOINT\s+(\[.*\])\s*$`).FindAllStringSubmatch(readRepoFile(t, "docker/Dockerfile"), -1)
+	if len(m) == 0 {
+		t.Fatal("Dockerfile has no exec-form ENTRYPOINT")
+	}
+	var args []string
+	if err := yaml.Unmarshal([]byte(m[len(m)-1][1]), &args); err != nil { // a JSON array is YAML
+		t.Fatal(err)
+	}
+	return args
+}
+
+func transparentPort(t *testing.T, cfg *config.Config) int {
+	t.Helper()
+	port := 0
+	for _, l := range cfg.Listeners {
+		if l.Mode != config.ModeTransparent {
+			continue
+		}
+		if port != 0 && int(l.Address.Port()) != port {
+			t.Errorf("transparent listeners on ports %d and %d; the REDIRECT has one target port", port, l.Address.Port())
+		}
+		port = int(l.Address.Port())
+	}
+	if port == 0 {
+		t.Fatal("no transparent listener")
+	}
+	return port
+}
+
+func hasListener(cfg *config.Config, ip string) bool {
+	return slices.ContainsFunc(cfg.Listeners, func(l config.Listener) bool {
+		return l.Mode == config.ModeTransparent && l.Address.Addr() == netip.MustParseAddr(ip)
+	})
+}
+
+func hasListenerAt(cfg *config.Config, addr string) bool {
+	return slices.ContainsFunc(cfg.Listeners, func(l config.Listener) bool {
+		return l.Mode == config.ModeTransparent && l.Address == netip.MustParseAddrPort(addr)
+	})
+}
+
+func wantPort(t *testing.T, c container, name, proto string, port int) {
+	t.Helper()
+	for _, p := range c.Ports {
+		if p.Name == name {
+			if p.ContainerPort != port || p.Protocol != proto {
+				t.Errorf("containerPort %s: %d/%s, want %d/%s", name, p.ContainerPort, p.Protocol, port, proto)
+			}
+			return
+		}
+	}
+	t.Errorf("container %s has no port %s (%d/%s)", c.Name, name, port, proto)
+}
+
+func wantEnv(t *testing.T, c container, name, want string) {
+	t.Helper()
+	for _, e := range c.Env {
+		if e.Name == name {
+			if e.Value != want {
+				t.Errorf("%s env %s=%q, want %q", c.Name, name, e.Value, want)
+			}
+			return
+		}
+	}
+	t.Errorf("%s has no env %s (want %q)", c.Name, name, want)
+}
+
+func joinPorts(ps []uint16) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = strconv.Itoa(int(p))
+	}
+	return strings.Join(s, ",")
+}
+
+func readRepoFile(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(name) // tests run in deploy/
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func isTrue(b *bool) bool  { return b != nil && *b }
+func isFalse(b *bool) bool { return b != nil && !*b }
+
+func deref(p *int) any {
+	if p == nil {
+		return "unset"
+	}
+	return *p
+}
