@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,8 +53,8 @@ type egressd struct {
 // startEgressd writes the config into dir, starts egressd on it and returns once
 // /healthz answers. Listeners bind port 0; their addresses come from the
 // "listening" log lines, so no port is ever guessed.
-func startEgressd(ctx context.Context, bin, dir string, up *upstream) (*egressd, error) {
-	cfgPath, err := writeConfig(dir, up)
+func startEgressd(ctx context.Context, bin, dir string, up *upstream, dnsAddr string) (*egressd, error) {
+	cfgPath, err := writeConfig(dir, up, dnsAddr)
 	if err != nil {
 		return nil, err
 	}
@@ -197,6 +198,105 @@ func (e *egressd) stderrTail() string {
 	return "; egressd said:\n" + string(b)
 }
 
+// adminTimeout bounds one request to egressd's admin listener.
+const adminTimeout = 5 * time.Second
+
+// adminGet fetches path from egressd's admin listener (a loopback literal).
+func (e *egressd) adminGet(path string) ([]byte, error) {
+	if err := loopbackOnly(e.adminAddr); err != nil {
+		return nil, err
+	}
+	hc := &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: adminTimeout}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get("http://" + e.adminAddr + path)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: status %d", path, resp.StatusCode)
+	}
+	return b, nil
+}
+
+// caPool is egressd's interception CA, which it generated into state_dir on
+// start: what clients of intercepted tunnels trust.
+func (e *egressd) caPool() (*x509.CertPool, error) {
+	path := filepath.Join(e.dir, stateDir, caCertName)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("egressd's CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("egressd's CA: %s holds no PEM certificate", path)
+	}
+	return pool, nil
+}
+
+// Where egressd generates its CA: state_dir in configTemplate, and the file
+// name egressd uses there (internal/tls CACertName).
+const (
+	stateDir   = "state"
+	caCertName = "ca.pem"
+)
+
+// leafCounts is egressd_leaf_cache_total by result.
+type leafCounts struct {
+	Hit  int64 `json:"hit"`
+	Miss int64 `json:"miss"`
+}
+
+func (c leafCounts) sub(o leafCounts) leafCounts { return leafCounts{c.Hit - o.Hit, c.Miss - o.Miss} }
+
+// leafCache scrapes egressd_leaf_cache_total from /metrics.
+func (e *egressd) leafCache() (leafCounts, error) {
+	b, err := e.adminGet("/metrics")
+	if err != nil {
+		return leafCounts{}, err
+	}
+	return parseLeafCache(b)
+}
+
+// parseLeafCache reads egressd_leaf_cache_total{result="hit"|"miss"} from the
+// Prometheus text format.
+func parseLeafCache(metrics []byte) (leafCounts, error) {
+	var c leafCounts
+	found := 0
+	for line := range strings.Lines(string(metrics)) {
+		rest, ok := strings.CutPrefix(line, "egressd_leaf_cache_total{")
+		if !ok {
+			continue
+		}
+		labels, value, ok := strings.Cut(rest, "} ")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(value) // the value, then an optional timestamp
+		if len(f) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			return c, fmt.Errorf("egressd_leaf_cache_total: %w", err)
+		}
+		switch {
+		case strings.Contains(labels, `result="hit"`):
+			c.Hit, found = int64(v), found+1
+		case strings.Contains(labels, `result="miss"`):
+			c.Miss, found = int64(v), found+1
+		}
+	}
+	if found == 0 {
+		return c, errors.New("no egressd_leaf_cache_total in /metrics")
+	}
+	return c, nil
+}
+
 func (e *egressd) cpuTime() (time.Duration, error) { return procCPU(e.cmd.Process.Pid) }
 
 // peakRSS is VmHWM, the resident set's high-water mark over the whole run.
@@ -224,6 +324,24 @@ type logSummary struct {
 	Allowed200  int64            `json:"allowed_200"`  // egress lines: decision allow, status 200, no error
 	Unexpected  map[string]int64 `json:"unexpected,omitempty"`
 	Examples    []string         `json:"examples,omitempty"` // raw lines, the first few
+}
+
+// merge adds o, a later run's summary, to s.
+func (s *logSummary) merge(o logSummary) {
+	s.Lines += o.Lines
+	s.EgressLines += o.EgressLines
+	s.Allowed200 += o.Allowed200
+	for k, n := range o.Unexpected {
+		if s.Unexpected == nil {
+			s.Unexpected = map[string]int64{}
+		}
+		s.Unexpected[k] += n
+	}
+	for _, ex := range o.Examples {
+		if len(s.Examples) < maxExamples {
+			s.Examples = append(s.Examples, ex)
+		}
+	}
 }
 
 // scanLog summarises the log from offset from, once egressd has stopped
@@ -346,41 +464,56 @@ func truncate(s string, n int) string {
 }
 
 // writeConfig writes egressd.yaml (and the files it names) into dir and
-// returns its path. Every address it names is on 127.0.0.0/8.
-func writeConfig(dir string, up *upstream) (string, error) {
+// returns its path. Every address it names is on 127.0.0.0/8: the upstream,
+// the DNS stub (dnsAddr) and egressd's own listeners.
+func writeConfig(dir string, up *upstream, dnsAddr string) (string, error) {
 	caPath := filepath.Join(dir, "bench-ca.pem")
 	if err := os.WriteFile(caPath, up.caPEM, 0o600); err != nil {
 		return "", err
 	}
-	// credentials.file is required with the file backend; the bench injects
-	// nothing, so the file is an empty object.
-	if err := os.WriteFile(filepath.Join(dir, "credentials.json"), []byte("{}\n"), 0o600); err != nil {
+	// The credential path's entry names credentialID; its token is a fake.
+	creds := fmt.Sprintf("{%q: {\"token\": %q}}\n", credentialID, credentialToken)
+	if err := os.WriteFile(filepath.Join(dir, "credentials.json"), []byte(creds), 0o600); err != nil {
 		return "", err
 	}
-	ports, err := upstreamPorts(up)
+	httpPort, err := portOf(up.httpAddr)
 	if err != nil {
 		return "", err
 	}
-	cfg := fmt.Sprintf(configTemplate, ports, ports, strconv.Quote(caPath))
+	tlsPort, err := portOf(up.tlsAddr)
+	if err != nil {
+		return "", err
+	}
+	cfg := strings.NewReplacer(
+		"{HTTP_PORT}", httpPort,
+		"{TLS_PORT}", tlsPort,
+		"{TRANSFORM_HOST}", transformHost,
+		"{TRANSFORM_HEADER}", transformHeader,
+		"{TRANSFORM_VALUE}", transformValue,
+		"{CREDENTIAL_HOST}", credentialHost,
+		"{CREDENTIAL_ID}", credentialID,
+		"{RESOLVER}", dnsAddr,
+		"{UPSTREAM_CA}", strconv.Quote(caPath),
+		"{STATE_DIR}", stateDir,
+	).Replace(configTemplate)
 	path := filepath.Join(dir, "egressd.yaml")
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
 }
 
-func upstreamPorts(up *upstream) (string, error) {
-	var ports []string
-	for _, a := range []string{up.httpAddr, up.tlsAddr} {
-		i := strings.LastIndexByte(a, ':')
-		if i < 0 {
-			return "", errors.New("upstream address without a port: " + a)
-		}
-		ports = append(ports, a[i+1:])
+func portOf(addr string) (string, error) {
+	i := strings.LastIndexByte(addr, ':')
+	if i < 0 {
+		return "", errors.New("address without a port: " + addr)
 	}
-	return "[" + strings.Join(ports, ", ") + "]", nil
+	return addr[i+1:], nil
 }
 
 // configTemplate is egressd's config for a bench run: its full request path
-// (allowlist, address guard, one JSON log line per request at info) with
-// loopback opened, since the upstream lives there. Listeners bind port 0.
+// (allowlist, address guard, interception and injection where an entry asks
+// for it, one JSON log line per request at info) with loopback opened, since
+// the upstream lives there. Listeners bind port 0. The intercepted entries are
+// names in benchZone, which only the DNS stub (network.resolver) answers;
+// localhost still comes from /etc/hosts.
 const configTemplate = `# Generated by egressd's bench for one run; removed with its temp dir.
 version: 1
 environment: env_bench
@@ -393,19 +526,25 @@ admin:
   address: 127.0.0.1:0
 policy:
   allowlist:
-    - domain: localhost
-      ports: %s
-    - domain: bench.test
-      ports: %s
+    - domain: localhost                 # plain, connect: spliced, nothing injected
+      ports: [{HTTP_PORT}, {TLS_PORT}]
+    - domain: {TRANSFORM_HOST}        # intercept, intercept-newconn
+      ports: [{TLS_PORT}]
+      transform: {"{TRANSFORM_HEADER}": "{TRANSFORM_VALUE}"}
+    - domain: {CREDENTIAL_HOST}         # credential
+      ports: [{TLS_PORT}]
+      credential: {CREDENTIAL_ID}
 network:
+  resolver: {RESOLVER}       # the bench's DNS stub: answers *.bench.test only, forwards nothing
   unsafe_allow_cidrs: [127.0.0.0/8]   # the upstream is on loopback; development and tests only
 tls:
-  upstream_ca_file: %s
+  intercept: auto                     # entries with a transform or credential
+  upstream_ca_file: {UPSTREAM_CA}
 credentials:
   backend: file
   file: credentials.json
 log:
   level: info                         # the canonical line per request is part of the cost
   format: json
-state_dir: state
+state_dir: {STATE_DIR}                # egressd generates its CA (ca.pem) here on first start
 `

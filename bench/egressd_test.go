@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -62,7 +63,8 @@ func TestListening(t *testing.T) {
 
 func TestConfigNamesOnlyLoopback(t *testing.T) {
 	up := &upstream{httpAddr: "127.0.0.1:1080", tlsAddr: "127.0.0.1:1443", caPEM: []byte("pem")}
-	path, err := writeConfig(t.TempDir(), up)
+	dir := t.TempDir()
+	path, err := writeConfig(dir, up, "127.0.0.1:5353")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,9 +72,48 @@ func TestConfigNamesOnlyLoopback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"ports: [1080, 1443]", "address: 127.0.0.1:0", "unsafe_allow_cidrs: [127.0.0.0/8]", "level: info"} {
+	for _, want := range []string{
+		"ports: [1080, 1443]", "address: 127.0.0.1:0", "unsafe_allow_cidrs: [127.0.0.0/8]", "level: info",
+		"resolver: 127.0.0.1:5353", "domain: inject.bench.test", `transform: {"X-Bench-Injected": "bench-transform-value"}`,
+		"domain: cred.bench.test", "credential: bench-cred", "intercept: auto",
+	} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("config lacks %q:\n%s", want, b)
 		}
+	}
+	creds, err := os.ReadFile(filepath.Join(dir, "credentials.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parsed map[string]map[string]string
+	if err := json.Unmarshal(creds, &parsed); err != nil || parsed[credentialID]["token"] != credentialToken {
+		t.Errorf("credentials.json = %s (%v)", creds, err)
+	}
+}
+
+func TestParseLeafCache(t *testing.T) {
+	metrics := `# HELP egressd_leaf_cache_total Leaf certificate cache lookups by result (hit, miss).
+# TYPE egressd_leaf_cache_total counter
+egressd_leaf_cache_total{result="hit"} 12345
+egressd_leaf_cache_total{result="miss"} 2
+egressd_leaf_cache_totally_other 7
+`
+	got, err := parseLeafCache([]byte(metrics))
+	if err != nil || got != (leafCounts{Hit: 12345, Miss: 2}) {
+		t.Errorf("parseLeafCache = %+v, %v", got, err)
+	}
+	if _, err := parseLeafCache([]byte("egressd_requests_total 3\n")); err == nil {
+		t.Error("parseLeafCache without the metric succeeded")
+	}
+}
+
+func TestLogSummaryMerge(t *testing.T) {
+	var a, b logSummary
+	a.add([]byte(`{"level":"warn","message":"x"}`))
+	b.add([]byte(`{"level":"warn","message":"x"}`))
+	b.add([]byte(`{"level":"info","method":"GET","scheme":"https","decision":"allow","status":200,"error":"","message":"egress"}`))
+	a.merge(b)
+	if a.Lines != 3 || a.EgressLines != 1 || a.Allowed200 != 1 || a.Unexpected["warn: x"] != 2 || len(a.Examples) != 2 {
+		t.Errorf("merged = %+v", a)
 	}
 }

@@ -53,11 +53,21 @@ type runResult struct {
 	// or from egressd). With keep-alive both should equal the client count.
 	ClientConns   int64 `json:"client_conns"`
 	UpstreamConns int64 `json:"upstream_conns"`
+	// UpstreamRequests is how many requests the upstream answered in the run
+	// (warm-up included); Transformed and Credentialed how many of them
+	// carried the transform's header or the credential's Authorization,
+	// exactly once and with the exact value.
+	UpstreamRequests int64 `json:"upstream_requests"`
+	Transformed      int64 `json:"upstream_transformed"`
+	Credentialed     int64 `json:"upstream_credentialed"`
 	// CPUSeconds is egressd's CPU time (user+system) over the window; only
 	// for runs through egressd.
 	CPUSeconds float64 `json:"egressd_cpu_s,omitempty"`
 	// CPUError says why CPUSeconds could not be measured (egressd exited).
 	CPUError string `json:"egressd_cpu_error,omitempty"`
+
+	// hist is the window's latencies, kept to merge rounds.
+	hist histogram
 }
 
 // runLoad drives t with lo.clients clients for the warm-up and then the measured
@@ -70,7 +80,7 @@ func runLoad(ctx context.Context, t target, lo loadOptions, up *upstream, cpu fu
 	defer cancel()
 
 	var dials atomic.Int64
-	accepted := up.accepted.Load()
+	before := up.counts()
 	clients := make([]*client, lo.clients)
 	for i := range clients {
 		c, err := newClient(runCtx, t, lo.size, &dials)
@@ -97,7 +107,9 @@ func runLoad(ctx context.Context, t target, lo loadOptions, up *upstream, cpu fu
 	}
 	r := summarise(clients, lo.duration)
 	r.ClientConns = dials.Load()
-	r.UpstreamConns = up.accepted.Load() - accepted
+	d := up.counts().sub(before)
+	r.UpstreamConns, r.UpstreamRequests = d.accepted, d.served
+	r.Transformed, r.Credentialed = d.transform, d.credential
 	r.CPUSeconds = cpuUsed.Seconds()
 	if cpuErr != nil {
 		r.CPUError = cpuErr.Error()
@@ -133,10 +145,9 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 }
 
 func summarise(clients []*client, window time.Duration) runResult {
-	var h histogram
 	r := runResult{Seconds: window.Seconds()}
 	for _, c := range clients {
-		h.merge(&c.hist)
+		r.hist.merge(&c.hist)
 		r.Total += c.total
 		r.Errors += c.errors
 		for k, n := range c.errorKinds {
@@ -146,13 +157,18 @@ func summarise(clients []*client, window time.Duration) runResult {
 			r.ErrorKinds[k] += n
 		}
 	}
-	r.Requests = int64(h.n)
-	r.ReqPerSec = float64(h.n) / window.Seconds()
-	r.P50US = micros(h.quantile(0.50))
-	r.P99US = micros(h.quantile(0.99))
-	r.MeanUS = micros(h.mean())
-	r.MaxUS = micros(h.max)
+	r.Requests = int64(r.hist.n)
+	r.ReqPerSec = float64(r.hist.n) / window.Seconds()
+	r.setLatencies()
 	return r
+}
+
+// setLatencies fills the latency fields from hist.
+func (r *runResult) setLatencies() {
+	r.P50US = micros(r.hist.quantile(0.50))
+	r.P99US = micros(r.hist.quantile(0.99))
+	r.MeanUS = micros(r.hist.mean())
+	r.MaxUS = micros(r.hist.max)
 }
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }

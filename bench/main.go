@@ -4,7 +4,7 @@
 // egressd's CPU per request as a ratio to the direct run. All traffic stays on
 // 127.0.0.0/8, and every load loop is bounded in both time and request count.
 //
-//	go run ./bench -egressd bin/egressd [-duration 5s] [-clients 64] [-size 1024] [-paths plain,connect] [-json]
+//	go run ./bench -egressd bin/egressd [-duration 4s] [-rounds 1] [-clients 64] [-size 1024] [-paths plain,connect,...] [-json]
 package main
 
 import (
@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -30,19 +31,22 @@ const (
 )
 
 // Defaults, chosen to match the conditions issue 8's peer figures were taken
-// under: 64 keep-alive clients, 1 KiB responses, HTTP/1.1.
+// under: 64 keep-alive clients, 1 KiB responses, HTTP/1.1. Five paths, each
+// run direct and through egressd for warm-up plus window, take about 55 s.
 const (
-	defaultDuration = 5 * time.Second
+	defaultDuration = 4 * time.Second
 	defaultWarmup   = time.Second
 	defaultClients  = 64
 	defaultSize     = 1024
-	defaultPaths    = "plain,connect"
+	defaultRounds   = 1
+	defaultPaths    = "plain,connect,intercept,intercept-newconn,credential"
 
-	// maxDuration and maxClients keep a mistyped flag from turning the bench
-	// into a long or huge load.
+	// maxDuration, maxClients and maxRounds keep a mistyped flag from turning
+	// the bench into a long or huge load.
 	maxDuration = 5 * time.Minute
 	maxClients  = 4096
 	maxSize     = 64 << 20
+	maxRounds   = 25
 )
 
 // options are the parsed flags.
@@ -52,6 +56,7 @@ type options struct {
 	warmup   time.Duration
 	clients  int
 	size     int
+	rounds   int
 	paths    []pathSpec
 	json     bool
 	keep     bool
@@ -101,6 +106,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.warmup, "warmup", defaultWarmup, "unmeasured warm-up before each run")
 	fs.IntVar(&o.clients, "clients", defaultClients, "concurrent clients, each with its own keep-alive connection")
 	fs.IntVar(&o.size, "size", defaultSize, "response body size in bytes")
+	fs.IntVar(&o.rounds, "rounds", defaultRounds, "direct/egressd run pairs per path, alternated; the report gives the median ratio")
 	fs.StringVar(&paths, "paths", defaultPaths, "comma-separated paths to measure: "+strings.Join(pathNames(), ", "))
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temp dir (egressd config and log) and print its path")
@@ -136,6 +142,8 @@ func (o options) validate() error {
 		return fmt.Errorf("-clients %d: want 1 to %d", o.clients, maxClients)
 	case o.size < 0 || o.size > maxSize:
 		return fmt.Errorf("-size %d: want 0 to %d", o.size, maxSize)
+	case o.rounds < 1 || o.rounds > maxRounds:
+		return fmt.Errorf("-rounds %d: want 1 to %d", o.rounds, maxRounds)
 	}
 	if _, err := os.Stat(o.egressd); err != nil {
 		return fmt.Errorf("-egressd: %w (run make build first)", err)
@@ -154,8 +162,8 @@ func (o *options) absEgressd() error {
 	return nil
 }
 
-// run is the whole bench: upstream, egressd, then each path direct and through
-// egressd. Everything it starts is stopped before it returns.
+// run is the whole bench: upstream, DNS stub, egressd, then each path direct
+// and through egressd. Everything it starts is stopped before it returns.
 func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 	dir, err := os.MkdirTemp("", "egressd-bench-")
 	if err != nil {
@@ -171,41 +179,115 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 		return nil, fmt.Errorf("upstream: %w", err)
 	}
 	defer up.close()
-	e, err := startEgressd(ctx, o.egressd, dir, up)
+	dns, err := startDNS()
+	if err != nil {
+		return nil, fmt.Errorf("DNS stub: %w", err)
+	}
+	defer dns.close()
+	e, err := startEgressd(ctx, o.egressd, dir, up, dns.addr)
 	if err != nil {
 		return nil, fmt.Errorf("egressd: %w", err)
 	}
 	defer e.stop()
 	w := &world{up: up, proxy: e.proxyURL}
+	if intercepts(o.paths) {
+		if w.egressdRoots, err = e.caPool(); err != nil {
+			return nil, err
+		}
+	}
 	rep := newReport(o)
 	for _, p := range o.paths {
-		r, err := measurePath(ctx, w, e, p, o)
+		r, err := measurePath(ctx, w, e, dns, p, o)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p.name, err)
 		}
 		rep.Paths = append(rep.Paths, r)
 	}
 	rep.PeakRSSBytes, rep.RSSError = e.peakRSS()
+	if lc, err := e.leafCache(); err != nil {
+		rep.LeafCacheError = err.Error()
+	} else {
+		rep.LeafCache = &lc
+	}
 	rep.EgressdExit = e.stop()
 	return rep, nil
 }
 
-// measurePath runs one path direct, then through egressd, with the same settings.
-func measurePath(ctx context.Context, w *world, e *egressd, p pathSpec, o options) (pathResult, error) {
+// measurePath runs one path o.rounds times, each round direct then through
+// egressd with the same settings, and checks on every run that the upstream
+// received exactly what egressd had to inject.
+func measurePath(ctx context.Context, w *world, e *egressd, dns *dnsStub, p pathSpec, o options) (pathResult, error) {
 	lo := loadOptions{clients: o.clients, size: o.size, warmup: o.warmup, duration: o.duration}
-	res := pathResult{Path: p.name, Description: p.desc}
-	var err error
-	if res.Direct, err = runLoad(ctx, p.direct(w), lo, w.up, nil); err != nil {
-		return res, fmt.Errorf("direct: %w", err)
+	res := pathResult{Path: p.name, Description: p.desc, NewConnPerRequest: p.newConn}
+	if p.inject != injectNone {
+		res.Injects = p.inject.String()
 	}
-	from := e.logSize()
-	if res.Egressd, err = runLoad(ctx, p.viaProxy(w), lo, w.up, e.cpuTime); err != nil {
-		return res, fmt.Errorf("through egressd: %w", err)
+	leafBefore, leafErr := e.leafCache()
+	dnsBefore := dns.queries.Load()
+	var directs, vias []runResult
+	for round := range o.rounds {
+		d, err := runLoad(ctx, p.direct(w), lo, w.up, nil)
+		if err != nil {
+			return res, fmt.Errorf("direct: %w", err)
+		}
+		from := e.logSize()
+		x, err := runLoad(ctx, p.viaProxy(w), lo, w.up, e.cpuTime)
+		if err != nil {
+			return res, fmt.Errorf("through egressd: %w", err)
+		}
+		log, err := e.scanLog(from)
+		if err != nil {
+			return res, fmt.Errorf("egressd log: %w", err)
+		}
+		res.Log.merge(log)
+		res.Problems = append(res.Problems, injectionProblems(p, round, o.rounds, d, x)...)
+		res.Rounds = append(res.Rounds, newRound(d, x))
+		directs, vias = append(directs, d), append(vias, x)
 	}
-	res.Log, err = e.scanLog(from)
-	if err != nil {
-		return res, fmt.Errorf("egressd log: %w", err)
-	}
+	res.Direct, res.Egressd = combine(directs), combine(vias)
 	res.finish()
+	res.DNSQueries = dns.queries.Load() - dnsBefore
+	if leafErr == nil {
+		var after leafCounts
+		if after, leafErr = e.leafCache(); leafErr == nil {
+			lc := after.sub(leafBefore)
+			res.LeafCache = &lc
+		}
+	}
+	if leafErr != nil {
+		res.LeafCacheError = leafErr.Error()
+	}
+	res.PeakRSSBytes, _ = e.peakRSS()
 	return res, nil
+}
+
+// injectionProblems checks one round's runs against what the path injects: the
+// direct run must reach the upstream with nothing injected, the run through
+// egressd with every request carrying p.inject, and nothing else.
+func injectionProblems(p pathSpec, round, rounds int, direct, via runResult) []string {
+	var out []string
+	label := func(run string) string {
+		if rounds > 1 {
+			return fmt.Sprintf("%s run, round %d", run, round+1)
+		}
+		return run + " run"
+	}
+	counts := func(r runResult) map[injection]int64 {
+		return map[injection]int64{injectTransform: r.Transformed, injectCredential: r.Credentialed}
+	}
+	for kind, n := range counts(direct) {
+		if n > 0 {
+			out = append(out, fmt.Sprintf("%s: %d of %d upstream requests carried %s, which only egressd sets", label("direct"), n, direct.UpstreamRequests, kind))
+		}
+	}
+	for kind, n := range counts(via) {
+		switch {
+		case kind == p.inject && (n != via.UpstreamRequests || n == 0):
+			out = append(out, fmt.Sprintf("%s: %d of %d upstream requests carried %s as configured", label("egressd"), n, via.UpstreamRequests, kind))
+		case kind != p.inject && n > 0:
+			out = append(out, fmt.Sprintf("%s: %d of %d upstream requests carried %s, which this path's entry does not set", label("egressd"), n, via.UpstreamRequests, kind))
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -15,13 +15,49 @@ type pathSpec struct {
 	desc     string
 	direct   func(*world) target
 	viaProxy func(*world) target
+	// inject is what egressd must add to every request of this path; the
+	// upstream checks every request, and a run through egressd where any
+	// request lacks it (or a path without injection where any has it) fails.
+	inject injection
+	// newConn: one TCP and TLS handshake per request, so req/s is also
+	// handshakes/s.
+	newConn bool
+}
+
+// injection is what an allowlist entry adds to the requests of a path.
+type injection int
+
+const (
+	injectNone       injection = iota
+	injectTransform            // transformHeader: transformValue, from the entry's transform
+	injectCredential           // Authorization: Bearer credentialToken, from credentials.json
+)
+
+func (i injection) String() string {
+	switch i {
+	case injectTransform:
+		return transformHeader + " (transform)"
+	case injectCredential:
+		return "Authorization (credential " + credentialID + ")"
+	}
+	return "nothing"
 }
 
 // world is what a path's targets are made from: the running upstream and egressd.
 type world struct {
 	up    *upstream
 	proxy string // http://127.0.0.1:port, egressd's bench listener
+	// egressdRoots holds egressd's CA (from /ca.pem on its admin listener):
+	// what a client of an intercepted tunnel must trust.
+	egressdRoots *x509.CertPool
 }
+
+// Hosts of the intercepted paths: one allowlist entry each (configTemplate),
+// resolved by the DNS stub.
+const (
+	transformHost  = "inject." + benchZone
+	credentialHost = "cred." + benchZone
+)
 
 // target is one side of a path: the URL every request asks for and how the
 // client reaches it.
@@ -63,10 +99,45 @@ var paths = []pathSpec{
 			return target{url: w.httpsURL(), proxy: w.proxy, roots: w.up.roots}
 		},
 	},
+	interceptPath("intercept", transformHost, injectTransform, false,
+		"GET https://"+transformHost+":<port>/ over HTTP/1.1 keep-alive; through egressd intercepted (client trusts egressd's CA), a transform sets "+transformHeader),
+	interceptPath("intercept-newconn", transformHost, injectTransform, true,
+		"as intercept, but a new TCP+TLS connection per request (handshakes/s; egressd's leaf cache warm); direct: a new TLS connection per request"),
+	interceptPath("credential", credentialHost, injectCredential, false,
+		"as intercept, but the entry names a file-backed credential (Authorization: Bearer) instead of a transform"),
+}
+
+// interceptPath is an HTTPS path to host whose allowlist entry injects inj, so
+// egressd terminates the tunnel with a leaf from its CA. The direct run is TLS
+// to the upstream, with the same keep-alive setting.
+func interceptPath(name, host string, inj injection, newConn bool, desc string) pathSpec {
+	return pathSpec{
+		name:    name,
+		desc:    desc,
+		inject:  inj,
+		newConn: newConn,
+		direct: func(w *world) target {
+			return target{url: w.hostURL(host), dialAddr: w.up.tlsAddr, roots: w.up.roots, newConnPerRequest: newConn}
+		},
+		viaProxy: func(w *world) target {
+			return target{url: w.hostURL(host), proxy: w.proxy, roots: w.egressdRoots, newConnPerRequest: newConn}
+		},
+	}
 }
 
 func (w *world) httpURL() string  { return "http://" + localhostAddr(w.up.httpAddr) + "/" }
 func (w *world) httpsURL() string { return "https://" + localhostAddr(w.up.tlsAddr) + "/" }
+
+// hostURL is https://host:<the upstream's TLS port>/.
+func (w *world) hostURL(host string) string {
+	return "https://" + host + w.up.tlsAddr[strings.LastIndexByte(w.up.tlsAddr, ':'):] + "/"
+}
+
+// intercepts reports whether any of ps goes through an intercepted tunnel (and
+// so needs egressd's CA).
+func intercepts(ps []pathSpec) bool {
+	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.inject != injectNone })
+}
 
 // localhostAddr turns 127.0.0.1:port into localhost:port: egressd decides on
 // the name and resolves it through the system resolver, as it would a real host.

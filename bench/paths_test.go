@@ -1,13 +1,16 @@
 package main
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestLookupPaths(t *testing.T) {
 	got, err := lookupPaths(" connect, plain ")
 	if err != nil || len(got) != 2 || got[0].name != "connect" || got[1].name != "plain" {
 		t.Errorf("lookupPaths = %v, %v", got, err)
 	}
-	for _, bad := range []string{"", ",", "plain,plain", "intercept"} {
+	for _, bad := range []string{"", ",", "plain,plain", "intercepted"} {
 		if _, err := lookupPaths(bad); err == nil {
 			t.Errorf("lookupPaths(%q) succeeded", bad)
 		}
@@ -23,6 +26,52 @@ func TestLoopbackOnly(t *testing.T) {
 	for _, bad := range []string{"localhost:80", "10.0.0.1:80", "example.com:443", "[::ffff:8.8.8.8]:53", "127.0.0.1"} {
 		if loopbackOnly(bad) == nil {
 			t.Errorf("loopbackOnly(%q) allowed it", bad)
+		}
+	}
+}
+
+func TestInterceptPaths(t *testing.T) {
+	w := &world{up: &upstream{tlsAddr: "127.0.0.1:1443"}, proxy: "http://127.0.0.1:3128"}
+	ps, err := lookupPaths("intercept,intercept-newconn,credential")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !intercepts(ps) {
+		t.Error("intercepts = false")
+	}
+	if plain, _ := lookupPaths("plain,connect"); intercepts(plain) {
+		t.Error("plain and connect intercept")
+	}
+	for _, p := range ps {
+		d, v := p.direct(w), p.viaProxy(w)
+		if d.url != v.url || !strings.HasSuffix(d.url, ".bench.test:1443/") || d.dialAddr != "127.0.0.1:1443" || v.proxy != w.proxy {
+			t.Errorf("%s: direct %+v, via %+v", p.name, d, v)
+		}
+		if d.newConnPerRequest != (p.name == "intercept-newconn") || v.newConnPerRequest != d.newConnPerRequest {
+			t.Errorf("%s: newConnPerRequest %v/%v", p.name, d.newConnPerRequest, v.newConnPerRequest)
+		}
+	}
+}
+
+func TestInjectionProblems(t *testing.T) {
+	p := pathSpec{name: "intercept", inject: injectTransform}
+	ok := runResult{UpstreamRequests: 10, Transformed: 10}
+	if got := injectionProblems(p, 0, 1, runResult{UpstreamRequests: 10}, ok); len(got) != 0 {
+		t.Errorf("all injected: %v", got)
+	}
+	for _, tc := range []struct {
+		name        string
+		p           pathSpec
+		direct, via runResult
+	}{
+		{"one missing", p, runResult{UpstreamRequests: 10}, runResult{UpstreamRequests: 10, Transformed: 9}},
+		{"nothing through egressd", p, runResult{}, runResult{}},
+		{"direct carries it", p, runResult{UpstreamRequests: 10, Transformed: 1}, ok},
+		{"other header", p, runResult{}, runResult{UpstreamRequests: 10, Transformed: 10, Credentialed: 1}},
+		{"uninjected path", pathSpec{name: "connect"}, runResult{}, runResult{UpstreamRequests: 10, Transformed: 1}},
+	} {
+		if got := injectionProblems(tc.p, 0, 1, tc.direct, tc.via); len(got) == 0 {
+			t.Errorf("%s: no problem found", tc.name)
 		}
 	}
 }

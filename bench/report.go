@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,6 +21,9 @@ type report struct {
 	// PeakRSSBytes is egressd's VmHWM at the end: the peak over every run.
 	PeakRSSBytes int64  `json:"egressd_peak_rss_bytes"`
 	RSSError     string `json:"egressd_rss_error,omitempty"`
+	// LeafCache is egressd_leaf_cache_total from /metrics at the end.
+	LeafCache      *leafCounts `json:"egressd_leaf_cache,omitempty"`
+	LeafCacheError string      `json:"egressd_leaf_cache_error,omitempty"`
 	// EgressdExit is "" when egressd exited 0 on SIGTERM, else how it ended.
 	EgressdExit string `json:"egressd_exit,omitempty"`
 }
@@ -29,6 +33,7 @@ type settings struct {
 	SizeBytes  int     `json:"size_bytes"`
 	DurationS  float64 `json:"duration_s"`
 	WarmupS    float64 `json:"warmup_s"`
+	Rounds     int     `json:"rounds"`
 	CPUs       int     `json:"cpus"`
 	GoVersion  string  `json:"go_version"`
 	ClockTicks int64   `json:"clock_ticks_per_s"`
@@ -37,18 +42,101 @@ type settings struct {
 	LoadAvg float64 `json:"load_avg_1m"`
 }
 
-// pathResult is one path: its direct run, its run through egressd, compared.
+// pathResult is one path: its direct runs, its runs through egressd, compared.
 type pathResult struct {
-	Path        string    `json:"path"`
-	Description string    `json:"description"`
-	Direct      runResult `json:"direct"`
-	Egressd     runResult `json:"egressd"`
-	// Ratio is egressd's req/s over direct req/s, from the same bench run.
+	Path              string `json:"path"`
+	Description       string `json:"description"`
+	Injects           string `json:"injects,omitempty"` // what egressd adds to every request
+	NewConnPerRequest bool   `json:"new_conn_per_request,omitempty"`
+	// Direct and Egressd are every round's runs together: req/s is the median
+	// of the rounds, latencies are over all rounds' requests, counts are sums.
+	Direct  runResult `json:"direct"`
+	Egressd runResult `json:"egressd"`
+	// Ratio is the median over the rounds of egressd's req/s over the direct
+	// req/s of the same round.
 	Ratio float64 `json:"ratio"`
-	// CPUPerReqUS is egressd's CPU time in the window over the requests
-	// completed in it.
-	CPUPerReqUS float64    `json:"egressd_cpu_us_per_req"`
-	Log         logSummary `json:"egressd_log"`
+	// CPUPerReqUS is the median over the rounds of egressd's CPU time in the
+	// window over the requests completed in it.
+	CPUPerReqUS float64       `json:"egressd_cpu_us_per_req"`
+	Rounds      []roundResult `json:"rounds"`
+	Log         logSummary    `json:"egressd_log"`
+	// LeafCache is how egressd_leaf_cache_total grew during the path's runs.
+	LeafCache      *leafCounts `json:"egressd_leaf_cache,omitempty"`
+	LeafCacheError string      `json:"egressd_leaf_cache_error,omitempty"`
+	// DNSQueries is how many queries the DNS stub answered during the path.
+	DNSQueries int64 `json:"dns_queries"`
+	// PeakRSSBytes is egressd's VmHWM after the path (the peak so far).
+	PeakRSSBytes int64 `json:"egressd_peak_rss_after_bytes"`
+	// Problems are failed injection checks: requests that reached the
+	// upstream without what egressd must inject, or with what it must not.
+	Problems []string `json:"problems,omitempty"`
+}
+
+// roundResult is one direct run and the egressd run after it.
+type roundResult struct {
+	DirectReqPerSec  float64 `json:"direct_req_per_s"`
+	EgressdReqPerSec float64 `json:"egressd_req_per_s"`
+	Ratio            float64 `json:"ratio"`
+	CPUPerReqUS      float64 `json:"egressd_cpu_us_per_req"`
+	cpuOK            bool
+}
+
+func newRound(direct, via runResult) roundResult {
+	r := roundResult{DirectReqPerSec: direct.ReqPerSec, EgressdReqPerSec: via.ReqPerSec}
+	if direct.ReqPerSec > 0 {
+		r.Ratio = via.ReqPerSec / direct.ReqPerSec
+	}
+	if via.Requests > 0 && via.CPUError == "" {
+		r.CPUPerReqUS, r.cpuOK = via.CPUSeconds*1e6/float64(via.Requests), true
+	}
+	return r
+}
+
+// combine folds the rounds' runs of one side of a path into one result.
+func combine(runs []runResult) runResult {
+	var r runResult
+	rates := make([]float64, len(runs))
+	for i := range runs {
+		x := &runs[i]
+		rates[i] = x.ReqPerSec
+		r.Requests += x.Requests
+		r.Seconds += x.Seconds
+		r.Total += x.Total
+		r.Errors += x.Errors
+		for k, n := range x.ErrorKinds {
+			if r.ErrorKinds == nil {
+				r.ErrorKinds = map[string]int64{}
+			}
+			r.ErrorKinds[k] += n
+		}
+		r.ClientConns += x.ClientConns
+		r.UpstreamConns += x.UpstreamConns
+		r.UpstreamRequests += x.UpstreamRequests
+		r.Transformed += x.Transformed
+		r.Credentialed += x.Credentialed
+		r.CPUSeconds += x.CPUSeconds
+		if x.CPUError != "" {
+			r.CPUError = x.CPUError
+		}
+		r.hist.merge(&x.hist)
+	}
+	r.ReqPerSec = median(rates)
+	r.setLatencies()
+	return r
+}
+
+// median of vs (the mean of the middle two for an even count); 0 for none.
+func median(vs []float64) float64 {
+	if len(vs) == 0 {
+		return 0
+	}
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // busyLoad is the load average per CPU above which the text report warns that
@@ -61,6 +149,7 @@ func newReport(o options) *report {
 		SizeBytes:  o.size,
 		DurationS:  o.duration.Seconds(),
 		WarmupS:    o.warmup.Seconds(),
+		Rounds:     o.rounds,
 		CPUs:       runtime.NumCPU(),
 		GoVersion:  runtime.Version(),
 		ClockTicks: clockTicks(),
@@ -68,19 +157,37 @@ func newReport(o options) *report {
 	}}
 }
 
+// finish sets the medians over the rounds.
 func (p *pathResult) finish() {
-	if p.Direct.ReqPerSec > 0 {
-		p.Ratio = p.Egressd.ReqPerSec / p.Direct.ReqPerSec
+	ratios := make([]float64, len(p.Rounds))
+	var cpus []float64
+	for i, r := range p.Rounds {
+		ratios[i] = r.Ratio
+		if r.cpuOK {
+			cpus = append(cpus, r.CPUPerReqUS)
+		}
 	}
-	if p.Egressd.Requests > 0 && p.Egressd.CPUError == "" {
-		p.CPUPerReqUS = p.Egressd.CPUSeconds * 1e6 / float64(p.Egressd.Requests)
+	p.Ratio = median(ratios)
+	if len(cpus) == len(p.Rounds) {
+		p.CPUPerReqUS = median(cpus)
 	}
+}
+
+// ratioRange is the lowest and highest ratio over the rounds.
+func (p *pathResult) ratioRange() (lo, hi float64) {
+	for i, r := range p.Rounds {
+		if i == 0 || r.Ratio < lo {
+			lo = r.Ratio
+		}
+		hi = max(hi, r.Ratio)
+	}
+	return lo, hi
 }
 
 // failed reports whether anything went wrong that the numbers alone hide.
 func (r *report) failed() bool {
 	for _, p := range r.Paths {
-		if p.Direct.Errors > 0 || p.Egressd.Errors > 0 || p.Egressd.CPUError != "" || len(p.Log.Unexpected) > 0 {
+		if p.Direct.Errors > 0 || p.Egressd.Errors > 0 || p.Egressd.CPUError != "" || len(p.Log.Unexpected) > 0 || len(p.Problems) > 0 {
 			return true
 		}
 	}
@@ -96,36 +203,117 @@ func (r *report) writeJSON(w io.Writer) error {
 
 func (r *report) writeText(w io.Writer) error {
 	s := r.Settings
-	fmt.Fprintf(w, "egressd bench: %d clients, %d-byte responses, HTTP/1.1 keep-alive, %s measured after %s warm-up per run, %d CPUs shared by load, upstream and egressd\n\n",
-		s.Clients, s.SizeBytes, seconds(s.DurationS), seconds(s.WarmupS), s.CPUs)
+	fmt.Fprintf(w, "egressd bench: %d clients, %d-byte responses, HTTP/1.1, %s measured after %s warm-up per run, %s, %d CPUs shared by load, upstream and egressd\n\n",
+		s.Clients, s.SizeBytes, seconds(s.DurationS), seconds(s.WarmupS), roundsText(s.Rounds), s.CPUs)
 	if s.LoadAvg > busyLoad*float64(s.CPUs) {
 		fmt.Fprintf(w, "warning: load average %.2f at start on %d CPUs: other work competes with the bench, so figures are noisy\n\n", s.LoadAvg, s.CPUs)
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	pw := r.pathWidth()
-	fmt.Fprintf(tw, "%-*s\tdirect req/s\tegressd req/s\tratio\tdirect p50/p99\tegressd p50/p99\tegressd CPU µs/req\t\n", pw, "path")
-	for _, p := range r.Paths {
-		cpu := fmt.Sprintf("%.1f", p.CPUPerReqUS)
-		if p.Egressd.CPUError != "" {
-			cpu = "n/a"
-		}
-		fmt.Fprintf(tw, "%-*s\t%s\t%s\t%.2f\t%s\t%s\t%s\t\n", pw, p.Path,
-			thousands(p.Direct.ReqPerSec), thousands(p.Egressd.ReqPerSec), p.Ratio,
-			latencies(p.Direct), latencies(p.Egressd), cpu)
-	}
-	if err := tw.Flush(); err != nil {
+	if err := r.writeMain(w); err != nil {
 		return err
 	}
 	if r.RSSError != "" {
 		fmt.Fprintf(w, "\negressd peak RSS: unavailable (%s)\n", r.RSSError)
 	} else {
-		fmt.Fprintf(w, "\negressd peak RSS (VmHWM over the whole run): %.1f MiB\n", float64(r.PeakRSSBytes)/(1<<20))
+		fmt.Fprintf(w, "\negressd peak RSS (VmHWM over the whole run): %s\n", mib(r.PeakRSSBytes))
 	}
+	r.writeNotes(w)
 	if err := r.writeDetails(w); err != nil {
 		return err
 	}
 	r.writeProblems(w)
 	return nil
+}
+
+func roundsText(n int) string {
+	if n == 1 {
+		return "1 round (direct, then egressd) per path"
+	}
+	return fmt.Sprintf("%d rounds (direct, egressd, alternated) per path, medians shown", n)
+}
+
+// writeMain is the headline table: one line per path.
+func (r *report) writeMain(w io.Writer) error {
+	multi := r.Settings.Rounds > 1
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	pw := r.pathWidth()
+	fmt.Fprintf(tw, "%-*s\tdirect req/s\tegressd req/s\tratio\t", pw, "path")
+	if multi {
+		fmt.Fprint(tw, "ratio min-max\t")
+	}
+	fmt.Fprint(tw, "direct p50/p99\tegressd p50/p99\tegressd CPU µs/req\tegressd VmHWM\t\n")
+	for _, p := range r.Paths {
+		cpu := fmt.Sprintf("%.1f", p.CPUPerReqUS)
+		if p.Egressd.CPUError != "" {
+			cpu = "n/a"
+		}
+		fmt.Fprintf(tw, "%-*s\t%s\t%s\t%.2f\t", pw, p.Path,
+			thousands(p.Direct.ReqPerSec), thousands(p.Egressd.ReqPerSec), p.Ratio)
+		if multi {
+			lo, hi := p.ratioRange()
+			fmt.Fprintf(tw, "%.2f-%.2f\t", lo, hi)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", latencies(p.Direct), latencies(p.Egressd), cpu, mib(p.PeakRSSBytes))
+	}
+	return tw.Flush()
+}
+
+// writeNotes prints what the table implies but does not show: handshakes/s on
+// new-connection paths, the credential's cost over a transform, the leaf
+// cache, and every round's ratio.
+func (r *report) writeNotes(w io.Writer) {
+	fmt.Fprintln(w)
+	for _, p := range r.Paths {
+		if !p.NewConnPerRequest {
+			continue
+		}
+		fmt.Fprintf(w, "%s: a new TCP+TLS connection per request, so %s client TLS handshakes/s direct, %s through egressd (%s egressd->upstream conns over its runs)\n",
+			p.Path, thousands(p.Direct.ReqPerSec), thousands(p.Egressd.ReqPerSec), thousands(float64(p.Egressd.UpstreamConns)))
+	}
+	if c, i := r.path("credential"), r.path("intercept"); c != nil && i != nil && i.Ratio > 0 && i.Egressd.ReqPerSec > 0 {
+		fmt.Fprintf(w, "credential / intercept: ratio %.2f / %.2f = %.2f, egressd req/s %.2f", c.Ratio, i.Ratio, c.Ratio/i.Ratio, c.Egressd.ReqPerSec/i.Egressd.ReqPerSec)
+		if c.CPUPerReqUS > 0 && i.CPUPerReqUS > 0 {
+			fmt.Fprintf(w, ", egressd CPU %.1f vs %.1f µs/req (%+.0f%%)", c.CPUPerReqUS, i.CPUPerReqUS, 100*(c.CPUPerReqUS/i.CPUPerReqUS-1))
+		}
+		fmt.Fprintln(w)
+	}
+	switch {
+	case r.LeafCacheError != "":
+		fmt.Fprintf(w, "egressd leaf cache: unavailable (%s)\n", r.LeafCacheError)
+	case r.LeafCache != nil:
+		fmt.Fprintf(w, "egressd leaf cache (egressd_leaf_cache_total, /metrics at the end): %s hits, %s misses; per path:", thousands(float64(r.LeafCache.Hit)), thousands(float64(r.LeafCache.Miss)))
+		for _, p := range r.Paths {
+			if p.LeafCache != nil {
+				fmt.Fprintf(w, " %s %s/%s", p.Path, thousands(float64(p.LeafCache.Hit)), thousands(float64(p.LeafCache.Miss)))
+			}
+		}
+		fmt.Fprintln(w)
+	}
+	if r.Settings.Rounds > 1 {
+		fmt.Fprintln(w, "ratio per round:")
+		for _, p := range r.Paths {
+			fmt.Fprintf(w, "  %-*s", r.pathWidth(), p.Path)
+			for _, rd := range p.Rounds {
+				fmt.Fprintf(w, " %.2f", rd.Ratio)
+			}
+			fmt.Fprintln(w)
+		}
+	}
+}
+
+func (r *report) path(name string) *pathResult {
+	for i := range r.Paths {
+		if r.Paths[i].Path == name {
+			return &r.Paths[i]
+		}
+	}
+	return nil
+}
+
+func mib(b int64) string {
+	if b <= 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
 }
 
 // pathWidth is the width of the path column, which is left-aligned by padding
@@ -140,24 +328,33 @@ func (r *report) pathWidth() int {
 
 // writeDetails is the second table: what each run did besides its speed, so
 // a reader can tell a fast run from a broken one (reconnections, errors,
-// missing log lines).
+// missing log lines, requests without the injected header).
 func (r *report) writeDetails(w io.Writer) error {
-	fmt.Fprintln(w, "\ndetails (requests include warm-up; conns: dials by the clients / accepts by the upstream)")
+	sum := ""
+	if r.Settings.Rounds > 1 {
+		sum = fmt.Sprintf(", summed over %d rounds", r.Settings.Rounds)
+	}
+	fmt.Fprintf(w, "\ndetails (requests include warm-up%s; conns: dials by the clients / accepts by the upstream; injected: upstream requests carrying the path's header)\n", sum)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	pw := r.pathWidth()
-	fmt.Fprintf(tw, "%-*s\t%-7s\trequests\terrors\tclient conns\tupstream conns\tmean\tmax\tegressd egress lines\tallowed 200\t\n", pw, "path", "run")
+	fmt.Fprintf(tw, "%-*s\t%-7s\trequests\terrors\tclient conns\tupstream conns\tupstream reqs\tinjected\tmean\tmax\tegressd egress lines\tallowed 200\tleaf hit/miss\tDNS queries\t\n", pw, "path", "run")
 	for _, p := range r.Paths {
 		for _, run := range []struct {
 			name string
 			r    runResult
 		}{{"direct", p.Direct}, {"egressd", p.Egressd}} {
-			lines, ok := "-", "-"
+			lines, ok, leaf, dns := "-", "-", "-", "-"
 			if run.name == "egressd" {
 				lines, ok = thousands(float64(p.Log.EgressLines)), thousands(float64(p.Log.Allowed200))
+				dns = thousands(float64(p.DNSQueries))
+				if p.LeafCache != nil {
+					leaf = thousands(float64(p.LeafCache.Hit)) + "/" + thousands(float64(p.LeafCache.Miss))
+				}
 			}
-			fmt.Fprintf(tw, "%-*s\t%-7s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t\n", pw, p.Path, run.name,
+			fmt.Fprintf(tw, "%-*s\t%-7s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", pw, p.Path, run.name,
 				thousands(float64(run.r.Total)), run.r.Errors, run.r.ClientConns, run.r.UpstreamConns,
-				dur(run.r.MeanUS), dur(run.r.MaxUS), lines, ok)
+				thousands(float64(run.r.UpstreamRequests)), thousands(float64(run.r.Transformed+run.r.Credentialed)),
+				dur(run.r.MeanUS), dur(run.r.MaxUS), lines, ok, leaf, dns)
 		}
 	}
 	return tw.Flush()
@@ -179,6 +376,12 @@ func (r *report) writeProblems(w io.Writer) {
 		}
 		if p.Egressd.CPUError != "" {
 			fmt.Fprintf(w, "\n%s egressd: CPU time not measured: %s\n", p.Path, p.Egressd.CPUError)
+		}
+		if len(p.Problems) > 0 {
+			fmt.Fprintf(w, "\n%s: injection check failed (egressd must set %s on every request)\n", p.Path, cmp.Or(p.Injects, "nothing"))
+			for _, pr := range p.Problems {
+				fmt.Fprintf(w, "  %s\n", pr)
+			}
 		}
 		if len(p.Log.Unexpected) > 0 {
 			fmt.Fprintf(w, "\n%s egressd: unexpected log lines\n", p.Path)

@@ -29,14 +29,43 @@ type upstream struct {
 	caPEM    []byte // the throwaway CA that signed the HTTPS leaf
 	roots    *x509.CertPool
 
-	accepted atomic.Int64
-	servers  []*http.Server
+	accepted   atomic.Int64 // connections
+	served     atomic.Int64 // requests answered
+	transform  atomic.Int64 // requests carrying exactly transformHeader: transformValue
+	credential atomic.Int64 // requests carrying exactly Authorization: Bearer credentialToken
+	servers    []*http.Server
 }
 
-// upstreamNames are the names the HTTPS leaf is valid for. "localhost" is what
-// the current paths use; "bench.test" is for paths that need a name egressd
-// must not resolve through /etc/hosts (interception, later).
-var upstreamNames = []string{"localhost", "bench.test"}
+// upstreamNames are the names the HTTPS leaf is valid for: "localhost" for the
+// plain and connect paths, and the hosts in benchZone (answered by the DNS
+// stub) for the intercepted ones, which need an allowlist entry each.
+var upstreamNames = []string{"localhost", "bench.test", "*.bench.test"}
+
+// What egressd injects on the intercepted paths, and the upstream checks on
+// every request: a transform sets transformHeader, the credential (a fake
+// token in the temp dir's credentials.json) sets Authorization.
+const (
+	transformHeader = "X-Bench-Injected"
+	transformValue  = "bench-transform-value"
+	credentialID    = "bench-cred"
+	credentialToken = "bench-fake-token-not-a-secret"
+)
+
+var credentialAuth = "Bearer " + credentialToken
+
+// upstreamCounts is a snapshot of the upstream's counters; a run's figures are
+// the difference of two.
+type upstreamCounts struct {
+	accepted, served, transform, credential int64
+}
+
+func (u *upstream) counts() upstreamCounts {
+	return upstreamCounts{u.accepted.Load(), u.served.Load(), u.transform.Load(), u.credential.Load()}
+}
+
+func (c upstreamCounts) sub(o upstreamCounts) upstreamCounts {
+	return upstreamCounts{c.accepted - o.accepted, c.served - o.served, c.transform - o.transform, c.credential - o.credential}
+}
 
 func startUpstream(size int) (*upstream, error) {
 	ca, leaf, err := newPKI()
@@ -45,7 +74,7 @@ func startUpstream(size int) (*upstream, error) {
 	}
 	u := &upstream{caPEM: ca.pem, roots: x509.NewCertPool()}
 	u.roots.AddCert(ca.cert)
-	h := fixedBody(size)
+	h := u.fixedBody(size)
 	plain, err := u.serve(h, nil)
 	if err != nil {
 		return nil, err
@@ -98,12 +127,21 @@ func (u *upstream) close() {
 }
 
 // fixedBody answers every request with size bytes and an explicit
-// Content-Length, so neither side pays for chunked framing.
-func fixedBody(size int) http.Handler {
+// Content-Length, so neither side pays for chunked framing. It counts the
+// requests, and those that carry the injected headers exactly once with the
+// exact value (two map lookups and an atomic add or two).
+func (u *upstream) fixedBody(size int) http.Handler {
 	body := bytes.Repeat([]byte("x"), size)
 	length := []string{strconv.Itoa(size)}
 	ctype := []string{"application/octet-stream"}
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.served.Add(1)
+		if v := r.Header[transformHeader]; len(v) == 1 && v[0] == transformValue {
+			u.transform.Add(1)
+		}
+		if v := r.Header["Authorization"]; len(v) == 1 && v[0] == credentialAuth {
+			u.credential.Add(1)
+		}
 		hdr := w.Header()
 		hdr["Content-Length"] = length
 		hdr["Content-Type"] = ctype

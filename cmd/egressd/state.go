@@ -53,3 +53,6 @@ func (d *daemon) reload() error {
 
 // JWKS is the hook signing keys' public half, for /.well-known/jwks.json.
 func (d *daemon) JWKS() []byte { return d.signer.JWKS() }
+
+// CAPEM is the interception CA certificate, for /ca.pem.
+func (d *daemon) CAPEM() []byte { return d.leaves.CA().CertPEM }

@@ -21,6 +21,8 @@ type State interface {
 	Ready() (bool, map[string]any)
 	// JWKS is the hook assertion keys as a JWK Set; nil when there are none.
 	JWKS() []byte
+	// CAPEM is the interception CA certificate (PEM) clients must trust.
+	CAPEM() []byte
 }
 
 // Handler returns the admin HTTP handler.
@@ -43,6 +45,10 @@ func Handler(st State, m *metrics.Metrics) http.Handler {
 			}
 		}
 		writeJSON(w, code, body)
+	})
+	mux.HandleFunc("GET /ca.pem", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/x-pem-file")
+		w.Write(st.CAPEM())
 	})
 	mux.HandleFunc("GET /.well-known/jwks.json", func(w http.ResponseWriter, _ *http.Request) {
 		keys := st.JWKS()

@@ -40,6 +40,8 @@ func (s *fakeState) Runtime() *proxy.Runtime { return s.rt }
 
 func (s *fakeState) JWKS() []byte { return []byte(`{"keys":[]}`) }
 
+func (s *fakeState) CAPEM() []byte { return []byte("-----BEGIN CERTIFICATE-----\n") }
+
 func (s *fakeState) ConfigInfo() (string, time.Time) { return s.hash, s.loaded }
 
 func (s *fakeState) Ready() (bool, map[string]any) {

@@ -100,6 +100,9 @@ func NewLeaves(ca *CA, o LeafOptions) *Leaves {
 	return l
 }
 
+// CA returns the CA the leaves are signed by.
+func (l *Leaves) CA() *CA { return l.ca }
+
 // Get returns the leaf for host, a normalised DNS name or IP literal: an ECDSA
 // P-256 key of its own, host as the only SAN and as CommonName, valid from an
 // hour ago for Validity (never past the CA's NotAfter), for server auth, with

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestMedian(t *testing.T) {
+	for _, tc := range []struct {
+		in   []float64
+		want float64
+	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		if got := median(tc.in); got != tc.want {
+			t.Errorf("median(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestCombineRounds(t *testing.T) {
+	var a, b runResult
+	a.hist.record(time.Millisecond)
+	b.hist.record(3 * time.Millisecond)
+	a.ReqPerSec, b.ReqPerSec = 100, 300
+	a.Requests, b.Requests = 1, 1
+	a.Errors, b.ErrorKinds, b.Errors = 0, map[string]int64{"boom": 2}, 2
+	c := combine([]runResult{a, b})
+	if c.ReqPerSec != 200 || c.Requests != 2 || c.Errors != 2 || c.ErrorKinds["boom"] != 2 || c.hist.n != 2 || c.MaxUS < 2900 {
+		t.Errorf("combine = %+v", c)
+	}
+
+	p := pathResult{Path: "plain", Rounds: []roundResult{
+		newRound(runResult{ReqPerSec: 100}, runResult{ReqPerSec: 50, Requests: 10, CPUSeconds: 1e-3}),
+		newRound(runResult{ReqPerSec: 100}, runResult{ReqPerSec: 70, Requests: 10, CPUSeconds: 2e-3}),
+		newRound(runResult{ReqPerSec: 100}, runResult{ReqPerSec: 60, Requests: 10, CPUSeconds: 3e-3}),
+	}}
+	p.finish()
+	if lo, hi := p.ratioRange(); p.Ratio != 0.6 || lo != 0.5 || hi != 0.7 || p.CPUPerReqUS != 200 {
+		t.Errorf("ratio %v (%v-%v), cpu %v", p.Ratio, lo, hi, p.CPUPerReqUS)
+	}
+}
+
+func TestWriteTextIntercept(t *testing.T) {
+	r := &report{Settings: settings{Clients: 64, SizeBytes: 1024, DurationS: 1, Rounds: 2, CPUs: 2},
+		LeafCache: &leafCounts{Hit: 100, Miss: 2}}
+	for _, name := range []string{"intercept", "intercept-newconn", "credential"} {
+		p := pathResult{Path: name, NewConnPerRequest: name == "intercept-newconn", LeafCache: &leafCounts{Hit: 50, Miss: 1},
+			Direct: runResult{ReqPerSec: 1000}, Egressd: runResult{ReqPerSec: 500, Requests: 10, CPUSeconds: 1e-3},
+			Rounds: []roundResult{
+				newRound(runResult{ReqPerSec: 1000}, runResult{ReqPerSec: 500, Requests: 10, CPUSeconds: 1e-3}),
+				newRound(runResult{ReqPerSec: 1000}, runResult{ReqPerSec: 400, Requests: 10, CPUSeconds: 1e-3}),
+			}}
+		p.finish()
+		r.Paths = append(r.Paths, p)
+	}
+	r.Paths[2].Problems = []string{"egressd run: 0 of 10 upstream requests carried it"}
+	var b strings.Builder
+	if err := r.writeText(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"ratio min-max", "0.40-0.50", "1,000 client TLS handshakes/s direct, 500 through egressd",
+		"credential / intercept: ratio 0.45 / 0.45 = 1.00", "100 hits, 2 misses", "ratio per round:", "injection check failed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	if !r.failed() {
+		t.Error("a failed injection check does not fail the report")
+	}
+}
