@@ -22,8 +22,12 @@ run: build
 ## test: install what the tests need, lint, then every test under -race.
 test: deps lint unit
 
+# deps installs what the tests need on a fresh machine (iproute2, util-linux,
+# iptables) and builds the Vault dev server once (cached outside the clone).
 deps:
 	@scripts/install-test-deps.sh
+	@scripts/install-netns-deps.sh
+	@scripts/vaultdev.sh build >/dev/null
 
 lint: $(STATICCHECK)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -35,9 +39,12 @@ $(STATICCHECK):
 	GOBIN=$(CACHE)/bin GOFLAGS= $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 # EGRESSD_REQUIRE_NETNS makes tests that must run in a loopback-only network
-# namespace fail, rather than skip, when one cannot be made.
+# namespace fail, rather than skip, when one cannot be made; EGRESSD_REQUIRE_VAULT
+# makes the Vault integration tests fail rather than skip without a server, which
+# scripts/with-vault.sh starts for the run and stops after it.
 unit:
-	EGRESSD_REQUIRE_NETNS=1 $(GO) test -race -count=1 -timeout 15m ./...
+	scripts/with-vault.sh env EGRESSD_REQUIRE_NETNS=1 EGRESSD_REQUIRE_VAULT=1 \
+	  $(GO) test -race -count=1 -timeout 15m ./...
 
 ## fuzz: each fuzz target for FUZZTIME (default 30s).
 FUZZTIME ?= 30s
