@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# A real HashiCorp Vault server (v1.20.4, in memory, unsealed, 127.0.0.1 only)
+# for egressd's tests, built from Vault's Go packages in tools/vaultdev/.
+#
+#   scripts/vaultdev.sh build   build the binary unless cached; print its path
+#   scripts/vaultdev.sh start   build if needed, start one server in the
+#                               background, wait until ready, print
+#                                 export VAULT_ADDR=...; export VAULT_TOKEN=...;
+#                                 export EGRESSD_VAULTDEV_PID=...
+#                               (use: eval "$(scripts/vaultdev.sh start)")
+#   scripts/vaultdev.sh stop    stop the server started by `start`
+#                               (or the one in $EGRESSD_VAULTDEV_PID)
+#
+# The binary is keyed by a hash of tools/vaultdev/{go.mod,go.sum,main.go,
+# patches/*} and cached in ${EGRESSD_CACHE:-$HOME/.cache/egressd}/vaultdev/<hash>/
+# so every clone on the machine shares it; .cache/vaultdev/vaultdev in the
+# repo links to it. A cold build downloads ~3 GB of modules into GOMODCACHE,
+# vendors them (~180 MB, in a scratch dir, deleted afterwards), applies
+# tools/vaultdev/patches/*.patch to the vendored sdk and builds: ~5 min on 2
+# CPUs. A cached `build` takes milliseconds; `start` ~0.2 s.
+#
+# Environment: EGRESSD_CACHE (cache root), VAULTDEV_ADDR (listen address for
+# `start`, default 127.0.0.1:0 = a free port), VAULTDEV_ROOT_TOKEN (fixed root
+# token ID for `start`), VAULTDEV_LOG_LEVEL (default warn; the log is
+# .cache/vaultdev/run/vault.log), VAULTDEV_START_TIMEOUT (seconds, default 60).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SRC=$ROOT/tools/vaultdev
+CACHE_ROOT=${EGRESSD_CACHE:-${HOME:-/tmp}/.cache/egressd}/vaultdev
+LOCAL=$ROOT/.cache/vaultdev
+RUN=$LOCAL/run
+
+say() { echo "vaultdev: $*" >&2; }
+die() {
+  echo "vaultdev: error: $*" >&2
+  exit 1
+}
+
+# key: hash of the inputs that decide the binary (and the platform).
+key() {
+  local f
+  (
+    cd "$SRC"
+    for f in go.mod go.sum main.go patches/*; do
+      [ -f "$f" ] || die "missing $SRC/$f"
+      printf '== %s\n' "$f"
+      cat "$f"
+    done
+    uname -sm
+  ) | sha256sum | cut -c1-16
+}
+
+link_local() { # $1: cached binary
+  mkdir -p "$LOCAL"
+  ln -sfn "$1" "$LOCAL/vaultdev"
+}
+
+need_tools() {
+  command -v go >/dev/null 2>&1 || die "go is not on PATH (tools/vaultdev needs Go $(awk '/^go /{print $2}' "$SRC/go.mod") or newer)"
+  if ! command -v patch >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+      say "installing Debian package 'patch'"
+      apt-get update -qq >&2 || die "apt-get update failed"
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq patch >/dev/null || die "apt-get install patch failed"
+    else
+      die "'patch' is not installed (Debian: apt-get install patch)"
+    fi
+  fi
+}
+
+# build: print the path of the cached binary, building it first if needed.
+cmd_build() {
+  local k dir bin
+  k=$(key)
+  dir=$CACHE_ROOT/$k
+  bin=$dir/vaultdev
+  if [ -x "$bin" ]; then
+    link_local "$bin"
+    echo "$bin"
+    return
+  fi
+  need_tools
+  mkdir -p "$CACHE_ROOT" || die "cannot create $CACHE_ROOT (set EGRESSD_CACHE)"
+  # One build at a time per key, across clones and concurrent `make test`s.
+  exec 9>"$CACHE_ROOT/.lock-$k"
+  if command -v flock >/dev/null 2>&1; then
+    flock -n 9 || {
+      say "another build of $k is running; waiting for it"
+      flock 9
+    }
+  fi
+  # Scratch dirs of builds that were killed (SIGKILL skips the trap).
+  find "$CACHE_ROOT" -maxdepth 1 -name '.build-*' -mmin +180 -exec rm -rf {} + 2>/dev/null || true
+  if [ ! -x "$bin" ]; then
+    build_into "$dir"
+  fi
+  exec 9>&-
+  [ -x "$bin" ] || die "build finished but $bin is missing"
+  link_local "$bin"
+  echo "$bin"
+}
+
+build_into() { # $1: final directory
+  local dir=$1 work t0 t
+  work=$(mktemp -d "$CACHE_ROOT/.build-XXXXXX")
+  # shellcheck disable=SC2064
+  trap "rm -rf '$work'" EXIT
+  t0=$(date +%s)
+  cp "$SRC/go.mod" "$SRC/go.sum" "$SRC/main.go" "$work/"
+  cp -r "$SRC/patches" "$work/patches"
+  cd "$work"
+  export GONOSUMDB='github.com/hashicorp/*' GOFLAGS='-mod=mod -buildvcs=false' CGO_ENABLED=0
+  say "building Vault v1.20.4 dev server (key $(basename "$dir")) in $work"
+  say "[1/4] downloading modules into $(go env GOMODCACHE) (fresh machine: ~3 GB, ~30-90 s)"
+  go mod download >&2 || die "go mod download failed (needs the Go module proxy: $(go env GOPROXY))"
+  say "[2/4] go mod vendor (~180 MB, scratch)"
+  go mod vendor >&2 || die "go mod vendor failed"
+  say "[3/4] patching the vendored sdk"
+  local p
+  for p in patches/*.patch; do
+    patch -p1 --forward --batch --quiet <"$p" >&2 || die "patch $p did not apply to the vendored sdk (did go.mod change?)"
+  done
+  t=$(date +%s)
+  say "[4/4] go build -mod=vendor (fresh machine: ~4-5 min on 2 CPUs; $((t - t0))s so far)"
+  GOFLAGS='-mod=vendor -buildvcs=false' go build -trimpath -ldflags='-s -w' -o "$work/vaultdev" . >&2 ||
+    die "go build failed (see above)"
+  mkdir -p "$dir"
+  mv "$work/vaultdev" "$dir/vaultdev.tmp"
+  mv "$dir/vaultdev.tmp" "$dir/vaultdev"
+  cd "$ROOT"
+  rm -rf "$work"
+  trap - EXIT
+  say "built $dir/vaultdev in $(($(date +%s) - t0))s"
+}
+
+alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
+
+# is_vaultdev: the pid is a running vaultdev (not a recycled pid).
+is_vaultdev() {
+  alive "$1" || return 1
+  case "$(readlink "/proc/$1/exe" 2>/dev/null || true)" in
+  */vaultdev) return 0 ;;
+  "") [ ! -d /proc ] ;; # no /proc: trust the pid
+  *) return 1 ;;
+  esac
+}
+
+cmd_start() {
+  local bin pid i timeout addr tok
+  bin=$(cmd_build)
+  mkdir -p "$RUN"
+  if [ -f "$RUN/pid" ] && is_vaultdev "$(cat "$RUN/pid")"; then
+    say "stopping the previous server (pid $(cat "$RUN/pid"))"
+    cmd_stop
+  fi
+  rm -f "$RUN/ready.json"
+  local args=(-addr "${VAULTDEV_ADDR:-127.0.0.1:0}" -ready-file "$RUN/ready.json" -log-level "${VAULTDEV_LOG_LEVEL:-warn}")
+  [ -n "${VAULTDEV_ROOT_TOKEN:-}" ] && args+=(-root-token "$VAULTDEV_ROOT_TOKEN")
+  # setsid: the server outlives this script and a ^C in the caller's shell.
+  if command -v setsid >/dev/null 2>&1; then
+    setsid "$bin" "${args[@]}" >"$RUN/stdout" 2>"$RUN/vault.log" </dev/null &
+  else
+    "$bin" "${args[@]}" >"$RUN/stdout" 2>"$RUN/vault.log" </dev/null &
+  fi
+  pid=$!
+  echo "$pid" >"$RUN/pid"
+  timeout=${VAULTDEV_START_TIMEOUT:-60}
+  for ((i = 0; i < timeout * 20; i++)); do
+    [ -s "$RUN/ready.json" ] && break
+    if ! alive "$pid"; then
+      tail -n 30 "$RUN/vault.log" >&2 || true
+      rm -f "$RUN/pid"
+      die "the server exited before it was ready (log: $RUN/vault.log)"
+    fi
+    sleep 0.05
+  done
+  if [ ! -s "$RUN/ready.json" ]; then
+    kill "$pid" 2>/dev/null || true
+    tail -n 30 "$RUN/vault.log" >&2 || true
+    die "not ready within ${timeout}s (log: $RUN/vault.log)"
+  fi
+  addr=$(sed -n 's/.*"addr":"\([^"]*\)".*/\1/p' "$RUN/ready.json")
+  tok=$(sed -n 's/.*"root_token":"\([^"]*\)".*/\1/p' "$RUN/ready.json")
+  [ -n "$addr" ] && [ -n "$tok" ] || die "cannot parse $RUN/ready.json"
+  echo "export VAULT_ADDR='$addr';"
+  echo "export VAULT_TOKEN='$tok';"
+  echo "export EGRESSD_VAULTDEV_PID='$pid';"
+}
+
+cmd_stop() {
+  local pid=${EGRESSD_VAULTDEV_PID:-} i
+  if [ -z "$pid" ] && [ -f "$RUN/pid" ]; then pid=$(cat "$RUN/pid"); fi
+  if [ -z "$pid" ]; then
+    say "no server to stop"
+    return 0
+  fi
+  if ! alive "$pid"; then
+    say "pid $pid is not running"
+  elif ! is_vaultdev "$pid"; then
+    say "pid $pid is not a vaultdev server; leaving it alone"
+  else
+    kill -TERM "$pid"
+    for ((i = 0; i < 100; i++)); do
+      alive "$pid" || break
+      sleep 0.05
+    done
+    if alive "$pid"; then
+      say "pid $pid did not exit on SIGTERM within 5s; killing it"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  if [ -f "$RUN/pid" ] && [ "$(cat "$RUN/pid")" = "$pid" ]; then rm -f "$RUN/pid" "$RUN/ready.json"; fi
+}
+
+case "${1:-}" in
+build) cmd_build ;;
+start) cmd_start ;;
+stop) cmd_stop ;;
+*)
+  echo "usage: $0 build|start|stop" >&2
+  exit 2
+  ;;
+esac
