@@ -6,10 +6,12 @@
 #   scripts/vaultdev.sh start   build if needed, start one server in the
 #                               background, wait until ready, print
 #                                 export VAULT_ADDR=...; export VAULT_TOKEN=...;
-#                                 export EGRESSD_VAULTDEV_PID=...
-#                               (use: eval "$(scripts/vaultdev.sh start)")
-#   scripts/vaultdev.sh stop    stop the server started by `start`
-#                               (or the one in $EGRESSD_VAULTDEV_PID)
+#                                 export EGRESSD_VAULTDEV_PID=...;
+#                                 export EGRESSD_VAULTDEV_READY_FILE=...
+#                               (use: eval "$(scripts/vaultdev.sh start)");
+#                               each start is a new server, never stopping others
+#   scripts/vaultdev.sh stop    stop the server in $EGRESSD_VAULTDEV_PID (else
+#                               the last one `start` started in this checkout)
 #
 # The binary is keyed by a hash of tools/vaultdev/{go.mod,go.sum,main.go,
 # patches/*} and cached in ${EGRESSD_CACHE:-$HOME/.cache/egressd}/vaultdev/<hash>/
@@ -22,7 +24,10 @@
 # Environment: EGRESSD_CACHE (cache root), VAULTDEV_ADDR (listen address for
 # `start`, default 127.0.0.1:0 = a free port), VAULTDEV_ROOT_TOKEN (fixed root
 # token ID for `start`), VAULTDEV_LOG_LEVEL (default warn; the log is
-# .cache/vaultdev/run/vault.log), VAULTDEV_START_TIMEOUT (seconds, default 60).
+# .cache/vaultdev/run/<pid>/vault.log), VAULTDEV_START_TIMEOUT (seconds,
+# default 60). Tests that need their own server (e.g. to kill and restart it)
+# can run the binary from `build` directly: vaultdev -addr 127.0.0.1:0
+# [-ready-file F] [-root-token T] prints the same JSON line when ready.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -134,7 +139,12 @@ build_into() { # $1: final directory
   say "built $dir/vaultdev in $(($(date +%s) - t0))s"
 }
 
-alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
+# alive: running and not a zombie (an exited server whose new parent, PID 1
+# after setsid, has not reaped it yet).
+alive() {
+  [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null || return 1
+  [ "$(awk '/^State:/{print $2}' "/proc/$1/status" 2>/dev/null)" != Z ]
+}
 
 # is_vaultdev: the pid is a running vaultdev (not a recycled pid).
 is_vaultdev() {
@@ -146,51 +156,61 @@ is_vaultdev() {
   esac
 }
 
+# Each `start` gets its own run directory (.cache/vaultdev/run/<pid>/: ready.json,
+# stdout, vault.log), so concurrent runs in one checkout never stop each
+# other's server; `start` never stops a running server.
 cmd_start() {
-  local bin pid i timeout addr tok
+  local bin pid i timeout addr tok dir d
   bin=$(cmd_build)
   mkdir -p "$RUN"
-  if [ -f "$RUN/pid" ] && is_vaultdev "$(cat "$RUN/pid")"; then
-    say "stopping the previous server (pid $(cat "$RUN/pid"))"
-    cmd_stop
-  fi
-  rm -f "$RUN/ready.json"
-  local args=(-addr "${VAULTDEV_ADDR:-127.0.0.1:0}" -ready-file "$RUN/ready.json" -log-level "${VAULTDEV_LOG_LEVEL:-warn}")
+  for d in "$RUN"/*/; do # run dirs of servers that are gone
+    [ -d "$d" ] || continue
+    is_vaultdev "$(cat "$d/pid" 2>/dev/null || true)" || rm -rf "$d"
+  done
+  dir=$(mktemp -d "$RUN/start-XXXXXX")
+  local args=(-addr "${VAULTDEV_ADDR:-127.0.0.1:0}" -log-level "${VAULTDEV_LOG_LEVEL:-warn}")
   [ -n "${VAULTDEV_ROOT_TOKEN:-}" ] && args+=(-root-token "$VAULTDEV_ROOT_TOKEN")
   # setsid: the server outlives this script and a ^C in the caller's shell.
   if command -v setsid >/dev/null 2>&1; then
-    setsid "$bin" "${args[@]}" >"$RUN/stdout" 2>"$RUN/vault.log" </dev/null &
+    setsid "$bin" "${args[@]}" >"$dir/stdout" 2>"$dir/vault.log" </dev/null &
   else
-    "$bin" "${args[@]}" >"$RUN/stdout" 2>"$RUN/vault.log" </dev/null &
+    "$bin" "${args[@]}" >"$dir/stdout" 2>"$dir/vault.log" </dev/null &
   fi
   pid=$!
-  echo "$pid" >"$RUN/pid"
+  mv "$dir" "$RUN/$pid"
+  dir=$RUN/$pid
+  echo "$pid" >"$dir/pid"
+  echo "$pid" >"$RUN/last"
   timeout=${VAULTDEV_START_TIMEOUT:-60}
+  # Ready when the server has printed its one JSON line.
   for ((i = 0; i < timeout * 20; i++)); do
-    [ -s "$RUN/ready.json" ] && break
+    grep -q '"root_token"' "$dir/stdout" && break
     if ! alive "$pid"; then
-      tail -n 30 "$RUN/vault.log" >&2 || true
-      rm -f "$RUN/pid"
-      die "the server exited before it was ready (log: $RUN/vault.log)"
+      tail -n 30 "$dir/vault.log" >&2 || true
+      die "the server exited before it was ready (log: $dir/vault.log)"
     fi
     sleep 0.05
   done
-  if [ ! -s "$RUN/ready.json" ]; then
+  if ! grep -q '"root_token"' "$dir/stdout"; then
     kill "$pid" 2>/dev/null || true
-    tail -n 30 "$RUN/vault.log" >&2 || true
-    die "not ready within ${timeout}s (log: $RUN/vault.log)"
+    tail -n 30 "$dir/vault.log" >&2 || true
+    die "not ready within ${timeout}s (log: $dir/vault.log)"
   fi
-  addr=$(sed -n 's/.*"addr":"\([^"]*\)".*/\1/p' "$RUN/ready.json")
-  tok=$(sed -n 's/.*"root_token":"\([^"]*\)".*/\1/p' "$RUN/ready.json")
-  [ -n "$addr" ] && [ -n "$tok" ] || die "cannot parse $RUN/ready.json"
+  addr=$(sed -n 's/.*"addr":"\([^"]*\)".*/\1/p' "$dir/stdout")
+  tok=$(sed -n 's/.*"root_token":"\([^"]*\)".*/\1/p' "$dir/stdout")
+  [ -n "$addr" ] && [ -n "$tok" ] || die "cannot parse $dir/stdout"
+  cp "$dir/stdout" "$dir/ready.json"
   echo "export VAULT_ADDR='$addr';"
   echo "export VAULT_TOKEN='$tok';"
   echo "export EGRESSD_VAULTDEV_PID='$pid';"
+  # The ready line again, with the unseal key (to seal/unseal in tests).
+  echo "export EGRESSD_VAULTDEV_READY_FILE='$dir/ready.json';"
 }
 
+# stop: the server in $EGRESSD_VAULTDEV_PID, else the last one `start` started.
 cmd_stop() {
   local pid=${EGRESSD_VAULTDEV_PID:-} i
-  if [ -z "$pid" ] && [ -f "$RUN/pid" ]; then pid=$(cat "$RUN/pid"); fi
+  if [ -z "$pid" ] && [ -f "$RUN/last" ]; then pid=$(cat "$RUN/last"); fi
   if [ -z "$pid" ]; then
     say "no server to stop"
     return 0
@@ -199,6 +219,7 @@ cmd_stop() {
     say "pid $pid is not running"
   elif ! is_vaultdev "$pid"; then
     say "pid $pid is not a vaultdev server; leaving it alone"
+    return 0
   else
     kill -TERM "$pid"
     for ((i = 0; i < 100; i++)); do
@@ -210,7 +231,8 @@ cmd_stop() {
       kill -KILL "$pid" 2>/dev/null || true
     fi
   fi
-  if [ -f "$RUN/pid" ] && [ "$(cat "$RUN/pid")" = "$pid" ]; then rm -f "$RUN/pid" "$RUN/ready.json"; fi
+  case "$pid" in *[!0-9]*) ;; *) rm -rf "${RUN:?}/$pid" ;; esac
+  if [ -f "$RUN/last" ] && [ "$(cat "$RUN/last")" = "$pid" ]; then rm -f "$RUN/last"; fi
 }
 
 case "${1:-}" in

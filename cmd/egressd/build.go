@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"net/netip"
 	"os"
@@ -93,7 +94,14 @@ func credentialIDs(l *loaded) []string {
 // running store (and its last good values) unless this changes.
 func storeKey(l *loaded) string {
 	c := l.cfg.Credentials
-	return fmt.Sprintf("%s|%s|%s|%s", c.Backend, c.File, c.MaxStale, strings.Join(credentialIDs(l), ","))
+	// The Vault section is hashed as %#v of its fields, not through VaultAuth's
+	// redacting String, so a changed token rebuilds the store too; the hash never
+	// leaves this process.
+	vault := sha256.Sum256(fmt.Appendf(nil, "%s|%s|%s|%s|%v|%#v|%s|%s|%s|%s|%s|%s|%s|%s",
+		c.Vault.Address, c.Vault.KVMount, c.Vault.KVPrefix, c.Vault.Refresh, c.Vault.Paths,
+		c.Vault.Auth.Method, c.Vault.Auth.Token, c.Vault.Auth.TokenFile, c.Vault.Auth.RoleIDFile,
+		c.Vault.Auth.SecretIDFile, c.Vault.Auth.Role, c.Vault.Auth.JWTFile, c.Vault.Auth.Mount, c.File))
+	return fmt.Sprintf("%s|%s|%s|%x|%s", c.Backend, c.File, c.MaxStale, vault[:8], strings.Join(credentialIDs(l), ","))
 }
 
 // newStore builds and starts the credential store for the policy's credential IDs. A

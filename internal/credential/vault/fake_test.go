@@ -2,6 +2,7 @@ package vault
 
 import (
 	"encoding/json"
+	"github.com/rs/zerolog"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -93,3 +94,7 @@ func (f *fakeVault) kv(path string, version int, data map[string]any) {
 		"data": data, "metadata": map[string]any{"version": version, "destroyed": false},
 	}})
 }
+
+// Test logs carry milliseconds, so that a failure's log shows the order of renewals,
+// logins and reads.
+func init() { zerolog.TimeFieldFormat = "15:04:05.000" }

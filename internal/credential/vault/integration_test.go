@@ -32,7 +32,8 @@ import (
 // Scenarios against a real Vault: the in-memory dev server scripts/vaultdev.sh starts
 // (make test exports VAULT_ADDR and VAULT_TOKEN, a root token). Each test makes its own
 // KV prefix, policies, roles and auth mounts, named after it, and only talks to 127.0.0.1.
-// Without VAULT_ADDR they skip, unless EGRESSD_REQUIRE_VAULT=1, when they fail.
+// Without VAULT_ADDR they skip, unless EGRESSD_REQUIRE_VAULT=1, when they fail. They run
+// in parallel, except the one that sets the environment.
 
 // devVault is the Vault under test and a root client for setting it up.
 type devVault struct {
@@ -196,6 +197,7 @@ func (r *run) header(id string) (string, error) {
 }
 
 func TestVaultTokenAuthRead(t *testing.T) {
+	t.Parallel()
 	v := newDevVault(t)
 	v.putKV("api", map[string]any{"token": planted})
 	v.putKV("basic", map[string]any{"username": "u", "password": planted})
@@ -210,6 +212,7 @@ func TestVaultTokenAuthRead(t *testing.T) {
 }
 
 func TestVaultAppRoleLogin(t *testing.T) {
+	t.Parallel()
 	v := newDevVault(t)
 	v.putKV("api", map[string]any{"headers": map[string]any{"X-Api-Key": planted}})
 	roleID, secretID := v.appRole("approle", "", "1h")
@@ -223,6 +226,7 @@ func TestVaultAppRoleLogin(t *testing.T) {
 }
 
 func TestVaultJWTLogin(t *testing.T) {
+	t.Parallel()
 	v := newDevVault(t)
 	v.putKV("api", map[string]any{"token": planted})
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -278,6 +282,7 @@ func signES256(t *testing.T, key *ecdsa.PrivateKey, claims map[string]any) strin
 }
 
 func TestVaultTokenRenewal(t *testing.T) {
+	t.Parallel()
 	v := newDevVault(t)
 	v.putKV("api", map[string]any{"token": planted})
 	tokenFile := v.childToken("3s")
@@ -297,17 +302,18 @@ func TestVaultTokenRenewal(t *testing.T) {
 	if ok < 12 {
 		t.Errorf("only %d good reads in 8s at a 500ms refresh", ok)
 	}
+	// The token outlived its 3s TTL: Vault still knows it (an expired token is gone).
 	tok, _ := os.ReadFile(tokenFile)
-	look := v.write("auth/token/lookup", map[string]any{"token": strings.TrimSpace(string(tok))})
-	ttl, _ := look.TokenTTL()
+	look, err := v.root.Logical().Write("auth/token/lookup", map[string]any{"token": strings.TrimSpace(string(tok))})
 	renewals := strings.Count(r.log.String(), "vault token renewed")
-	t.Logf("8s on a 3s token: %d good reads, %d renewals, ttl now %v", ok, renewals, ttl)
-	if renewals < 2 || ttl <= 0 {
-		t.Errorf("the token was not kept alive: %d renewals, ttl %v", renewals, ttl)
+	t.Logf("8s on a 3s token: %d good reads, %d renewals, lookup error %v", ok, renewals, err)
+	if renewals < 2 || err != nil || look == nil {
+		t.Errorf("the token was not kept alive: %d renewals, lookup: %v", renewals, err)
 	}
 }
 
 func TestVaultReloginAfterRevocation(t *testing.T) {
+	t.Parallel()
 	v := newDevVault(t)
 	v.putKV("api", map[string]any{"token": planted})
 	mount := v.enableAuth("approle")
@@ -333,13 +339,19 @@ func TestVaultReloginAfterRevocation(t *testing.T) {
 }
 
 // A token that cannot be renewed past its max TTL, or not at all (a batch token), is
-// replaced by a new login before it expires: reads never fail.
+// replaced by a new login: reads never fail. The batch token is replaced before it
+// expires (LifetimeWatcher's grace). At a max TTL of a few seconds Vault reports the
+// remaining TTL in whole seconds, rounded up, so LifetimeWatcher sometimes renews a
+// moment after the token expired; then the read that meets the expired token logs in
+// again and retries. Either way no read fails; the log line says which happened.
 func TestVaultReloginBeforeExpiry(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ name, tokenType, ttl, maxTTL string }{
 		{"max-ttl", "service", "2s", "4s"},
 		{"batch", "batch", "3s", "3s"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			v := newDevVault(t)
 			v.putKV("api", map[string]any{"token": planted})
 			mount := v.enableAuth("approle")
@@ -351,14 +363,14 @@ func TestVaultReloginBeforeExpiry(t *testing.T) {
 			r := v.start(Options{Auth: NewAppRoleAuth(mount, roleID, secretID)},
 				credential.Options{Refresh: 250 * time.Millisecond, MaxStale: time.Minute}, "api")
 			time.Sleep(9 * time.Second)
-			logins := strings.Count(r.log.String(), `"message":"vault login"`)
-			t.Logf("9s on %s tokens (ttl %s, max %s): %d logins, %d good reads, %d failed", c.tokenType, c.ttl, c.maxTTL,
-				logins, r.count("api", credential.ResultOK), r.count("api", credential.ResultError))
-			if testing.Verbose() {
-				t.Logf("log:\n%s", r.log)
-			}
-			if logins < 3 {
-				t.Errorf("%d logins in 9s, want at least 3", logins)
+			log := r.log.String()
+			logins := strings.Count(log, `"message":"vault login"`)
+			early := strings.Count(log, "logging in again before it expires")
+			t.Logf("9s on %s tokens (ttl %s, max %s): %d logins (%d before expiry, %d after Vault rejected the token), %d good reads, %d failed",
+				c.tokenType, c.ttl, c.maxTTL, logins, early, strings.Count(log, "vault rejected the token"),
+				r.count("api", credential.ResultOK), r.count("api", credential.ResultError))
+			if logins < 2 || c.tokenType == "batch" && early < 1 {
+				t.Errorf("%d logins in 9s, %d of them before expiry", logins, early)
 			}
 			if n := r.count("api", credential.ResultError); n > 0 {
 				t.Errorf("%d failed reads", n)
@@ -368,6 +380,7 @@ func TestVaultReloginBeforeExpiry(t *testing.T) {
 }
 
 func TestVaultRotation(t *testing.T) {
+	t.Parallel()
 	v := newDevVault(t)
 	v.putKV("api", map[string]any{"token": planted + "-v1"})
 	const refresh = time.Second
@@ -398,6 +411,7 @@ func TestVaultRotation(t *testing.T) {
 }
 
 func TestVaultSecretDeleted(t *testing.T) {
+	t.Parallel()
 	v := newDevVault(t)
 	for _, id := range []string{"soft", "destroyed", "gone"} {
 		v.putKV(id, map[string]any{"token": planted})
@@ -431,6 +445,7 @@ func TestVaultSecretDeleted(t *testing.T) {
 }
 
 func TestVaultWrongShape(t *testing.T) {
+	t.Parallel()
 	v := newDevVault(t)
 	v.putKV("shape", map[string]any{"tokne": planted})
 	v.putKV("crlf", map[string]any{"token": planted + "\r\nX-Injected: 1"})
@@ -556,6 +571,7 @@ func TestVaultStoppedThenBack(t *testing.T) {
 }
 
 func TestVaultIdentityToken(t *testing.T) {
+	t.Parallel()
 	v := newDevVault(t)
 	v.write("identity/oidc/key/"+v.name, map[string]any{"allowed_client_ids": "*", "rotation_period": "24h", "verification_ttl": "24h"})
 	v.write("identity/oidc/role/"+v.name, map[string]any{"key": v.name, "ttl": "3s"})

@@ -237,7 +237,7 @@ func (b *Backend) renew(ctx context.Context, id string, cur *leased, now time.Ti
 	c := *cur
 	c.expires, c.refreshAt = now.Add(life), now.Add(refreshAfter(life))
 	b.leases.set(id, &c)
-	b.log.Debug().Str("credential", id).Dur("lease", life).Msg("vault lease renewed")
+	b.log.Debug().Str("credential", id).Int("lease_seconds", int(life/time.Second)).Msg("vault lease renewed")
 	return true, nil
 }
 
@@ -282,7 +282,7 @@ func (b *Backend) fetchPath(ctx context.Context, id string, p Path) ([]credentia
 	}
 	l := &leased{headers: headers, version: version, leaseID: sec.LeaseID, renewable: sec.Renewable && sec.LeaseID != "",
 		lifetime: life, expires: now.Add(life), refreshAt: now.Add(refreshAfter(life))}
-	b.log.Debug().Str("credential", id).Str("version", version).Dur("lifetime", life).Time("refresh_at", l.refreshAt).
+	b.log.Debug().Str("credential", id).Str("version", version).Int("lifetime_seconds", int(life/time.Second)).Time("refresh_at", l.refreshAt).
 		Msg("vault credential with a lifetime")
 	return headers, version, l, nil
 }

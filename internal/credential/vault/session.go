@@ -96,8 +96,8 @@ func (s *session) loginLocked(ctx context.Context) (*login, error) {
 		s.needRefresh = true
 	}
 	s.cur, s.failures, s.lastErr, s.retryAt, s.rejected = l, 0, nil, time.Time{}, false
-	s.log.Info().Str("method", s.auth.Name()).Dur("ttl", l.ttl).Bool("renewable", l.renewable).
-		Msg("vault login")
+	s.log.Info().Str("method", s.auth.Name()).Int("ttl_seconds", int(l.ttl/time.Second)).
+		Bool("renewable", l.renewable).Msg("vault login")
 	s.notify()
 	return l, nil
 }

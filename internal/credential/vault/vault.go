@@ -59,7 +59,8 @@ type Options struct {
 
 // Backend reads credentials from Vault. It is a credential.Backend and a
 // credential.IDWatcher: Store.Start runs its WatchIDs, which keeps the Vault token alive
-// and re-reads a leased or short-lived credential before it expires.
+// and re-reads a leased or short-lived credential before it expires. Without WatchIDs
+// running, Read still logs in whenever there is no usable token, but nothing renews it.
 type Backend struct {
 	client            *api.Client
 	sess              *session

@@ -5,10 +5,10 @@
 //	(cd tools/vaultdev && go run ./cmd/smoke)
 //	scripts/vaultdev.sh stop
 //
-// It needs VAULT_ADDR and VAULT_TOKEN (root). With VAULTDEV_READY_FILE (the
-// server's -ready-file, default .cache/vaultdev/run/ready.json under the repo)
-// it also seals and unseals Vault. It prints one line per check and exits 1
-// if any failed.
+// It needs VAULT_ADDR and VAULT_TOKEN (root). With EGRESSD_VAULTDEV_READY_FILE
+// (exported by start; the server's ready line with its unseal key) it also
+// seals and unseals Vault. It prints one line per check and exits 1 if any
+// failed.
 package main
 
 import (
@@ -218,11 +218,7 @@ path "identity/oidc/token/*" { capabilities = ["read"] }`)
 		return nil
 	})
 
-	readyFile := os.Getenv("VAULTDEV_READY_FILE")
-	if readyFile == "" {
-		readyFile = "../../.cache/vaultdev/run/ready.json"
-	}
-	if b, err := os.ReadFile(readyFile); err == nil {
+	if b, err := os.ReadFile(os.Getenv("EGRESSD_VAULTDEV_READY_FILE")); err == nil {
 		var r struct {
 			UnsealKey string `json:"unseal_key"`
 		}
