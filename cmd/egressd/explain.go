@@ -12,11 +12,12 @@ import (
 
 func cmdExplain(args []string) int {
 	fs, cfgPath, format := newFlags("explain", stderr)
+	hook := fs.Bool("hook", false, "explain a POST to URL as a hook call of hooks.json")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
 	if fs.NArg() != 1 {
-		fmt.Fprintln(stderr, "usage: egressd explain [--config FILE] [--format json] URL")
+		fmt.Fprintln(stderr, "usage: egressd explain [--config FILE] [--format json] [--hook] URL")
 		return exitUsage
 	}
 	l, err := load(*cfgPath)
@@ -32,6 +33,16 @@ func cmdExplain(args []string) int {
 		return exitUsage
 	}
 	res := explain.URL(l.policy.Allowlist, guard, l.cfg.Environment, fs.Arg(0))
+	if *hook {
+		ix, err := loadHooks(l.cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "egressd: %v\n", err)
+			return exitUsage
+		}
+		if res = explain.Hook(res, fs.Arg(0), ix, l.cfg.Hooks.FailClosed); res.Hook == nil {
+			res.Note = "not a hook URL of an enabled group in hooks.json: treated as ordinary traffic"
+		}
+	}
 	if *format == "json" {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
@@ -56,6 +67,10 @@ func printExplain(r explain.Result) {
 	fmt.Printf("intercept:  %t\n", r.Intercept)
 	fmt.Printf("inject:     %s\n", orNone(strings.Join(r.Inject, ", ")))
 	fmt.Printf("credential: %s\n", orNone(r.Credential))
+	if h := r.Hook; h != nil {
+		fmt.Printf("hook:       %s %s (timeout %gs, fail_closed %t)\n", h.Group, h.Event, h.TimeoutSeconds, h.FailClosed)
+		fmt.Printf("answer:     %s\n", h.Answer)
+	}
 	if r.Note != "" {
 		fmt.Printf("note:       %s\n", r.Note)
 	}

@@ -8,24 +8,26 @@ import (
 	"net/url"
 
 	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/netguard"
 )
 
 // Result is what explain reports. It names headers and credential IDs, never values.
 type Result struct {
-	URL        string   `json:"url"`
-	Scheme     string   `json:"scheme"`
-	Host       string   `json:"host"`
-	Port       uint16   `json:"port"`
-	Decision   string   `json:"decision"` // allow | deny
-	Reason     string   `json:"reason"`
-	Detail     string   `json:"detail,omitempty"`
-	Message    string   `json:"message"`
-	Rule       string   `json:"rule"`
-	Intercept  bool     `json:"intercept"`
-	Inject     []string `json:"inject"`     // header names set from the rule's transform
-	Credential string   `json:"credential"` // credential ID whose headers would be set
-	Note       string   `json:"note,omitempty"`
+	URL        string    `json:"url"`
+	Scheme     string    `json:"scheme"`
+	Host       string    `json:"host"`
+	Port       uint16    `json:"port"`
+	Decision   string    `json:"decision"` // allow | deny
+	Reason     string    `json:"reason"`
+	Detail     string    `json:"detail,omitempty"`
+	Message    string    `json:"message"`
+	Rule       string    `json:"rule"`
+	Intercept  bool      `json:"intercept"`
+	Inject     []string  `json:"inject"`     // header names set from the rule's transform
+	Credential string    `json:"credential"` // credential ID whose headers would be set
+	Note       string    `json:"note,omitempty"`
+	Hook       *HookInfo `json:"hook,omitempty"`
 }
 
 // URL explains raw against policy p and guard g for environment env.
@@ -81,4 +83,41 @@ func parse(raw string) (allowlist.Target, string, error) {
 	}
 	t, err := allowlist.ParseAuthority(u.Host, port)
 	return t, u.Scheme, err
+}
+
+// HookInfo says how egressd treats a URL that is a hook URL of hooks.json.
+type HookInfo struct {
+	Group          string  `json:"group"`
+	Event          string  `json:"event"`
+	TimeoutSeconds float64 `json:"timeout_seconds"`
+	FailClosed     bool    `json:"fail_closed"`
+	// Answer is what the runtime receives for a POST to this URL when egressd
+	// itself refuses it, or "forwarded" when egressd lets it through (signed).
+	Answer string `json:"answer"`
+}
+
+// Hook adds to res what egressd does with a POST to raw as a hook call: nil Hook
+// when raw is no hook URL of an enabled group.
+func Hook(res Result, raw string, ix *hooks.Index, failClosed bool) Result {
+	u, err := url.Parse(raw)
+	if err != nil || ix == nil {
+		return res
+	}
+	m, ok := ix.Lookup(res.Scheme, res.Host, res.Port, u.EscapedPath())
+	if !ok {
+		return res
+	}
+	h := &HookInfo{Group: m.Group, Event: m.Event, TimeoutSeconds: m.Timeout.Seconds(), FailClosed: failClosed}
+	switch {
+	case res.Decision == "allow":
+		h.Answer = "forwarded with Egressd-Hook-Assertion"
+		res.Intercept = res.Scheme == "https"
+	case m.Event == hooks.EventPre && failClosed:
+		h.Answer = string(hooks.DenyBody("request refused (" + res.Reason + ")"))
+		res.Intercept = res.Scheme == "https"
+	default:
+		h.Answer = "refused: " + res.Reason
+	}
+	res.Hook = h
+	return res
 }
