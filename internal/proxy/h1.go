@@ -24,7 +24,7 @@ func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 		c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
 		c.bw.Flush()
 	}
-	resp, err := rt.transport.RoundTrip(out)
+	resp, err := rt.roundTrip(out)
 	if err != nil {
 		rec.BytesIn = x.body.n.Load()
 		c.writeRefusal(rt, rec, err, 0)

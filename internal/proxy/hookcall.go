@@ -115,7 +115,7 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 		return nil, &hookError{"hook signing key unavailable", err}
 	}
 	out.Header.Set(hookauth.HeaderName, assertion)
-	resp, err := x.rt.transport.RoundTrip(out)
+	resp, err := x.rt.roundTrip(out)
 	if err != nil {
 		return nil, err
 	}

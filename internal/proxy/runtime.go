@@ -37,8 +37,13 @@ type Runtime struct {
 	// Hooks recognises and signs hook calls; nil when there are none.
 	Hooks *Hooks
 
-	dialer    *netguard.Dialer
-	transport *http.Transport
+	dialer *netguard.Dialer
+	// transport speaks HTTP/2 to upstreams that offer it (for HTTP/2 clients: gRPC,
+	// trailers); transportH1 speaks HTTP/1.1 only, for HTTP/1.x clients, so each
+	// client connection maps onto a keep-alive upstream connection of its own rather
+	// than every client sharing one multiplexed stream.
+	transport   *http.Transport
+	transportH1 *http.Transport
 }
 
 // Prepare builds the Runtime's dialer and transport. Call it once before use.
@@ -47,28 +52,54 @@ func (rt *Runtime) Prepare() {
 		rt.Injector = inject.New(rt.Policy, nil)
 	}
 	rt.dialer = rt.Guard.NewDialer(rt.Limits.Dial)
-	rt.transport = &http.Transport{
+	rt.transport = rt.newTransport(true)
+	rt.transportH1 = rt.newTransport(false)
+}
+
+// newTransport builds one upstream transport. It is not a Clone of the other:
+// Transport.Clone settles the HTTP/2 defaults first and would copy "h2" into the
+// HTTP/1.1 transport's ALPN list.
+func (rt *Runtime) newTransport(h2 bool) *http.Transport {
+	tlsConf := rt.upstreamTLSConfig()
+	tr := &http.Transport{
 		// Never follow HTTP_PROXY/HTTPS_PROXY from egressd's own environment.
 		Proxy:       nil,
 		DialContext: rt.dialGuarded,
 		// Compression is the client's business: asking for gzip and decompressing
 		// would change what the sandbox receives.
 		DisableCompression:    true,
-		TLSClientConfig:       rt.upstreamTLSConfig(),
-		ForceAttemptHTTP2:     true,
+		TLSClientConfig:       tlsConf,
+		ForceAttemptHTTP2:     h2,
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       90 * time.Second,
+		IdleConnTimeout:       upstreamIdle,
 		TLSHandshakeTimeout:   rt.Limits.Dial,
 		ResponseHeaderTimeout: rt.Limits.ResponseHeader,
-		ExpectContinueTimeout: 0,
 	}
+	if !h2 {
+		tlsConf.NextProtos = []string{"http/1.1"}
+		// A non-nil, empty TLSNextProto turns HTTP/2 off (net/http's documented switch).
+		tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	}
+	return tr
+}
+
+// upstreamIdle is how long an idle upstream connection is kept for reuse.
+const upstreamIdle = 90 * time.Second
+
+// roundTrip forwards out on the transport that matches the client's protocol.
+func (rt *Runtime) roundTrip(out *http.Request) (*http.Response, error) {
+	if out.ProtoMajor >= 2 {
+		return rt.transport.RoundTrip(out)
+	}
+	return rt.transportH1.RoundTrip(out)
 }
 
 // Close releases the Runtime's idle upstream connections.
 func (rt *Runtime) Close() {
 	if rt.transport != nil {
 		rt.transport.CloseIdleConnections()
+		rt.transportH1.CloseIdleConnections()
 	}
 }
 

@@ -150,7 +150,11 @@ func TestTransparentMode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := decodeEcho(t, get(t, tc, "api.allowed.test", "/v1"))
+		resp := get(t, tc, "api.allowed.test", "/v1")
+		if resp.StatusCode != 200 {
+			t.Logf("egressd log: %s", w.logs.Bytes())
+		}
+		got := decodeEcho(t, resp)
 		if got.Header.Get("Authorization") != "Bearer "+secretToken {
 			t.Errorf("upstream saw Authorization %q", got.Header.Get("Authorization"))
 		}
