@@ -16,6 +16,7 @@ import (
 
 	"github.com/egressd/egressd/internal/admin"
 	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/dnsguard"
 	"github.com/egressd/egressd/internal/hooks"
@@ -71,7 +72,19 @@ type daemon struct {
 	store    *credential.Store // kept across reloads while storeKey is unchanged
 	storeKey string
 	stop     context.CancelFunc // stops the store's refreshers
+
+	// reloadMu serialises reloads (SIGHUP, POST /v1/reload, a file change): one runs
+	// at a time and the others wait for it.
+	reloadMu sync.Mutex
+	// boot is the config egressd started with: the settings that need a restart
+	// (restartKeys) keep its values across reloads.
+	boot      *config.Config
+	watch     *watcher           // polls the config's files; see watch.go
+	stopWatch context.CancelFunc // stops the watcher
 }
+
+// unsafeWarning is logged at start, and by a reload that turns the setting on.
+const unsafeWarning = "network.unsafe_allow_cidrs is set: internal addresses it names are reachable; for development and tests only"
 
 func (d *daemon) start(l *loaded) error {
 	lns, err := d.listen(l)
@@ -88,12 +101,13 @@ func (d *daemon) start(l *loaded) error {
 		return err
 	}
 	if rt.Guard.Unsafe() {
-		d.log.Warn().Msg("network.unsafe_allow_cidrs is set: internal addresses it names are reachable; for development and tests only")
+		d.log.Warn().Msg(unsafeWarning)
 	}
 	for _, w := range l.cfg.Warnings {
 		d.log.Warn().Str("path", w.Path).Msg(w.Msg)
 	}
-	d.current, d.loadedAt = l, time.Now()
+	d.current, d.loadedAt, d.boot = l, time.Now(), l.cfg
+	d.watch = newWatcher(d.cfgPath, l)
 	for _, ev := range []string{hooks.EventPre, hooks.EventPost} {
 		for _, o := range proxy.HookOutcomes {
 			d.metrics.HookRequests.WithLabelValues(ev, o)
@@ -111,6 +125,9 @@ func (d *daemon) start(l *loaded) error {
 	if err := d.serveDNS(l); err != nil {
 		return err
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d.stopWatch = cancel
+	go d.watch.run(ctx, d.reloadIfChanged)
 	d.log.Info().Str("environment", l.cfg.Environment).Str("config_hash", l.cfg.Hash).Msg("egressd started")
 	return nil
 }
@@ -189,7 +206,7 @@ func (d *daemon) wait() int {
 		select {
 		case sig := <-d.sigs:
 			if sig == syscall.SIGHUP {
-				d.reload()
+				d.reload(reloadSignal)
 				continue
 			}
 			return d.shutdown()
@@ -205,20 +222,9 @@ func (d *daemon) wait() int {
 
 // runtimeFor builds the Runtime for l, reusing the running credential store when
 // the backend and the credential IDs are unchanged, so a reload keeps last good values.
+// A new store replaces the running one only once the Runtime has been built: a reload
+// that fails leaves the store, and so the credentials served, as they were.
 func (d *daemon) runtimeFor(l *loaded) (*proxy.Runtime, error) {
-	if key := storeKey(l); d.store == nil || key != d.storeKey {
-		ctx, cancel := context.WithCancel(context.Background())
-		store, err := newStore(ctx, l, d.log, d.metrics)
-		if err != nil {
-			cancel()
-			return nil, err
-		}
-		if d.stop != nil {
-			d.stop()
-		}
-		d.store, d.storeKey, d.stop = store, key, cancel
-		d.live.p.Store(store)
-	}
 	if d.signer == nil {
 		signer, err := hooks.NewSignerFromConfig(l.cfg.Hooks.SigningKey, l.cfg.StateDir, &d.live)
 		if err != nil {
@@ -226,13 +232,38 @@ func (d *daemon) runtimeFor(l *loaded) (*proxy.Runtime, error) {
 		}
 		d.signer = signer
 	}
-	return buildRuntime(l, d.self, d.leaves, &d.live, d.signer)
+	// The store is replaced only after the new Runtime built: a rejected reload
+	// leaves the running policy on the running store.
+	key := storeKey(l)
+	if d.store != nil && key == d.storeKey {
+		return buildRuntime(l, d.self, d.leaves, &d.live, d.signer)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	store, err := newStore(ctx, l, d.log, d.metrics)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	rt, err := buildRuntime(l, d.self, d.leaves, &d.live, d.signer)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	if d.stop != nil {
+		d.stop()
+	}
+	d.store, d.storeKey, d.stop = store, key, cancel
+	d.live.p.Store(store)
+	return rt, nil
 }
 
 func (d *daemon) shutdown() int {
 	d.log.Info().Dur("drain_timeout", drainTimeout).Msg("draining")
 	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
+	if d.stopWatch != nil {
+		d.stopWatch()
+	}
 	if d.admin != nil {
 		d.admin.Close()
 	}

@@ -1,12 +1,18 @@
 package main
 
 import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"slices"
 	"time"
 
+	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/proxy"
 )
 
-// Runtime, ConfigInfo and Ready make the daemon the admin endpoints' State.
+// Runtime, ConfigInfo, Ready and Reload make the daemon the admin endpoints' State.
 
 func (d *daemon) Runtime() *proxy.Runtime { return d.srv.Runtime() }
 
@@ -25,30 +31,131 @@ func (d *daemon) Ready() (bool, map[string]any) {
 	return store.Ready(), map[string]any{"config": "loaded", "credentials": store.Status()}
 }
 
-// reload validates the config and policy anew and swaps them in; an invalid new
-// config is rejected and the running one stays in force. Listener addresses are
-// fixed at start: a change to them needs a restart.
-func (d *daemon) reload() error {
-	l, err := load(d.cfgPath)
-	if err == nil {
-		var rt *proxy.Runtime
-		d.mu.Lock()
-		rt, err = d.runtimeFor(l)
-		d.mu.Unlock()
-		if err == nil {
-			old := d.srv.Swap(rt)
-			old.Close()
-			d.mu.Lock()
-			d.current, d.loadedAt = l, time.Now()
-			d.mu.Unlock()
-			d.metrics.ConfigReloads.WithLabelValues("ok").Inc()
-			d.log.Info().Str("config_hash", l.cfg.Hash).Msg("config reloaded")
-			return nil
-		}
+// What started a reload, as the reload log lines' source field says.
+const (
+	reloadSignal = "sighup"
+	reloadAdmin  = "admin" // POST /v1/reload
+	reloadFile   = "file"  // the watcher saw a file change
+)
+
+// Reload is POST /v1/reload: the reload SIGHUP runs, synchronously. It returns the
+// hash of the config now in force, or a *config.ValidationError saying why the new
+// config was rejected; the running config then stays in force.
+func (d *daemon) Reload() (string, error) { return d.reload(reloadAdmin) }
+
+// reload validates the config, its policy and hooks.json anew and builds the Runtime
+// from them; only when every step succeeds is the Runtime swapped in, atomically.
+// Requests in flight finish on the Runtime they started with; each new request,
+// including each request inside an intercepted tunnel, takes the new one. Any
+// failure leaves the running config in force: a reload never fails open.
+//
+// Settings that shape what is built once at start (restartKeys) cannot change by
+// reload: a reload that changes one logs a warning naming it ("needs a restart"),
+// keeps the value egressd started with, and applies the rest.
+//
+// Reloads are serialised: a reload waits for the one running to finish.
+func (d *daemon) reload(source string) (string, error) {
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
+	return d.reloadLocked(source)
+}
+
+// reloadIfChanged is the watcher's reload: it runs only if a watched file still differs
+// from what the last reload read, since a SIGHUP or POST may have applied the change
+// while the watcher waited for the file to settle.
+func (d *daemon) reloadIfChanged() {
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
+	if file := d.watch.changed(); file != "" {
+		d.log.Info().Str("file", file).Msg("config file changed; reloading")
+		d.reloadLocked(reloadFile)
 	}
-	d.metrics.ConfigReloads.WithLabelValues("error").Inc()
-	d.log.Error().Err(err).Msg("reload rejected; the running config stays in force")
-	return err
+}
+
+func (d *daemon) reloadLocked(source string) (string, error) {
+	read := d.watch.observeAll() // before loading: a change after this is seen again
+	c, err := d.prepare()
+	if err != nil {
+		verr := rejection(d.cfgPath, c.l, err)
+		d.watch.rejected(read, verr)
+		d.metrics.ConfigReloads.WithLabelValues("error").Inc()
+		d.log.Error().Str("source", source).Err(verr).Strs("problems", problemStrings(verr)).
+			Msg("reload rejected; the running config stays in force")
+		return "", verr
+	}
+	old := d.apply(c.l, c.rt)
+	d.watch.reset(d.cfgPath, c.l, read)
+	d.metrics.ConfigReloads.WithLabelValues("ok").Inc()
+	d.logReloaded(source, c, old)
+	return c.l.cfg.Hash, nil
+}
+
+// candidate is a config a reload has loaded, and what it would put in force.
+type candidate struct {
+	l        *loaded // nil when the config could not be loaded
+	rt       *proxy.Runtime
+	restart  []string // settings kept at their start value (restartKeys)
+	dnsGuard []string // settings the DNS guard keeps (dnsGuardKeys)
+}
+
+// prepare loads and validates the config and builds its Runtime, with the settings
+// that need a restart pinned to the values egressd started with.
+func (d *daemon) prepare() (candidate, error) {
+	var c candidate
+	var err error
+	if c.l, err = load(d.cfgPath); err != nil {
+		return c, err
+	}
+	c.restart, c.dnsGuard = restartKeys(d.boot, c.l.cfg), dnsGuardKeys(d.boot, c.l.cfg)
+	pinRestartKeys(c.l.cfg, d.boot)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c.rt, err = d.runtimeFor(c.l)
+	return c, err
+}
+
+// apply swaps rt in and returns the Runtime it replaced, whose idle upstream
+// connections it closes.
+func (d *daemon) apply(l *loaded, rt *proxy.Runtime) *proxy.Runtime {
+	d.mu.Lock()
+	old := d.srv.Swap(rt)
+	d.current, d.loadedAt = l, time.Now()
+	d.mu.Unlock()
+	old.Close()
+	// Requests in flight at the swap hand their upstream connections back to the old
+	// Runtime's pool when they finish; sweep it again once they have had the drain
+	// time, rather than leave those connections to the 90 s idle timeout.
+	time.AfterFunc(drainTimeout, old.Close)
+	return old
+}
+
+// logReloaded logs the reload that put c in force, with a summary of what is now
+// enforced, then its warnings: the settings it could not apply, the unsafe switch
+// turned on, the config's own warnings (as a start logs them).
+func (d *daemon) logReloaded(source string, c candidate, old *proxy.Runtime) {
+	l, rt := c.l, c.rt
+	d.log.Info().Str("source", source).Str("config_hash", l.cfg.Hash).
+		Int("rules", len(l.policy.Allowlist.Rules())).Int("hooks", hookCount(rt)).
+		Strs("credentials", credentialIDs(l)).Msg("config reloaded")
+	for _, k := range c.restart {
+		d.log.Warn().Str("key", k).Msg("needs a restart: the reload keeps the value egressd started with")
+	}
+	for _, k := range c.dnsGuard {
+		d.log.Warn().Str("key", k).Msg("needs a restart for the DNS guard: the proxy applies the new value, the DNS guard keeps the old one")
+	}
+	if rt.Guard.Unsafe() && !old.Guard.Unsafe() {
+		d.log.Warn().Msg(unsafeWarning)
+	}
+	for _, w := range l.cfg.Warnings {
+		d.log.Warn().Str("path", w.Path).Msg(w.Msg)
+	}
+}
+
+func hookCount(rt *proxy.Runtime) int {
+	if rt.Hooks == nil {
+		return 0
+	}
+	return rt.Hooks.Index.Len()
 }
 
 // JWKS is the hook signing keys' public half, for /.well-known/jwks.json.
@@ -56,3 +163,112 @@ func (d *daemon) JWKS() []byte { return d.signer.JWKS() }
 
 // CAPEM is the interception CA certificate, for /ca.pem.
 func (d *daemon) CAPEM() []byte { return d.leaves.CA().CertPEM }
+
+// restartKeys names the settings of next that differ from running and that a reload
+// cannot apply, because what they shape is built once at start: the sockets
+// (listeners, admin.address, dns.listen), the interception CA and the hook signing key
+// (tls.ca_cert, tls.ca_key, state_dir, hooks.signing_key), each listener's connection
+// limit (limits.max_connections) and the logger (log.level, log.format).
+func restartKeys(running, next *config.Config) []string {
+	var keys []string
+	diff := func(key string, changed bool) {
+		if changed {
+			keys = append(keys, key)
+		}
+	}
+	if len(running.Listeners) != len(next.Listeners) {
+		diff("listeners", true)
+	} else {
+		for i, lc := range running.Listeners {
+			diff(fmt.Sprintf("listeners[%d]", i), lc != next.Listeners[i])
+		}
+	}
+	diff("admin.address", running.Admin.Address != next.Admin.Address)
+	diff("dns.listen", running.DNS.Listen != next.DNS.Listen)
+	diff("tls.ca_cert", running.TLS.CACert != next.TLS.CACert)
+	diff("tls.ca_key", running.TLS.CAKey != next.TLS.CAKey)
+	diff("state_dir", running.StateDir != next.StateDir)
+	diff("hooks.signing_key", running.Hooks.SigningKey != next.Hooks.SigningKey)
+	diff("limits.max_connections", running.Limits.MaxConnections != next.Limits.MaxConnections)
+	diff("log.level", running.Log.Level != next.Log.Level)
+	diff("log.format", running.Log.Format != next.Log.Format)
+	return keys
+}
+
+// dnsGuardKeys names the settings of next, differing from running, that the DNS guard
+// (when dns.listen is set) was built with and keeps until a restart: the proxy applies
+// them at once, the guard's answers do not. (dnsguard.Options takes the resolver and
+// the address guard as values, and the policy alone as a function.)
+func dnsGuardKeys(running, next *config.Config) []string {
+	if running.DNS.Listen == "" {
+		return nil
+	}
+	var keys []string
+	for key, changed := range map[string]bool{
+		"network.resolver":           running.Network.Resolver != next.Network.Resolver,
+		"network.allow_cidrs":        !slices.Equal(running.Network.AllowCIDRs, next.Network.AllowCIDRs),
+		"network.unsafe_allow_cidrs": !slices.Equal(running.Network.UnsafeAllowCIDRs, next.Network.UnsafeAllowCIDRs),
+		"limits.dns":                 running.Limits.DNS != next.Limits.DNS,
+	} {
+		if changed {
+			keys = append(keys, key)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// pinRestartKeys sets in next the values of running that a reload cannot change (see
+// restartKeys; dnsGuardKeys are not pinned, the proxy applies them), so
+// the Runtime is built for what actually runs: hook traffic is told apart by the
+// listeners that exist, and the credential store keeps the signing key's credential.
+func pinRestartKeys(next, running *config.Config) {
+	next.Listeners = running.Listeners
+	next.Admin = running.Admin
+	next.DNS = running.DNS
+	next.TLS.CACert, next.TLS.CAKey = running.TLS.CACert, running.TLS.CAKey
+	next.StateDir = running.StateDir
+	next.Hooks.SigningKey = running.Hooks.SigningKey
+	next.Limits.MaxConnections = running.Limits.MaxConnections
+	next.Log = running.Log
+}
+
+// rejection turns why a reload failed into the problems it reports: a config or policy
+// validation error as it is; a hooks.json error as one problem per finding, located in
+// its file; anything else as one problem, located as well as it can be. Problems hold
+// paths and messages, never a secret's value.
+func rejection(cfgPath string, l *loaded, err error) *config.ValidationError {
+	var verr *config.ValidationError
+	if errors.As(err, &verr) {
+		return verr
+	}
+	var perr *hooks.ParseError
+	if errors.As(err, &perr) && l != nil {
+		file, prefix := l.cfg.Hooks.File, ""
+		if file == "" {
+			file, prefix = l.cfg.Policy.File, "in "+config.HooksSourcePath+": "
+		}
+		ps := make([]config.Problem, 0, len(perr.Problems))
+		for _, f := range perr.Problems {
+			ps = append(ps, config.Problem{Path: f.Path, Msg: prefix + f.Msg, File: file})
+		}
+		return &config.ValidationError{Problems: ps}
+	}
+	p := config.Problem{Msg: err.Error()}
+	var pathErr *fs.PathError
+	switch {
+	case l == nil: // the config file itself could not be read
+		p.File = cfgPath
+	case errors.As(err, &pathErr) && l.cfg.Hooks.File != "" && pathErr.Path == l.cfg.Hooks.File:
+		p.Path, p.File, p.Msg = "hooks.file", pathErr.Path, "cannot read hooks.json: "+pathErr.Err.Error()
+	}
+	return &config.ValidationError{Problems: []config.Problem{p}}
+}
+
+func problemStrings(e *config.ValidationError) []string {
+	out := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		out[i] = p.String()
+	}
+	return out
+}

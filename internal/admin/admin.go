@@ -1,14 +1,16 @@
-// Package admin serves egressd's operator endpoints: health, readiness, metrics and
-// explain. It listens on the admin address, never on a sandbox listener.
+// Package admin serves egressd's operator endpoints: health, readiness, metrics,
+// explain and reload. It listens on the admin address, never on a sandbox listener.
 package admin
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/explain"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/proxy"
@@ -23,6 +25,10 @@ type State interface {
 	JWKS() []byte
 	// CAPEM is the interception CA certificate (PEM) clients must trust.
 	CAPEM() []byte
+	// Reload reloads the config as SIGHUP does and returns the hash of the config in
+	// force. When the new config is rejected the running one stays in force and the
+	// error says why, as a *config.ValidationError when it can.
+	Reload() (hash string, err error)
 }
 
 // Handler returns the admin HTTP handler.
@@ -69,7 +75,32 @@ func Handler(st State, m *metrics.Metrics) http.Handler {
 		rt := st.Runtime()
 		writeJSON(w, http.StatusOK, explain.URL(rt.Policy, rt.Guard, rt.Env, raw))
 	})
+	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, _ *http.Request) {
+		reload(w, st)
+	})
 	return mux
+}
+
+// reload serves POST /v1/reload: 200 {"result":"ok","config_hash":...} once the new
+// config is in force, or 422 {"result":"error","problems":[...]} when it was rejected
+// and the running config stays in force. A rejected config is the client's problem to
+// fix, never a 5xx. Concurrent calls wait for each other (the State serialises them).
+func reload(w http.ResponseWriter, st State) {
+	hash, err := st.Reload()
+	if err != nil {
+		writeJSON(w, http.StatusUnprocessableEntity, map[string]any{"result": "error", "problems": problems(err)})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"result": "ok", "config_hash": hash})
+}
+
+// problems lists why a reload was rejected, each with its path and file when known.
+func problems(err error) []config.Problem {
+	var verr *config.ValidationError
+	if errors.As(err, &verr) {
+		return verr.Problems
+	}
+	return []config.Problem{{Msg: err.Error()}}
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

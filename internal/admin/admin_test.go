@@ -2,6 +2,8 @@ package admin_test
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -34,6 +36,7 @@ type fakeState struct {
 	mu     sync.Mutex
 	ready  bool
 	detail map[string]any
+	reload func() (string, error) // nil: a reload that succeeds with hash
 }
 
 func (s *fakeState) Runtime() *proxy.Runtime { return s.rt }
@@ -48,6 +51,13 @@ func (s *fakeState) Ready() (bool, map[string]any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.ready, s.detail
+}
+
+func (s *fakeState) Reload() (string, error) {
+	if s.reload == nil {
+		return s.hash, nil
+	}
+	return s.reload()
 }
 
 func (s *fakeState) setReady(ok bool, detail map[string]any) {
@@ -296,5 +306,57 @@ func TestRouting(t *testing.T) {
 		if tc.want == http.StatusMethodNotAllowed && !strings.Contains(res.Header.Get("Allow"), http.MethodGet) {
 			t.Errorf("%s %s: Allow = %q, want GET in it", tc.method, tc.target, res.Header.Get("Allow"))
 		}
+	}
+}
+
+// TestReload: POST /v1/reload answers 200 with the new hash, or 422 with every problem
+// (path, file, line) when the State rejects the config; a rejection is never a 5xx.
+func TestReload(t *testing.T) {
+	st := newState(t)
+	h := admin.Handler(st, metrics.New())
+
+	st.reload = func() (string, error) { return "beef", nil }
+	res, body := serve(t, h, http.MethodPost, "/v1/reload")
+	var ok struct {
+		Result     string `json:"result"`
+		ConfigHash string `json:"config_hash"`
+	}
+	decodeJSON(t, res, body, &ok)
+	if res.StatusCode != http.StatusOK || ok.Result != "ok" || ok.ConfigHash != "beef" {
+		t.Errorf("POST /v1/reload (accepted): %d %s, want 200 result ok, config_hash beef", res.StatusCode, body)
+	}
+
+	type rejected struct {
+		Result   string           `json:"result"`
+		Problems []config.Problem `json:"problems"`
+	}
+	verr := &config.ValidationError{Problems: []config.Problem{
+		{Path: "network.allowlist[0].domain", Msg: "required", File: "/etc/egressd/environment.json", Line: 4},
+		{Path: "limits.dial", Msg: `"forever" is not a duration`, Line: 9},
+	}}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want []config.Problem
+	}{
+		{"validation", fmt.Errorf("reload: %w", verr), verr.Problems},
+		{"other", errors.New("policy: open /x.json: no such file or directory"),
+			[]config.Problem{{Msg: "policy: open /x.json: no such file or directory"}}},
+	} {
+		st.reload = func() (string, error) { return "", tc.err }
+		res, body := serve(t, h, http.MethodPost, "/v1/reload")
+		var got rejected
+		decodeJSON(t, res, body, &got)
+		if res.StatusCode != http.StatusUnprocessableEntity || got.Result != "error" {
+			t.Errorf("%s: POST /v1/reload: %d %s, want 422 result error", tc.name, res.StatusCode, body)
+		}
+		if fmt.Sprint(got.Problems) != fmt.Sprint(tc.want) {
+			t.Errorf("%s: problems %+v, want %+v", tc.name, got.Problems, tc.want)
+		}
+	}
+
+	res, body = serve(t, h, http.MethodGet, "/v1/reload")
+	if res.StatusCode != http.StatusMethodNotAllowed || res.Header.Get("Allow") != http.MethodPost {
+		t.Errorf("GET /v1/reload: %d (Allow %q) %s, want 405 allowing POST", res.StatusCode, res.Header.Get("Allow"), body)
 	}
 }
