@@ -21,6 +21,7 @@ import (
 	"github.com/egressd/egressd/internal/dnsguard"
 	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/metrics"
+	"github.com/egressd/egressd/internal/netguard"
 	"github.com/egressd/egressd/internal/proxy"
 	mitm "github.com/egressd/egressd/internal/tls"
 )
@@ -188,8 +189,12 @@ func (d *daemon) serveDNS(l *loaded) error {
 		Policy:   func() *allowlist.Policy { return d.srv.Runtime().Policy },
 		Resolver: rt.Resolver,
 		Guard:    rt.Guard,
-		Log:      d.log,
-		Timeout:  l.cfg.Limits.DNS,
+		Current: func() (*netguard.Resolver, *netguard.Guard) {
+			rt := d.srv.Runtime()
+			return rt.Resolver, rt.Guard
+		},
+		Log:     d.log,
+		Timeout: l.cfg.Limits.DNS,
 	})
 	if err := g.Listen(); err != nil {
 		return err

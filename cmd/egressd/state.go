@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"slices"
 	"time"
 
 	"github.com/egressd/egressd/internal/config"
@@ -196,26 +195,13 @@ func restartKeys(running, next *config.Config) []string {
 }
 
 // dnsGuardKeys names the settings of next, differing from running, that the DNS guard
-// (when dns.listen is set) was built with and keeps until a restart: the proxy applies
-// them at once, the guard's answers do not. (dnsguard.Options takes the resolver and
-// the address guard as values, and the policy alone as a function.)
+// (when dns.listen is set) keeps until a restart: its per-query timeout. The policy,
+// resolver and address guard it reads from the current Runtime on every query.
 func dnsGuardKeys(running, next *config.Config) []string {
-	if running.DNS.Listen == "" {
+	if running.DNS.Listen == "" || running.Limits.DNS == next.Limits.DNS {
 		return nil
 	}
-	var keys []string
-	for key, changed := range map[string]bool{
-		"network.resolver":           running.Network.Resolver != next.Network.Resolver,
-		"network.allow_cidrs":        !slices.Equal(running.Network.AllowCIDRs, next.Network.AllowCIDRs),
-		"network.unsafe_allow_cidrs": !slices.Equal(running.Network.UnsafeAllowCIDRs, next.Network.UnsafeAllowCIDRs),
-		"limits.dns":                 running.Limits.DNS != next.Limits.DNS,
-	} {
-		if changed {
-			keys = append(keys, key)
-		}
-	}
-	slices.Sort(keys)
-	return keys
+	return []string{"limits.dns"}
 }
 
 // pinRestartKeys sets in next the values of running that a reload cannot change (see

@@ -100,6 +100,10 @@ type Options struct {
 	// refuse to dial are omitted, so network.allow_cidrs applies. Nil omits
 	// every address that netguard.Classify does not call public.
 	Guard *netguard.Guard
+	// Current, when set, returns the resolver and guard to use for each query,
+	// overriding Resolver and Guard, so a reload of network.resolver or
+	// network.allow_cidrs applies to the next query as the policy does.
+	Current func() (*netguard.Resolver, *netguard.Guard)
 	// Log receives one debug line per query; the zero Logger discards them.
 	Log zerolog.Logger
 	// RatePerSecond and Burst size each client IP's token bucket; zero or

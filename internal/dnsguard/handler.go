@@ -122,7 +122,7 @@ func (s *Server) resolve(q *query, resp *dns.Msg) {
 	defer cancel()
 	host, _, _ := allowlist.NormalizeHost(q.name) // checked in check
 	// The rooted name keeps the resolver from trying search domains.
-	ips, err := s.o.Resolver.Lookup(ctx, host+".")
+	ips, err := s.resolver().Lookup(ctx, host+".")
 	if err != nil {
 		resp.Rcode = lookupRcode(err)
 		if resp.Rcode != dns.RcodeSuccess {
@@ -159,8 +159,8 @@ func lookupRcode(err error) int {
 
 // internal reports whether the sandbox must not be shown ip.
 func (s *Server) internal(ip netip.Addr) bool {
-	if s.o.Guard != nil {
-		return s.o.Guard.Check(netip.AddrPortFrom(ip, 0)) != nil
+	if g := s.guard(); g != nil {
+		return g.Check(netip.AddrPortFrom(ip, 0)) != nil
 	}
 	return netguard.Classify(ip) != netguard.Public
 }
@@ -232,4 +232,23 @@ func protoOf(a net.Addr) string {
 		return "tcp"
 	}
 	return "udp"
+}
+
+// resolver and guard are the current ones: Options.Current's when set.
+func (s *Server) resolver() *netguard.Resolver {
+	if s.o.Current != nil {
+		if r, _ := s.o.Current(); r != nil {
+			return r
+		}
+	}
+	return s.o.Resolver
+}
+
+func (s *Server) guard() *netguard.Guard {
+	if s.o.Current != nil {
+		if _, g := s.o.Current(); g != nil {
+			return g
+		}
+	}
+	return s.o.Guard
 }
