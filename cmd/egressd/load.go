@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,6 +30,14 @@ func load(path string) (*loaded, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Hooks.File != "" {
+		// The active config's hash covers hooks.json too, so /healthz and the reload
+		// log show a change to it. A read failure is reported when hooks are loaded.
+		if data, err := os.ReadFile(cfg.Hooks.File); err == nil {
+			sum := sha256.Sum256(append([]byte(cfg.Hash), data...))
+			cfg.Hash = hex.EncodeToString(sum[:])
+		}
 	}
 	return &loaded{cfg: cfg, policy: cfg.Rules}, nil
 }
