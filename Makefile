@@ -8,7 +8,7 @@ LDFLAGS     := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 STATICCHECK := $(CACHE)/bin/staticcheck
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build run test deps lint unit fuzz bench clean
+.PHONY: all build run test deps lint unit fuzz bench soak clean
 
 all: build
 
@@ -54,6 +54,18 @@ fuzz:
 ## bench: throughput and latency through egressd, as ratios to a direct connection.
 bench: build
 	$(GO) run ./bench -egressd $(BIN)/egressd
+
+## soak: SOAK_DURATION (default 10m) of mixed traffic, reloads and credential rotations
+## through bin/egressd, in a loopback-only network namespace; fails on goroutine, fd or
+## RSS growth and on any request served with the wrong policy (test/soak/README.md).
+## Not part of make test. Quick run: make soak SOAK_DURATION=1m
+SOAK_DURATION ?= 10m
+SOAK_CLIENTS  ?= 16
+SOAK_RATE     ?= 200
+soak: build
+	EGRESSD_SOAK=1 EGRESSD_SOAK_BIN=$(BIN)/egressd EGRESSD_SOAK_DURATION=$(SOAK_DURATION) \
+	  EGRESSD_SOAK_CLIENTS=$(SOAK_CLIENTS) EGRESSD_SOAK_RATE=$(SOAK_RATE) EGRESSD_REQUIRE_NETNS=1 \
+	  $(GO) test -count=1 -v -run '^TestSoak$$' -timeout 3h ./test/soak/
 
 clean:
 	rm -rf $(BIN) $(CACHE)

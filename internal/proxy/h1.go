@@ -3,6 +3,7 @@ package proxy
 import (
 	"github.com/egressd/egressd/internal/hooks"
 	"net/http"
+	"time"
 )
 
 // serveHTTP1 serves one HTTP/1.x request, on the explicit listener (pinned == nil)
@@ -11,6 +12,7 @@ import (
 func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 	x := newExchange(c, rt, req, rec, c.pinned)
 	defer x.body.Close()
+	x.body.beforeRead = func() { c.nc.SetReadDeadline(time.Now().Add(rt.Limits.ReadHeader)) }
 	wantClose := req.Close || !req.ProtoAtLeast(1, 1)
 	if m, ok := x.hookMatch(c.l.cfg.Role); ok {
 		return c.writeHookResponse(rt, x, m, wantClose)
@@ -27,6 +29,9 @@ func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 	resp, err := rt.roundTrip(out)
 	if err != nil {
 		rec.BytesIn = x.body.n.Load()
+		if bodyErr := x.body.clientError(); bodyErr != nil {
+			err = bodyErr
+		}
 		c.writeRefusal(rt, rec, err, 0)
 		return false
 	}

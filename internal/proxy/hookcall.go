@@ -99,7 +99,10 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 	limit := x.rt.Limits.HookBodyBytes
 	body, err := io.ReadAll(io.LimitReader(x.body, limit+1))
 	if err != nil {
-		return nil, fmt.Errorf("reading the hook request: %w", err)
+		if bodyErr := x.body.clientError(); bodyErr != nil {
+			return nil, bodyErr
+		}
+		return nil, badRequest("malformed_body", err)
 	}
 	if int64(len(body)) > limit {
 		return nil, badRequest("hook_body_too_large", fmt.Errorf("hook request larger than %d bytes", limit))

@@ -144,6 +144,9 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	rec.BytesIn = x.body.n.Load()
+	if bodyErr := x.body.clientError(); bodyErr != nil {
+		err = bodyErr
+	}
 	writeRefusalRW(w, rt, rec, err)
 }
 

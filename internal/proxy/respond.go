@@ -144,6 +144,11 @@ type requestBody struct {
 	closed bool
 	eof    bool
 	onEOF  func() // runs once, when the body has been read to its end
+	// beforeRead, when set, runs before each read of the client's body: the
+	// HTTP/1 loop arms a read deadline there, so a client that stops sending its
+	// body mid-way cannot hold the connection (and an upstream one) forever.
+	beforeRead func()
+	readErr    error // the first error reading the client's body, other than EOF
 }
 
 // maxDrain is how much of an unread request body is read to keep the connection.
@@ -162,8 +167,14 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	if b.closed {
 		return 0, http.ErrBodyReadAfterClose
 	}
+	if b.beforeRead != nil {
+		b.beforeRead()
+	}
 	n, err := b.r.Read(p)
 	b.n.Add(int64(n))
+	if err != nil && err != io.EOF && b.readErr == nil {
+		b.readErr = err
+	}
 	if err == io.EOF && !b.eof {
 		b.eof = true
 		if b.onEOF != nil {
@@ -171,6 +182,21 @@ func (b *requestBody) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// clientError is the error that reading the client's body ended with, if any: a
+// forward that failed because of it is the client's bad request (a malformed chunk,
+// a body cut short, a stalled upload), not an upstream failure.
+func (b *requestBody) clientError() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.readErr == nil {
+		return nil
+	}
+	if isTimeout(b.readErr) {
+		return badRequest("body_timeout", b.readErr)
+	}
+	return badRequest("malformed_body", b.readErr)
 }
 
 func (b *requestBody) Close() error {

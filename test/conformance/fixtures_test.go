@@ -1,0 +1,369 @@
+package conformance_test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/testutil/netns"
+	"github.com/egressd/egressd/internal/testutil/testpki"
+)
+
+// The addresses of the suite. They exist only inside the test's network namespace,
+// on lo; outside it the public ones belong to somebody else and are never dialled.
+const (
+	// publicIP stands for the public address of the allowlisted upstreams.
+	publicIP = "93.184.216.34"
+	// forbiddenIP stands for a public host that is not on the allowlist (evil.test,
+	// the lookalikes, the fronting targets): it must never see a byte.
+	forbiddenIP = "93.184.215.14"
+)
+
+// canaryIPs are internal addresses nothing may reach. Each has a listener on ports
+// 80 and 443 that counts connections and bytes.
+var canaryIPs = []string{"127.0.0.1", "169.254.169.254", "10.0.0.5", "100.64.0.5", "fd00:ec2::254", "::1"}
+
+// sinkPorts are the ports every canary and the forbidden upstream listen on.
+var sinkPorts = []string{"80", "443"}
+
+// The injected values. secret is the planted credential: egressd reads it from the
+// credentials file and must never let it reach the sandbox, a log line, or any
+// upstream but the one it is for. It is random per run so that no fixed string in
+// egressd could match it by accident.
+var (
+	secret      = "sk-conformance-" + randomHex(12)
+	staticValue = "static-" + randomHex(4) // the transform's X-Injected value; not a secret
+)
+
+// credentialHosts are the hosts whose entry injects the credential.
+var credentialHosts = []string{"api.allowed.test", "plain.allowed.test"}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// fixtures are shared by every world in the process and live until it exits.
+type fixtures struct {
+	upstreamCA *testpki.CA
+	echo       *echoServer
+	forbidden  *sink   // forbiddenIP, every sink port
+	canaries   []*sink // one per canary address and port
+}
+
+// allSinks returns every listener that must see nothing.
+func (f *fixtures) allSinks() []*sink { return append([]*sink{f.forbidden}, f.canaries...) }
+
+var (
+	fixturesOnce sync.Once
+	sharedFx     *fixtures
+)
+
+// getFixtures starts the shared upstreams and canaries on first use, inside the
+// namespace. They are never stopped: the process ends with the run.
+func getFixtures(t *testing.T) *fixtures {
+	t.Helper()
+	fixturesOnce.Do(func() { sharedFx = startFixtures(t) })
+	if sharedFx == nil {
+		t.Fatal("the shared upstreams and canaries failed to start (see the first test's failure)")
+	}
+	return sharedFx
+}
+
+func startFixtures(t *testing.T) *fixtures {
+	t.Helper()
+	f := &fixtures{upstreamCA: testpki.New(t), echo: &echoServer{}}
+	var err error
+	if err = f.startEcho(t); err == nil {
+		f.forbidden, err = startSink("forbidden upstream", forbiddenIP, sinkPorts...)
+	}
+	for _, ip := range canaryIPs {
+		if err != nil {
+			break
+		}
+		var s *sink
+		if s, err = startSink("canary "+ip, ip, sinkPorts...); err == nil {
+			f.canaries = append(f.canaries, s)
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// startEcho serves the echo upstream on publicIP: plain HTTP on :80 and HTTPS
+// (HTTP/1.1 and HTTP/2) on :443 with a certificate from the test CA.
+func (f *fixtures) startEcho(t *testing.T) error {
+	plain, err := listenOn(net.JoinHostPort(publicIP, "80"))
+	if err != nil {
+		return err
+	}
+	go (&http.Server{Handler: f.echo, ReadHeaderTimeout: 10 * time.Second}).Serve(plain)
+	cert := f.upstreamCA.Leaf(t, "allowed.test", "*.allowed.test", "xn--bcher-kva.test", "ports.test", publicIP)
+	tlsLn, err := listenOn(net.JoinHostPort(publicIP, "443"))
+	if err != nil {
+		return err
+	}
+	srv := httptest.NewUnstartedServer(f.echo)
+	srv.Listener.Close()
+	srv.Listener = tlsLn
+	srv.EnableHTTP2 = true
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // tunnels closed before a ClientHello are expected
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	srv.StartTLS()
+	return nil
+}
+
+// checkSinksUntouched is TestMain's last word: any connection to a canary or the
+// forbidden upstream during the whole run fails it, whatever the cases said.
+func checkSinksUntouched() int {
+	if sharedFx == nil {
+		return 0
+	}
+	code := 0
+	for _, s := range sharedFx.allSinks() {
+		if c, b := s.conns.Load(), s.bytes.Load(); c != 0 || b != 0 {
+			fmt.Fprintf(os.Stderr, "conformance: %s saw %d connection(s) and %d byte(s) during the run\n", s.name, c, b)
+			code = 1
+		}
+	}
+	return code
+}
+
+// sink is a listener that must never be reached: it counts connections and bytes
+// and keeps the first bytes it receives, so a case can say what leaked.
+type sink struct {
+	name  string
+	conns atomic.Int64
+	bytes atomic.Int64
+	mu    sync.Mutex
+	data  []byte
+}
+
+// maxSinkData bounds what a sink keeps of the bytes it receives.
+const maxSinkData = 1 << 20
+
+func startSink(name, ip string, ports ...string) (*sink, error) {
+	s := &sink{name: name}
+	for _, port := range ports {
+		ln, err := listenOn(net.JoinHostPort(ip, port))
+		if err != nil {
+			return nil, err
+		}
+		go s.serve(ln)
+	}
+	return s, nil
+}
+
+func (s *sink) serve(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		s.conns.Add(1)
+		go s.drain(c)
+	}
+}
+
+// drain reads what the connection sends for a bounded time, then closes it.
+func (s *sink) drain(c net.Conn) {
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 4096)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			s.bytes.Add(int64(n))
+			s.mu.Lock()
+			if room := maxSinkData - len(s.data); room > 0 {
+				s.data = append(s.data, buf[:min(n, room)]...)
+			}
+			s.mu.Unlock()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (s *sink) received() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return bytes.Clone(s.data)
+}
+
+// sinkCounts is a snapshot of every sink's connections and bytes.
+type sinkCounts map[*sink][2]int64
+
+func snapshotSinks(sinks []*sink) sinkCounts {
+	c := sinkCounts{}
+	for _, s := range sinks {
+		c[s] = [2]int64{s.conns.Load(), s.bytes.Load()}
+	}
+	return c
+}
+
+// echoServer is the allowlisted upstream. It answers with what it received, as
+// JSON, with the planted secret replaced by secretMark, so that a secret in a
+// response the sandbox reads can only have come from egressd itself. It also
+// counts the requests to a credential host that arrived without exactly the
+// injected credential.
+type echoServer struct {
+	requests      atomic.Int64
+	withoutSecret atomic.Int64
+	mu            sync.Mutex
+	seen          []echoed
+}
+
+// secretMark stands for the secret in the echo's answers.
+const secretMark = "<SECRET>"
+
+// echoed is what the echo upstream received.
+type echoed struct {
+	Method, Host, Path, Proto string
+	Header, Trailer           http.Header
+	Body                      string
+	BodyErr                   string
+}
+
+func (e *echoServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	e.requests.Add(1)
+	host, _, err := net.SplitHostPort(r.Host)
+	if err != nil {
+		host = r.Host
+	}
+	for _, h := range credentialHosts {
+		if host == h && !hasExactlyCredential(r.Header) {
+			e.withoutSecret.Add(1)
+		}
+	}
+	if to := r.URL.Query().Get("redirect"); to != "" {
+		e.record(echoed{Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto, Header: redactHeader(r.Header)})
+		w.Header().Set("Location", to)
+		w.WriteHeader(http.StatusFound)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	got := echoed{Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto,
+		Header: redactHeader(r.Header), Trailer: redactHeader(r.Trailer), Body: redact(string(body))}
+	if err != nil {
+		got.BodyErr = err.Error()
+	}
+	e.record(got)
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(got)
+}
+
+func (e *echoServer) record(got echoed) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.seen = append(e.seen, got)
+}
+
+// since returns the requests the echo upstream received after the n-th.
+func (e *echoServer) since(n int) []echoed {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if n > len(e.seen) {
+		return nil
+	}
+	return append([]echoed(nil), e.seen[n:]...)
+}
+
+func (e *echoServer) count() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.seen)
+}
+
+func hasExactlyCredential(h http.Header) bool {
+	v := h.Values("Authorization")
+	return len(v) == 1 && v[0] == "Bearer "+secret
+}
+
+func redact(s string) string { return strings.ReplaceAll(s, secret, secretMark) }
+
+func redactHeader(h http.Header) http.Header {
+	if h == nil {
+		return nil
+	}
+	out := make(http.Header, len(h))
+	for k, vs := range h {
+		for _, v := range vs {
+			out[k] = append(out[k], redact(v))
+		}
+	}
+	return out
+}
+
+// listenOn listens on addr after adding its IP to lo (inside the namespace only).
+func listenOn(addr string) (net.Listener, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return nil, err
+	}
+	if !ip.IsLoopback() || ip.Is6() {
+		if err := addLoopbackAddr(ip); err != nil {
+			return nil, err
+		}
+	}
+	return net.Listen("tcp", addr)
+}
+
+var addrsAdded sync.Map // netip.Addr -> struct{}
+
+// addLoopbackAddr adds ip to lo and waits until the kernel routes it as local.
+// It refuses to run outside the namespace: the suite never touches the host's
+// interfaces.
+func addLoopbackAddr(ip netip.Addr) error {
+	if _, done := addrsAdded.Load(ip); done {
+		return nil
+	}
+	if !netns.Inside() {
+		return errors.New("refusing to add " + ip.String() + " to lo outside the test's network namespace")
+	}
+	cidr := netip.PrefixFrom(ip, ip.BitLen()).String()
+	args := []string{"addr", "add", cidr, "dev", "lo"}
+	if ip.Is6() {
+		args = append(args, "nodad")
+	}
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "File exists") && !strings.Contains(string(out), "already assigned") {
+		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		out, err := exec.Command("ip", "route", "get", ip.String()).CombinedOutput()
+		if err == nil && strings.HasPrefix(string(out), "local ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s is not a local route after 5s: %s", ip, out)
+		}
+	}
+	addrsAdded.Store(ip, struct{}{})
+	return nil
+}
