@@ -52,9 +52,10 @@ type egressd struct {
 
 // startEgressd writes the config into dir, starts egressd on it and returns once
 // /healthz answers. Listeners bind port 0; their addresses come from the
-// "listening" log lines, so no port is ever guessed.
-func startEgressd(ctx context.Context, bin, dir string, up *upstream, dnsAddr string) (*egressd, error) {
-	cfgPath, err := writeConfig(dir, up, dnsAddr)
+// "listening" log lines, so no port is ever guessed. creds is the config's
+// credentials section; "" means the file backend (fileCredentials).
+func startEgressd(ctx context.Context, bin, dir string, up *upstream, dnsAddr, creds string) (*egressd, error) {
+	cfgPath, err := writeConfig(dir, up, dnsAddr, creds)
 	if err != nil {
 		return nil, err
 	}
@@ -465,16 +466,21 @@ func truncate(s string, n int) string {
 
 // writeConfig writes egressd.yaml (and the files it names) into dir and
 // returns its path. Every address it names is on 127.0.0.0/8: the upstream,
-// the DNS stub (dnsAddr) and egressd's own listeners.
-func writeConfig(dir string, up *upstream, dnsAddr string) (string, error) {
+// the DNS stub (dnsAddr), egressd's own listeners and, with the vault
+// backend, Vault. creds is the credentials section; "" means the file backend:
+// fileCredentials, and a credentials.json beside the config.
+func writeConfig(dir string, up *upstream, dnsAddr, creds string) (string, error) {
 	caPath := filepath.Join(dir, "bench-ca.pem")
 	if err := os.WriteFile(caPath, up.caPEM, 0o600); err != nil {
 		return "", err
 	}
-	// The credential path's entry names credentialID; its token is a fake.
-	creds := fmt.Sprintf("{%q: {\"token\": %q}}\n", credentialID, credentialToken)
-	if err := os.WriteFile(filepath.Join(dir, "credentials.json"), []byte(creds), 0o600); err != nil {
-		return "", err
+	if creds == "" {
+		creds = fileCredentials
+		// The credential path's entry names credentialID; its token is a fake.
+		file := fmt.Sprintf("{%q: {\"token\": %q}}\n", credentialID, credentialToken)
+		if err := os.WriteFile(filepath.Join(dir, "credentials.json"), []byte(file), 0o600); err != nil {
+			return "", err
+		}
 	}
 	httpPort, err := portOf(up.httpAddr)
 	if err != nil {
@@ -495,6 +501,7 @@ func writeConfig(dir string, up *upstream, dnsAddr string) (string, error) {
 		"{RESOLVER}", dnsAddr,
 		"{UPSTREAM_CA}", strconv.Quote(caPath),
 		"{STATE_DIR}", stateDir,
+		"{CREDENTIALS}", strings.TrimSuffix(creds, "\n"),
 	).Replace(configTemplate)
 	path := filepath.Join(dir, "egressd.yaml")
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
@@ -507,6 +514,13 @@ func portOf(addr string) (string, error) {
 	}
 	return addr[i+1:], nil
 }
+
+// fileCredentials is the credentials section of the (first) egressd: the
+// credential path's token comes from credentials.json.
+const fileCredentials = `credentials:
+  backend: file
+  file: credentials.json
+`
 
 // configTemplate is egressd's config for a bench run: its full request path
 // (allowlist, address guard, interception and injection where an entry asks
@@ -540,9 +554,7 @@ network:
 tls:
   intercept: auto                     # entries with a transform or credential
   upstream_ca_file: {UPSTREAM_CA}
-credentials:
-  backend: file
-  file: credentials.json
+{CREDENTIALS}
 log:
   level: info                         # the canonical line per request is part of the cost
   format: json

@@ -64,7 +64,7 @@ func TestListening(t *testing.T) {
 func TestConfigNamesOnlyLoopback(t *testing.T) {
 	up := &upstream{httpAddr: "127.0.0.1:1080", tlsAddr: "127.0.0.1:1443", caPEM: []byte("pem")}
 	dir := t.TempDir()
-	path, err := writeConfig(dir, up, "127.0.0.1:5353")
+	path, err := writeConfig(dir, up, "127.0.0.1:5353", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,6 +88,37 @@ func TestConfigNamesOnlyLoopback(t *testing.T) {
 	var parsed map[string]map[string]string
 	if err := json.Unmarshal(creds, &parsed); err != nil || parsed[credentialID]["token"] != credentialToken {
 		t.Errorf("credentials.json = %s (%v)", creds, err)
+	}
+}
+
+// TestVaultConfig: the vault path's egressd has the same config but for its
+// credentials section, which names the Vault on 127.0.0.1 and a token file, and
+// no credentials.json is written for it.
+func TestVaultConfig(t *testing.T) {
+	up := &upstream{httpAddr: "127.0.0.1:1080", tlsAddr: "127.0.0.1:1443", caPEM: []byte("pem")}
+	dir := t.TempDir()
+	path, err := writeConfig(dir, up, "127.0.0.1:5353", vaultCredentials("http://127.0.0.1:8200", "/tmp/x/vault-token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"domain: cred.bench.test", "credential: bench-cred", "backend: vault", `address: "http://127.0.0.1:8200"`,
+		`auth: {method: token, token_file: "/tmp/x/vault-token"}`, "kv_prefix: egressd/credentials", "refresh: 2s",
+		"\nlog:\n",
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("config lacks %q:\n%s", want, b)
+		}
+	}
+	if strings.Contains(string(b), "credentials.json") {
+		t.Errorf("the vault config names credentials.json:\n%s", b)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "credentials.json")); err == nil {
+		t.Error("credentials.json written for the vault egressd")
 	}
 }
 

@@ -60,6 +60,8 @@ type runResult struct {
 	UpstreamRequests int64 `json:"upstream_requests"`
 	Transformed      int64 `json:"upstream_transformed"`
 	Credentialed     int64 `json:"upstream_credentialed"`
+	// VaultCredentialed counts those that carried the vault path's token.
+	VaultCredentialed int64 `json:"upstream_vault_credentialed"`
 	// CPUSeconds is egressd's CPU time (user+system) over the window; only
 	// for runs through egressd.
 	CPUSeconds float64 `json:"egressd_cpu_s,omitempty"`
@@ -109,7 +111,7 @@ func runLoad(ctx context.Context, t target, lo loadOptions, up *upstream, cpu fu
 	r.ClientConns = dials.Load()
 	d := up.counts().sub(before)
 	r.UpstreamConns, r.UpstreamRequests = d.accepted, d.served
-	r.Transformed, r.Credentialed = d.transform, d.credential
+	r.Transformed, r.Credentialed, r.VaultCredentialed = d.transform, d.credential, d.vaultCred
 	r.CPUSeconds = cpuUsed.Seconds()
 	if cpuErr != nil {
 		r.CPUError = cpuErr.Error()

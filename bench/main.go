@@ -4,7 +4,7 @@
 // egressd's CPU per request as a ratio to the direct run. All traffic stays on
 // 127.0.0.0/8, and every load loop is bounded in both time and request count.
 //
-//	go run ./bench -egressd bin/egressd [-duration 4s] [-rounds 1] [-clients 64] [-size 1024] [-paths plain,connect,...] [-json]
+//	go run ./bench -egressd bin/egressd [-duration 4s] [-rounds 1] [-clients 64] [-size 1024] [-paths plain,connect,...] [-vaultdev PATH|off] [-json]
 package main
 
 import (
@@ -31,15 +31,15 @@ const (
 )
 
 // Defaults, chosen to match the conditions issue 8's peer figures were taken
-// under: 64 keep-alive clients, 1 KiB responses, HTTP/1.1. Five paths, each
-// run direct and through egressd for warm-up plus window, take about 55 s.
+// under: 64 keep-alive clients, 1 KiB responses, HTTP/1.1. Six paths, each
+// run direct and through egressd for warm-up plus window, take about 65 s.
 const (
 	defaultDuration = 4 * time.Second
 	defaultWarmup   = time.Second
 	defaultClients  = 64
 	defaultSize     = 1024
 	defaultRounds   = 1
-	defaultPaths    = "plain,connect,intercept,intercept-newconn,credential"
+	defaultPaths    = "plain,connect,intercept,intercept-newconn,credential,vault"
 
 	// maxDuration, maxClients and maxRounds keep a mistyped flag from turning
 	// the bench into a long or huge load.
@@ -60,6 +60,7 @@ type options struct {
 	paths    []pathSpec
 	json     bool
 	keep     bool
+	vaultdev string // the Vault dev server binary; "" finds it, vaultdevOff skips
 }
 
 func main() {
@@ -110,6 +111,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&paths, "paths", defaultPaths, "comma-separated paths to measure: "+strings.Join(pathNames(), ", "))
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temp dir (egressd config and log) and print its path")
+	fs.StringVar(&o.vaultdev, "vaultdev", "", "Vault dev server binary for the vault path; default: what "+vaultdevScript+" build prints, when run from the repository root; \""+vaultdevOff+"\" skips the path")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: go run ./bench -egressd bin/egressd [flags]")
 		fs.PrintDefaults()
@@ -184,7 +186,7 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 		return nil, fmt.Errorf("DNS stub: %w", err)
 	}
 	defer dns.close()
-	e, err := startEgressd(ctx, o.egressd, dir, up, dns.addr)
+	e, err := startEgressd(ctx, o.egressd, dir, up, dns.addr, "")
 	if err != nil {
 		return nil, fmt.Errorf("egressd: %w", err)
 	}
@@ -195,13 +197,37 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 			return nil, err
 		}
 	}
+	var vaultBin, vaultSkip string
+	if needsVault(o.paths) {
+		if vaultBin, vaultSkip, err = findVaultdev(ctx, o.vaultdev, stderr); err != nil {
+			return nil, err
+		}
+	}
+	var vs *vaultStack // started before the first vault path, so idle during the others
 	rep := newReport(o)
 	for _, p := range o.paths {
-		r, err := measurePath(ctx, w, e, dns, p, o)
+		pw, pe := w, e
+		if p.vault {
+			if vaultSkip != "" {
+				rep.Paths = append(rep.Paths, pathResult{Path: p.name, Description: p.desc, Skipped: vaultSkip})
+				continue
+			}
+			if vs == nil {
+				if vs, err = startVaultStack(ctx, o, vaultBin, dir, up, dns.addr); err != nil {
+					return nil, fmt.Errorf("%s: %w", p.name, err)
+				}
+				defer vs.stop()
+			}
+			pw, pe = vs.w, vs.e
+		}
+		r, err := measurePath(ctx, pw, pe, dns, p, o)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p.name, err)
 		}
 		rep.Paths = append(rep.Paths, r)
+	}
+	if vs != nil {
+		rep.VaultEgressdExit = vs.stop()
 	}
 	rep.PeakRSSBytes, rep.RSSError = e.peakRSS()
 	if lc, err := e.leafCache(); err != nil {
@@ -273,7 +299,7 @@ func injectionProblems(p pathSpec, round, rounds int, direct, via runResult) []s
 		return run + " run"
 	}
 	counts := func(r runResult) map[injection]int64 {
-		return map[injection]int64{injectTransform: r.Transformed, injectCredential: r.Credentialed}
+		return map[injection]int64{injectTransform: r.Transformed, injectCredential: r.Credentialed, injectVaultCredential: r.VaultCredentialed}
 	}
 	for kind, n := range counts(direct) {
 		if n > 0 {

@@ -22,15 +22,19 @@ type pathSpec struct {
 	// newConn: one TCP and TLS handshake per request, so req/s is also
 	// handshakes/s.
 	newConn bool
+	// vault: through the second egressd, whose credentials come from the
+	// Vault dev server the bench starts (vault.go), not the first one's file.
+	vault bool
 }
 
 // injection is what an allowlist entry adds to the requests of a path.
 type injection int
 
 const (
-	injectNone       injection = iota
-	injectTransform            // transformHeader: transformValue, from the entry's transform
-	injectCredential           // Authorization: Bearer credentialToken, from credentials.json
+	injectNone            injection = iota
+	injectTransform                 // transformHeader: transformValue, from the entry's transform
+	injectCredential                // Authorization: Bearer credentialToken, from credentials.json
+	injectVaultCredential           // Authorization: Bearer vaultCredentialToken, from Vault
 )
 
 func (i injection) String() string {
@@ -39,6 +43,8 @@ func (i injection) String() string {
 		return transformHeader + " (transform)"
 	case injectCredential:
 		return "Authorization (credential " + credentialID + ")"
+	case injectVaultCredential:
+		return "Authorization (credential " + credentialID + " from Vault)"
 	}
 	return "nothing"
 }
@@ -105,6 +111,18 @@ var paths = []pathSpec{
 		"as intercept, but a new TCP+TLS connection per request (handshakes/s; egressd's leaf cache warm); direct: a new TLS connection per request"),
 	interceptPath("credential", credentialHost, injectCredential, false,
 		"as intercept, but the entry names a file-backed credential (Authorization: Bearer) instead of a transform"),
+	vaultPath(),
+}
+
+// vaultPath is the credential path through a second egressd, identical but for
+// credentials.backend vault: the same entry and credential ID, the token read
+// from a Vault dev server. Vault is never on the request path after the first
+// read, so it should cost what the credential path costs.
+func vaultPath() pathSpec {
+	p := interceptPath("vault", credentialHost, injectVaultCredential, false,
+		"as credential, but through a second egressd whose credentials.backend is vault: the token is read from a Vault dev server (KV v2, refresh "+vaultRefresh.String()+") the bench starts; skipped without one")
+	p.vault = true
+	return p
 }
 
 // interceptPath is an HTTPS path to host whose allowlist entry injects inj, so
@@ -133,10 +151,15 @@ func (w *world) hostURL(host string) string {
 	return "https://" + host + w.up.tlsAddr[strings.LastIndexByte(w.up.tlsAddr, ':'):] + "/"
 }
 
-// intercepts reports whether any of ps goes through an intercepted tunnel (and
-// so needs egressd's CA).
+// intercepts reports whether any of ps goes through the first egressd's
+// intercepted tunnels (and so needs its CA).
 func intercepts(ps []pathSpec) bool {
-	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.inject != injectNone })
+	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.inject != injectNone && !p.vault })
+}
+
+// needsVault reports whether any of ps runs through the Vault-backed egressd.
+func needsVault(ps []pathSpec) bool {
+	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.vault })
 }
 
 // localhostAddr turns 127.0.0.1:port into localhost:port: egressd decides on

@@ -26,6 +26,8 @@ type report struct {
 	LeafCacheError string      `json:"egressd_leaf_cache_error,omitempty"`
 	// EgressdExit is "" when egressd exited 0 on SIGTERM, else how it ended.
 	EgressdExit string `json:"egressd_exit,omitempty"`
+	// VaultEgressdExit is the same for the second egressd, the vault path's.
+	VaultEgressdExit string `json:"vault_egressd_exit,omitempty"`
 }
 
 type settings struct {
@@ -44,8 +46,11 @@ type settings struct {
 
 // pathResult is one path: its direct runs, its runs through egressd, compared.
 type pathResult struct {
-	Path              string `json:"path"`
-	Description       string `json:"description"`
+	Path        string `json:"path"`
+	Description string `json:"description"`
+	// Skipped says why the path was not measured (the vault path without a
+	// Vault dev server); every other field is then empty.
+	Skipped           string `json:"skipped,omitempty"`
 	Injects           string `json:"injects,omitempty"` // what egressd adds to every request
 	NewConnPerRequest bool   `json:"new_conn_per_request,omitempty"`
 	// Direct and Egressd are every round's runs together: req/s is the median
@@ -114,6 +119,7 @@ func combine(runs []runResult) runResult {
 		r.UpstreamRequests += x.UpstreamRequests
 		r.Transformed += x.Transformed
 		r.Credentialed += x.Credentialed
+		r.VaultCredentialed += x.VaultCredentialed
 		r.CPUSeconds += x.CPUSeconds
 		if x.CPUError != "" {
 			r.CPUError = x.CPUError
@@ -191,7 +197,7 @@ func (r *report) failed() bool {
 			return true
 		}
 	}
-	return r.EgressdExit != ""
+	return r.EgressdExit != "" || r.VaultEgressdExit != ""
 }
 
 func (r *report) writeJSON(w io.Writer) error {
@@ -242,6 +248,14 @@ func (r *report) writeMain(w io.Writer) error {
 	}
 	fmt.Fprint(tw, "direct p50/p99\tegressd p50/p99\tegressd CPU µs/req\tegressd VmHWM\t\n")
 	for _, p := range r.Paths {
+		if p.Skipped != "" {
+			fmt.Fprintf(tw, "%-*s\tskipped\t-\t-\t", pw, p.Path)
+			if multi {
+				fmt.Fprint(tw, "-\t")
+			}
+			fmt.Fprint(tw, "-\t-\t-\t-\t\n")
+			continue
+		}
 		cpu := fmt.Sprintf("%.1f", p.CPUPerReqUS)
 		if p.Egressd.CPUError != "" {
 			cpu = "n/a"
@@ -263,6 +277,11 @@ func (r *report) writeMain(w io.Writer) error {
 func (r *report) writeNotes(w io.Writer) {
 	fmt.Fprintln(w)
 	for _, p := range r.Paths {
+		if p.Skipped != "" {
+			fmt.Fprintf(w, "%s: skipped: %s\n", p.Path, p.Skipped)
+		}
+	}
+	for _, p := range r.Paths {
 		if !p.NewConnPerRequest {
 			continue
 		}
@@ -275,6 +294,16 @@ func (r *report) writeNotes(w io.Writer) {
 			fmt.Fprintf(w, ", egressd CPU %.1f vs %.1f µs/req (%+.0f%%)", c.CPUPerReqUS, i.CPUPerReqUS, 100*(c.CPUPerReqUS/i.CPUPerReqUS-1))
 		}
 		fmt.Fprintln(w)
+	}
+	if v, c := r.path("vault"), r.path("credential"); v != nil && c != nil && v.Skipped == "" && c.Ratio > 0 && c.Egressd.ReqPerSec > 0 {
+		fmt.Fprintf(w, "vault / credential: ratio %.2f / %.2f = %.2f, egressd req/s %.2f", v.Ratio, c.Ratio, v.Ratio/c.Ratio, v.Egressd.ReqPerSec/c.Egressd.ReqPerSec)
+		if v.CPUPerReqUS > 0 && c.CPUPerReqUS > 0 {
+			fmt.Fprintf(w, ", egressd CPU %.1f vs %.1f µs/req (%+.0f%%)", v.CPUPerReqUS, c.CPUPerReqUS, 100*(v.CPUPerReqUS/c.CPUPerReqUS-1))
+		}
+		if v.Egressd.P50US > 0 && c.Egressd.P50US > 0 {
+			fmt.Fprintf(w, ", p50 %s vs %s, p99 %s vs %s", dur(v.Egressd.P50US), dur(c.Egressd.P50US), dur(v.Egressd.P99US), dur(c.Egressd.P99US))
+		}
+		fmt.Fprintln(w, " (a second egressd, credentials.backend vault)")
 	}
 	switch {
 	case r.LeafCacheError != "":
@@ -291,6 +320,9 @@ func (r *report) writeNotes(w io.Writer) {
 	if r.Settings.Rounds > 1 {
 		fmt.Fprintln(w, "ratio per round:")
 		for _, p := range r.Paths {
+			if p.Skipped != "" {
+				continue
+			}
 			fmt.Fprintf(w, "  %-*s", r.pathWidth(), p.Path)
 			for _, rd := range p.Rounds {
 				fmt.Fprintf(w, " %.2f", rd.Ratio)
@@ -339,6 +371,9 @@ func (r *report) writeDetails(w io.Writer) error {
 	pw := r.pathWidth()
 	fmt.Fprintf(tw, "%-*s\t%-7s\trequests\terrors\tclient conns\tupstream conns\tupstream reqs\tinjected\tmean\tmax\tegressd egress lines\tallowed 200\tleaf hit/miss\tDNS queries\t\n", pw, "path", "run")
 	for _, p := range r.Paths {
+		if p.Skipped != "" {
+			continue
+		}
 		for _, run := range []struct {
 			name string
 			r    runResult
@@ -353,7 +388,7 @@ func (r *report) writeDetails(w io.Writer) error {
 			}
 			fmt.Fprintf(tw, "%-*s\t%-7s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", pw, p.Path, run.name,
 				thousands(float64(run.r.Total)), run.r.Errors, run.r.ClientConns, run.r.UpstreamConns,
-				thousands(float64(run.r.UpstreamRequests)), thousands(float64(run.r.Transformed+run.r.Credentialed)),
+				thousands(float64(run.r.UpstreamRequests)), thousands(float64(run.r.Transformed+run.r.Credentialed+run.r.VaultCredentialed)),
 				dur(run.r.MeanUS), dur(run.r.MaxUS), lines, ok, leaf, dns)
 		}
 	}
@@ -393,6 +428,9 @@ func (r *report) writeProblems(w io.Writer) {
 	}
 	if r.EgressdExit != "" {
 		fmt.Fprintf(w, "\negressd did not exit cleanly: %s\n", r.EgressdExit)
+	}
+	if r.VaultEgressdExit != "" {
+		fmt.Fprintf(w, "\nthe vault path's egressd did not exit cleanly: %s\n", r.VaultEgressdExit)
 	}
 }
 

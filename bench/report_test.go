@@ -69,3 +69,51 @@ func TestWriteTextIntercept(t *testing.T) {
 		t.Error("a failed injection check does not fail the report")
 	}
 }
+
+func TestWriteTextVault(t *testing.T) {
+	r := &report{Settings: settings{Clients: 64, SizeBytes: 1024, DurationS: 1, Rounds: 1, CPUs: 2}}
+	for _, name := range []string{"credential", "vault"} {
+		via := runResult{ReqPerSec: 450, Requests: 10, CPUSeconds: 1e-3, P50US: 4000, P99US: 9000}
+		if name == "vault" {
+			via.CPUSeconds = 1.1e-3
+		}
+		p := pathResult{Path: name, Direct: runResult{ReqPerSec: 1000}, Egressd: via,
+			Rounds: []roundResult{newRound(runResult{ReqPerSec: 1000}, via)}}
+		p.finish()
+		r.Paths = append(r.Paths, p)
+	}
+	var b strings.Builder
+	if err := r.writeText(&b); err != nil {
+		t.Fatal(err)
+	}
+	if want := "vault / credential: ratio 0.45 / 0.45 = 1.00, egressd req/s 1.00, egressd CPU 110.0 vs 100.0 µs/req (+10%)"; !strings.Contains(b.String(), want) {
+		t.Errorf("report lacks %q:\n%s", want, b.String())
+	}
+
+	r.Paths[1] = pathResult{Path: "vault", Skipped: "-vaultdev off"}
+	b.Reset()
+	if err := r.writeText(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"vault: skipped: -vaultdev off"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "vault / credential") {
+		t.Errorf("a skipped vault path is compared:\n%s", out)
+	}
+	row := false
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "vault" && f[1] == "skipped" {
+			row = true
+		}
+	}
+	if !row {
+		t.Errorf("no table row \"vault skipped\":\n%s", out)
+	}
+	if r.failed() {
+		t.Error("a skipped path fails the report")
+	}
+}

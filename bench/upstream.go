@@ -33,6 +33,7 @@ type upstream struct {
 	served     atomic.Int64 // requests answered
 	transform  atomic.Int64 // requests carrying exactly transformHeader: transformValue
 	credential atomic.Int64 // requests carrying exactly Authorization: Bearer credentialToken
+	vaultCred  atomic.Int64 // requests carrying exactly Authorization: Bearer vaultCredentialToken
 	servers    []*http.Server
 }
 
@@ -43,28 +44,35 @@ var upstreamNames = []string{"localhost", "bench.test", "*.bench.test"}
 
 // What egressd injects on the intercepted paths, and the upstream checks on
 // every request: a transform sets transformHeader, the credential (a fake
-// token in the temp dir's credentials.json) sets Authorization.
+// token in the temp dir's credentials.json) sets Authorization. On the vault
+// path the same credential ID holds another fake token, in Vault, so that the
+// upstream can tell which backend a request's header came from.
 const (
-	transformHeader = "X-Bench-Injected"
-	transformValue  = "bench-transform-value"
-	credentialID    = "bench-cred"
-	credentialToken = "bench-fake-token-not-a-secret"
+	transformHeader      = "X-Bench-Injected"
+	transformValue       = "bench-transform-value"
+	credentialID         = "bench-cred"
+	credentialToken      = "bench-fake-token-not-a-secret"
+	vaultCredentialToken = "bench-fake-vault-token-not-a-secret"
 )
 
-var credentialAuth = "Bearer " + credentialToken
+var (
+	credentialAuth      = "Bearer " + credentialToken
+	vaultCredentialAuth = "Bearer " + vaultCredentialToken
+)
 
 // upstreamCounts is a snapshot of the upstream's counters; a run's figures are
 // the difference of two.
 type upstreamCounts struct {
-	accepted, served, transform, credential int64
+	accepted, served, transform, credential, vaultCred int64
 }
 
 func (u *upstream) counts() upstreamCounts {
-	return upstreamCounts{u.accepted.Load(), u.served.Load(), u.transform.Load(), u.credential.Load()}
+	return upstreamCounts{u.accepted.Load(), u.served.Load(), u.transform.Load(), u.credential.Load(), u.vaultCred.Load()}
 }
 
 func (c upstreamCounts) sub(o upstreamCounts) upstreamCounts {
-	return upstreamCounts{c.accepted - o.accepted, c.served - o.served, c.transform - o.transform, c.credential - o.credential}
+	return upstreamCounts{c.accepted - o.accepted, c.served - o.served, c.transform - o.transform,
+		c.credential - o.credential, c.vaultCred - o.vaultCred}
 }
 
 func startUpstream(size int) (*upstream, error) {
@@ -129,7 +137,7 @@ func (u *upstream) close() {
 // fixedBody answers every request with size bytes and an explicit
 // Content-Length, so neither side pays for chunked framing. It counts the
 // requests, and those that carry the injected headers exactly once with the
-// exact value (two map lookups and an atomic add or two).
+// exact value (two map lookups, a string compare or two, an atomic add or two).
 func (u *upstream) fixedBody(size int) http.Handler {
 	body := bytes.Repeat([]byte("x"), size)
 	length := []string{strconv.Itoa(size)}
@@ -139,8 +147,13 @@ func (u *upstream) fixedBody(size int) http.Handler {
 		if v := r.Header[transformHeader]; len(v) == 1 && v[0] == transformValue {
 			u.transform.Add(1)
 		}
-		if v := r.Header["Authorization"]; len(v) == 1 && v[0] == credentialAuth {
-			u.credential.Add(1)
+		if v := r.Header["Authorization"]; len(v) == 1 {
+			switch v[0] {
+			case credentialAuth:
+				u.credential.Add(1)
+			case vaultCredentialAuth:
+				u.vaultCred.Add(1)
+			}
 		}
 		hdr := w.Header()
 		hdr["Content-Length"] = length

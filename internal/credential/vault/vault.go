@@ -28,6 +28,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -86,6 +87,12 @@ func New(o Options) (*Backend, error) {
 	}
 	if o.Address != "" {
 		cfg.Address = o.Address
+	}
+	if os.Getenv(api.EnvVaultMaxRetries) == "" {
+		// The store re-reads every refresh anyway: the client's own retries (by
+		// default two, with backoff, 3 to 4.5 s in all) would only hold a refresh
+		// and delay both the failure being seen and the recovery.
+		cfg.MaxRetries = 0
 	}
 	client, err := api.NewClient(cfg)
 	if err != nil {

@@ -1,0 +1,265 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The vault path: the credential path's entry, served by a second egressd whose
+// credentials.backend is vault, against a Vault dev server the bench starts
+// (scripts/vaultdev.sh's binary: in-memory, unsealed, KV v2 at secret/, on
+// 127.0.0.1). The secret is written once through Vault's HTTP API with the
+// root token, which is also egressd's token (token auth: the bench measures
+// the request path, not the login).
+
+const (
+	// vaultdevOff is the -vaultdev value that skips the vault path.
+	vaultdevOff = "off"
+	// vaultdevScript is where the bench looks for the build script when
+	// -vaultdev is not given: the repository root, where make bench runs.
+	vaultdevScript = "scripts/vaultdev.sh"
+	// vaultBuildTimeout bounds `scripts/vaultdev.sh build`: milliseconds when
+	// the binary is cached, about 5 minutes for a cold build.
+	vaultBuildTimeout = 15 * time.Minute
+	// vaultStartTimeout bounds the wait for the server's ready file.
+	vaultStartTimeout = 60 * time.Second
+	// vaultRefresh is the vault egressd's credentials.vault.refresh: short, so
+	// that its background reads (never on the request path) fall inside every
+	// measured window.
+	vaultRefresh = 2 * time.Second
+)
+
+// findVaultdev returns the Vault dev server binary for the vault path, or why the
+// path is skipped. flag is -vaultdev: "off", a path (which must exist: an error
+// otherwise), or "" for scripts/vaultdev.sh build in the working directory, when
+// there is one.
+func findVaultdev(ctx context.Context, flag string, stderr io.Writer) (bin, skip string, err error) {
+	switch flag {
+	case vaultdevOff:
+		return "", "-vaultdev " + vaultdevOff, nil
+	case "":
+	default:
+		abs, err := filepath.Abs(flag)
+		if err != nil {
+			return "", "", fmt.Errorf("-vaultdev: %w", err)
+		}
+		if fi, err := os.Stat(abs); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+			return "", "", fmt.Errorf("-vaultdev %s: not an executable (%v); build one with scripts/vaultdev.sh build, or -vaultdev %s", flag, err, vaultdevOff)
+		}
+		return abs, "", nil
+	}
+	if _, err := os.Stat(vaultdevScript); err != nil {
+		return "", "no -vaultdev and no " + vaultdevScript + " in the working directory (run from the repository root, or pass -vaultdev PATH)", nil
+	}
+	fmt.Fprintf(stderr, "bench: vault path: %s build (cached: instant; a cold build takes about 5 minutes; -vaultdev %s skips the path)\n", vaultdevScript, vaultdevOff)
+	ctx, cancel := context.WithTimeout(ctx, vaultBuildTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, vaultdevScript, "build")
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Sprintf("%s build failed (%v): %s", vaultdevScript, err, lastLine(errOut.String())), nil
+	}
+	f := strings.Fields(string(out))
+	if len(f) == 0 {
+		return "", vaultdevScript + " build printed no path", nil
+	}
+	return f[len(f)-1], "", nil
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	return truncate(s, 300)
+}
+
+// vaultServer is the Vault dev server subprocess.
+type vaultServer struct {
+	cmd       *exec.Cmd
+	addr      string // http://127.0.0.1:port
+	rootToken string
+	logPath   string
+	exited    chan struct{}
+}
+
+// startVault runs bin on 127.0.0.1:0 with its files in dir and waits until it
+// has written its ready file.
+func startVault(ctx context.Context, bin, dir string) (*vaultServer, error) {
+	ready := filepath.Join(dir, "vault-ready.json")
+	v := &vaultServer{logPath: filepath.Join(dir, "vault.log"), exited: make(chan struct{})}
+	logf, err := os.Create(v.logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	v.cmd = exec.Command(bin, "-addr", "127.0.0.1:0", "-ready-file", ready, "-log-level", "warn")
+	v.cmd.Stdout, v.cmd.Stderr = io.Discard, logf
+	// As for egressd: its own process group, and SIGTERM if the bench dies.
+	v.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := v.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		_ = v.cmd.Wait()
+		close(v.exited)
+	}()
+	ctx, cancel := context.WithTimeout(ctx, vaultStartTimeout)
+	defer cancel()
+	for {
+		b, err := os.ReadFile(ready)
+		if err == nil && bytes.HasSuffix(b, []byte("\n")) {
+			var r struct {
+				Addr      string `json:"addr"`
+				RootToken string `json:"root_token"`
+			}
+			if err := json.Unmarshal(b, &r); err != nil {
+				v.stop()
+				return nil, fmt.Errorf("vault ready file: %w", err)
+			}
+			v.addr, v.rootToken = r.Addr, r.RootToken
+			break
+		}
+		select {
+		case <-v.exited:
+			return nil, fmt.Errorf("vault exited before it was ready; its log: %s", v.logTail())
+		case <-ctx.Done():
+			v.stop()
+			return nil, fmt.Errorf("vault not ready: %w; its log: %s", ctx.Err(), v.logTail())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	u, err := url.Parse(v.addr)
+	if err != nil || loopbackOnly(u.Host) != nil {
+		v.stop()
+		return nil, fmt.Errorf("vault listens on %q, not a loopback address", v.addr)
+	}
+	return v, nil
+}
+
+func (v *vaultServer) logTail() string {
+	b, _ := os.ReadFile(v.logPath)
+	return truncate(string(b), 2000)
+}
+
+// putKV writes data as a new version of secret/data/<path> (KV v2).
+func (v *vaultServer) putKV(ctx context.Context, path string, data map[string]any) error {
+	body, err := json.Marshal(map[string]any{"data": data})
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, v.addr+"/v1/secret/data/"+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("X-Vault-Token", v.rootToken)
+	hc := &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: adminTimeout}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("vault: writing secret/data/%s: status %d: %s", path, resp.StatusCode, truncate(string(msg), 300))
+	}
+	return nil
+}
+
+// stop ends the server (SIGTERM, then SIGKILL after stopTimeout).
+func (v *vaultServer) stop() {
+	select {
+	case <-v.exited:
+		return
+	default:
+	}
+	_ = v.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-v.exited:
+	case <-time.After(stopTimeout):
+		_ = v.cmd.Process.Kill()
+		<-v.exited
+	}
+}
+
+// vaultStack is what the vault path runs on: the Vault server and the egressd
+// that reads the credential from it.
+type vaultStack struct {
+	vault *vaultServer
+	e     *egressd
+	w     *world
+}
+
+// startVaultStack starts Vault, writes the credential into it and starts the
+// second egressd in dir/vault, configured as the first but for its credentials.
+func startVaultStack(ctx context.Context, o options, vaultBin, dir string, up *upstream, dnsAddr string) (*vaultStack, error) {
+	vdir := filepath.Join(dir, "vault")
+	if err := os.MkdirAll(vdir, 0o700); err != nil {
+		return nil, err
+	}
+	v, err := startVault(ctx, vaultBin, vdir)
+	if err != nil {
+		return nil, err
+	}
+	s := &vaultStack{vault: v}
+	if err := v.putKV(ctx, vaultKVPrefix+"/"+credentialID, map[string]any{"token": vaultCredentialToken}); err != nil {
+		s.stop()
+		return nil, err
+	}
+	tokenFile := filepath.Join(vdir, "vault-token")
+	if err := os.WriteFile(tokenFile, []byte(v.rootToken+"\n"), 0o600); err != nil {
+		s.stop()
+		return nil, err
+	}
+	creds := vaultCredentials(v.addr, tokenFile)
+	if s.e, err = startEgressd(ctx, o.egressd, vdir, up, dnsAddr, creds); err != nil {
+		s.stop()
+		return nil, fmt.Errorf("egressd with the vault backend: %w", err)
+	}
+	s.w = &world{up: up, proxy: s.e.proxyURL}
+	if s.w.egressdRoots, err = s.e.caPool(); err != nil {
+		s.stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// stop stops egressd, then Vault, and returns how egressd ended ("" for exit 0).
+func (s *vaultStack) stop() string {
+	var exit string
+	if s.e != nil {
+		exit = s.e.stop()
+	}
+	s.vault.stop()
+	return exit
+}
+
+// vaultKVPrefix is credentials.vault.kv_prefix (egressd's default).
+const vaultKVPrefix = "egressd/credentials"
+
+// vaultCredentials is the credentials section of the vault egressd's config.
+func vaultCredentials(addr, tokenFile string) string {
+	return fmt.Sprintf(`credentials:
+  backend: vault
+  vault:
+    address: %q                # the bench's Vault dev server on 127.0.0.1
+    auth: {method: token, token_file: %q}
+    kv_mount: secret
+    kv_prefix: %s
+    refresh: %s                         # background reads only; never on the request path
+`, addr, tokenFile, vaultKVPrefix, vaultRefresh)
+}
