@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +30,9 @@ type dnsStub struct {
 	addr    string // 127.0.0.1:port
 	queries atomic.Int64
 	servers []*dns.Server
+	// pinned maps names (lower case, no final dot) the stub answers with
+	// another address than 127.0.0.1 (the transparent path's stand-in).
+	pinned sync.Map
 }
 
 func startDNS() (*dnsStub, error) {
@@ -89,10 +93,23 @@ func (s *dnsStub) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	case q.Qtype == dns.TypeA && q.Qclass == dns.ClassINET:
 		m.Answer = append(m.Answer, &dns.A{
 			Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60},
-			A:   net.IPv4(127, 0, 0, 1),
+			A:   s.addrOf(q.Name),
 		})
 	}
 	_ = w.WriteMsg(m)
+}
+
+// pin makes the stub answer name's A queries with ip instead of 127.0.0.1.
+func (s *dnsStub) pin(name string, ip net.IP) {
+	s.pinned.Store(strings.TrimSuffix(strings.ToLower(name), "."), ip)
+}
+
+// addrOf is the A record of name, a name in benchZone.
+func (s *dnsStub) addrOf(name string) net.IP {
+	if ip, ok := s.pinned.Load(strings.TrimSuffix(strings.ToLower(name), ".")); ok {
+		return ip.(net.IP)
+	}
+	return net.IPv4(127, 0, 0, 1)
 }
 
 // inBenchZone reports whether name (fully qualified or not) is benchZone or

@@ -490,6 +490,10 @@ func writeConfig(dir string, up *upstream, dnsAddr, creds string) (string, error
 	if err != nil {
 		return "", err
 	}
+	hookEntry, hooks, err := hookConfig(dir, up) // "" unless the hook path runs
+	if err != nil {
+		return "", err
+	}
 	cfg := strings.NewReplacer(
 		"{HTTP_PORT}", httpPort,
 		"{TLS_PORT}", tlsPort,
@@ -502,6 +506,8 @@ func writeConfig(dir string, up *upstream, dnsAddr, creds string) (string, error
 		"{UPSTREAM_CA}", strconv.Quote(caPath),
 		"{STATE_DIR}", stateDir,
 		"{CREDENTIALS}", strings.TrimSuffix(creds, "\n"),
+		"{HOOK_ENTRY}", hookEntry,
+		"{HOOKS}", hooks,
 	).Replace(configTemplate)
 	path := filepath.Join(dir, "egressd.yaml")
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
@@ -548,6 +554,7 @@ policy:
     - domain: {CREDENTIAL_HOST}         # credential
       ports: [{TLS_PORT}]
       credential: {CREDENTIAL_ID}
+{HOOK_ENTRY}
 network:
   resolver: {RESOLVER}       # the bench's DNS stub: answers *.bench.test only, forwards nothing
   unsafe_allow_cidrs: [127.0.0.0/8]   # the upstream is on loopback; development and tests only
@@ -555,6 +562,7 @@ tls:
   intercept: auto                     # entries with a transform or credential
   upstream_ca_file: {UPSTREAM_CA}
 {CREDENTIALS}
+{HOOKS}
 log:
   level: info                         # the canonical line per request is part of the cost
   format: json

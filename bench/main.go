@@ -2,7 +2,8 @@
 // load directly against an in-process upstream and then through an egressd
 // subprocess, back to back in one run, and prints throughput, latency and
 // egressd's CPU per request as a ratio to the direct run. All traffic stays on
-// 127.0.0.0/8, and every load loop is bounded in both time and request count.
+// 127.0.0.0/8 (the transparent path's, in network namespaces of its own:
+// transparent.go), and every load loop is bounded in both time and request count.
 //
 //	go run ./bench -egressd bin/egressd [-duration 4s] [-rounds 1] [-clients 64] [-size 1024] [-paths plain,connect,...] [-vaultdev PATH|off] [-json]
 package main
@@ -39,7 +40,7 @@ const (
 	defaultClients  = 64
 	defaultSize     = 1024
 	defaultRounds   = 1
-	defaultPaths    = "plain,connect,intercept,intercept-newconn,credential,vault"
+	defaultPaths    = "plain,connect,intercept,intercept-newconn,credential,vault,hook,transparent"
 
 	// maxDuration, maxClients and maxRounds keep a mistyped flag from turning
 	// the bench into a long or huge load.
@@ -181,6 +182,12 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 		return nil, fmt.Errorf("upstream: %w", err)
 	}
 	defer up.close()
+	if needsHook(o.paths) { // before egressd: its config names the endpoint
+		if up.hook, err = startHookServer(up); err != nil {
+			return nil, fmt.Errorf("hook endpoint: %w", err)
+		}
+		defer up.hook.close()
+	}
 	dns, err := startDNS()
 	if err != nil {
 		return nil, fmt.Errorf("DNS stub: %w", err)
@@ -219,6 +226,14 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 				defer vs.stop()
 			}
 			pw, pe = vs.w, vs.e
+		}
+		if p.measure != nil {
+			rs, err := p.measure(ctx, pathEnv{w: pw, e: pe, dns: dns, o: o, dir: dir, stderr: stderr})
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", p.name, err)
+			}
+			rep.Paths = append(rep.Paths, rs...)
+			continue
 		}
 		r, err := measurePath(ctx, pw, pe, dns, p, o)
 		if err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/x509"
 	"fmt"
 	"slices"
@@ -25,6 +26,10 @@ type pathSpec struct {
 	// vault: through the second egressd, whose credentials come from the
 	// Vault dev server the bench starts (vault.go), not the first one's file.
 	vault bool
+	// measure, when set, replaces measurePath (and direct and viaProxy are
+	// unused): the path makes its own runs and returns its rows, or one row
+	// with Skipped set (hook.go, transparent.go).
+	measure func(context.Context, pathEnv) ([]pathResult, error)
 }
 
 // injection is what an allowlist entry adds to the requests of a path.
@@ -112,6 +117,8 @@ var paths = []pathSpec{
 	interceptPath("credential", credentialHost, injectCredential, false,
 		"as intercept, but the entry names a file-backed credential (Authorization: Bearer) instead of a transform"),
 	vaultPath(),
+	hookPathSpec(),
+	transparentPathSpec(),
 }
 
 // vaultPath is the credential path through a second egressd, identical but for

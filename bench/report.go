@@ -305,6 +305,8 @@ func (r *report) writeNotes(w io.Writer) {
 		}
 		fmt.Fprintln(w, " (a second egressd, credentials.backend vault)")
 	}
+	r.writeHookNote(w)
+	r.writeTransparentNote(w)
 	switch {
 	case r.LeafCacheError != "":
 		fmt.Fprintf(w, "egressd leaf cache: unavailable (%s)\n", r.LeafCacheError)

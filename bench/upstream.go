@@ -35,6 +35,12 @@ type upstream struct {
 	credential atomic.Int64 // requests carrying exactly Authorization: Bearer credentialToken
 	vaultCred  atomic.Int64 // requests carrying exactly Authorization: Bearer vaultCredentialToken
 	servers    []*http.Server
+	// hook is the hook path's policy endpoint (hook.go), when that path runs:
+	// egressd's config then names it in hooks.json and its allowlist.
+	hook *hookServer
+	// cert is the HTTPS leaf, for the other servers of the same names
+	// (hook.go, transparent.go), which must not read it from a running server.
+	cert tls.Certificate
 }
 
 // upstreamNames are the names the HTTPS leaf is valid for: "localhost" for the
@@ -80,7 +86,7 @@ func startUpstream(size int) (*upstream, error) {
 	if err != nil {
 		return nil, err
 	}
-	u := &upstream{caPEM: ca.pem, roots: x509.NewCertPool()}
+	u := &upstream{caPEM: ca.pem, roots: x509.NewCertPool(), cert: leaf}
 	u.roots.AddCert(ca.cert)
 	h := u.fixedBody(size)
 	plain, err := u.serve(h, nil)

@@ -1,0 +1,323 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The load of the paths whose requests runLoad's client cannot make: POSTs with
+// a body (hook), and connections dialled from a sandbox network namespace to an
+// address that is not on loopback (transparent). It keeps runLoad's rules: one
+// transport and so one keep-alive connection per client, HTTP/1.1 only, no
+// compression, no environment proxy, a warm-up and then the measured window,
+// every loop bounded by time and by count, every response body read to the end.
+
+// customTarget is one side of such a path.
+type customTarget struct {
+	method string // GET or POST
+	url    string
+	body   []byte // sent with every request; nil for none
+	// proxy is egressd's URL for a CONNECT tunnel, or "" for none.
+	proxy string
+	// dialAddr, when set, is where every dial goes whatever the URL's host
+	// resolves to (as target.dialAddr); it does not apply to the proxy.
+	dialAddr string
+	// allowDial vets every address dialled; nil means loopbackOnly.
+	allowDial func(addr string) error
+	// dialFrom, when set, makes the connection (transparent: from the
+	// sandbox's network namespace); nil dials from this process's namespace.
+	dialFrom func(ctx context.Context, network, addr string) (net.Conn, error)
+	roots    *x509.CertPool
+	// check reads the whole body of a 200 response and says whether it is
+	// what the path's far side answers.
+	check func(*http.Response) error
+}
+
+// runCustomLoad is runLoad for a customTarget. The caller reads the far side's
+// counters around it (the upstream's, or the hook endpoint's).
+func runCustomLoad(ctx context.Context, t customTarget, lo loadOptions, cpu func() (time.Duration, error)) (runResult, error) {
+	start := time.Now()
+	from, to := start.Add(lo.warmup), start.Add(lo.warmup+lo.duration)
+	runCtx, cancel := context.WithDeadline(ctx, to.Add(requestTimeout))
+	defer cancel()
+
+	var dials atomic.Int64
+	clients := make([]*customClient, lo.clients)
+	for i := range clients {
+		c, err := newCustomClient(runCtx, t, &dials)
+		if err != nil {
+			return runResult{}, err
+		}
+		clients[i] = c
+	}
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		wg.Go(func() { c.loop(runCtx, from, to) })
+	}
+	var cpuUsed time.Duration
+	var cpuErr error
+	if cpu != nil {
+		wg.Go(func() { cpuUsed, cpuErr = sampleCPU(runCtx, cpu, from, to) })
+	}
+	wg.Wait()
+	stats := make([]*client, len(clients))
+	for i, c := range clients {
+		c.st.tr.CloseIdleConnections() // ends tunnels, so egressd logs them now
+		stats[i] = &c.st
+	}
+	if err := ctx.Err(); err != nil {
+		return runResult{}, fmt.Errorf("interrupted: %w", err)
+	}
+	r := summarise(stats, lo.duration)
+	r.ClientConns = dials.Load()
+	r.CPUSeconds = cpuUsed.Seconds()
+	if cpuErr != nil {
+		r.CPUError = cpuErr.Error()
+	}
+	return r, nil
+}
+
+// customClient is one load-generating connection of a customTarget. st holds
+// its transport and what it counted, as a client of runLoad does (summarise
+// reads it); st.req and st.size are unused.
+type customClient struct {
+	st  client
+	t   customTarget
+	req *http.Request // copied for every request, which gets its own body reader
+}
+
+func newCustomClient(ctx context.Context, t customTarget, dials *atomic.Int64) (*customClient, error) {
+	tr, err := newCustomTransport(t, dials)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, t.method, t.url, nil)
+	if err != nil {
+		return nil, err
+	}
+	if t.body != nil {
+		req.Header.Set("Content-Type", "application/json")
+		req.ContentLength = int64(len(t.body))
+	}
+	return &customClient{st: client{tr: tr}, t: t, req: req}, nil
+}
+
+// loop is client.loop for a customTarget.
+func (c *customClient) loop(ctx context.Context, from, to time.Time) {
+	for range maxRequestsPerClient {
+		t0 := time.Now()
+		if !t0.Before(to) || ctx.Err() != nil {
+			return
+		}
+		err := c.do()
+		t1 := time.Now()
+		c.st.total++
+		if err != nil {
+			c.st.fail(err)
+			time.Sleep(errorBackoff)
+			continue
+		}
+		if t1.After(from) && !t1.After(to) {
+			c.st.hist.record(t1.Sub(t0))
+		}
+	}
+}
+
+// do makes one request and has check read the whole body. The request is a
+// shallow copy of the client's, so each one gets a fresh body reader and the
+// transport never sees a reader a previous request may still hold.
+func (c *customClient) do() error {
+	req := *c.req
+	if c.t.body != nil {
+		body := c.t.body
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	}
+	resp, err := c.st.tr.RoundTrip(&req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return statusError{code: resp.StatusCode, reason: resp.Header.Get("Egressd-Reason")}
+	}
+	return c.t.check(resp)
+}
+
+// newCustomTransport is newTransport for a customTarget.
+func newCustomTransport(t customTarget, dials *atomic.Int64) (*http.Transport, error) {
+	d := &net.Dialer{Timeout: requestTimeout}
+	allow := t.allowDial
+	if allow == nil {
+		allow = loopbackOnly
+	}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if t.dialAddr != "" && t.proxy == "" {
+				addr = t.dialAddr
+			}
+			if err := allow(addr); err != nil {
+				return nil, err
+			}
+			dials.Add(1)
+			if t.dialFrom != nil {
+				return t.dialFrom(ctx, network, addr)
+			}
+			return d.DialContext(ctx, network, addr)
+		},
+		MaxIdleConns:          1,
+		MaxIdleConnsPerHost:   1,
+		DisableCompression:    true,
+		TLSHandshakeTimeout:   requestTimeout,
+		ResponseHeaderTimeout: requestTimeout,
+		TLSNextProto:          map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
+	if t.roots != nil {
+		tr.TLSClientConfig = &tls.Config{RootCAs: t.roots, MinVersion: tls.VersionTLS12}
+	}
+	if t.proxy != "" {
+		u, err := url.Parse(t.proxy)
+		if err != nil {
+			return nil, err
+		}
+		tr.Proxy = http.ProxyURL(u)
+	}
+	return tr, nil
+}
+
+// expectSize is a check: the body is exactly n bytes.
+func expectSize(n int) func(*http.Response) error {
+	return func(resp *http.Response) error {
+		got, err := io.Copy(io.Discard, resp.Body)
+		switch {
+		case err != nil:
+			return fmt.Errorf("reading body: %w", err)
+		case got != int64(n):
+			return fmt.Errorf("body of %d bytes, want %d", got, n)
+		}
+		return nil
+	}
+}
+
+// expectBody is a check: the body is exactly want, and no header in refuse is
+// set.
+func expectBody(want []byte, refuse ...string) func(*http.Response) error {
+	return func(resp *http.Response) error {
+		got, err := io.ReadAll(io.LimitReader(resp.Body, int64(len(want))+1))
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+		}
+		if err != nil {
+			return fmt.Errorf("reading body: %w", err)
+		}
+		for _, h := range refuse {
+			if v := resp.Header.Get(h); v != "" {
+				return fmt.Errorf("response carries %s: %s", h, v)
+			}
+		}
+		if !bytes.Equal(got, want) {
+			return fmt.Errorf("body %q, want %q", truncate(string(got), 80), want)
+		}
+		return nil
+	}
+}
+
+// pathEnv is what a path with its own measure function (pathSpec.measure)
+// gets: the world and egressd its runs go through, the DNS stub, the options,
+// the run's temp dir (for anything it starts) and where progress goes.
+type pathEnv struct {
+	w      *world
+	e      *egressd
+	dns    *dnsStub
+	o      options
+	dir    string
+	stderr io.Writer
+}
+
+// viaRun is one run through egressd and what egressd did meanwhile.
+type viaRun struct {
+	r       runResult
+	log     logSummary
+	leaf    leafCounts
+	leafErr error
+	dns     int64
+}
+
+// measureVia runs load through e (load gets e's CPU sampler) and collects the
+// log lines egressd wrote, how its leaf cache grew and how many queries the
+// DNS stub answered meanwhile.
+func measureVia(e *egressd, dns *dnsStub, load func(cpu func() (time.Duration, error)) (runResult, error)) (viaRun, error) {
+	var v viaRun
+	leafBefore, leafErr := e.leafCache()
+	dnsBefore := dns.queries.Load()
+	from := e.logSize()
+	r, err := load(e.cpuTime)
+	if err != nil {
+		return v, err
+	}
+	v.r = r
+	if v.log, err = e.scanLog(from); err != nil {
+		return v, fmt.Errorf("egressd log: %w", err)
+	}
+	v.dns = dns.queries.Load() - dnsBefore
+	if leafErr == nil {
+		var after leafCounts
+		if after, leafErr = e.leafCache(); leafErr == nil {
+			v.leaf = after.sub(leafBefore)
+		}
+	}
+	v.leafErr = leafErr
+	return v, nil
+}
+
+// rowBuilder gathers the rounds of one row of a path with its own measure
+// function, as measurePath does for the others.
+type rowBuilder struct {
+	res           pathResult
+	directs, vias []runResult
+	leaf          leafCounts
+}
+
+// add records one round: its direct run and its run through egressd.
+func (b *rowBuilder) add(direct runResult, x viaRun) {
+	b.res.Rounds = append(b.res.Rounds, newRound(direct, x.r))
+	b.directs, b.vias = append(b.directs, direct), append(b.vias, x.r)
+	b.res.Log.merge(x.log)
+	b.res.DNSQueries += x.dns
+	if x.leafErr != nil {
+		b.res.LeafCacheError = x.leafErr.Error()
+	} else {
+		b.leaf = leafCounts{b.leaf.Hit + x.leaf.Hit, b.leaf.Miss + x.leaf.Miss}
+	}
+}
+
+// finish sets the medians and e's peak RSS so far.
+func (b *rowBuilder) finish(e *egressd) pathResult {
+	b.res.Direct, b.res.Egressd = combine(b.directs), combine(b.vias)
+	b.res.finish()
+	if b.res.LeafCacheError == "" {
+		lc := b.leaf
+		b.res.LeafCache = &lc
+	}
+	b.res.PeakRSSBytes, _ = e.peakRSS()
+	return b.res
+}
+
+// runLabel names a run in a problem, as injectionProblems does.
+func runLabel(run string, round, rounds int) string {
+	if rounds > 1 {
+		return fmt.Sprintf("%s run, round %d", run, round+1)
+	}
+	return run + " run"
+}

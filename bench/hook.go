@@ -1,0 +1,453 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/egressd/egressd/pkg/hookauth"
+)
+
+// The hook path: a pre_tool_execution hook call, as an agent runtime makes it
+// before every tool call, through egressd, which recognises the hook URL from
+// hooks.json, reads the POST body, signs it (Egressd-Hook-Assertion), forwards
+// it, and buffers and checks the endpoint's decision. It is compared with the
+// same POSTs to a URL of the same allowlist entry that is no hook URL: the
+// same interception and transform, so the difference is what a hook call adds.
+//
+// The endpoint (hookServer) runs in the bench process on its own port, with
+// the upstream's certificate; egressd gets an allowlist entry for hookHost on
+// that port (with the intercept path's transform) and hooks.file naming one
+// hook. Both are in the config only when the hook path runs (up.hook is set).
+
+const (
+	hookHost = "hook." + benchZone
+	// hookURLPath is the hook URL's path in hooks.json; hookOtherPath is a
+	// path on the same host and entry that no hook names.
+	hookURLPath   = "/pre"
+	hookOtherPath = "/audit"
+	hookGroup     = "bench-gate"
+	// hookTimeout is the hook's timeout in hooks.json, in seconds: egressd
+	// waits for the endpoint that long minus half a second.
+	hookTimeout = 10
+	// hookBodySize is the size of the JSON tool call every POST sends.
+	hookBodySize = 512
+	// hookAllowBody is what the endpoint answers, and what the client must get
+	// back unchanged (egressd's fail-closed deny is anything else).
+	hookAllowBody = `{"decision":"allow"}`
+	// hookVerifyEvery: the endpoint verifies the first assertion of every run
+	// and then every hookVerifyEvery-th one with pkg/hookauth (signature, aud,
+	// env, exp, body_sha256, jti); all of them are checked for presence.
+	hookVerifyEvery = 1024
+	// hookOtherRow is the row of the non-hook POSTs the hook row is compared with.
+	hookOtherRow = "intercept-post"
+	// hookMaxBody bounds what the endpoint reads of a request.
+	hookMaxBody = 64 << 10
+	// envBench is the bench config's environment (configTemplate), the env
+	// claim of every assertion.
+	envBench = "env_bench"
+)
+
+var hookAllow = []byte(hookAllowBody)
+
+// hooksJSON is the hooks.json egressd reads (hooks.file): one group, one
+// pre_tool_execution rule, one http hook. %s is the hook URL.
+const hooksJSON = `{"` + hookGroup + `": {"pre_tool_execution": [{"matcher": "code_execution", "hooks": [{"type": "http", "url": %q, "timeout": %d}]}]}}
+`
+
+// hookServer is the policy endpoint: HTTPS on 127.0.0.1, answering every POST
+// with hookAllowBody after reading its body. It counts what arrived.
+type hookServer struct {
+	addr string // 127.0.0.1:port
+	srv  *http.Server
+
+	accepted  atomic.Int64 // connections
+	served    atomic.Int64 // requests answered
+	badBody   atomic.Int64 // requests that were not a POST of hookBodySize bytes
+	transform atomic.Int64 // requests carrying exactly transformHeader: transformValue
+	asserted  atomic.Int64 // requests carrying exactly one non-empty Egressd-Hook-Assertion
+	verified  atomic.Int64 // sampled assertions that pkg/hookauth accepted
+	refused   atomic.Int64 // sampled assertions that it refused
+
+	verifier   atomic.Pointer[hookauth.Verifier]
+	sampleNext atomic.Bool            // verify the next assertion (armed before each run)
+	firstErr   atomic.Pointer[string] // the first refusal, for the report
+}
+
+// hookCounts is a snapshot of a hookServer's counters.
+type hookCounts struct {
+	accepted, served, badBody, transform, asserted, verified, refused int64
+}
+
+func (h *hookServer) counts() hookCounts {
+	return hookCounts{h.accepted.Load(), h.served.Load(), h.badBody.Load(), h.transform.Load(),
+		h.asserted.Load(), h.verified.Load(), h.refused.Load()}
+}
+
+func (c hookCounts) sub(o hookCounts) hookCounts {
+	return hookCounts{c.accepted - o.accepted, c.served - o.served, c.badBody - o.badBody, c.transform - o.transform,
+		c.asserted - o.asserted, c.verified - o.verified, c.refused - o.refused}
+}
+
+// startHookServer serves the hook endpoint with the upstream's certificate
+// (valid for *.bench.test, signed by the bench CA egressd trusts).
+func startHookServer(up *upstream) (*hookServer, error) {
+	certs, err := up.tlsCertificates()
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	h := &hookServer{addr: ln.Addr().String()}
+	h.srv = &http.Server{
+		Handler:           h,
+		TLSConfig:         &tls.Config{Certificates: certs, NextProtos: []string{"h2", "http/1.1"}, MinVersion: tls.VersionTLS12},
+		ReadHeaderTimeout: 10 * time.Second,
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				h.accepted.Add(1)
+			}
+		},
+	}
+	go func() { _ = h.srv.ServeTLS(ln, "", "") }()
+	return h, nil
+}
+
+func (h *hookServer) close() {
+	if h != nil {
+		h.srv.Close()
+	}
+}
+
+// tlsCertificates is the upstream's HTTPS certificate, for another server of
+// the same names.
+func (u *upstream) tlsCertificates() ([]tls.Certificate, error) {
+	if len(u.cert.Certificate) == 0 {
+		return nil, errors.New("the upstream has no TLS certificate")
+	}
+	return []tls.Certificate{u.cert}, nil
+}
+
+// url is https://hookHost:<port><path>.
+func (h *hookServer) url(path string) string {
+	return "https://" + hookHost + h.addr[strings.LastIndexByte(h.addr, ':'):] + path
+}
+
+// setVerifier makes the endpoint verify sampled assertions against jwks,
+// egressd's /.well-known/jwks.json.
+func (h *hookServer) setVerifier(jwks []byte) error {
+	keys, err := hookauth.ParseJWKS(jwks)
+	if err != nil {
+		return fmt.Errorf("egressd's JWKS: %w", err)
+	}
+	aud, err := hookauth.Origin(h.url(hookURLPath))
+	if err != nil {
+		return err
+	}
+	v, err := hookauth.NewVerifier(hookauth.Options{Audience: aud, Env: envBench, Keys: keys})
+	if err != nil {
+		return err
+	}
+	h.verifier.Store(v)
+	return nil
+}
+
+// ServeHTTP reads the body, counts what the request carried and answers
+// hookAllowBody: what a policy endpoint that allows does.
+func (h *hookServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, hookMaxBody))
+	h.served.Add(1)
+	if r.Method != http.MethodPost || err != nil || len(body) != hookBodySize {
+		h.badBody.Add(1)
+	}
+	if v := r.Header[transformHeader]; len(v) == 1 && v[0] == transformValue {
+		h.transform.Add(1)
+	}
+	if v := r.Header[hookauth.HeaderName]; len(v) == 1 && v[0] != "" {
+		n := h.asserted.Add(1)
+		if h.sampleNext.CompareAndSwap(true, false) || n%hookVerifyEvery == 0 {
+			h.verify(r.Context(), v[0], body)
+		}
+	}
+	hdr := w.Header()
+	hdr["Content-Type"] = []string{"application/json"}
+	hdr["Content-Length"] = []string{strconv.Itoa(len(hookAllow))}
+	_, _ = w.Write(hookAllow)
+}
+
+func (h *hookServer) verify(ctx context.Context, assertion string, body []byte) {
+	v := h.verifier.Load()
+	if v == nil {
+		h.refuse("no verifier: egressd's JWKS was not read")
+		return
+	}
+	if _, err := v.Verify(ctx, assertion, body); err != nil {
+		h.refuse(err.Error())
+		return
+	}
+	h.verified.Add(1)
+}
+
+func (h *hookServer) refuse(why string) {
+	h.refused.Add(1)
+	h.firstErr.CompareAndSwap(nil, &why)
+}
+
+// hookConfig writes dir/hooks.json and returns the allowlist entry and the
+// hooks section for egressd's config, when the hook endpoint runs ("" for
+// both otherwise).
+func hookConfig(dir string, up *upstream) (entry, section string, err error) {
+	if up.hook == nil {
+		return "", "", nil
+	}
+	port, err := portOf(up.hook.addr)
+	if err != nil {
+		return "", "", err
+	}
+	url := up.hook.url(hookURLPath)
+	if err := os.WriteFile(filepath.Join(dir, "hooks.json"), fmt.Appendf(nil, hooksJSON, url, hookTimeout), 0o600); err != nil {
+		return "", "", err
+	}
+	entry = fmt.Sprintf(`    - domain: %s             # hook (POST %s is the hook URL), %s (POST %s is not)
+      ports: [%s]
+      transform: {"%s": "%s"}`, hookHost, hookURLPath, hookOtherRow, hookOtherPath, port, transformHeader, transformValue)
+	section = "hooks:\n  file: hooks.json                      # one pre_tool_execution hook: " + url
+	return entry, section, nil
+}
+
+// hookRequestBody is the tool call every POST sends: hookBodySize bytes of
+// JSON in the shape of a runtime's pre_tool_execution call.
+func hookRequestBody() []byte {
+	const head = `{"hook_event_name":"pre_tool_execution","session_id":"bench-session-0001","tool_name":"code_execution","tool_input":{"language":"python","code":"import os\nprint(os.listdir('.'))\n`
+	const tail = `"}}`
+	return []byte(head + strings.Repeat("#", hookBodySize-len(head)-len(tail)) + tail)
+}
+
+func hookPathSpec() pathSpec {
+	return pathSpec{
+		name: "hook",
+		desc: fmt.Sprintf("POST of a %d-byte JSON tool call to https://%s:<port>%s, a pre_tool_execution hook URL in hooks.json, keep-alive; through egressd intercepted, "+
+			"the body read, signed (%s), forwarded, and the endpoint's %s buffered and checked; compared with %s", hookBodySize, hookHost, hookURLPath, hookauth.HeaderName, hookAllowBody, hookOtherRow),
+		inject:  injectTransform, // the entry's transform: egressd's CA is needed
+		measure: measureHook,
+	}
+}
+
+// measureHook runs, per round, the POSTs direct to the endpoint, then through
+// egressd to the hook URL and to the other URL of the same entry (in
+// alternating order), and returns the hook row and the intercept-post row.
+// Both rows share the direct runs.
+func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
+	w, e, o := env.w, env.e, env.o
+	hs := w.up.hook
+	if hs == nil {
+		return nil, errors.New("the hook endpoint was not started")
+	}
+	jwks, err := e.adminGet("/.well-known/jwks.json")
+	if err != nil {
+		return nil, fmt.Errorf("egressd's JWKS: %w", err)
+	}
+	if err := hs.setVerifier(jwks); err != nil {
+		return nil, err
+	}
+	lo := loadOptions{clients: o.clients, size: o.size, warmup: o.warmup, duration: o.duration}
+	direct := customTarget{
+		method: http.MethodPost, url: hs.url(hookURLPath), body: hookRequestBody(),
+		dialAddr: hs.addr, roots: w.up.roots, check: expectBody(hookAllow, "Egressd-Hook"),
+	}
+	call := direct
+	call.dialAddr, call.proxy, call.roots = "", w.proxy, w.egressdRoots
+	other := call
+	other.url = hs.url(hookOtherPath)
+	injects := transformHeader + " (transform)"
+	rows := [2]*rowBuilder{
+		{res: pathResult{Path: "hook", Description: hookPathSpec().desc, Injects: injects + " and " + hookauth.HeaderName + " (signed)"}},
+		{res: pathResult{Path: hookOtherRow, Description: fmt.Sprintf("the hook row's POSTs to https://%s:<port>%s: the same entry and transform, but no hook URL, so intercepted and forwarded as any request (the hook row's direct runs)", hookHost, hookOtherPath), Injects: injects}},
+	}
+	targets := [2]customTarget{call, other}
+	for round := range o.rounds {
+		hs.sampleNext.Store(true)
+		before := hs.counts()
+		d, err := runCustomLoad(ctx, direct, lo, nil)
+		if err != nil {
+			return nil, fmt.Errorf("direct: %w", err)
+		}
+		dc := hs.counts().sub(before)
+		d.fillHook(dc)
+		for _, rb := range rows {
+			rb.res.Problems = append(rb.res.Problems, hookProblems(hookDirect, dc, 0, runLabel("direct", round, o.rounds))...)
+		}
+		order := []int{0, 1}
+		if round%2 == 1 {
+			order = []int{1, 0}
+		}
+		for _, i := range order {
+			hs.sampleNext.Store(true)
+			allowBefore, allowErr := hookAllows(e)
+			before := hs.counts()
+			x, err := measureVia(e, env.dns, func(cpu func() (time.Duration, error)) (runResult, error) {
+				return runCustomLoad(ctx, targets[i], lo, cpu)
+			})
+			if err != nil {
+				return nil, fmt.Errorf("through egressd (%s): %w", rows[i].res.Path, err)
+			}
+			c := hs.counts().sub(before)
+			x.r.fillHook(c)
+			kind, allows := hookCall, int64(-1)
+			if i == 1 {
+				kind = hookOther
+			}
+			if allowAfter, err := hookAllows(e); err == nil && allowErr == nil {
+				allows = allowAfter - allowBefore
+			}
+			ps := hookProblems(kind, c, allows, runLabel("egressd", round, o.rounds))
+			if c.refused > 0 {
+				if msg := hs.firstErr.Load(); msg != nil {
+					ps = append(ps, "first refusal: "+*msg)
+				}
+			}
+			rows[i].res.Problems = append(rows[i].res.Problems, ps...)
+			rows[i].add(d, x)
+		}
+	}
+	return []pathResult{rows[0].finish(e), rows[1].finish(e)}, nil
+}
+
+// fillHook sets the far side's figures of a run from the endpoint's counters.
+func (r *runResult) fillHook(c hookCounts) {
+	r.UpstreamConns, r.UpstreamRequests, r.Transformed = c.accepted, c.served, c.transform
+}
+
+// Kinds of hook-path runs, for hookProblems.
+const (
+	hookDirect = iota // direct to the endpoint: nothing injected, nothing signed
+	hookCall          // through egressd to the hook URL: transform and assertion on every request
+	hookOther         // through egressd to the other URL: transform, no assertion
+)
+
+// hookProblems checks one run's counts at the endpoint. allows is how much
+// egressd_hook_requests_total{event="pre_tool_execution",outcome="allow"} grew
+// during it, or -1 when /metrics could not be read.
+func hookProblems(kind int, c hookCounts, allows int64, label string) []string {
+	var out []string
+	add := func(format string, args ...any) { out = append(out, label+": "+fmt.Sprintf(format, args...)) }
+	if c.badBody > 0 {
+		add("%d of %d requests reached the endpoint as something else than a POST of the %d-byte body sent", c.badBody, c.served, hookBodySize)
+	}
+	if kind != hookDirect && c.served == 0 {
+		add("no request reached the endpoint")
+	}
+	switch kind {
+	case hookDirect:
+		if c.transform > 0 || c.asserted > 0 {
+			add("%d of %d requests carried %s and %d %s, which only egressd sets", c.transform, c.served, transformHeader, c.asserted, hookauth.HeaderName)
+		}
+	case hookCall:
+		if c.asserted != c.served {
+			add("%d of %d hook calls reached the endpoint with exactly one %s", c.asserted, c.served, hookauth.HeaderName)
+		}
+		if c.transform != c.served {
+			add("%d of %d hook calls carried %s as configured", c.transform, c.served, transformHeader)
+		}
+		if c.refused > 0 {
+			add("pkg/hookauth refused %d of %d sampled assertions", c.refused, c.refused+c.verified)
+		} else if c.served > 0 && c.verified == 0 {
+			add("no assertion was verified with pkg/hookauth")
+		}
+		if allows >= 0 && allows != c.served {
+			add("egressd_hook_requests_total{pre_tool_execution,allow} grew by %d, the endpoint answered %d", allows, c.served)
+		}
+	case hookOther:
+		if c.transform != c.served {
+			add("%d of %d requests carried %s as configured", c.transform, c.served, transformHeader)
+		}
+		if c.asserted > 0 {
+			add("%d of %d requests carried %s, though their URL is no hook's", c.asserted, c.served, hookauth.HeaderName)
+		}
+		if allows > 0 {
+			add("egressd_hook_requests_total{pre_tool_execution,allow} grew by %d during requests to a URL that is no hook's", allows)
+		}
+	}
+	return out
+}
+
+// hookAllows reads egressd_hook_requests_total{event="pre_tool_execution",
+// outcome="allow"} from egressd's /metrics.
+func hookAllows(e *egressd) (int64, error) {
+	b, err := e.adminGet("/metrics")
+	if err != nil {
+		return 0, err
+	}
+	return parseHookAllows(b)
+}
+
+// parseHookAllows finds the pre-tool allow series in the Prometheus text
+// format; an absent series is 0 (no call yet).
+func parseHookAllows(metrics []byte) (int64, error) {
+	for line := range strings.Lines(string(metrics)) {
+		rest, ok := strings.CutPrefix(line, "egressd_hook_requests_total{")
+		if !ok {
+			continue
+		}
+		labels, value, ok := strings.Cut(rest, "} ")
+		if !ok || !strings.Contains(labels, `event="pre_tool_execution"`) || !strings.Contains(labels, `outcome="allow"`) {
+			continue
+		}
+		f := strings.Fields(value)
+		if len(f) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			return 0, fmt.Errorf("egressd_hook_requests_total: %w", err)
+		}
+		return int64(v), nil
+	}
+	return 0, nil
+}
+
+// writeHookNote compares the hook row with the intercept-post row: what a
+// signed hook call costs over the same intercepted POST.
+func (r *report) writeHookNote(w io.Writer) {
+	h, b := r.path("hook"), r.path(hookOtherRow)
+	if h == nil || b == nil || b.Ratio <= 0 || b.Egressd.ReqPerSec <= 0 {
+		return
+	}
+	fmt.Fprintf(w, "hook / intercept: ratio %.2f / %.2f = %.2f, egressd req/s %.2f", h.Ratio, b.Ratio, h.Ratio/b.Ratio, h.Egressd.ReqPerSec/b.Egressd.ReqPerSec)
+	if h.CPUPerReqUS > 0 && b.CPUPerReqUS > 0 {
+		fmt.Fprintf(w, ", CPU %+.1f µs/req (%.1f vs %.1f)", h.CPUPerReqUS-b.CPUPerReqUS, h.CPUPerReqUS, b.CPUPerReqUS)
+	}
+	if h.Egressd.P50US > 0 && b.Egressd.P50US > 0 {
+		fmt.Fprintf(w, ", p50 %s (%s vs %s), p99 %s (%s vs %s)",
+			signedDur(h.Egressd.P50US-b.Egressd.P50US), dur(h.Egressd.P50US), dur(b.Egressd.P50US),
+			signedDur(h.Egressd.P99US-b.Egressd.P99US), dur(h.Egressd.P99US), dur(b.Egressd.P99US))
+	}
+	fmt.Fprintf(w, " (a signed pre_tool_execution call vs the same %d-byte POST to a URL of the same entry that is no hook's)\n", hookBodySize)
+}
+
+// signedDur is dur with a sign.
+func signedDur(us float64) string {
+	if us < 0 {
+		return "-" + dur(-us)
+	}
+	return "+" + dur(us)
+}
+
+// needsHook reports whether the hook path is among ps (and so the endpoint
+// must run before egressd starts).
+func needsHook(ps []pathSpec) bool {
+	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.name == "hook" })
+}

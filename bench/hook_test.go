@@ -1,0 +1,245 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/hooks"
+	"github.com/egressd/egressd/pkg/hookauth"
+)
+
+func TestHookRequestBody(t *testing.T) {
+	b := hookRequestBody()
+	var call struct {
+		Event string `json:"hook_event_name"`
+		Tool  string `json:"tool_name"`
+	}
+	if len(b) != hookBodySize || json.Unmarshal(b, &call) != nil || call.Event != hooks.EventPre || call.Tool != "code_execution" {
+		t.Errorf("body of %d bytes, %+v: %s", len(b), call, b)
+	}
+}
+
+// TestHookConfig: without the hook path the config has no hooks; with it,
+// hooks.json names the endpoint as a pre_tool_execution hook (and the other
+// path is no hook URL), and the config, with its entry, loads.
+func TestHookConfig(t *testing.T) {
+	up := &upstream{httpAddr: "127.0.0.1:1080", tlsAddr: "127.0.0.1:1443", caPEM: []byte("pem")}
+	dir := t.TempDir()
+	path, err := writeConfig(dir, up, "127.0.0.1:5353", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); strings.Contains(string(b), "hook") {
+		t.Errorf("config without the hook path names hooks:\n%s", b)
+	}
+	if _, err := config.Load(path); err != nil {
+		t.Errorf("config without hooks: %v", err)
+	}
+
+	up.hook = &hookServer{addr: "127.0.0.1:2443"}
+	dir = t.TempDir()
+	if path, err = writeConfig(dir, up, "127.0.0.1:5353", ""); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"domain: hook.bench.test", "ports: [2443]", "hooks:\n  file: hooks.json", "\nlog:\n"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("config lacks %q:\n%s", want, b)
+		}
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatalf("config with hooks: %v\n%s", err, b)
+	}
+	if cfg.Hooks.File != filepath.Join(dir, "hooks.json") {
+		t.Errorf("hooks.file = %q", cfg.Hooks.File)
+	}
+	doc, err := os.ReadFile(filepath.Join(dir, "hooks.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := hooks.Parse(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix := hooks.NewIndex(f)
+	m, ok := ix.Lookup("https", hookHost, 2443, hookURLPath)
+	if !ok || m.Event != hooks.EventPre || m.Group != hookGroup || m.Timeout != hookTimeout*time.Second {
+		t.Errorf("Lookup(%s) = %+v, %v", hookURLPath, m, ok)
+	}
+	if _, ok := ix.Lookup("https", hookHost, 2443, hookOtherPath); ok {
+		t.Errorf("%s is a hook URL", hookOtherPath)
+	}
+	if !ix.Intercepts(hookHost, 2443) {
+		t.Error("the hook's host is not intercepted")
+	}
+}
+
+// TestHookServer: the endpoint answers allow, counts every request's
+// assertion and transform, and verifies the sampled assertions with
+// pkg/hookauth: egressd's own signature passes, a forged one does not.
+func TestHookServer(t *testing.T) {
+	up, err := startUpstream(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.close()
+	hs, err := startHookServer(up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hs.close()
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := hooks.NewSigner(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hs.setVerifier(signer.JWKS()); err != nil {
+		t.Fatal(err)
+	}
+	aud, _ := hookauth.Origin(hs.url(hookURLPath))
+	body := hookRequestBody()
+	good, err := signer.SignCall(hooks.Match{Group: hookGroup, Event: hooks.EventPre, URL: hs.url(hookURLPath), Audience: aud}, envBench, false, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: up.roots},
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, hs.addr)
+		},
+	}, Timeout: 5 * time.Second}
+	defer hc.CloseIdleConnections()
+	post := func(assertion string, body []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, hs.url(hookURLPath), bytes.NewReader(body))
+		if assertion != "" {
+			req.Header.Set(hookauth.HeaderName, assertion)
+		}
+		req.Header.Set(transformHeader, transformValue)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if err := expectBody(hookAllow, "Egressd-Hook")(resp); err != nil || resp.StatusCode != 200 {
+			t.Errorf("status %d: %v", resp.StatusCode, err)
+		}
+	}
+	hs.sampleNext.Store(true)
+	post(good, body)
+	if c := hs.counts(); c.served != 1 || c.asserted != 1 || c.transform != 1 || c.verified != 1 || c.refused != 0 || c.badBody != 0 {
+		t.Errorf("signed call: %+v", c)
+	}
+	post("", body)
+	post(good, body) // not sampled: counted, not verified
+	hs.sampleNext.Store(true)
+	post("forged-by-the-sandbox", body)
+	c := hs.counts()
+	if c.served != 4 || c.asserted != 3 || c.verified != 1 || c.refused != 1 || hs.firstErr.Load() == nil {
+		t.Errorf("after a forged assertion: %+v", c)
+	}
+	if ps := hookProblems(hookCall, c, 4, "egressd run"); len(ps) < 2 {
+		t.Errorf("hookProblems found %v", ps)
+	}
+	post("", body[:10])
+	if hs.counts().badBody != 1 {
+		t.Error("a short body was not counted")
+	}
+}
+
+func TestHookProblems(t *testing.T) {
+	ok := hookCounts{served: 10, transform: 10, asserted: 10, verified: 1}
+	if ps := hookProblems(hookCall, ok, 10, "egressd run"); len(ps) != 0 {
+		t.Errorf("a good hook run: %v", ps)
+	}
+	if ps := hookProblems(hookOther, hookCounts{served: 10, transform: 10}, 0, "egressd run"); len(ps) != 0 {
+		t.Errorf("a good non-hook run: %v", ps)
+	}
+	if ps := hookProblems(hookDirect, hookCounts{served: 10}, -1, "direct run"); len(ps) != 0 {
+		t.Errorf("a good direct run: %v", ps)
+	}
+	for _, tc := range []struct {
+		name   string
+		kind   int
+		c      hookCounts
+		allows int64
+	}{
+		{"one call unsigned", hookCall, hookCounts{served: 10, transform: 10, asserted: 9, verified: 1}, 10},
+		{"none verified", hookCall, hookCounts{served: 10, transform: 10, asserted: 10}, 10},
+		{"one refused", hookCall, hookCounts{served: 10, transform: 10, asserted: 10, verified: 1, refused: 1}, 10},
+		{"transform missing", hookCall, hookCounts{served: 10, transform: 0, asserted: 10, verified: 1}, 10},
+		{"metric short", hookCall, ok, 9},
+		{"nothing arrived", hookCall, hookCounts{}, 0},
+		{"body changed", hookCall, hookCounts{served: 10, transform: 10, asserted: 10, verified: 1, badBody: 1}, 10},
+		{"non-hook signed", hookOther, hookCounts{served: 10, transform: 10, asserted: 1}, 0},
+		{"non-hook counted as hook", hookOther, hookCounts{served: 10, transform: 10}, 1},
+		{"direct signed", hookDirect, hookCounts{served: 10, asserted: 1}, -1},
+	} {
+		if ps := hookProblems(tc.kind, tc.c, tc.allows, "run"); len(ps) == 0 {
+			t.Errorf("%s: no problem found", tc.name)
+		}
+	}
+}
+
+func TestParseHookAllows(t *testing.T) {
+	metrics := []byte(`# TYPE egressd_hook_requests_total counter
+egressd_hook_requests_total{event="post_tool_execution",outcome="allow"} 7
+egressd_hook_requests_total{event="pre_tool_execution",outcome="deny"} 3
+egressd_hook_requests_total{event="pre_tool_execution",outcome="allow"} 1234
+`)
+	if n, err := parseHookAllows(metrics); n != 1234 || err != nil {
+		t.Errorf("parseHookAllows = %d, %v", n, err)
+	}
+	if n, err := parseHookAllows([]byte("egressd_up 1\n")); n != 0 || err != nil {
+		t.Errorf("no series: %d, %v", n, err)
+	}
+}
+
+func TestHookPathSpec(t *testing.T) {
+	ps, err := lookupPaths("hook")
+	if err != nil || len(ps) != 1 || ps[0].measure == nil || !needsHook(ps) || !intercepts(ps) || needsVault(ps) {
+		t.Fatalf("lookupPaths(hook) = %+v, %v", ps, err)
+	}
+	if plain, _ := lookupPaths("plain,intercept"); needsHook(plain) {
+		t.Error("needsHook without the hook path")
+	}
+}
+
+func TestWriteHookNote(t *testing.T) {
+	rep := &report{Paths: []pathResult{
+		{Path: "hook", Ratio: 0.30, CPUPerReqUS: 90, Egressd: runResult{ReqPerSec: 9000, P50US: 5000, P99US: 12000}},
+		{Path: hookOtherRow, Ratio: 0.40, CPUPerReqUS: 60, Egressd: runResult{ReqPerSec: 12000, P50US: 3500, P99US: 11000}},
+	}}
+	var b bytes.Buffer
+	rep.writeHookNote(&b)
+	for _, want := range []string{"hook / intercept: ratio 0.30 / 0.40 = 0.75", "CPU +30.0 µs/req (90.0 vs 60.0)", "p50 +1.50ms (5.00ms vs 3.50ms)"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("note lacks %q: %s", want, b.String())
+		}
+	}
+	b.Reset()
+	(&report{Paths: rep.Paths[:1]}).writeHookNote(&b)
+	if b.Len() != 0 {
+		t.Errorf("note without the intercept-post row: %s", b.String())
+	}
+}

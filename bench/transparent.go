@@ -1,0 +1,592 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The transparent path: the same spliced HTTPS requests through one egressd,
+// once from inside a sandbox network namespace whose TCP 443 egressd-netns
+// DNATs to egressd's transparent listener, once through its explicit listener
+// with CONNECT, and once direct.
+//
+// It needs root, and it never touches the host's network: when the path runs,
+// the bench re-executes itself under `unshare -rnm` (user, network and mount
+// namespaces) with -paths transparent -json, and that copy — alone in a
+// network namespace with only lo — makes the sandbox namespace with
+// deploy/netns/egressd-netns, runs the loads, runs `egressd-netns down`
+// (always: at the end, on an error, on Ctrl-C or SIGTERM, and when it sees
+// its parent die), and prints its rows as JSON, which the parent puts in its
+// report. Everything the copy starts (the upstream, the DNS stub, its
+// egressds, the namespaces, the iptables rules) lives in its namespaces and
+// ends with it. It mounts a tmpfs over /run/netns and /etc/netns (when they
+// exist) in its own mount namespace first, so the files `ip netns add` and
+// egressd-netns write there are its own, not the host's.
+//
+// In the copy's namespace: the upstream also listens on standInAddr:443 (an
+// address egressd treats as public, added to lo), the DNS stub answers
+// transparentHost with it, and a second egressd listens for the sandbox on the
+// veth's host side (10.200.<netnsIndex>.1:15002, transparent) and on
+// 127.0.0.1:0 (explicit), with an allowlist of transparentHost:443 only
+// (spliced: nothing to inject). The sandbox's client sockets are made on an
+// OS thread that has joined the sandbox's namespace (sandboxNS.dial).
+
+const (
+	transparentHost = "tp." + benchZone
+	// standInAddr stands for the public address of transparentHost. It is
+	// 93.184.216.34 (example.com's old address) only on the lo of the bench's
+	// own namespace: egressd's address guard treats it as public, as it would
+	// a real upstream, where 127.0.0.1 would need unsafe_allow_cidrs.
+	standInAddr = "93.184.216.34"
+	standInPort = "443"
+	// netnsScript is where the bench finds egressd-netns: the repository
+	// root, where make bench runs.
+	netnsScript = "deploy/netns/egressd-netns"
+	netnsName   = "egrbench"
+	netnsIndex  = 1 // 10.200.1.0/30, in the bench's own namespace
+	tproxyPort  = 15002
+	dnsPort     = 15053
+	// envBenchNetns marks the re-executed bench in its own namespace.
+	envBenchNetns = "EGRESSD_BENCH_NETNS"
+	// transparentExplicitRow is the row of the explicit-listener runs.
+	transparentExplicitRow = "transparent-explicit"
+	// netnsScriptTimeout bounds one egressd-netns up or down.
+	netnsScriptTimeout = time.Minute
+	// childStopDelay is how long the parent waits for the copy to clean up
+	// after it sent SIGTERM, before it kills it.
+	childStopDelay = time.Minute
+)
+
+func transparentPathSpec() pathSpec {
+	return pathSpec{
+		name: "transparent",
+		desc: fmt.Sprintf("GET https://%s/ over HTTP/1.1 keep-alive from a sandbox namespace (deploy/netns/egressd-netns): TCP to %s:%s DNATed to egressd's transparent listener on 10.200.%d.1:%d, "+
+			"which peeks the SNI, resolves the name itself and splices; direct: the same from the bench's namespace; compared with %s. In a namespace of its own (unshare -rnm); needs root",
+			transparentHost, standInAddr, standInPort, netnsIndex, tproxyPort, transparentExplicitRow),
+		measure: measureTransparent,
+	}
+}
+
+// measureTransparent skips the path when it cannot run here, re-executes the
+// bench in a namespace of its own when it runs outside one, and measures when
+// it is that copy.
+func measureTransparent(ctx context.Context, env pathEnv) ([]pathResult, error) {
+	if os.Getenv(envBenchNetns) == "1" {
+		return measureTransparentInside(ctx, env)
+	}
+	if why := transparentUnavailable(); why != "" {
+		return []pathResult{{Path: "transparent", Description: transparentPathSpec().desc, Skipped: why}}, nil
+	}
+	return reexecTransparent(ctx, env)
+}
+
+// transparentUnavailable says why the path cannot run here, or "".
+func transparentUnavailable() string {
+	if os.Geteuid() != 0 {
+		return "needs root (egressd-netns makes a namespace, a veth and iptables rules, inside a namespace of the bench's own)"
+	}
+	for _, tool := range []string{"ip", "iptables", "ip6tables", "unshare"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return tool + " not found (scripts/install-netns-deps.sh installs iproute2 and iptables; unshare is in util-linux)"
+		}
+	}
+	if fi, err := os.Stat(netnsScript); err != nil || fi.IsDir() {
+		return "no " + netnsScript + " in the working directory (run from the repository root, as make bench does)"
+	}
+	out, err := exec.Command("unshare", "-rnm", "--", "ip", "link", "set", "lo", "up").CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("unshare -rnm does not work here (%v): %s", err, lastLine(string(out)))
+	}
+	return ""
+}
+
+// reexecTransparent runs `bench -paths transparent -json` with the same
+// settings under unshare -rnm, bringing lo up first, and returns the rows it
+// reports. Its stderr is the bench's; Ctrl-C or SIGTERM here sends it SIGTERM,
+// and it cleans up before it exits.
+func reexecTransparent(ctx context.Context, env pathEnv) ([]pathResult, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	o := env.o
+	args := []string{"-rnm", "--", "/bin/sh", "-c", `ip link set lo up && exec "$0" "$@"`, exe,
+		"-egressd", o.egressd, "-duration", o.duration.String(), "-warmup", o.warmup.String(),
+		"-clients", strconv.Itoa(o.clients), "-size", strconv.Itoa(o.size), "-rounds", strconv.Itoa(o.rounds),
+		"-paths", "transparent", "-json"}
+	if o.keep {
+		args = append(args, "-keep")
+	}
+	fmt.Fprintln(env.stderr, "bench: transparent: re-running the bench in a namespace of its own (unshare -rnm)")
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, "unshare", args...)
+	cmd.Env = append(os.Environ(), envBenchNetns+"=1")
+	cmd.Stdout, cmd.Stderr = &out, env.stderr
+	// Its own process group, so that Ctrl-C reaches it only as the SIGTERM
+	// sent here, once; Pdeathsig in case this process dies first (the copy
+	// also watches for that).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = childStopDelay
+	runErr := cmd.Run()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("interrupted: %w", err)
+	}
+	var exit *exec.ExitError
+	if runErr != nil && (!errors.As(runErr, &exit) || exit.ExitCode() != exitErrors) {
+		return nil, fmt.Errorf("in a namespace of its own: %w (its messages are above)", runErr)
+	}
+	var rep report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		return nil, fmt.Errorf("in a namespace of its own: its report: %w", err)
+	}
+	if len(rep.Paths) == 0 {
+		return nil, errors.New("in a namespace of its own: no rows in its report")
+	}
+	if rep.EgressdExit != "" {
+		rep.Paths[0].Problems = append(rep.Paths[0].Problems, "the namespace's first egressd did not exit cleanly: "+rep.EgressdExit)
+	}
+	return rep.Paths, nil
+}
+
+// measureTransparentInside is the path in the bench's own namespace.
+func measureTransparentInside(ctx context.Context, env pathEnv) (rows []pathResult, err error) {
+	if !onlyLoopback() {
+		return nil, fmt.Errorf("%s is set, but this network namespace has other interfaces than lo: not a namespace of the bench's own", envBenchNetns)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go watchParent(ctx, cancel)
+	if err := privateNetnsDirs(); err != nil {
+		return nil, err
+	}
+	script, err := filepath.Abs(netnsScript)
+	if err != nil {
+		return nil, err
+	}
+	sb := &sandboxNS{name: netnsName, scriptPath: script, hostIP: fmt.Sprintf("10.200.%d.1", netnsIndex)}
+	_ = sb.run("down") // nothing to remove, unless a copy of the bench was killed here
+	defer func() {
+		if derr := sb.run("down"); derr != nil {
+			if err == nil && len(rows) > 0 {
+				rows[0].Problems = append(rows[0].Problems, derr.Error())
+			} else {
+				err = errors.Join(err, derr)
+			}
+		}
+	}()
+	if err := sb.run("up"); err != nil {
+		return nil, err
+	}
+	if err := sb.open(); err != nil {
+		return nil, err
+	}
+	defer sb.close()
+	if out, err := exec.Command("ip", "addr", "add", standInAddr+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("ip addr add %s/32 dev lo: %v: %s", standInAddr, err, bytes.TrimSpace(out))
+	}
+	up := env.w.up
+	srv, err := up.serveTLSOn(net.JoinHostPort(standInAddr, standInPort), env.o.size)
+	if err != nil {
+		return nil, fmt.Errorf("upstream on %s: %w", standInAddr, err)
+	}
+	defer srv.Close()
+	env.dns.pin(transparentHost, net.ParseIP(standInAddr))
+	te, err := startTransparentEgressd(ctx, env.o.egressd, filepath.Join(env.dir, "transparent"), env.dns.addr, sb.hostIP)
+	if err != nil {
+		return nil, fmt.Errorf("egressd with a transparent listener: %w", err)
+	}
+	defer func() {
+		if msg := te.stop(); msg != "" && len(rows) > 0 {
+			rows[0].Problems = append(rows[0].Problems, "its egressd did not exit cleanly: "+msg)
+		}
+	}()
+	return measureTransparentRuns(ctx, env, te, sb)
+}
+
+// measureTransparentRuns runs, per round, direct, then transparent and
+// explicit in alternating order, and returns the transparent row and the
+// transparent-explicit row; both share the direct runs.
+func measureTransparentRuns(ctx context.Context, env pathEnv, te *egressd, sb *sandboxNS) ([]pathResult, error) {
+	o, up := env.o, env.w.up
+	lo := loadOptions{clients: o.clients, size: o.size, warmup: o.warmup, duration: o.duration}
+	direct := customTarget{
+		method: http.MethodGet, url: "https://" + transparentHost + "/",
+		dialAddr: net.JoinHostPort(standInAddr, standInPort), allowDial: allowStandIn,
+		roots: up.roots, check: expectSize(o.size),
+	}
+	tp := direct
+	tp.dialFrom = sb.dial
+	explicit := direct
+	explicit.dialAddr, explicit.proxy = "", te.proxyURL
+	targets := [2]customTarget{tp, explicit}
+	rows := [2]*rowBuilder{
+		{res: pathResult{Path: "transparent", Description: transparentPathSpec().desc}},
+		{res: pathResult{Path: transparentExplicitRow, Description: fmt.Sprintf("the transparent row's requests through the same egressd's explicit listener: CONNECT %s:%s from the bench's namespace, spliced (the transparent row's direct runs)", transparentHost, standInPort)}},
+	}
+	for round := range o.rounds {
+		before := up.counts()
+		d, err := runCustomLoad(ctx, direct, lo, nil)
+		if err != nil {
+			return nil, fmt.Errorf("direct: %w", err)
+		}
+		d.fillUpstream(up.counts().sub(before))
+		order := []int{0, 1}
+		if round%2 == 1 {
+			order = []int{1, 0}
+		}
+		for _, i := range order {
+			before := up.counts()
+			x, err := measureVia(te, env.dns, func(cpu func() (time.Duration, error)) (runResult, error) {
+				return runCustomLoad(ctx, targets[i], lo, cpu)
+			})
+			if err != nil {
+				return nil, fmt.Errorf("through egressd (%s): %w", rows[i].res.Path, err)
+			}
+			x.r.fillUpstream(up.counts().sub(before))
+			acceptSplicedTLS(&x.log)
+			rb := rows[i]
+			rb.res.Problems = append(rb.res.Problems, injectionProblems(pathSpec{name: rb.res.Path}, round, o.rounds, d, x.r)...)
+			if x.log.EgressLines == 0 {
+				rb.res.Problems = append(rb.res.Problems, runLabel("egressd", round, o.rounds)+": egressd logged no egress line: the requests did not go through it")
+			}
+			rb.add(d, x)
+		}
+	}
+	return []pathResult{rows[0].finish(te), rows[1].finish(te)}, nil
+}
+
+// splicedTLSKey is logSummary's key of a transparent listener's egress line for
+// an allowed TLS connection it spliced without error: it has no HTTP status
+// (egressd answered nothing), so status 0.
+const splicedTLSKey = " tls: decision=allow status=0"
+
+// acceptSplicedTLS counts the transparent listener's spliced tunnels, which
+// log status 0, with the allowed 200s instead of as unexpected lines.
+func acceptSplicedTLS(s *logSummary) {
+	n := s.Unexpected[splicedTLSKey]
+	if n == 0 {
+		return
+	}
+	delete(s.Unexpected, splicedTLSKey)
+	if len(s.Unexpected) == 0 {
+		s.Unexpected = nil
+	}
+	s.Allowed200 += n
+	kept := s.Examples[:0]
+	for _, ex := range s.Examples {
+		if !isSplicedTLS(ex) {
+			kept = append(kept, ex)
+		}
+	}
+	s.Examples = kept
+	if len(s.Examples) == 0 {
+		s.Examples = nil
+	}
+}
+
+// isSplicedTLS reports whether a raw log line is one that splicedTLSKey
+// groups.
+func isSplicedTLS(line string) bool {
+	key, ok := unexpectedKey([]byte(strings.TrimSuffix(line, "…")), true)
+	if !ok || strings.HasPrefix(key, "unparsed line") {
+		// An example cut short: decide on the fields it still has (the
+		// error comes late in the line, and may be cut off).
+		return strings.Contains(line, `"scheme":"tls"`) && strings.Contains(line, `"decision":"allow"`) &&
+			strings.Contains(line, `"status":0,`) && strings.Contains(line, `"reason":"",`) && strings.Contains(line, `"detail":"",`) &&
+			(strings.Contains(line, `"error":""`) || !strings.Contains(line, `"error":`))
+	}
+	return key == splicedTLSKey
+}
+
+// fillUpstream sets the far side's figures of a run, as runLoad does.
+func (r *runResult) fillUpstream(d upstreamCounts) {
+	r.UpstreamConns, r.UpstreamRequests = d.accepted, d.served
+	r.Transformed, r.Credentialed, r.VaultCredentialed = d.transform, d.credential, d.vaultCred
+}
+
+// allowStandIn lets the transparent path's clients dial the stand-in upstream
+// (on lo, in the bench's own namespace) besides loopback.
+func allowStandIn(addr string) error {
+	if addr == net.JoinHostPort(standInAddr, standInPort) {
+		return nil
+	}
+	return loopbackOnly(addr)
+}
+
+// onlyLoopback reports whether lo is this network namespace's only interface.
+func onlyLoopback() bool {
+	ifs, err := net.Interfaces()
+	return err == nil && len(ifs) == 1 && ifs[0].Flags&net.FlagLoopback != 0
+}
+
+// watchParent cancels when this process's parent changes (it died), so that
+// the copy cleans up even when the bench that started it was killed.
+func watchParent(ctx context.Context, cancel context.CancelFunc) {
+	ppid := os.Getppid()
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if os.Getppid() != ppid {
+				cancel()
+				return
+			}
+		}
+	}
+}
+
+// privateNetnsDirs mounts an empty tmpfs over /run/netns and /etc/netns,
+// where they exist, in this process's own mount namespace (unshare makes its
+// mounts private): `ip netns add` and egressd-netns then write their files
+// there, and never see or remove the host's.
+func privateNetnsDirs() error {
+	for _, d := range []string{"/run/netns", "/etc/netns"} {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			continue
+		}
+		if err := unix.Mount("tmpfs", d, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+			return fmt.Errorf("mounting a tmpfs on %s in the bench's own mount namespace: %w", d, err)
+		}
+	}
+	return nil
+}
+
+// sandboxNS is the sandbox namespace egressd-netns makes.
+type sandboxNS struct {
+	name       string
+	scriptPath string
+	hostIP     string   // the veth's host side: egressd's transparent listener
+	ns         *os.File // /run/netns/<name>, once up
+}
+
+// run runs egressd-netns verb (up or down) for the sandbox, in its own
+// process group (Ctrl-C must not stop it half-way) and bounded in time.
+func (sb *sandboxNS) run(verb string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), netnsScriptTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, sb.scriptPath, verb, sb.name)
+	cmd.Env = append(os.Environ(), "EGRESSD_NETNS_INDEX="+strconv.Itoa(netnsIndex),
+		"EGRESSD_TPROXY_PORT="+strconv.Itoa(tproxyPort), "EGRESSD_DNS_PORT="+strconv.Itoa(dnsPort))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("egressd-netns %s %s: %v: %s", verb, sb.name, err, lastLine(string(out)))
+	}
+	return nil
+}
+
+func (sb *sandboxNS) open() error {
+	f, err := os.Open("/run/netns/" + sb.name)
+	if err != nil {
+		return err
+	}
+	sb.ns = f
+	return nil
+}
+
+func (sb *sandboxNS) close() {
+	if sb.ns != nil {
+		sb.ns.Close()
+	}
+}
+
+// dial connects from inside the sandbox: the socket is made on an OS thread
+// that has joined the sandbox's network namespace, which then rejoins its
+// own. A thread that cannot rejoin is never reused: its goroutine ends
+// locked to it, and the runtime ends the thread.
+func (sb *sandboxNS) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		home, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: err}
+			return
+		}
+		defer home.Close()
+		if err := unix.Setns(int(sb.ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: fmt.Errorf("joining the sandbox's network namespace: %w", err)}
+			return
+		}
+		d := net.Dialer{Timeout: requestTimeout}
+		c, dialErr := d.DialContext(ctx, network, addr)
+		if err := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); err != nil {
+			if c != nil {
+				c.Close()
+			}
+			ch <- result{err: fmt.Errorf("rejoining the bench's network namespace: %w", err)}
+			return // still locked: the thread ends with this goroutine
+		}
+		runtime.UnlockOSThread()
+		ch <- result{c, dialErr}
+	}()
+	r := <-ch
+	return r.c, r.err
+}
+
+// serveTLSOn serves the upstream's HTTPS (its certificate, its handler and
+// counters) on one more address.
+func (u *upstream) serveTLSOn(addr string, size int) (*http.Server, error) {
+	certs, err := u.tlsCertificates()
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{
+		Handler:           u.fixedBody(size),
+		TLSConfig:         &tls.Config{Certificates: certs, NextProtos: []string{"h2", "http/1.1"}, MinVersion: tls.VersionTLS12},
+		ReadHeaderTimeout: 10 * time.Second,
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				u.accepted.Add(1)
+			}
+		},
+	}
+	go func() { _ = srv.ServeTLS(ln, "", "") }()
+	return srv, nil
+}
+
+// transparentConfig is the config of the transparent path's egressd: an
+// explicit listener (named bench, as the first egressd's, for waitReady), a
+// transparent one on the veth's host side, and the DNS guard there too (as a
+// deployment has it; the load makes no DNS queries), with transparentHost:443
+// as the only entry.
+const transparentConfig = `# Generated by egressd's bench for the transparent path, in the bench's own namespace.
+version: 1
+environment: ` + envBench + `
+listeners:
+  - name: bench                         # explicit: CONNECT from the bench's namespace
+    address: 127.0.0.1:0
+    mode: proxy
+  - name: transparent                   # the sandbox's TCP 443, DNATed here by egressd-netns
+    address: {HOST_IP}:{TPROXY_PORT}
+    mode: transparent
+admin:
+  address: 127.0.0.1:0
+dns:
+  listen: {HOST_IP}:{DNS_PORT}
+policy:
+  allowlist:
+    - domain: {HOST}                    # spliced: nothing to inject
+      ports: [{PORT}]
+network:
+  resolver: {RESOLVER}       # the bench's DNS stub: {HOST} is {STAND_IN}
+tls:
+  intercept: auto
+credentials:
+  backend: file
+  file: credentials.json                # empty: no entry names a credential
+log:
+  level: info
+  format: json
+state_dir: state
+`
+
+// startTransparentEgressd starts the transparent path's egressd in dir and
+// returns once its three listeners and /healthz are up. It reaches the
+// upstream by name: transparentHost, pinned to standInAddr in the DNS stub.
+func startTransparentEgressd(ctx context.Context, bin, dir, dnsAddr, hostIP string) (*egressd, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "credentials.json"), []byte("{}\n"), 0o600); err != nil {
+		return nil, err
+	}
+	cfg := strings.NewReplacer(
+		"{HOST_IP}", hostIP,
+		"{TPROXY_PORT}", strconv.Itoa(tproxyPort),
+		"{DNS_PORT}", strconv.Itoa(dnsPort),
+		"{HOST}", transparentHost,
+		"{PORT}", standInPort,
+		"{STAND_IN}", standInAddr,
+		"{RESOLVER}", dnsAddr,
+	).Replace(transparentConfig)
+	cfgPath := filepath.Join(dir, "egressd.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		return nil, err
+	}
+	e := &egressd{
+		dir:     dir,
+		logPath: filepath.Join(dir, "egressd.log"),
+		errPath: filepath.Join(dir, "egressd.stderr"),
+		exited:  make(chan struct{}),
+	}
+	if err := e.spawn(bin, cfgPath); err != nil {
+		return nil, err
+	}
+	err := e.waitReady(ctx)
+	if err == nil {
+		err = e.waitListener(ctx, "transparent")
+	}
+	if err != nil {
+		e.stop()
+		return nil, fmt.Errorf("%w%s", err, e.stderrTail())
+	}
+	return e, nil
+}
+
+// waitListener waits for egressd's "listening" line of listener name.
+func (e *egressd) waitListener(ctx context.Context, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	for {
+		addrs, err := listening(e.logPath)
+		if err != nil {
+			return err
+		}
+		if addrs[name] != "" {
+			return nil
+		}
+		if err := e.pause(ctx, "listener "+name); err != nil {
+			return err
+		}
+	}
+}
+
+// writeTransparentNote compares the transparent row with the
+// transparent-explicit row: the same egressd, the same spliced requests.
+func (r *report) writeTransparentNote(w io.Writer) {
+	t, x := r.path("transparent"), r.path(transparentExplicitRow)
+	if t == nil || x == nil || t.Skipped != "" || x.Egressd.ReqPerSec <= 0 {
+		return
+	}
+	fmt.Fprintf(w, "transparent / explicit: %s vs %s req/s = %.2f (ratios to direct %.2f vs %.2f)",
+		thousands(t.Egressd.ReqPerSec), thousands(x.Egressd.ReqPerSec), t.Egressd.ReqPerSec/x.Egressd.ReqPerSec, t.Ratio, x.Ratio)
+	if t.CPUPerReqUS > 0 && x.CPUPerReqUS > 0 {
+		fmt.Fprintf(w, ", egressd CPU %.1f vs %.1f µs/req", t.CPUPerReqUS, x.CPUPerReqUS)
+	}
+	if t.Egressd.P50US > 0 && x.Egressd.P50US > 0 {
+		fmt.Fprintf(w, ", p50 %s vs %s, p99 %s vs %s", dur(t.Egressd.P50US), dur(x.Egressd.P50US), dur(t.Egressd.P99US), dur(x.Egressd.P99US))
+	}
+	fmt.Fprintln(w, " (one egressd, spliced TLS to "+transparentHost+":"+standInPort+": from the sandbox namespace via the DNAT vs CONNECT from outside)")
+}
