@@ -42,8 +42,9 @@ type Options struct {
 // A file that cannot be read or is not a JSON object is a failed read for every ID; a file
 // that parses but lacks an ID gives credential.ErrNotFound for it; an ID whose secret has a
 // bad shape gives an error wrapping credential.ErrInvalid for that ID only.
-// Versions are the first 16 hex digits of the sha256 of the secret's canonical JSON (keys
-// sorted), so they are stable across restarts and replicas.
+// Versions are "hmac:" and 16 hex digits of an HMAC-SHA256, under a random per-process
+// key, of the secret's canonical JSON (keys sorted): they change when the secret does and
+// are stable for the process's life, but cannot be checked against guesses offline.
 type Backend struct {
 	path   string
 	o      Options

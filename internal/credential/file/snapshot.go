@@ -2,6 +2,8 @@ package file
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -143,8 +145,21 @@ func parse(path string, data []byte) (map[string]entry, error) {
 	return entries, nil
 }
 
-// parseEntry turns one secret into headers and a version: the sha256 of its canonical JSON
-// (encoding/json sorts map keys). A secret that is not an object reaches ParseSecret as nil.
+// versionKey keys the version fingerprints. A plain hash of a secret in the logs would
+// let anyone who reads them confirm guesses of a weak one (a Basic password) offline;
+// keyed with a random per-process key it cannot, and it is still stable for as long as
+// the Store needs it (the process's life).
+var versionKey = func() []byte {
+	k := make([]byte, 32)
+	if _, err := rand.Read(k); err != nil {
+		panic("credential/file: no randomness for the version key: " + err.Error())
+	}
+	return k
+}()
+
+// parseEntry turns one secret into headers and a version: an HMAC-SHA256 of its canonical
+// JSON (encoding/json sorts map keys) under versionKey. A secret that is not an object
+// reaches ParseSecret as nil.
 func parseEntry(id string, raw json.RawMessage) entry {
 	var v any
 	d := json.NewDecoder(bytes.NewReader(raw))
@@ -161,6 +176,7 @@ func parseEntry(id string, raw json.RawMessage) entry {
 	if err != nil {
 		return entry{err: fmt.Errorf("credential %s: %w", id, credential.ErrInvalid)}
 	}
-	sum := sha256.Sum256(canon)
-	return entry{headers: headers, version: hex.EncodeToString(sum[:])[:versionLen]}
+	mac := hmac.New(sha256.New, versionKey)
+	mac.Write(canon)
+	return entry{headers: headers, version: "hmac:" + hex.EncodeToString(mac.Sum(nil))[:versionLen]}
 }
