@@ -5,6 +5,7 @@
 package inject
 
 import (
+	"errors"
 	"net/http"
 	"slices"
 	"strings"
@@ -12,6 +13,9 @@ import (
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/credential"
 )
+
+// ErrNoProcessor is returned for an injecting rule the Injector was not built with.
+var ErrNoProcessor = errors.New("inject: no processor for the rule (policy and injector differ)")
 
 // Credentials resolves a credential ID to its current headers, from memory.
 type Credentials interface {
@@ -58,6 +62,11 @@ func New(p *allowlist.Policy, creds Credentials) *Injector {
 func (in *Injector) Apply(r *allowlist.Rule, h, trailer http.Header) (Result, error) {
 	p := in.rules[r]
 	if p == nil {
+		if r != nil && r.Injects() {
+			// A rule from another policy than the one the processors were built for:
+			// refuse rather than forward without the headers the rule requires.
+			return Result{}, ErrNoProcessor
+		}
 		return Result{}, nil
 	}
 	var res Result

@@ -82,3 +82,15 @@ func TestApplyNonInjectingRuleDoesNothing(t *testing.T) {
 		t.Errorf("a rule that injects nothing changed the request: %v %+v %v", err, res, h)
 	}
 }
+
+func TestApplyRuleOfAnotherPolicyFailsClosed(t *testing.T) {
+	in, _ := rule(t, allowlist.Entry{Domain: "api.example.com", Credential: "api"})
+	_, other := rule(t, allowlist.Entry{Domain: "api.example.com", Credential: "api"})
+	h := http.Header{}
+	if _, err := in.Apply(other, h, nil); !errors.Is(err, ErrNoProcessor) {
+		t.Fatalf("err = %v, want ErrNoProcessor", err)
+	}
+	if len(h) != 0 {
+		t.Errorf("headers changed: %v", h)
+	}
+}

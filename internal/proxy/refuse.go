@@ -12,6 +12,7 @@ import (
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/credential"
+	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/internal/netguard"
 )
 
@@ -53,6 +54,8 @@ func classify(err error) *refusal {
 		return r
 	case errors.As(err, &credErr):
 		return &refusal{Reason: allowlist.ReasonCredentialUnavailable, Detail: credErr.Cause, Err: err}
+	case errors.Is(err, inject.ErrNoProcessor):
+		return &refusal{Reason: allowlist.ReasonCredentialUnavailable, Detail: "no_processor", Err: err}
 	case errors.As(err, &blocked):
 		return &refusal{Reason: allowlist.ReasonInternalAddress, Detail: string(blocked.Class), Err: err}
 	case errors.As(err, &dnsErr):
