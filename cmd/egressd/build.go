@@ -65,13 +65,16 @@ func newLeaves(cfg *config.Config, m *metrics.Metrics) (*mitm.Leaves, error) {
 	if err != nil {
 		return nil, err
 	}
-	return mitm.NewLeaves(ca, mitm.LeafOptions{OnLookup: func(hit bool) {
-		result := "miss"
-		if hit {
-			result = "hit"
-		}
-		m.LeafCache.WithLabelValues(result).Inc()
-	}}), nil
+	return mitm.NewLeaves(ca, mitm.LeafOptions{
+		MintConcurrency: cfg.Limits.LeafMints,
+		OnLookup: func(hit bool) {
+			result := "miss"
+			if hit {
+				result = "hit"
+			}
+			m.LeafCache.WithLabelValues(result).Inc()
+		},
+	}), nil
 }
 
 // credentialIDs lists the credential IDs the policy (and the hook signing key)

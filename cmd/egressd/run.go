@@ -166,10 +166,11 @@ func (d *daemon) listen(l *loaded) ([]net.Listener, error) {
 }
 
 func (d *daemon) serveAdmin(ln net.Listener) {
-	d.admin = &http.Server{
-		Handler:           admin.Handler(d, d.metrics),
-		ReadHeaderTimeout: 10 * time.Second,
+	h := admin.Handler(d, d.metrics)
+	if d.boot.Admin.Pprof {
+		h = admin.WithPprof(h)
 	}
+	d.admin = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := d.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			d.errc <- err

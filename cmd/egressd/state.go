@@ -183,12 +183,14 @@ func restartKeys(running, next *config.Config) []string {
 		}
 	}
 	diff("admin.address", running.Admin.Address != next.Admin.Address)
+	diff("admin.pprof", running.Admin.Pprof != next.Admin.Pprof)
 	diff("dns.listen", running.DNS.Listen != next.DNS.Listen)
 	diff("tls.ca_cert", running.TLS.CACert != next.TLS.CACert)
 	diff("tls.ca_key", running.TLS.CAKey != next.TLS.CAKey)
 	diff("state_dir", running.StateDir != next.StateDir)
 	diff("hooks.signing_key", running.Hooks.SigningKey != next.Hooks.SigningKey)
 	diff("limits.max_connections", running.Limits.MaxConnections != next.Limits.MaxConnections)
+	diff("limits.leaf_mints", running.Limits.LeafMints != next.Limits.LeafMints)
 	diff("log.level", running.Log.Level != next.Log.Level)
 	diff("log.format", running.Log.Format != next.Log.Format)
 	return keys

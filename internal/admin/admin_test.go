@@ -360,3 +360,27 @@ func TestReload(t *testing.T) {
 		t.Errorf("GET /v1/reload: %d (Allow %q) %s, want 405 allowing POST", res.StatusCode, res.Header.Get("Allow"), body)
 	}
 }
+
+// TestPprof: /debug/pprof/ is served only when WithPprof wraps the handler, and the
+// other endpoints keep their routing under it.
+func TestPprof(t *testing.T) {
+	plain := admin.Handler(newState(t), metrics.New())
+	if res, _ := serve(t, plain, http.MethodGet, "/debug/pprof/cmdline"); res.StatusCode != http.StatusNotFound {
+		t.Errorf("without admin.pprof: GET /debug/pprof/cmdline = %d, want 404", res.StatusCode)
+	}
+	h := admin.WithPprof(plain)
+	for _, tc := range []struct {
+		method, target string
+		want           int
+	}{
+		{http.MethodGet, "/debug/pprof/cmdline", http.StatusOK},
+		{http.MethodGet, "/debug/pprof/", http.StatusOK},
+		{http.MethodGet, "/healthz", http.StatusOK},
+		{http.MethodPost, "/healthz", http.StatusMethodNotAllowed},
+		{http.MethodGet, "/nope", http.StatusNotFound},
+	} {
+		if res, body := serve(t, h, tc.method, tc.target); res.StatusCode != tc.want {
+			t.Errorf("with admin.pprof: %s %s = %d, want %d\n%s", tc.method, tc.target, res.StatusCode, tc.want, body)
+		}
+	}
+}

@@ -108,6 +108,11 @@ type Admin struct {
 	// Address is invalid (the zero AddrPort) when the admin listener is off
 	// (admin.address: ""). It never equals a listener's address.
 	Address netip.AddrPort
+	// Pprof serves net/http/pprof under /debug/pprof/ on the admin listener
+	// (admin.pprof, default false). Profiles show request paths and timing, not
+	// secrets, but a CPU profile costs CPU while it runs: leave it off unless
+	// profiling.
+	Pprof bool
 }
 
 // Enabled reports whether the admin listener should be served.
@@ -251,6 +256,7 @@ type Limits struct {
 	MaxHeaderBytes int           // larger request heads get 431
 	MaxConnections int           // per listener; beyond it 503
 	HookBodyBytes  int64         // larger hook bodies are a hook failure
+	LeafMints      int           // interception leaves minted at once; more queue
 }
 
 // Log configures the logger.

@@ -84,6 +84,10 @@ const (
 	// DefaultHookBodyBytes bounds hook request and decision bodies; larger
 	// ones are a hook failure (deny when fail-closed).
 	DefaultHookBodyBytes int64 = 1 << 20
+	// DefaultLeafMints bounds how many interception leaves are minted at once
+	// (a key and a signature each, ~0.1 ms of CPU): a flood of new hosts queues
+	// for a slot instead of starving requests already in flight.
+	DefaultLeafMints = 4
 
 	// DefaultLogLevel and DefaultLogFormat: one JSON line per request at info.
 	DefaultLogLevel  = LevelInfo

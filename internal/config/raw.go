@@ -38,6 +38,7 @@ type rawListener struct {
 
 type rawAdmin struct {
 	Address *string `yaml:"address"` // nil: default; "": off
+	Pprof   bool    `yaml:"pprof"`
 }
 
 // rawPolicy is policy.file or an inline policy.allowlist.
@@ -112,6 +113,7 @@ type rawLimits struct {
 	TunnelIdle     rawDuration `yaml:"tunnel_idle"`
 	MaxConnections *int        `yaml:"max_connections"`
 	HookBodyBytes  *int64      `yaml:"hook_body_bytes"`
+	LeafMints      *int        `yaml:"leaf_mints"`
 }
 
 type rawLog struct {

@@ -121,6 +121,9 @@ func (v *validator) admin(r rawAdmin, ls []Listener) Admin {
 		s = *r.Address
 	}
 	if s == "" {
+		if r.Pprof {
+			v.ps.errorf("admin.pprof", "needs the admin listener; set admin.address or drop admin.pprof")
+		}
 		return Admin{}
 	}
 	ap, ok := v.addrPort(s, "admin.address", DefaultAdminAddress, true)
@@ -130,13 +133,13 @@ func (v *validator) admin(r rawAdmin, ls []Listener) Admin {
 	for i, l := range ls {
 		if conflicts(ap, l.Address) {
 			v.ps.errorf("admin.address", "%s is already used by %s; the admin listener must never be the sandbox's", ap, indexPath("listeners", i))
-			return Admin{Address: ap}
+			return Admin{Address: ap, Pprof: r.Pprof}
 		}
 	}
 	if ap.Addr().IsUnspecified() {
 		v.ps.warnf("admin.address", "%s exposes reload and explain on every interface, the sandbox's included; prefer 127.0.0.1", ap)
 	}
-	return Admin{Address: ap}
+	return Admin{Address: ap, Pprof: r.Pprof}
 }
 
 // conflicts reports whether two listen addresses would collide: the same
@@ -436,6 +439,7 @@ func (v *validator) limits(r rawLimits) Limits {
 		MaxHeaderBytes: positive(v, r.MaxHeaderBytes, p+"max_header_bytes", DefaultMaxHeaderBytes),
 		MaxConnections: positive(v, r.MaxConnections, p+"max_connections", DefaultMaxConnections),
 		HookBodyBytes:  positive(v, r.HookBodyBytes, p+"hook_body_bytes", DefaultHookBodyBytes),
+		LeafMints:      positive(v, r.LeafMints, p+"leaf_mints", DefaultLeafMints),
 	}
 }
 
