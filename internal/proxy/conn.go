@@ -28,6 +28,10 @@ type conn struct {
 	br   *bufio.Reader
 	bw   *bufio.Writer
 	idle atomic.Bool // waiting for the next request; Shutdown may close it
+	// waitSince is when the connection began waiting for the client (a request head
+	// or a ClientHello), in Unix nanoseconds; 0 while it is serving, evicted once
+	// an overloaded listener has taken its slot (share.go).
+	waitSince atomic.Int64
 
 	// pinned is the CONNECT target when this is the inside of an intercepted tunnel:
 	// every request is decided against it, never against its own Host.
@@ -69,7 +73,9 @@ func (c *conn) serveLoop() {
 	for c.nextRequest() {
 		rt := c.s.Runtime()
 		req, err := readRequest(c.br, &c.head, rt.Limits.MaxHeaderBytes)
-		c.nc.SetReadDeadline(time.Time{})
+		if !c.waited() {
+			return
+		}
 		if err != nil {
 			c.refuseHead(rt, req, err)
 			return
@@ -89,12 +95,13 @@ func (c *conn) nextRequest() bool {
 	if c.s.closing.Load() {
 		return false
 	}
-	c.nc.SetReadDeadline(time.Now().Add(rt.Limits.ClientIdle))
+	c.waitFor(rt.Limits.ClientIdle)
 	if _, err := c.br.Peek(1); err != nil {
 		return false
 	}
 	c.nc.SetReadDeadline(time.Now().Add(rt.Limits.ReadHeader))
-	return true
+	// An eviction between the Peek and the line above had its deadline overwritten.
+	return c.waitSince.Load() != evicted
 }
 
 func (c *conn) recoverPanic() {

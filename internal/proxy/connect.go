@@ -3,7 +3,6 @@ package proxy
 import (
 	"net"
 	"net/http"
-	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
 )
@@ -79,9 +78,12 @@ func (c *conn) tunnelPlan(rt *Runtime, t allowlist.Target, d allowlist.Decision)
 // target (domain fronting) with the TLS alert unrecognized_name, or one that does
 // not start with a ClientHello at all.
 func (c *conn) checkClientHello(rt *Runtime, t allowlist.Target, rec *Record) (*clientHello, error) {
-	c.nc.SetReadDeadline(time.Now().Add(rt.Limits.ReadHeader))
+	c.waitFor(rt.Limits.ReadHeader)
 	hello, err := peekClientHello(c.br)
-	c.nc.SetReadDeadline(time.Time{})
+	if !c.waited() {
+		rec.fail(allowlist.ReasonOverloaded, detailEvicted)
+		return nil, errEvicted
+	}
 	if err != nil {
 		rec.fail(allowlist.ReasonBadRequest, "not_tls")
 		rec.Error = err.Error()

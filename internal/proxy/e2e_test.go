@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -323,16 +324,50 @@ func TestUpstreamFailures(t *testing.T) {
 	})
 }
 
+// TestMaxConnectionsAnswers503: at limits.max_connections with every connection
+// serving a request, a new connection gets 503 overloaded.
 func TestMaxConnectionsAnswers503(t *testing.T) {
 	w := newWorld(t, worldOpts{limits: func(l *config.Limits) { l.MaxConnections = 1 }})
+	release, started := make(chan struct{}), make(chan struct{}, 1)
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-release
+	})
 	hold, err := net.Dial("tcp", w.ProxyAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer hold.Close()
-	time.Sleep(50 * time.Millisecond)
+	defer close(release)
+	io.WriteString(hold, "GET http://allowed.test/hold HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	<-started
 	resp := w.raw("GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
 	assertRefused(t, resp, 503, "overloaded", "")
+}
+
+// TestMaxConnectionsEvictsSlowHead: at limits.max_connections, a connection still
+// sending its request head gives its slot to a new client.
+func TestMaxConnectionsEvictsSlowHead(t *testing.T) {
+	w := newWorld(t, worldOpts{limits: func(l *config.Limits) { l.MaxConnections = 1 }})
+	slow, err := net.Dial("tcp", w.ProxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	io.WriteString(slow, "GET http://allowed.test/slow HTTP/1.1\r\nHost: allo")
+	time.Sleep(50 * time.Millisecond)
+	resp := w.raw("GET http://allowed.test/new HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("newcomer: %d %q, want 200 in the slow client's slot", resp.StatusCode, resp.Header.Get("Egressd-Reason"))
+	}
+	slow.SetReadDeadline(time.Now().Add(2 * time.Second))
+	var ne net.Error
+	if n, err := slow.Read(make([]byte, 1)); err == nil || errors.As(err, &ne) && ne.Timeout() {
+		t.Errorf("slow connection still open after its slot was taken (read %d, %v)", n, err)
+	}
+	if n := w.Upstream.requests.Load(); n != 1 {
+		t.Errorf("upstream saw %d requests, want 1 (the newcomer's)", n)
+	}
 }
 
 func TestShutdownDrainsInFlight(t *testing.T) {

@@ -60,7 +60,9 @@ type listener struct {
 }
 
 // Serve accepts connections on ln until Shutdown. Beyond limits.max_connections
-// concurrent connections, a new connection is answered 503 and closed.
+// concurrent connections, a new connection takes the slot of the one that has
+// waited longest for its client (share.go), or is answered 503 and closed when
+// every connection is serving.
 func (s *Server) Serve(ln net.Listener, cfg config.Listener) error {
 	if !s.trackListener(ln, true) {
 		return nil
@@ -98,10 +100,14 @@ func (s *Server) InitMetrics(cfg config.Listener) {
 func (s *Server) accept(l *listener, nc net.Conn) {
 	select {
 	case l.sem <- struct{}{}:
+		s.serveConn(l, nc)
 	default:
-		go s.rejectOverloaded(l, nc)
-		return
+		go s.acceptOverloaded(l, nc)
 	}
+}
+
+// serveConn serves nc, which holds one of l's slots, on a goroutine of its own.
+func (s *Server) serveConn(l *listener, nc net.Conn) {
 	c := newConn(s, l, nc)
 	if !s.trackConn(c, true) {
 		<-l.sem

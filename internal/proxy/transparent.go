@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net/http"
 	"net/netip"
-	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/origdst"
@@ -29,7 +28,7 @@ func (c *conn) serveTransparent() {
 	}
 	c.orig = orig
 	rt := c.s.Runtime()
-	c.nc.SetReadDeadline(time.Now().Add(rt.Limits.ReadHeader))
+	c.waitFor(rt.Limits.ReadHeader)
 	first, err := c.br.Peek(1)
 	if err != nil {
 		return
@@ -48,7 +47,10 @@ func (c *conn) serveTransparent() {
 // completes the handshake with a leaf for the SNI to answer the refusal over HTTP.
 func (c *conn) serveTransparentTLS(rt *Runtime, rec *Record) {
 	hello, err := peekClientHello(c.br)
-	c.nc.SetReadDeadline(time.Time{})
+	if !c.waited() {
+		rec.fail(allowlist.ReasonOverloaded, detailEvicted)
+		return
+	}
 	if err != nil {
 		rec.fail(allowlist.ReasonBadRequest, "not_tls")
 		rec.Error = err.Error()

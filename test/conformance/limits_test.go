@@ -2,7 +2,9 @@ package conformance_test
 
 import (
 	"fmt"
+	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,12 +19,19 @@ const (
 	closeSlack = 2 * time.Second
 )
 
+// limitsWorld is a world with the limits above; extra lines are added to the
+// limits section, and replace the lines above whose key they name.
 func limitsWorld(t *testing.T, extra ...string) *world {
-	return newWorld(t, config{limits: append([]string{
+	lines := []string{
 		"read_header: " + readHeader.String(),
 		"client_idle: " + clientIdle.String(),
 		"response_header: 2s",
-	}, extra...)})
+	}
+	for _, e := range extra {
+		key, _, _ := strings.Cut(e, ":")
+		lines = slices.DeleteFunc(lines, func(l string) bool { return strings.HasPrefix(l, key+":") })
+	}
+	return newWorld(t, config{limits: append(lines, extra...)})
 }
 
 // TestOversizedAndSlowInput: a head beyond limits.max_header_bytes gets 431, a
@@ -197,16 +206,21 @@ func readResponseWithin(c *conn, d time.Duration) (*http.Response, error) {
 	return http.ReadResponse(c.br, &http.Request{Method: http.MethodPost})
 }
 
-// TestMaxConnections: beyond limits.max_connections, each new connection is
-// answered 503 overloaded at once, not left hanging; once connections close, new
-// ones are served again.
+// TestMaxConnections: beyond limits.max_connections, when every connection is
+// serving (here: a spliced TLS tunnel), each new connection is answered 503
+// overloaded at once, not left hanging; once connections close, new ones are
+// served again.
 func TestMaxConnections(t *testing.T) {
 	const max = 4
 	w := limitsWorld(t, fmt.Sprintf("max_connections: %d", max))
 	k := w.begin(t)
-	var held []*conn
+	var held []io.Closer
 	for range max {
-		held = append(held, k.dial())
+		tc, err := k.tlsOver(k.connect("allowed.test:443"), "allowed.test")
+		if err != nil {
+			t.Fatalf("spliced tunnel: %v", err)
+		}
+		held = append(held, tc)
 	}
 	time.Sleep(100 * time.Millisecond) // let egressd accept them all
 	var wg sync.WaitGroup
@@ -256,4 +270,59 @@ func TestMaxConnections(t *testing.T) {
 		}
 		sleepTick()
 	}
+}
+
+// TestSlowClientsYieldSlots: at limits.max_connections, connections that are
+// still sending their request head (slowloris) or idle between requests give
+// their slots to new clients, oldest first; a slow client holds slots only while
+// nobody else needs them.
+func TestSlowClientsYieldSlots(t *testing.T) {
+	const max = 4
+	w := limitsWorld(t, fmt.Sprintf("max_connections: %d", max), "read_header: 30s", "client_idle: 30s")
+	t.Run("slowloris at max_connections", func(t *testing.T) {
+		k := w.begin(t)
+		slow := k.slowloris(max)
+		time.Sleep(300 * time.Millisecond) // every slot is held by a slow head
+		for i := range max {
+			resp := k.raw("GET http://allowed.test/share HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n")
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("client %d at max_connections: %d %q, want 200 in a slow client's slot",
+					i, resp.StatusCode, resp.Header.Get("Egressd-Reason"))
+			}
+			k.echo(resp)
+		}
+		defer func() {
+			for _, c := range slow {
+				c.Close()
+			}
+		}()
+		closed := 0
+		for _, c := range slow {
+			if k.isClosedWithin(c, 2*time.Second) {
+				closed++
+			}
+		}
+		if closed == 0 {
+			t.Errorf("no slow connection gave up its slot")
+		}
+		t.Logf("slow connections evicted: %d of %d", closed, max)
+	})
+	t.Run("idle keep-alive at max_connections", func(t *testing.T) {
+		k := w.begin(t)
+		var idle []*conn
+		for range max {
+			c := k.dial()
+			k.send(c, "GET http://allowed.test/first HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+			k.echo(k.response(c, http.MethodGet))
+			idle = append(idle, c)
+		}
+		resp := k.raw("GET http://allowed.test/newcomer HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n")
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("newcomer at max_connections with %d idle connections: %d %q, want 200", max, resp.StatusCode, resp.Header.Get("Egressd-Reason"))
+		}
+		k.echo(resp)
+		if !k.isClosedWithin(idle[0], 2*time.Second) {
+			t.Errorf("the longest-idle connection was not the one evicted")
+		}
+	})
 }

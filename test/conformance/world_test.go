@@ -401,6 +401,21 @@ func (k *kase) assertInjected(h http.Header) {
 }
 
 // assertClosed fails unless egressd closes c (EOF or reset) within d.
+// isClosedWithin reports whether egressd closes c within d (what it sends
+// meanwhile is read and dropped).
+func (k *kase) isClosedWithin(c *conn, d time.Duration) bool {
+	c.SetReadDeadline(time.Now().Add(d))
+	buf := make([]byte, 4096)
+	for {
+		_, err := c.Read(buf)
+		if err == nil {
+			continue
+		}
+		var ne net.Error
+		return !(errors.As(err, &ne) && ne.Timeout())
+	}
+}
+
 func (k *kase) assertClosed(c *conn, d time.Duration) time.Duration {
 	k.t.Helper()
 	start := time.Now()

@@ -1,0 +1,85 @@
+package proxy
+
+import (
+	"errors"
+	"net"
+	"time"
+)
+
+// A listener at limits.max_connections gives a new connection the slot of the
+// connection that has waited longest for its client: an idle keep-alive
+// connection, or one still sending a request head or ClientHello. A slow client
+// (slowloris) can therefore hold connection slots only while nobody else needs
+// them; the newcomer gets 503 overloaded only when every connection is serving.
+// Requests, tunnels and upstream waits are never evicted.
+
+// evicted marks a waitSince whose slot was taken by a newer connection.
+const evicted = -1
+
+// detailEvicted is the log detail of a connection evicted while it waited.
+const detailEvicted = "evicted_waiting"
+
+// slotWait bounds how long a new connection waits for an evicted connection to
+// release its slot; beyond it the newcomer gets 503 after all.
+const slotWait = 200 * time.Millisecond
+
+var errEvicted = errors.New("evicted while waiting for the client: the listener was full")
+
+// waitFor starts a wait for the client, bounded by d, that an overloaded listener
+// may cut short.
+func (c *conn) waitFor(d time.Duration) {
+	c.nc.SetReadDeadline(time.Now().Add(d))
+	c.waitSince.Store(time.Now().UnixNano())
+}
+
+// waited ends the wait and clears the read deadline. It is false when the
+// connection was evicted meanwhile: the caller must close it without serving.
+func (c *conn) waited() bool {
+	v := c.waitSince.Load()
+	if v == evicted || !c.waitSince.CompareAndSwap(v, 0) {
+		return false
+	}
+	c.nc.SetReadDeadline(time.Time{})
+	return true
+}
+
+// evictWaiting ends the wait of l's connection that has waited longest and
+// reports whether there was one. Its slot is released when its goroutine ends.
+func (s *Server) evictWaiting(l *listener) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		var oldest *conn
+		var since int64
+		for c := range s.conns {
+			if w := c.waitSince.Load(); c.l == l && w > 0 && (oldest == nil || w < since) {
+				oldest, since = c, w
+			}
+		}
+		if oldest == nil {
+			return false
+		}
+		if oldest.waitSince.CompareAndSwap(since, evicted) {
+			oldest.nc.SetReadDeadline(time.Now())
+			return true
+		}
+		// It began serving (or waiting anew) since the scan: look again.
+	}
+}
+
+// acceptOverloaded serves nc, which arrived when l was full, in the slot of the
+// longest-waiting connection, or answers it 503 when every connection is serving.
+func (s *Server) acceptOverloaded(l *listener, nc net.Conn) {
+	if !s.evictWaiting(l) {
+		s.rejectOverloaded(l, nc)
+		return
+	}
+	t := time.NewTimer(slotWait)
+	defer t.Stop()
+	select {
+	case l.sem <- struct{}{}:
+		s.serveConn(l, nc)
+	case <-t.C:
+		s.rejectOverloaded(l, nc)
+	}
+}
