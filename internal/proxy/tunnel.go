@@ -40,13 +40,13 @@ func (c *conn) tunnel(rt *Runtime, up net.Conn, hello *clientHello, rec *Record)
 
 // pipe copies src to dst until src ends, then half-closes dst. Each read may wait up
 // to idle; when it times out the tunnel is kept if either connection received data
-// within idle (asked of the kernel, so the copy itself can stay a splice). On any
-// other error both connections are closed so the opposite direction ends too.
+// within idle (asked of the kernel: the other direction's reads do not report here).
+// On any other error both connections are closed so the opposite direction ends too.
 func pipe(dst, src net.Conn, idle time.Duration, a, b net.Conn) (int64, error) {
 	var total int64
 	for {
 		src.SetReadDeadline(time.Now().Add(idle))
-		n, err := io.Copy(dst, src)
+		n, err := relay(dst, src)
 		total += n
 		switch {
 		case err == nil:
