@@ -508,6 +508,8 @@ func writeConfig(dir string, up *upstream, dnsAddr, creds string) (string, error
 		"{CREDENTIALS}", strings.TrimSuffix(creds, "\n"),
 		"{HOOK_ENTRY}", hookEntry,
 		"{HOOKS}", hooks,
+		"{ADMIN_PPROF}", adminPprofLine(),
+		"{MAX_CONNECTIONS}", strconv.Itoa(benchMaxConnections),
 	).Replace(configTemplate)
 	path := filepath.Join(dir, "egressd.yaml")
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
@@ -544,6 +546,7 @@ listeners:
     role: sandbox
 admin:
   address: 127.0.0.1:0
+{ADMIN_PPROF}
 policy:
   allowlist:
     - domain: localhost                 # plain, connect: spliced, nothing injected
@@ -563,6 +566,8 @@ tls:
   upstream_ca_file: {UPSTREAM_CA}
 {CREDENTIALS}
 {HOOKS}
+limits:
+  max_connections: {MAX_CONNECTIONS}            # per listener (default 10,000): above -idle-tunnels' most, so that path measures memory
 log:
   level: info                         # the canonical line per request is part of the cost
   format: json

@@ -5,7 +5,7 @@
 // 127.0.0.0/8 (the transparent path's, in network namespaces of its own:
 // transparent.go), and every load loop is bounded in both time and request count.
 //
-//	go run ./bench -egressd bin/egressd [-duration 4s] [-rounds 1] [-clients 64] [-size 1024] [-paths plain,connect,...] [-vaultdev PATH|off] [-json]
+//	go run ./bench -egressd bin/egressd [-duration 4s] [-rounds 1] [-clients 64] [-size 1024] [-paths plain,connect,...] [-vaultdev PATH|off] [-peers goproxy,smokescreen|off] [-profile DIR] [-idle-tunnels N] [-json]
 package main
 
 import (
@@ -62,6 +62,12 @@ type options struct {
 	json     bool
 	keep     bool
 	vaultdev string // the Vault dev server binary; "" finds it, vaultdevOff skips
+	profile  string // -profile: where egressd's CPU and allocs profiles go (profile.go); "" for none
+	// idleTunnels is how many tunnels the idle-tunnels path opens (idle.go).
+	idleTunnels int
+	// peers are the peer proxies measured beside egressd (peers.go); nil
+	// with -peers off.
+	peers []peerSpec
 }
 
 func main() {
@@ -102,7 +108,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o options
-	var paths string
+	var paths, peers string
 	fs.StringVar(&o.egressd, "egressd", "", "path to the egressd binary (required)")
 	fs.DurationVar(&o.duration, "duration", defaultDuration, "measured time per run (each path runs direct, then through egressd)")
 	fs.DurationVar(&o.warmup, "warmup", defaultWarmup, "unmeasured warm-up before each run")
@@ -111,6 +117,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.rounds, "rounds", defaultRounds, "direct/egressd run pairs per path, alternated; the report gives the median ratio")
 	fs.StringVar(&paths, "paths", defaultPaths, "comma-separated paths to measure: "+strings.Join(pathNames(), ", "))
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON")
+	fs.StringVar(&o.profile, "profile", "", "write egressd's CPU and allocation profiles of each path's first measured window to DIR/<path>.{cpu,allocs}.pprof and report their top functions (turns on admin.pprof)")
+	fs.IntVar(&o.idleTunnels, "idle-tunnels", defaultIdleTunnels, fmt.Sprintf("idle CONNECT tunnels the %s path opens (1 to %d)", idlePathName, maxIdleTunnels))
+	fs.StringVar(&peers, "peers", peersDefault, "peer proxies measured beside egressd on the paths they can carry, each as NAME or NAME=BINARY ("+strings.Join(peerKindNames(), ", ")+"); default binaries: what "+peersScript+" build prints, when run from the repository root; \""+peersOff+"\" measures none")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temp dir (egressd config and log) and print its path")
 	fs.StringVar(&o.vaultdev, "vaultdev", "", "Vault dev server binary for the vault path; default: what "+vaultdevScript+" build prints, when run from the repository root; \""+vaultdevOff+"\" skips the path")
 	fs.Usage = func() {
@@ -125,6 +134,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	var err error
 	if o.paths, err = lookupPaths(paths); err != nil {
+		return o, err
+	}
+	if o.peers, err = parsePeers(peers); err != nil {
 		return o, err
 	}
 	if err := o.validate(); err != nil {
@@ -147,6 +159,8 @@ func (o options) validate() error {
 		return fmt.Errorf("-size %d: want 0 to %d", o.size, maxSize)
 	case o.rounds < 1 || o.rounds > maxRounds:
 		return fmt.Errorf("-rounds %d: want 1 to %d", o.rounds, maxRounds)
+	case o.idleTunnels < 1 || o.idleTunnels > maxIdleTunnels:
+		return fmt.Errorf("-idle-tunnels %d: want 1 to %d", o.idleTunnels, maxIdleTunnels)
 	}
 	if _, err := os.Stat(o.egressd); err != nil {
 		return fmt.Errorf("-egressd: %w (run make build first)", err)
@@ -193,6 +207,10 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 		return nil, fmt.Errorf("DNS stub: %w", err)
 	}
 	defer dns.close()
+	if err := prepareProfiles(&o); err != nil { // before egressd: admin.pprof
+		return nil, err
+	}
+	prepareIdleTunnels(o) // before egressd, which inherits the fd limit
 	e, err := startEgressd(ctx, o.egressd, dir, up, dns.addr, "")
 	if err != nil {
 		return nil, fmt.Errorf("egressd: %w", err)
@@ -210,6 +228,12 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 			return nil, err
 		}
 	}
+	peers, err := startPeers(ctx, o, dir, up, stderr) // nil with -peers off or no path they carry
+	if err != nil {
+		return nil, err
+	}
+	defer peers.stop()
+	w.peers = peers
 	var vs *vaultStack // started before the first vault path, so idle during the others
 	rep := newReport(o)
 	for _, p := range o.paths {
@@ -241,6 +265,7 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 		}
 		rep.Paths = append(rep.Paths, r)
 	}
+	rep.Peers = peers.infos() // stops them
 	if vs != nil {
 		rep.VaultEgressdExit = vs.stop()
 	}
@@ -251,6 +276,7 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 		rep.LeafCache = &lc
 	}
 	rep.EgressdExit = e.stop()
+	summarizeProfiles(ctx, rep, o, stderr)
 	return rep, nil
 }
 
@@ -265,6 +291,7 @@ func measurePath(ctx context.Context, w *world, e *egressd, dns *dnsStub, p path
 	}
 	leafBefore, leafErr := e.leafCache()
 	dnsBefore := dns.queries.Load()
+	pp := w.peers.forPath(p) // nil unless the path has peers
 	var directs, vias []runResult
 	for round := range o.rounds {
 		d, err := runLoad(ctx, p.direct(w), lo, w.up, nil)
@@ -272,9 +299,13 @@ func measurePath(ctx context.Context, w *world, e *egressd, dns *dnsStub, p path
 			return res, fmt.Errorf("direct: %w", err)
 		}
 		from := e.logSize()
+		prof := startProfile(ctx, e, p.name, o, round) // nil unless -profile, round 0
 		x, err := runLoad(ctx, p.viaProxy(w), lo, w.up, e.cpuTime)
 		if err != nil {
 			return res, fmt.Errorf("through egressd: %w", err)
+		}
+		if prof != nil {
+			res.Profile = prof.wait()
 		}
 		log, err := e.scanLog(from)
 		if err != nil {
@@ -284,9 +315,13 @@ func measurePath(ctx context.Context, w *world, e *egressd, dns *dnsStub, p path
 		res.Problems = append(res.Problems, injectionProblems(p, round, o.rounds, d, x)...)
 		res.Rounds = append(res.Rounds, newRound(d, x))
 		directs, vias = append(directs, d), append(vias, x)
+		if err := pp.round(ctx, w, lo, d); err != nil { // after egressd's run, against the same direct run
+			return res, err
+		}
 	}
 	res.Direct, res.Egressd = combine(directs), combine(vias)
 	res.finish()
+	res.Peers = pp.finish()
 	res.DNSQueries = dns.queries.Load() - dnsBefore
 	if leafErr == nil {
 		var after leafCounts

@@ -30,6 +30,9 @@ type pathSpec struct {
 	// unused): the path makes its own runs and returns its rows, or one row
 	// with Skipped set (hook.go, transparent.go).
 	measure func(context.Context, pathEnv) ([]pathResult, error)
+	// peers is which peer proxies (peers.go) also carry this path's load,
+	// each round right after egressd.
+	peers peerUse
 }
 
 // injection is what an allowlist entry adds to the requests of a path.
@@ -61,6 +64,9 @@ type world struct {
 	// egressdRoots holds egressd's CA (from /ca.pem on its admin listener):
 	// what a client of an intercepted tunnel must trust.
 	egressdRoots *x509.CertPool
+	// peers are the peer proxies measured beside egressd (peers.go); nil
+	// for none.
+	peers *peerSet
 }
 
 // Hosts of the intercepted paths: one allowlist entry each (configTemplate),
@@ -99,6 +105,7 @@ var paths = []pathSpec{
 		viaProxy: func(w *world) target {
 			return target{url: w.httpURL(), proxy: w.proxy}
 		},
+		peers: peersTunnel,
 	},
 	{
 		name: "connect",
@@ -109,16 +116,18 @@ var paths = []pathSpec{
 		viaProxy: func(w *world) target {
 			return target{url: w.httpsURL(), proxy: w.proxy, roots: w.up.roots}
 		},
+		peers: peersTunnel,
 	},
-	interceptPath("intercept", transformHost, injectTransform, false,
-		"GET https://"+transformHost+":<port>/ over HTTP/1.1 keep-alive; through egressd intercepted (client trusts egressd's CA), a transform sets "+transformHeader),
-	interceptPath("intercept-newconn", transformHost, injectTransform, true,
-		"as intercept, but a new TCP+TLS connection per request (handshakes/s; egressd's leaf cache warm); direct: a new TLS connection per request"),
+	withPeers(interceptPath("intercept", transformHost, injectTransform, false,
+		"GET https://"+transformHost+":<port>/ over HTTP/1.1 keep-alive; through egressd intercepted (client trusts egressd's CA), a transform sets "+transformHeader), peersIntercept),
+	withPeers(interceptPath("intercept-newconn", transformHost, injectTransform, true,
+		"as intercept, but a new TCP+TLS connection per request (handshakes/s; egressd's leaf cache warm); direct: a new TLS connection per request"), peersIntercept),
 	interceptPath("credential", credentialHost, injectCredential, false,
 		"as intercept, but the entry names a file-backed credential (Authorization: Bearer) instead of a transform"),
 	vaultPath(),
 	hookPathSpec(),
 	transparentPathSpec(),
+	idlePathSpec(), // not in defaultPaths: about 20-30 s (make bench-idle)
 }
 
 // vaultPath is the credential path through a second egressd, identical but for

@@ -28,6 +28,9 @@ type report struct {
 	EgressdExit string `json:"egressd_exit,omitempty"`
 	// VaultEgressdExit is the same for the second egressd, the vault path's.
 	VaultEgressdExit string `json:"vault_egressd_exit,omitempty"`
+	// Peers are the peer proxies of the run (peers.go): binary or why
+	// skipped, peak RSS, exit. Their figures are in each path's Peers.
+	Peers []peerInfo `json:"peers,omitempty"`
 }
 
 type settings struct {
@@ -42,6 +45,8 @@ type settings struct {
 	// LoadAvg is the 1-minute load average when the bench started: other
 	// work on the machine makes every figure noisy, the ratio included.
 	LoadAvg float64 `json:"load_avg_1m"`
+	// ProfileDir is -profile's directory, when given.
+	ProfileDir string `json:"profile_dir,omitempty"`
 }
 
 // pathResult is one path: its direct runs, its runs through egressd, compared.
@@ -75,6 +80,13 @@ type pathResult struct {
 	// Problems are failed injection checks: requests that reached the
 	// upstream without what egressd must inject, or with what it must not.
 	Problems []string `json:"problems,omitempty"`
+	// Profile is egressd's profiles of the path, with -profile (profile.go).
+	Profile *profileResult `json:"profile,omitempty"`
+	// Idle is the idle-tunnels row's figures (idle.go); it has no runs.
+	Idle *idleResult `json:"idle_tunnels,omitempty"`
+	// Peers are the same rounds' runs through each peer proxy that carries
+	// the path (peers.go), in -peers order.
+	Peers []peerResult `json:"peers,omitempty"`
 }
 
 // roundResult is one direct run and the egressd run after it.
@@ -160,6 +172,7 @@ func newReport(o options) *report {
 		GoVersion:  runtime.Version(),
 		ClockTicks: clockTicks(),
 		LoadAvg:    loadAvg(),
+		ProfileDir: o.profile,
 	}}
 }
 
@@ -193,7 +206,8 @@ func (p *pathResult) ratioRange() (lo, hi float64) {
 // failed reports whether anything went wrong that the numbers alone hide.
 func (r *report) failed() bool {
 	for _, p := range r.Paths {
-		if p.Direct.Errors > 0 || p.Egressd.Errors > 0 || p.Egressd.CPUError != "" || len(p.Log.Unexpected) > 0 || len(p.Problems) > 0 {
+		if p.Direct.Errors > 0 || p.Egressd.Errors > 0 || p.Egressd.CPUError != "" || len(p.Log.Unexpected) > 0 || len(p.Problems) > 0 ||
+			(p.Idle != nil && len(p.Idle.Problems) > 0) {
 			return true
 		}
 	}
@@ -222,7 +236,10 @@ func (r *report) writeText(w io.Writer) error {
 	} else {
 		fmt.Fprintf(w, "\negressd peak RSS (VmHWM over the whole run): %s\n", mib(r.PeakRSSBytes))
 	}
+	r.writePeers(w)
 	r.writeNotes(w)
+	r.writeIdle(w)
+	r.writeProfiles(w)
 	if err := r.writeDetails(w); err != nil {
 		return err
 	}
@@ -242,18 +259,26 @@ func (r *report) writeMain(w io.Writer) error {
 	multi := r.Settings.Rounds > 1
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	pw := r.pathWidth()
-	fmt.Fprintf(tw, "%-*s\tdirect req/s\tegressd req/s\tratio\t", pw, "path")
+	via := "egressd"
+	if r.hasPeerRows() { // a path's row is egressd, the indented ones under it peers
+		via = "proxy"
+	}
+	fmt.Fprintf(tw, "%-*s\tdirect req/s\t%s req/s\tratio\t", pw, "path", via)
 	if multi {
 		fmt.Fprint(tw, "ratio min-max\t")
 	}
-	fmt.Fprint(tw, "direct p50/p99\tegressd p50/p99\tegressd CPU µs/req\tegressd VmHWM\t\n")
+	fmt.Fprintf(tw, "direct p50/p99\t%[1]s p50/p99\t%[1]s CPU µs/req\t%[1]s VmHWM\t\n", via)
 	for _, p := range r.Paths {
-		if p.Skipped != "" {
-			fmt.Fprintf(tw, "%-*s\tskipped\t-\t-\t", pw, p.Path)
+		if p.Skipped != "" || p.Idle != nil {
+			what, hwm := "skipped", "-"
+			if p.Idle != nil {
+				what, hwm = "idle: below", mib(p.PeakRSSBytes)
+			}
+			fmt.Fprintf(tw, "%-*s\t%s\t-\t-\t", pw, p.Path, what)
 			if multi {
 				fmt.Fprint(tw, "-\t")
 			}
-			fmt.Fprint(tw, "-\t-\t-\t-\t\n")
+			fmt.Fprintf(tw, "-\t-\t-\t%s\t\n", hwm)
 			continue
 		}
 		cpu := fmt.Sprintf("%.1f", p.CPUPerReqUS)
@@ -267,6 +292,7 @@ func (r *report) writeMain(w io.Writer) error {
 			fmt.Fprintf(tw, "%.2f-%.2f\t", lo, hi)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", latencies(p.Direct), latencies(p.Egressd), cpu, mib(p.PeakRSSBytes))
+		writePeerRows(tw, p, pw, multi)
 	}
 	return tw.Flush()
 }
@@ -330,6 +356,7 @@ func (r *report) writeNotes(w io.Writer) {
 				fmt.Fprintf(w, " %.2f", rd.Ratio)
 			}
 			fmt.Fprintln(w)
+			writePeerRounds(w, p, r.pathWidth())
 		}
 	}
 }
@@ -356,6 +383,9 @@ func (r *report) pathWidth() int {
 	w := len("path")
 	for _, p := range r.Paths {
 		w = max(w, len(p.Path))
+		for _, pr := range p.Peers {
+			w = max(w, len(peerLabel(pr)))
+		}
 	}
 	return w
 }
@@ -373,13 +403,10 @@ func (r *report) writeDetails(w io.Writer) error {
 	pw := r.pathWidth()
 	fmt.Fprintf(tw, "%-*s\t%-7s\trequests\terrors\tclient conns\tupstream conns\tupstream reqs\tinjected\tmean\tmax\tegressd egress lines\tallowed 200\tleaf hit/miss\tDNS queries\t\n", pw, "path", "run")
 	for _, p := range r.Paths {
-		if p.Skipped != "" {
+		if p.Skipped != "" || p.Idle != nil {
 			continue
 		}
-		for _, run := range []struct {
-			name string
-			r    runResult
-		}{{"direct", p.Direct}, {"egressd", p.Egressd}} {
+		for _, run := range p.namedRuns() { // direct, egressd, then each peer's
 			lines, ok, leaf, dns := "-", "-", "-", "-"
 			if run.name == "egressd" {
 				lines, ok = thousands(float64(p.Log.EgressLines)), thousands(float64(p.Log.Allowed200))
@@ -401,10 +428,7 @@ func (r *report) writeDetails(w io.Writer) error {
 // grouped, with a few raw lines.
 func (r *report) writeProblems(w io.Writer) {
 	for _, p := range r.Paths {
-		for _, run := range []struct {
-			name string
-			r    runResult
-		}{{"direct", p.Direct}, {"egressd", p.Egressd}} {
+		for _, run := range p.namedRuns() { // direct, egressd, then each peer's
 			if run.r.Errors == 0 {
 				continue
 			}

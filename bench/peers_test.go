@@ -1,0 +1,319 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestParsePeers(t *testing.T) {
+	names := func(ss []peerSpec) (out []string) {
+		for _, s := range ss {
+			out = append(out, s.kind.name+"="+s.bin)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{peersDefault, []string{"goproxy=", "smokescreen="}},
+		{" smokescreen , goproxy ", []string{"smokescreen=", "goproxy="}},
+		{"goproxy=/opt/goproxybare", []string{"goproxy=/opt/goproxybare"}},
+		{"smokescreen=bin/smokescreen,goproxy", []string{"smokescreen=bin/smokescreen", "goproxy="}},
+		{"off", nil},
+		{" off ", nil},
+	} {
+		got, err := parsePeers(tc.in)
+		if err != nil || !slices.Equal(names(got), tc.want) {
+			t.Errorf("parsePeers(%q) = %v, %v; want %v", tc.in, names(got), err, tc.want)
+		}
+	}
+	if got, _ := parsePeers("goproxy,smokescreen"); !got[0].kind.mitm || got[1].kind.mitm {
+		t.Error("goproxy must intercept and smokescreen not")
+	}
+	for _, bad := range []string{"", ",", "squid", "goproxy,goproxy", "goproxy=", "off,goproxy", "goproxy=/a,goproxy=/b"} {
+		if got, err := parsePeers(bad); err == nil {
+			t.Errorf("parsePeers(%q) = %v, want an error", bad, names(got))
+		}
+	}
+}
+
+func TestPeersFlag(t *testing.T) {
+	exe := filepath.Join(t.TempDir(), "egressd")
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	o, err := parseFlags([]string{"-egressd", exe}, io.Discard)
+	if err != nil || len(o.peers) != 2 {
+		t.Fatalf("default -peers: %d peers, %v", len(o.peers), err)
+	}
+	if o, err = parseFlags([]string{"-egressd", exe, "-peers", "off"}, io.Discard); err != nil || o.peers != nil {
+		t.Errorf("-peers off: %v, %v", o.peers, err)
+	}
+	if _, err = parseFlags([]string{"-egressd", exe, "-peers", "nginx"}, io.Discard); err == nil {
+		t.Error("-peers nginx: no error")
+	}
+}
+
+func TestPathsPeers(t *testing.T) {
+	want := map[string]peerUse{"plain": peersTunnel, "connect": peersTunnel, "intercept": peersIntercept, "intercept-newconn": peersIntercept}
+	for _, p := range paths {
+		if p.peers != want[p.name] {
+			t.Errorf("path %s: peers %d, want %d", p.name, p.peers, want[p.name])
+		}
+	}
+	if !needsPeers(paths[:1]) {
+		t.Error("plain needs no peers")
+	}
+	ps, err := lookupPaths("credential,vault,hook,transparent")
+	if err != nil || needsPeers(ps) {
+		t.Errorf("credential, vault, hook, transparent: needsPeers, %v", err)
+	}
+}
+
+func TestFindPeers(t *testing.T) {
+	ctx := context.Background()
+	// From the bench's own directory there is no scripts/peers.sh: skipped, with the reason.
+	bins, skips, err := findPeers(ctx, []peerSpec{{kind: peerKinds[0]}, {kind: peerKinds[1]}}, io.Discard)
+	if err != nil || len(bins) != 0 || !strings.Contains(skips["goproxy"], peersScript) || !strings.Contains(skips["smokescreen"], peersScript) {
+		t.Errorf("no script: %v, %v, %v", bins, skips, err)
+	}
+	if _, _, err := findPeers(ctx, []peerSpec{{kind: peerKinds[0], bin: "/nonexistent/goproxybare"}}, io.Discard); err == nil {
+		t.Error("goproxy=/nonexistent/goproxybare: no error")
+	}
+	exe := filepath.Join(t.TempDir(), "smokescreen")
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bins, skips, err = findPeers(ctx, []peerSpec{{kind: peerKinds[1], bin: exe}}, io.Discard)
+	if err != nil || bins["smokescreen"] != exe || len(skips) != 0 {
+		t.Errorf("smokescreen=%s: %v, %v, %v", exe, bins, skips, err)
+	}
+}
+
+func TestParsePeerPaths(t *testing.T) {
+	got := parsePeerPaths([]byte("goproxy=/c/peers/goproxybare-abc/goproxybare\n\nnoise\nsmokescreen=/c/peers/smokescreen-v0.1.0/smokescreen\n"))
+	if len(got) != 2 || got["goproxy"] != "/c/peers/goproxybare-abc/goproxybare" || got["smokescreen"] != "/c/peers/smokescreen-v0.1.0/smokescreen" {
+		t.Errorf("parsePeerPaths = %v", got)
+	}
+	errs := "peers: building goproxybare\npeers: error: goproxy: go build failed\npeers: built smokescreen\n"
+	if got := peerErrorLine(errs, "goproxy"); got != "peers: error: goproxy: go build failed" {
+		t.Errorf("peerErrorLine = %q", got)
+	}
+}
+
+func TestWithoutProxyEnv(t *testing.T) {
+	got := withoutProxyEnv([]string{"HOME=/root", "HTTP_PROXY=http://x", "https_proxy=http://y", "ALL_PROXY=z", "no_proxy=*", "PATH=/bin"})
+	if !slices.Equal(got, []string{"HOME=/root", "PATH=/bin"}) {
+		t.Errorf("withoutProxyEnv = %v", got)
+	}
+}
+
+// peerReport is a report with peers on plain and intercept, as run makes it.
+func peerReport(rounds int) *report {
+	r := &report{Settings: settings{Clients: 64, SizeBytes: 1024, DurationS: 1, Rounds: rounds, CPUs: 2},
+		Peers: []peerInfo{{Peer: "goproxy", Binary: "/c/goproxybare", PeakRSSBytes: 15 << 20}, {Peer: "smokescreen", Binary: "/c/smokescreen", PeakRSSBytes: 20 << 20, Exit: "after SIGTERM: exit status 1"}}}
+	for _, name := range []string{"plain", "intercept", "credential"} {
+		d := runResult{ReqPerSec: 1000}
+		x := runResult{ReqPerSec: 500, Requests: 10, CPUSeconds: 1e-3, P50US: 4000, P99US: 9000}
+		p := pathResult{Path: name, Direct: d, Egressd: x}
+		for range rounds {
+			p.Rounds = append(p.Rounds, newRound(d, x))
+		}
+		p.finish()
+		ps := &peerSet{order: peerKinds, procs: []*peerProc{{kind: peerKinds[0]}, {kind: peerKinds[1]}}}
+		use := map[string]peerUse{"plain": peersTunnel, "intercept": peersIntercept}[name]
+		pp := ps.forPath(pathSpec{name: name, peers: use})
+		if pp != nil {
+			for i := range pp.results {
+				if pp.results[i].skipped() {
+					continue
+				}
+				for j := range rounds {
+					run := runResult{ReqPerSec: float64(300 + 100*i + 10*j), Requests: 10, CPUSeconds: 2e-3, P50US: 5000, P99US: 12000, Total: 20, UpstreamRequests: 20}
+					run.hist.record(5e6)
+					pp.results[i].Rounds = append(pp.results[i].Rounds, peerRound{DirectReqPerSec: d.ReqPerSec, ReqPerSec: run.ReqPerSec, Ratio: run.ReqPerSec / d.ReqPerSec, CPUPerReqUS: 200, cpuOK: true})
+					pp.runs[i] = append(pp.runs[i], run)
+				}
+				pp.results[i].fold(pp.runs[i])
+				pp.results[i].PeakRSSBytes = int64(14+i) << 20
+			}
+			p.Peers = pp.results
+		}
+		r.Paths = append(r.Paths, p)
+	}
+	return r
+}
+
+// tableRows is the main table's rows, by their first cell (indented ones
+// keyed with their indentation and path, e.g. "plain/goproxy").
+func tableRows(out string) map[string][]string {
+	rows := map[string][]string{}
+	path := ""
+	for _, l := range strings.Split(out, "\n") {
+		if l == "" && len(rows) > 0 {
+			break
+		}
+		f := strings.Fields(l)
+		if len(f) == 0 {
+			continue
+		}
+		if strings.HasPrefix(l, "    ") {
+			rows[path+"/"+f[0]] = f[1:]
+			continue
+		}
+		path = f[0]
+		rows[path] = f[1:]
+	}
+	return rows
+}
+
+func TestWriteTextPeers(t *testing.T) {
+	r := peerReport(1)
+	var b strings.Builder
+	if err := r.writeText(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	rows := tableRows(out[strings.Index(out, "  path"):])
+	for key, want := range map[string][]string{
+		"path":                  {"direct", "req/s", "proxy", "req/s", "ratio", "direct", "p50/p99", "proxy", "p50/p99", "proxy", "CPU", "µs/req", "proxy", "VmHWM"},
+		"plain":                 {"1,000", "500", "0.50", "0µs/0µs", "4.00ms/9.00ms", "100.0", "n/a"},
+		"plain/goproxy":         {"300", "0.30", "5.00ms/5.00ms", "200.0", "14.0", "MiB"},
+		"plain/smokescreen":     {"400", "0.40", "5.00ms/5.00ms", "200.0", "15.0", "MiB"},
+		"intercept/goproxy":     {"300", "0.30", "5.00ms/5.00ms", "200.0", "14.0", "MiB"},
+		"intercept/smokescreen": {"—", "—", "—", "—", "—"},
+		"credential":            {"1,000", "500", "0.50", "0µs/0µs", "4.00ms/9.00ms", "100.0", "n/a"},
+	} {
+		if got := rows[key]; !slices.Equal(got, want) {
+			t.Errorf("row %s = %q, want %q\n%s", key, got, want, out)
+		}
+	}
+	if _, ok := rows["credential/goproxy"]; ok {
+		t.Errorf("credential has a peer row:\n%s", out)
+	}
+	for _, want := range []string{
+		"goproxy peak RSS (VmHWM over the whole run): 15.0 MiB",
+		"smokescreen on intercept: —: run without MITM",
+		"smokescreen did not exit cleanly: after SIGTERM: exit status 1",
+		"  plain              goproxy",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	if r.failed() {
+		t.Error("a peer's exit fails the report")
+	}
+
+	// Skipped peers: a row that says so, and why under the table.
+	r.Peers[0] = peerInfo{Peer: "goproxy", Skipped: "scripts/peers.sh build failed (exit status 1): peers: error: goproxy: go build failed"}
+	for i := range r.Paths {
+		for j := range r.Paths[i].Peers {
+			if pr := &r.Paths[i].Peers[j]; pr.Peer == "goproxy" {
+				*pr = peerResult{Peer: "goproxy", Skipped: r.Peers[0].Skipped}
+			}
+		}
+	}
+	b.Reset()
+	if err := r.writeText(&b); err != nil {
+		t.Fatal(err)
+	}
+	out = b.String()
+	rows = tableRows(out[strings.Index(out, "  path"):])
+	if got := rows["plain/goproxy"]; !slices.Equal(got, []string{"skipped", "-", "-", "-", "-"}) {
+		t.Errorf("skipped goproxy row = %q\n%s", got, out)
+	}
+	if !strings.Contains(out, "goproxy: skipped: scripts/peers.sh build failed") {
+		t.Errorf("report lacks why goproxy was skipped:\n%s", out)
+	}
+	if strings.Contains(out, "plain              goproxy") {
+		t.Errorf("a skipped peer has a details row:\n%s", out)
+	}
+}
+
+func TestWriteTextPeersRounds(t *testing.T) {
+	r := peerReport(3)
+	var b strings.Builder
+	if err := r.writeText(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	rows := tableRows(out[strings.Index(out, "  path"):])
+	if got, want := rows["plain/smokescreen"], []string{"410", "0.41", "0.40-0.42", "5.00ms/5.00ms", "200.0", "15.0", "MiB"}; !slices.Equal(got, want) {
+		t.Errorf("row plain/smokescreen = %q, want %q\n%s", got, want, out)
+	}
+	if got, want := rows["intercept/smokescreen"], []string{"—", "—", "—", "—", "—", "—"}; !slices.Equal(got, want) {
+		t.Errorf("row intercept/smokescreen = %q, want %q\n%s", got, want, out)
+	}
+	if !strings.Contains(out, "    goproxy     0.30 0.31 0.32\n") {
+		t.Errorf("no per-round ratios of goproxy:\n%s", out)
+	}
+}
+
+func TestWriteTextNoPeers(t *testing.T) {
+	r := peerReport(1)
+	r.Peers = nil
+	for i := range r.Paths {
+		r.Paths[i].Peers = nil
+	}
+	var b strings.Builder
+	if err := r.writeText(&b); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !strings.Contains(out, "egressd req/s") || strings.Contains(out, "proxy req/s") || strings.Contains(out, "peers (indented rows)") {
+		t.Errorf("without peers, the table changed:\n%s", out)
+	}
+}
+
+func TestWriteJSONPeers(t *testing.T) {
+	var b strings.Builder
+	if err := peerReport(1).writeJSON(&b); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Peers []struct {
+			Peer         string `json:"peer"`
+			PeakRSSBytes int64  `json:"peak_rss_bytes"`
+			Exit         string `json:"exit"`
+		} `json:"peers"`
+		Paths []struct {
+			Path  string `json:"path"`
+			Peers []struct {
+				Peer          string  `json:"peer"`
+				Skipped       string  `json:"skipped"`
+				NotApplicable bool    `json:"not_applicable"`
+				Ratio         float64 `json:"ratio"`
+				CPU           float64 `json:"cpu_us_per_req"`
+				PeakRSS       int64   `json:"peak_rss_after_bytes"`
+				Run           struct {
+					ReqPerSec float64 `json:"req_per_s"`
+					P50US     float64 `json:"p50_us"`
+					P99US     float64 `json:"p99_us"`
+				} `json:"run"`
+			} `json:"peers"`
+		} `json:"paths"`
+	}
+	if err := json.Unmarshal([]byte(b.String()), &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Peers) != 2 || got.Peers[0].Peer != "goproxy" || got.Peers[1].Exit == "" || len(got.Paths) != 3 {
+		t.Fatalf("JSON: %+v", got)
+	}
+	plain, intercept, cred := got.Paths[0].Peers, got.Paths[1].Peers, got.Paths[2].Peers
+	if len(plain) != 2 || plain[0].Peer != "goproxy" || plain[0].Ratio != 0.3 || plain[0].CPU != 200 || plain[0].Run.ReqPerSec != 300 || plain[0].PeakRSS != 14<<20 {
+		t.Errorf("plain peers: %+v", plain)
+	}
+	if len(intercept) != 2 || intercept[1].Peer != "smokescreen" || !intercept[1].NotApplicable || intercept[1].Skipped == "" {
+		t.Errorf("intercept peers: %+v", intercept)
+	}
+	if cred != nil {
+		t.Errorf("credential peers: %+v", cred)
+	}
+}
