@@ -26,7 +26,7 @@ func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 		c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
 		c.bw.Flush()
 	}
-	resp, err := rt.roundTrip(out)
+	resp, err := rt.roundTrip(out, rec)
 	if err != nil {
 		rec.BytesIn = x.body.n.Load()
 		if bodyErr := x.body.clientError(); bodyErr != nil {

@@ -118,7 +118,7 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 		return nil, &hookError{"hook signing key unavailable", err}
 	}
 	out.Header.Set(hookauth.HeaderName, assertion)
-	resp, err := x.rt.roundTrip(out)
+	resp, err := x.rt.roundTrip(out, x.rec)
 	if err != nil {
 		return nil, err
 	}

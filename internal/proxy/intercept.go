@@ -136,7 +136,7 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out, err := x.prepare(r.Context())
 	if err == nil {
 		var resp *http.Response
-		if resp, err = rt.roundTrip(out); err == nil {
+		if resp, err = rt.roundTrip(out, rec); err == nil {
 			defer resp.Body.Close()
 			rec.BytesIn = x.body.n.Load()
 			writeResponseRW(w, resp, rec)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"net/http/httptrace"
 	"net/netip"
 	"strings"
 
@@ -143,9 +142,7 @@ func sameHost(authority string, t allowlist.Target) bool {
 // target is the decided, normalised one; hop-by-hop and Egressd-* headers are gone.
 // Injection comes after, so nothing the client sends can strip what egressd adds.
 func (x *exchange) outbound(ctx context.Context, scheme string) *http.Request {
-	rec := x.rec
-	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { rec.setResolved(i.Conn.RemoteAddr()) }}
-	out := x.req.WithContext(httptrace.WithClientTrace(ctx, trace))
+	out := x.req.WithContext(ctx)
 	u := *x.req.URL
 	u.Scheme, u.Host, u.User = scheme, x.target.String(), nil
 	out.URL = &u

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"strconv"
 	"time"
@@ -44,6 +45,8 @@ type Runtime struct {
 	// than every client sharing one multiplexed stream.
 	transport   *http.Transport
 	transportH1 *http.Transport
+	// h1 serves HTTP/1.x GETs and HEADs without a body (upstream1.go).
+	h1 *h1Pool
 }
 
 // Prepare builds the Runtime's dialer and transport. Call it once before use.
@@ -54,6 +57,7 @@ func (rt *Runtime) Prepare() {
 	rt.dialer = rt.Guard.NewDialer(rt.Limits.Dial)
 	rt.transport = rt.newTransport(true)
 	rt.transportH1 = rt.newTransport(false)
+	rt.h1 = &h1Pool{rt: rt, idle: map[h1Key][]*h1Conn{}}
 }
 
 // newTransport builds one upstream transport. It is not a Clone of the other:
@@ -88,7 +92,12 @@ func (rt *Runtime) newTransport(h2 bool) *http.Transport {
 const upstreamIdle = 90 * time.Second
 
 // roundTrip forwards out on the transport that matches the client's protocol.
-func (rt *Runtime) roundTrip(out *http.Request) (*http.Response, error) {
+func (rt *Runtime) roundTrip(out *http.Request, rec *Record) (*http.Response, error) {
+	if h1Eligible(out) {
+		return rt.h1.roundTrip(out, rec)
+	}
+	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { rec.setResolved(i.Conn.RemoteAddr()) }}
+	out = out.WithContext(httptrace.WithClientTrace(out.Context(), trace))
 	if out.ProtoMajor >= 2 {
 		return rt.transport.RoundTrip(out)
 	}
@@ -100,6 +109,7 @@ func (rt *Runtime) Close() {
 	if rt.transport != nil {
 		rt.transport.CloseIdleConnections()
 		rt.transportH1.CloseIdleConnections()
+		rt.h1.closeIdle()
 	}
 }
 
@@ -146,17 +156,26 @@ func (rt *Runtime) dialTarget(ctx context.Context, t allowlist.Target) (net.Conn
 // dialGuarded is the transport's DialContext: addr is the normalised target that the
 // request was decided on.
 func (rt *Runtime) dialGuarded(ctx context.Context, _, addr string) (net.Conn, error) {
-	host, portStr, err := net.SplitHostPort(addr)
+	t, err := targetFromAddr(addr)
 	if err != nil {
 		return nil, err
 	}
+	return rt.dialTarget(ctx, t)
+}
+
+// targetFromAddr turns host:port of a decided, normalised target back into it.
+func targetFromAddr(addr string) (allowlist.Target, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return allowlist.Target{}, err
+	}
 	port, err := strconv.ParseUint(portStr, 10, 16)
 	if err != nil {
-		return nil, err
+		return allowlist.Target{}, err
 	}
 	t := allowlist.Target{Host: host, Port: uint16(port)}
 	if a, err := netip.ParseAddr(host); err == nil {
 		t.Addr = a
 	}
-	return rt.dialTarget(ctx, t)
+	return t, nil
 }

@@ -1,0 +1,296 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// h1Pool sends the commonest request, an HTTP/1.1 GET or HEAD without a body, to
+// its upstream on the calling goroutine, over keep-alive connections of its own.
+// Every other request (bodies, upgrades, HTTP/2 clients) goes through net/http's
+// Transport. The request and response bytes are net/http's own: Request.Write
+// frames the request and ReadResponse parses the answer, exactly as the Transport
+// does; what the pool leaves out is the Transport's per-request machinery (a
+// writer and a reader goroutine per connection, three goroutine hand-offs, the
+// cancellation and idle-queue bookkeeping), the largest share of egressd's CPU
+// profile on the plain and intercepted paths that was not a syscall.
+//
+// Connections are keyed by scheme and decided target, dialled through the
+// Runtime's guarded dialer, verified with the upstream TLS policy, and reused only
+// when the previous response was read to its end and neither side asked to close.
+type h1Pool struct {
+	rt *Runtime
+
+	mu        sync.Mutex
+	idle      map[h1Key][]*h1Conn // most recently used last
+	lastSweep time.Time
+	closed    bool
+}
+
+type h1Key struct{ scheme, addr string }
+
+// h1Conn is one upstream connection.
+type h1Conn struct {
+	key    h1Key
+	nc     net.Conn
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	idleAt time.Time
+}
+
+// maxIdlePerTarget bounds the idle connections kept per upstream, as the
+// Transport's MaxIdleConnsPerHost does.
+const maxIdlePerTarget = 256
+
+// h1Eligible reports whether out may take the pool's path: an HTTP/1.x client's
+// GET or HEAD with no body, no trailers and no upgrade, so that writing it never
+// waits for the client and a failure before any answer can be retried.
+func h1Eligible(out *http.Request) bool {
+	return out.ProtoMajor == 1 && (out.Method == http.MethodGet || out.Method == http.MethodHead) &&
+		out.Body == http.NoBody && len(out.Trailer) == 0 && len(out.Header["Upgrade"]) == 0
+}
+
+// roundTrip sends out and returns the response, whose Body returns the connection
+// to the pool once read to its end (or closes it). A reused connection that fails
+// before any response byte (the upstream closed it while idle) is replaced once.
+// Cancelling out's context ends every wait on the connection, body reads included.
+func (p *h1Pool) roundTrip(out *http.Request, rec *Record) (*http.Response, error) {
+	key := h1Key{out.URL.Scheme, out.URL.Host}
+	ctx := out.Context()
+	for attempt := 0; ; attempt++ {
+		pc, reused := p.get(key)
+		if pc == nil {
+			var err error
+			if pc, err = p.dial(ctx, key, out.URL.Hostname()); err != nil {
+				return nil, err
+			}
+		}
+		rec.setResolved(pc.nc.RemoteAddr())
+		stop := context.AfterFunc(ctx, func() { pc.nc.SetDeadline(time.Unix(1, 0)) })
+		resp, err := pc.exchange(out, p.rt.Limits.ResponseHeader)
+		if err == nil && ctx.Err() == nil {
+			resp.Body = p.track(pc, resp, out, stop)
+			return resp, nil
+		}
+		stop()
+		pc.nc.Close()
+		if err == nil {
+			return nil, ctx.Err()
+		}
+		if !reused || attempt > 0 || !errors.Is(err, errNothingRead) {
+			return nil, err
+		}
+	}
+}
+
+// errNothingRead marks a failure before any byte of a response arrived.
+var errNothingRead = errors.New("upstream closed the connection before answering")
+
+// exchange writes out and reads the response head within headerTimeout, skipping
+// 1xx interim responses.
+func (pc *h1Conn) exchange(out *http.Request, headerTimeout time.Duration) (*http.Response, error) {
+	if err := out.Write(pc.bw); err != nil {
+		return nil, fmt.Errorf("%w: %w", errNothingRead, err)
+	}
+	if err := pc.bw.Flush(); err != nil {
+		return nil, fmt.Errorf("%w: %w", errNothingRead, err)
+	}
+	pc.nc.SetReadDeadline(time.Now().Add(headerTimeout))
+	defer pc.nc.SetReadDeadline(time.Time{})
+	if _, err := pc.br.Peek(1); err != nil {
+		if isTimeout(err) {
+			return nil, &timeoutError{err}
+		}
+		return nil, fmt.Errorf("%w: %w", errNothingRead, err)
+	}
+	for range 8 {
+		resp, err := http.ReadResponse(pc.br, out)
+		if err != nil {
+			if isTimeout(err) {
+				return nil, &timeoutError{err}
+			}
+			return nil, err
+		}
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			return resp, nil
+		}
+	}
+	return nil, errors.New("upstream sent too many 1xx responses")
+}
+
+// timeoutError is an upstream that did not answer within limits.response_header.
+type timeoutError struct{ err error }
+
+func (e *timeoutError) Error() string { return "timeout awaiting response headers: " + e.err.Error() }
+func (e *timeoutError) Unwrap() error { return e.err }
+func (e *timeoutError) Timeout() bool { return true }
+
+// track wraps resp.Body so the connection goes back to the pool when the body has
+// been read to its end and may carry another request, and is closed otherwise.
+// stop unregisters the cancellation of the connection's waits.
+func (p *h1Pool) track(pc *h1Conn, resp *http.Response, out *http.Request, stop func() bool) io.ReadCloser {
+	b := &h1Body{p: p, pc: pc, body: resp.Body, reusable: !resp.Close && !out.Close, stop: stop}
+	if resp.Body == http.NoBody {
+		b.finish(true)
+		return http.NoBody
+	}
+	return b
+}
+
+type h1Body struct {
+	p        *h1Pool
+	pc       *h1Conn
+	body     io.ReadCloser
+	reusable bool
+	stop     func() bool
+	done     bool
+}
+
+func (b *h1Body) Read(p []byte) (int, error) {
+	if b.done {
+		return 0, io.EOF
+	}
+	n, err := b.body.Read(p)
+	if err == io.EOF {
+		b.finish(true)
+	}
+	return n, err
+}
+
+func (b *h1Body) Close() error {
+	b.finish(false)
+	return nil
+}
+
+// finish hands the connection back (atEOF, and not cancelled meanwhile) or closes
+// it (a body not read to its end).
+func (b *h1Body) finish(atEOF bool) {
+	if b.done {
+		return
+	}
+	b.done = true
+	cancelled := !b.stop()
+	b.p.release(b.pc, atEOF && b.reusable && !cancelled)
+}
+
+// release returns pc to the idle pool, or closes it when it may not be reused.
+func (p *h1Pool) release(pc *h1Conn, reusable bool) {
+	if !reusable || pc.br.Buffered() > 0 { // bytes beyond the response: not to be trusted
+		pc.nc.Close()
+		return
+	}
+	now := time.Now()
+	pc.idleAt = now
+	p.mu.Lock()
+	if p.closed || len(p.idle[pc.key]) >= maxIdlePerTarget {
+		p.mu.Unlock()
+		pc.nc.Close()
+		return
+	}
+	p.idle[pc.key] = append(p.idle[pc.key], pc)
+	stale := p.sweepLocked(now)
+	p.mu.Unlock()
+	for _, s := range stale {
+		s.nc.Close()
+	}
+}
+
+// get takes the most recently used idle connection for key that has not idled
+// past upstreamIdle.
+func (p *h1Pool) get(key h1Key) (pc *h1Conn, reused bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	conns := p.idle[key]
+	for len(conns) > 0 {
+		pc = conns[len(conns)-1]
+		conns = conns[:len(conns)-1]
+		if time.Since(pc.idleAt) < upstreamIdle {
+			p.idle[key] = conns
+			return pc, true
+		}
+		pc.nc.Close()
+	}
+	delete(p.idle, key)
+	return nil, false
+}
+
+// sweepLocked takes the connections that idled past upstreamIdle out of the pool,
+// at most once every sweepEvery, for the caller to close outside the lock.
+func (p *h1Pool) sweepLocked(now time.Time) []*h1Conn {
+	const sweepEvery = 10 * time.Second
+	if now.Sub(p.lastSweep) < sweepEvery {
+		return nil
+	}
+	p.lastSweep = now
+	var stale []*h1Conn
+	for key, conns := range p.idle {
+		kept := conns[:0]
+		for _, pc := range conns {
+			if now.Sub(pc.idleAt) < upstreamIdle {
+				kept = append(kept, pc)
+			} else {
+				stale = append(stale, pc)
+			}
+		}
+		if len(kept) == 0 {
+			delete(p.idle, key)
+		} else {
+			p.idle[key] = kept
+		}
+	}
+	return stale
+}
+
+// dial connects to the decided target through the guarded dialer and, for https,
+// verifies the upstream with the upstream TLS policy for serverName.
+func (p *h1Pool) dial(ctx context.Context, key h1Key, serverName string) (*h1Conn, error) {
+	t, err := targetFromAddr(key.addr)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := p.rt.dialTarget(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	if key.scheme == "https" {
+		if nc, err = p.handshake(ctx, nc, serverName); err != nil {
+			return nil, err
+		}
+	}
+	return &h1Conn{key: key, nc: nc, br: bufio.NewReaderSize(nc, 4096), bw: bufio.NewWriterSize(nc, 4096)}, nil
+}
+
+func (p *h1Pool) handshake(ctx context.Context, nc net.Conn, serverName string) (net.Conn, error) {
+	conf := p.rt.upstreamTLSConfig()
+	conf.ServerName = serverName
+	conf.NextProtos = []string{"http/1.1"}
+	ctx, cancel := context.WithTimeout(ctx, p.rt.Limits.Dial)
+	defer cancel()
+	tc := tls.Client(nc, conf)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
+// closeIdle closes every idle connection; after it the pool keeps none.
+func (p *h1Pool) closeIdle() {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle, p.closed = nil, true
+	p.mu.Unlock()
+	for _, conns := range idle {
+		for _, pc := range conns {
+			pc.nc.Close()
+		}
+	}
+}
