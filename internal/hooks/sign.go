@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/credential"
@@ -47,9 +48,12 @@ type Signer struct {
 
 // signingKey is one key with its RFC 7638 thumbprint as kid.
 type signingKey struct {
-	kid    string
-	pub    ed25519.PublicKey
-	signer jose.Signer
+	kid  string
+	pub  ed25519.PublicKey
+	priv ed25519.PrivateKey
+	// header is the encoded protected header, {"alg":"EdDSA","kid":…,"typ":"JWT"}:
+	// the same for every assertion, so encoded once.
+	header string
 }
 
 func newSigningKey(priv ed25519.PrivateKey) (*signingKey, error) {
@@ -62,13 +66,28 @@ func newSigningKey(priv ed25519.PrivateKey) (*signingKey, error) {
 		return nil, err
 	}
 	kid := base64.RawURLEncoding.EncodeToString(tp)
-	js, err := jose.NewSigner(
-		jose.SigningKey{Algorithm: jose.EdDSA, Key: jose.JSONWebKey{Key: priv, KeyID: kid}},
-		(&jose.SignerOptions{}).WithType("JWT"))
+	hdr, err := json.Marshal(struct {
+		Alg string `json:"alg"`
+		Kid string `json:"kid"`
+		Typ string `json:"typ"`
+	}{"EdDSA", kid, "JWT"})
 	if err != nil {
 		return nil, err
 	}
-	return &signingKey{kid: kid, pub: pub, signer: js}, nil
+	return &signingKey{kid: kid, pub: pub, priv: priv, header: base64.RawURLEncoding.EncodeToString(hdr)}, nil
+}
+
+// sign returns the compact serialization (RFC 7515 §7.1) of a JWS over payload.
+// golang-jwt's EdDSA method signs; go-jose's Signer did the same work with a
+// dozen microseconds more per assertion (BenchmarkSignCall), on the path of every
+// hook call.
+func (k *signingKey) sign(payload []byte) (string, error) {
+	signing := k.header + "." + base64.RawURLEncoding.EncodeToString(payload)
+	sig, err := jwt.SigningMethodEdDSA.Sign(signing, k.priv)
+	if err != nil {
+		return "", err
+	}
+	return signing + "." + base64.RawURLEncoding.EncodeToString(sig), nil
 }
 
 // NewSigner signs with a fixed key (hooks.signing_key.file, or the generated one).
@@ -154,11 +173,11 @@ func (s *Signer) Sign(c hookauth.Claims) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	jws, err := k.signer.Sign(payload)
+	jws, err := k.sign(payload)
 	if err != nil {
 		return "", fmt.Errorf("hook assertion: %w", err)
 	}
-	return jws.CompactSerialize()
+	return jws, nil
 }
 
 // SignCall signs the claims of one call to m's hook URL: NewClaims at time.Now.

@@ -20,7 +20,7 @@ func (f fakeCreds) Get(id string) (credential.Value, error) {
 	return v, nil
 }
 
-func rule(t *testing.T, e allowlist.Entry) (*Injector, *allowlist.Rule) {
+func rule(t testing.TB, e allowlist.Entry) (*Injector, *allowlist.Rule) {
 	t.Helper()
 	p, err := allowlist.Compile([]allowlist.Entry{e, {Domain: "*"}}, allowlist.Options{})
 	if err != nil {
