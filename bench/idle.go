@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
 // The idle-tunnels path: what an idle CONNECT tunnel costs egressd in memory.
@@ -459,28 +461,6 @@ func gaugeValue(metrics []byte, name string) int64 {
 	return -1
 }
 
-// procRSS is VmRSS from /proc/<pid>/status (the current resident set, not
-// its peak), in bytes.
-func procRSS(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.Lines(string(b)) {
-		v, ok := strings.CutPrefix(line, "VmRSS:")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) != 2 || f[1] != "kB" {
-			break
-		}
-		kb, err := strconv.ParseInt(f[0], 10, 64)
-		return kb << 10, err
-	}
-	return 0, errors.New("no VmRSS in /proc/pid/status")
-}
-
 // procFDLimit is the soft "Max open files" of /proc/<pid>/limits.
 func procFDLimit(pid int) (uint64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid))
@@ -511,11 +491,11 @@ func parseFDLimit(limits string) (uint64, error) {
 // countFDs is how many fds pid has open, or -1 when /proc/<pid>/fd cannot be
 // read.
 func countFDs(pid int) int {
-	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	n, err := procfs.FDs(pid)
 	if err != nil {
 		return -1
 	}
-	return len(ents)
+	return n
 }
 
 // kib prints bytes in KiB with one decimal.

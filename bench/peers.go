@@ -4,15 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -568,25 +563,7 @@ func (p *peerProc) peakRSS() int64 {
 // goproxybare's interception, writes its certificate and key into dir, and
 // returns their paths and a pool with it for the clients.
 func writePeerCA(dir string) (certPath, keyPath string, roots *x509.CertPool, err error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return "", "", nil, err
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "egressd bench peer CA (goproxy)"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return "", "", nil, err
-	}
-	cert, err := x509.ParseCertificate(der)
+	cert, key, der, err := newCA("egressd bench peer CA (goproxy)")
 	if err != nil {
 		return "", "", nil, err
 	}
@@ -729,18 +706,9 @@ func (pp *pathPeers) finish() []peerResult {
 // the medians over the rounds.
 func (r *peerResult) fold(runs []runResult) {
 	r.Run = combine(runs)
-	ratios := make([]float64, len(r.Rounds))
-	var cpus []float64
-	for j, rd := range r.Rounds {
-		ratios[j] = rd.Ratio
-		if rd.cpuOK {
-			cpus = append(cpus, rd.CPUPerReqUS)
-		}
-	}
-	r.Ratio = median(ratios)
-	if len(cpus) == len(r.Rounds) {
-		r.CPUPerReqUS = median(cpus)
-	}
+	r.Ratio, r.CPUPerReqUS = roundMedians(r.Rounds, func(rd peerRound) (float64, float64, bool) {
+		return rd.Ratio, rd.CPUPerReqUS, rd.cpuOK
+	})
 }
 
 // peerInfo is one peer of the run, for the report: its binary, or why it was

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
 // procCPU is the CPU time (user + system, all threads) process pid has used,
@@ -43,25 +45,11 @@ func procCPU(pid int) (time.Duration, error) {
 }
 
 // procPeakRSS is VmHWM from /proc/<pid>/status, in bytes.
-func procPeakRSS(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.Lines(string(b)) {
-		v, ok := strings.CutPrefix(line, "VmHWM:")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) != 2 || f[1] != "kB" {
-			break
-		}
-		kb, err := strconv.ParseInt(f[0], 10, 64)
-		return kb << 10, err
-	}
-	return 0, errors.New("no VmHWM in /proc/pid/status")
-}
+func procPeakRSS(pid int) (int64, error) { return procfs.PeakRSS(pid) }
+
+// procRSS is VmRSS from /proc/<pid>/status (the current resident set, not its
+// peak), in bytes.
+func procRSS(pid int) (int64, error) { return procfs.RSS(pid) }
 
 // loadAvg is the 1-minute load average, or 0 if /proc/loadavg cannot be read.
 func loadAvg() float64 {

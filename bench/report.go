@@ -178,18 +178,28 @@ func newReport(o options) *report {
 
 // finish sets the medians over the rounds.
 func (p *pathResult) finish() {
-	ratios := make([]float64, len(p.Rounds))
+	p.Ratio, p.CPUPerReqUS = roundMedians(p.Rounds, func(r roundResult) (float64, float64, bool) {
+		return r.Ratio, r.CPUPerReqUS, r.cpuOK
+	})
+}
+
+// roundMedians is the median ratio over rounds and, when every round has a CPU
+// figure, the median CPU per request (else 0).
+func roundMedians[R any](rounds []R, figures func(R) (ratio, cpuPerReq float64, cpuOK bool)) (ratio, cpuPerReq float64) {
+	ratios := make([]float64, len(rounds))
 	var cpus []float64
-	for i, r := range p.Rounds {
-		ratios[i] = r.Ratio
-		if r.cpuOK {
-			cpus = append(cpus, r.CPUPerReqUS)
+	for i, r := range rounds {
+		var cpu float64
+		var ok bool
+		ratios[i], cpu, ok = figures(r)
+		if ok {
+			cpus = append(cpus, cpu)
 		}
 	}
-	p.Ratio = median(ratios)
-	if len(cpus) == len(p.Rounds) {
-		p.CPUPerReqUS = median(cpus)
+	if len(cpus) == len(rounds) {
+		cpuPerReq = median(cpus)
 	}
+	return median(ratios), cpuPerReq
 }
 
 // ratioRange is the lowest and highest ratio over the rounds.

@@ -175,31 +175,38 @@ type ca struct {
 	pem  []byte
 }
 
-// newPKI makes a CA and a leaf for upstreamNames and 127.0.0.1, both ECDSA
-// P-256 (cheap handshakes, like a modern public site).
-func newPKI() (ca, tls.Certificate, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+// newCA makes a throwaway self-signed CA, ECDSA P-256, valid for a day.
+func newCA(name string) (*x509.Certificate, *ecdsa.PrivateKey, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return ca{}, tls.Certificate{}, err
+		return nil, nil, nil, err
 	}
 	now := time.Now()
-	caTmpl := &x509.Certificate{
+	tmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "egressd bench CA"},
+		Subject:               pkix.Name{CommonName: name},
 		NotBefore:             now.Add(-time.Hour),
 		NotAfter:              now.Add(24 * time.Hour),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 		BasicConstraintsValid: true,
 		IsCA:                  true,
 	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	return cert, key, der, err
+}
+
+// newPKI makes a CA and a leaf for upstreamNames and 127.0.0.1, both ECDSA
+// P-256 (cheap handshakes, like a modern public site).
+func newPKI() (ca, tls.Certificate, error) {
+	caCert, caKey, caDER, err := newCA("egressd bench CA")
 	if err != nil {
 		return ca{}, tls.Certificate{}, err
 	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		return ca{}, tls.Certificate{}, err
-	}
+	now := time.Now()
 	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return ca{}, tls.Certificate{}, err

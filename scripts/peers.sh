@@ -31,6 +31,8 @@ die() {
   echo "peers: error: $*" >&2
   exit 1
 }
+# shellcheck source=scripts/lib/buildlock.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/buildlock.sh"
 
 # goproxy_key: hash of the inputs that decide goproxybare (and the platform).
 goproxy_key() {
@@ -62,16 +64,7 @@ cached() { # $1: dir name, $2: binary name, $3: peer
   fi
   command -v go >/dev/null 2>&1 || die "go is not on PATH"
   mkdir -p "$CACHE_ROOT" || die "cannot create $CACHE_ROOT (set EGRESSD_CACHE)"
-  # One build at a time per key, across clones and concurrent benches.
-  exec 9>"$CACHE_ROOT/.lock-$1"
-  if command -v flock >/dev/null 2>&1; then
-    flock -n 9 || {
-      say "another build of $1 is running; waiting for it"
-      flock 9
-    }
-  fi
-  # Scratch dirs of builds that were killed (SIGKILL skips the trap).
-  find "$CACHE_ROOT" -maxdepth 1 -name '.build-*' -mmin +180 -exec rm -rf {} + 2>/dev/null || true
+  build_lock "$CACHE_ROOT" "$1"
   if [ ! -x "$bin" ]; then
     local work t0
     work=$(mktemp -d "$CACHE_ROOT/.build-XXXXXX")
@@ -86,7 +79,7 @@ cached() { # $1: dir name, $2: binary name, $3: peer
     trap - EXIT
     say "built $bin in $(($(date +%s) - t0))s"
   fi
-  exec 9>&-
+  build_unlock
   [ -x "$bin" ] || die "build finished but $bin is missing"
   link_local "$2" "$bin"
   echo "$bin"

@@ -41,6 +41,8 @@ die() {
   echo "vaultdev: error: $*" >&2
   exit 1
 }
+# shellcheck source=scripts/lib/buildlock.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/buildlock.sh"
 
 # key: hash of the inputs that decide the binary (and the platform).
 key() {
@@ -87,20 +89,11 @@ cmd_build() {
   fi
   need_tools
   mkdir -p "$CACHE_ROOT" || die "cannot create $CACHE_ROOT (set EGRESSD_CACHE)"
-  # One build at a time per key, across clones and concurrent `make test`s.
-  exec 9>"$CACHE_ROOT/.lock-$k"
-  if command -v flock >/dev/null 2>&1; then
-    flock -n 9 || {
-      say "another build of $k is running; waiting for it"
-      flock 9
-    }
-  fi
-  # Scratch dirs of builds that were killed (SIGKILL skips the trap).
-  find "$CACHE_ROOT" -maxdepth 1 -name '.build-*' -mmin +180 -exec rm -rf {} + 2>/dev/null || true
+  build_lock "$CACHE_ROOT" "$k"
   if [ ! -x "$bin" ]; then
     build_into "$dir"
   fi
-  exec 9>&-
+  build_unlock
   [ -x "$bin" ] || die "build finished but $bin is missing"
   link_local "$bin"
   echo "$bin"

@@ -1,12 +1,11 @@
 package soak_test
 
 import (
-	"errors"
 	"fmt"
-	"os"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
 // sampleEvery is the sampling period during the load.
@@ -67,30 +66,11 @@ func takeSample(e *egressd, at time.Duration) (sample, error) {
 }
 
 func procFDs(pid int) (int64, error) {
-	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	return int64(len(ents)), err
+	n, err := procfs.FDs(pid)
+	return int64(n), err
 }
 
-// procRSS is VmRSS from /proc/<pid>/status, in bytes.
-func procRSS(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.Lines(string(b)) {
-		v, ok := strings.CutPrefix(line, "VmRSS:")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) != 2 || f[1] != "kB" {
-			break
-		}
-		kb, err := strconv.ParseInt(f[0], 10, 64)
-		return kb << 10, err
-	}
-	return 0, errors.New("no VmRSS in /proc/pid/status")
-}
+func procRSS(pid int) (int64, error) { return procfs.RSS(pid) }
 
 // avg is the per-field average of samples.
 func avg(ss []sample) sample {
