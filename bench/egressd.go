@@ -16,8 +16,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 )
 
@@ -37,17 +35,12 @@ const (
 
 // egressd is the subprocess under test, with the config and log it runs with.
 type egressd struct {
-	cmd       *exec.Cmd
+	*child
 	dir       string
 	logPath   string // egressd's stdout: its JSON log, one line per request
 	errPath   string // its stderr: load errors before the logger exists
 	proxyURL  string // http://127.0.0.1:port of the bench listener
 	adminAddr string
-
-	exited   chan struct{} // closed when the process has been reaped
-	exitErr  error         // valid once exited is closed
-	stopOnce sync.Once
-	stopMsg  string
 }
 
 // startEgressd writes the config into dir, starts egressd on it and returns once
@@ -63,7 +56,6 @@ func startEgressd(ctx context.Context, bin, dir string, up *upstream, dnsAddr, c
 		dir:     dir,
 		logPath: filepath.Join(dir, "egressd.log"),
 		errPath: filepath.Join(dir, "egressd.stderr"),
-		exited:  make(chan struct{}),
 	}
 	if err := e.spawn(bin, cfgPath); err != nil {
 		return nil, err
@@ -76,30 +68,11 @@ func startEgressd(ctx context.Context, bin, dir string, up *upstream, dnsAddr, c
 }
 
 func (e *egressd) spawn(bin, cfgPath string) error {
-	stdout, err := os.Create(e.logPath)
-	if err != nil {
-		return err
-	}
-	defer stdout.Close()
-	stderr, err := os.Create(e.errPath)
-	if err != nil {
-		return err
-	}
-	defer stderr.Close()
-	e.cmd = exec.Command(bin, "run", "--config", cfgPath)
-	e.cmd.Dir = e.dir
-	e.cmd.Stdout, e.cmd.Stderr = stdout, stderr
-	// Own process group: Ctrl-C reaches the bench, which stops egressd with
-	// SIGTERM itself. Pdeathsig stops it if the bench dies without cleaning up.
-	e.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := e.cmd.Start(); err != nil {
-		return err
-	}
-	go func() {
-		e.exitErr = e.cmd.Wait()
-		close(e.exited)
-	}()
-	return nil
+	cmd := exec.Command(bin, "run", "--config", cfgPath)
+	cmd.Dir = e.dir
+	c, err := startChild(cmd, e.logPath, e.errPath)
+	e.child = c
+	return err
 }
 
 // waitReady waits for the bench and admin listeners to be bound and for
@@ -137,18 +110,6 @@ func (e *egressd) waitReady(ctx context.Context) error {
 	}
 }
 
-// pause sleeps a little, failing if egressd has exited or the wait is over.
-func (e *egressd) pause(ctx context.Context, waitingFor string) error {
-	select {
-	case <-e.exited:
-		return fmt.Errorf("exited while waiting for %s: %v", waitingFor, e.exitErr)
-	case <-ctx.Done():
-		return fmt.Errorf("waiting for %s: %w", waitingFor, ctx.Err())
-	case <-time.After(20 * time.Millisecond):
-		return nil
-	}
-}
-
 // listening reads the "listening" lines egressd logs at start: listener name
 // to bound address.
 func listening(logPath string) (map[string]string, error) {
@@ -164,25 +125,6 @@ func listening(logPath string) (map[string]string, error) {
 		}
 	}
 	return addrs, nil
-}
-
-// stop sends SIGTERM, waits up to stopTimeout, then kills. It runs once and
-// returns "" when egressd exited 0, otherwise how it ended.
-func (e *egressd) stop() string {
-	e.stopOnce.Do(func() {
-		_ = e.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-e.exited:
-			if e.exitErr != nil {
-				e.stopMsg = "after SIGTERM: " + e.exitErr.Error()
-			}
-		case <-time.After(stopTimeout):
-			_ = e.cmd.Process.Kill()
-			<-e.exited
-			e.stopMsg = fmt.Sprintf("still running %s after SIGTERM; killed", stopTimeout)
-		}
-	})
-	return e.stopMsg
 }
 
 func (e *egressd) stderrTail() string {
@@ -297,8 +239,6 @@ func parseLeafCache(metrics []byte) (leafCounts, error) {
 	}
 	return c, nil
 }
-
-func (e *egressd) cpuTime() (time.Duration, error) { return procCPU(e.cmd.Process.Pid) }
 
 // peakRSS is VmHWM, the resident set's high-water mark over the whole run.
 func (e *egressd) peakRSS() (int64, string) {

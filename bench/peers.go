@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -221,18 +220,13 @@ func peerErrorLine(stderr, peer string) string {
 
 // peerProc is one running peer.
 type peerProc struct {
-	kind     peerKind
-	bin      string
-	cmd      *exec.Cmd
+	kind peerKind
+	bin  string
+	*child
 	proxyURL string         // http://127.0.0.1:port
 	roots    *x509.CertPool // what clients of its intercepted tunnels trust
 	logPath  string         // its stderr
 	outPath  string         // its stdout
-
-	exited   chan struct{}
-	exitErr  error
-	stopOnce sync.Once
-	stopMsg  string
 }
 
 // peerSet is every peer of a run: those started, and why the others are not.
@@ -349,30 +343,15 @@ func spawnPeer(k peerKind, bin, dir string, args []string) (*peerProc, error) {
 		bin:     bin,
 		logPath: filepath.Join(dir, k.name+".log"),
 		outPath: filepath.Join(dir, k.name+".stdout"),
-		exited:  make(chan struct{}),
 	}
-	stdout, err := os.Create(p.outPath)
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
+	cmd.Env = withoutProxyEnv(os.Environ())
+	c, err := startChild(cmd, p.outPath, p.logPath)
 	if err != nil {
 		return nil, err
 	}
-	defer stdout.Close()
-	stderr, err := os.Create(p.logPath)
-	if err != nil {
-		return nil, err
-	}
-	defer stderr.Close()
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Dir = dir
-	p.cmd.Env = withoutProxyEnv(os.Environ())
-	p.cmd.Stdout, p.cmd.Stderr = stdout, stderr
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := p.cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() {
-		p.exitErr = p.cmd.Wait()
-		close(p.exited)
-	}()
+	p.child = c
 	return p, nil
 }
 
@@ -510,18 +489,6 @@ func (p *peerProc) waitAccepting(ctx context.Context, addr string) error {
 	}
 }
 
-// pause sleeps a little, failing if the peer has exited or the wait is over.
-func (p *peerProc) pause(ctx context.Context, waitingFor string) error {
-	select {
-	case <-p.exited:
-		return fmt.Errorf("exited while waiting for %s: %v", waitingFor, p.exitErr)
-	case <-ctx.Done():
-		return fmt.Errorf("waiting for %s: %w", waitingFor, ctx.Err())
-	case <-time.After(20 * time.Millisecond):
-		return nil
-	}
-}
-
 func (p *peerProc) logTail() string {
 	b, _ := os.ReadFile(p.logPath)
 	if len(b) > 1000 {
@@ -532,27 +499,6 @@ func (p *peerProc) logTail() string {
 	}
 	return "; it said:\n" + string(b)
 }
-
-// stop sends SIGTERM, waits up to stopTimeout, then kills. It runs once and
-// returns "" when the peer exited 0, otherwise how it ended.
-func (p *peerProc) stop() string {
-	p.stopOnce.Do(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.exited:
-			if p.exitErr != nil {
-				p.stopMsg = "after SIGTERM: " + p.exitErr.Error()
-			}
-		case <-time.After(stopTimeout):
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-			p.stopMsg = fmt.Sprintf("still running %s after SIGTERM; killed", stopTimeout)
-		}
-	})
-	return p.stopMsg
-}
-
-func (p *peerProc) cpuTime() (time.Duration, error) { return procCPU(p.cmd.Process.Pid) }
 
 func (p *peerProc) peakRSS() int64 {
 	n, _ := procPeakRSS(p.cmd.Process.Pid)

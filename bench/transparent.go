@@ -539,7 +539,6 @@ func startTransparentEgressd(ctx context.Context, bin, dir, dnsAddr, hostIP stri
 		dir:     dir,
 		logPath: filepath.Join(dir, "egressd.log"),
 		errPath: filepath.Join(dir, "egressd.stderr"),
-		exited:  make(chan struct{}),
 	}
 	if err := e.spawn(bin, cfgPath); err != nil {
 		return nil, err

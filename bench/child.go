@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// child is a process the bench starts (egressd, a peer): started in its own
+// process group, so Ctrl-C reaches only the bench, which stops it with SIGTERM;
+// Pdeathsig stops it if the bench dies without cleaning up.
+type child struct {
+	cmd *exec.Cmd
+
+	exited   chan struct{} // closed when the process has been reaped
+	exitErr  error         // valid once exited is closed
+	stopOnce sync.Once
+	stopMsg  string
+}
+
+// startChild starts cmd with its stdout and stderr written to the files at
+// outPath and errPath.
+func startChild(cmd *exec.Cmd, outPath, errPath string) (*child, error) {
+	stdout, err := os.Create(outPath)
+	if err != nil {
+		return nil, err
+	}
+	defer stdout.Close()
+	stderr, err := os.Create(errPath)
+	if err != nil {
+		return nil, err
+	}
+	defer stderr.Close()
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &child{cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		c.exitErr = cmd.Wait()
+		close(c.exited)
+	}()
+	return c, nil
+}
+
+// pause sleeps a little, failing if the process has exited or the wait is over.
+func (c *child) pause(ctx context.Context, waitingFor string) error {
+	select {
+	case <-c.exited:
+		return fmt.Errorf("exited while waiting for %s: %v", waitingFor, c.exitErr)
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for %s: %w", waitingFor, ctx.Err())
+	case <-time.After(20 * time.Millisecond):
+		return nil
+	}
+}
+
+// stop sends SIGTERM, waits up to stopTimeout, then kills. It runs once and
+// returns "" when the process exited 0, otherwise how it ended.
+func (c *child) stop() string {
+	c.stopOnce.Do(func() {
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-c.exited:
+			if c.exitErr != nil {
+				c.stopMsg = "after SIGTERM: " + c.exitErr.Error()
+			}
+		case <-time.After(stopTimeout):
+			_ = c.cmd.Process.Kill()
+			<-c.exited
+			c.stopMsg = fmt.Sprintf("still running %s after SIGTERM; killed", stopTimeout)
+		}
+	})
+	return c.stopMsg
+}
+
+func (c *child) pid() int { return c.cmd.Process.Pid }
+
+// cpuTime is the process's CPU time so far (user + system).
+func (c *child) cpuTime() (time.Duration, error) { return procCPU(c.pid()) }
