@@ -253,6 +253,7 @@ type Limits struct {
 	ResponseHeader time.Duration // upstream must answer within this (504)
 	ClientIdle     time.Duration // idle keep-alive client connections are closed
 	TunnelIdle     time.Duration // a tunnel with no bytes either way is closed
+	UpstreamIdle   time.Duration // idle keep-alive upstream connections are closed
 	MaxHeaderBytes int           // larger request heads get 431
 	MaxConnections int           // per listener; beyond it 503
 	HookBodyBytes  int64         // larger hook bodies are a hook failure

@@ -79,6 +79,9 @@ const (
 	// DefaultTunnelIdle closes a tunnel with no bytes either way; active
 	// tunnels are never cut.
 	DefaultTunnelIdle = time.Hour
+	// DefaultUpstreamIdle closes idle keep-alive upstream connections; an
+	// upstream that closes them sooner costs a retry on a new connection.
+	DefaultUpstreamIdle = 90 * time.Second
 	// DefaultMaxConnections is per listener; beyond it new connections get 503.
 	DefaultMaxConnections = 10000
 	// DefaultHookBodyBytes bounds hook request and decision bodies; larger

@@ -111,6 +111,7 @@ type rawLimits struct {
 	ResponseHeader rawDuration `yaml:"response_header"`
 	ClientIdle     rawDuration `yaml:"client_idle"`
 	TunnelIdle     rawDuration `yaml:"tunnel_idle"`
+	UpstreamIdle   rawDuration `yaml:"upstream_idle"`
 	MaxConnections *int        `yaml:"max_connections"`
 	HookBodyBytes  *int64      `yaml:"hook_body_bytes"`
 	LeafMints      *int        `yaml:"leaf_mints"`

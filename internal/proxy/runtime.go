@@ -9,7 +9,6 @@ import (
 	"net/http/httptrace"
 	"net/netip"
 	"strconv"
-	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
@@ -76,7 +75,7 @@ func (rt *Runtime) newTransport(h2 bool) *http.Transport {
 		ForceAttemptHTTP2:     h2,
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       upstreamIdle,
+		IdleConnTimeout:       rt.Limits.UpstreamIdle,
 		TLSHandshakeTimeout:   rt.Limits.Dial,
 		ResponseHeaderTimeout: rt.Limits.ResponseHeader,
 	}
@@ -87,9 +86,6 @@ func (rt *Runtime) newTransport(h2 bool) *http.Transport {
 	}
 	return tr
 }
-
-// upstreamIdle is how long an idle upstream connection is kept for reuse.
-const upstreamIdle = 90 * time.Second
 
 // roundTrip forwards out on the transport that matches the client's protocol.
 func (rt *Runtime) roundTrip(out *http.Request, rec *Record) (*http.Response, error) {

@@ -204,7 +204,7 @@ func (p *h1Pool) release(pc *h1Conn, reusable bool) {
 }
 
 // get takes the most recently used idle connection for key that has not idled
-// past upstreamIdle.
+// past limits.upstream_idle.
 func (p *h1Pool) get(key h1Key) (pc *h1Conn, reused bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -212,7 +212,7 @@ func (p *h1Pool) get(key h1Key) (pc *h1Conn, reused bool) {
 	for len(conns) > 0 {
 		pc = conns[len(conns)-1]
 		conns = conns[:len(conns)-1]
-		if time.Since(pc.idleAt) < upstreamIdle {
+		if time.Since(pc.idleAt) < p.rt.Limits.UpstreamIdle {
 			p.idle[key] = conns
 			return pc, true
 		}
@@ -222,7 +222,7 @@ func (p *h1Pool) get(key h1Key) (pc *h1Conn, reused bool) {
 	return nil, false
 }
 
-// sweepLocked takes the connections that idled past upstreamIdle out of the pool,
+// sweepLocked takes the connections that idled past limits.upstream_idle out of the pool,
 // at most once every sweepEvery, for the caller to close outside the lock.
 func (p *h1Pool) sweepLocked(now time.Time) []*h1Conn {
 	const sweepEvery = 10 * time.Second
@@ -234,7 +234,7 @@ func (p *h1Pool) sweepLocked(now time.Time) []*h1Conn {
 	for key, conns := range p.idle {
 		kept := conns[:0]
 		for _, pc := range conns {
-			if now.Sub(pc.idleAt) < upstreamIdle {
+			if now.Sub(pc.idleAt) < p.rt.Limits.UpstreamIdle {
 				kept = append(kept, pc)
 			} else {
 				stale = append(stale, pc)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/config"
 )
 
 // rawUpstream is an HTTP/1.1 upstream on a public IP of the test's namespace that
@@ -96,6 +97,24 @@ func TestUpstreamPoolReusesConnections(t *testing.T) {
 	getOK(t, c, http.MethodGet, up.url)
 	if n := up.accepts.Load(); n != 1 {
 		t.Errorf("upstream accepted %d connections for 5 sequential requests, want 1", n)
+	}
+}
+
+// TestUpstreamPoolIdleTimeout: a pooled connection idle past limits.upstream_idle
+// is not reused.
+func TestUpstreamPoolIdleTimeout(t *testing.T) {
+	w := newWorld(t, worldOpts{
+		allowlist: append([]allowlist.Entry{{Domain: "*"}}, defaultEntries...),
+		limits:    func(l *config.Limits) { l.UpstreamIdle = 100 * time.Millisecond },
+	})
+	up := startRawUpstream(t, answerEach(okResponse, 0))
+	c := w.client()
+	getOK(t, c, http.MethodGet, up.url)
+	getOK(t, c, http.MethodGet, up.url)
+	time.Sleep(250 * time.Millisecond)
+	getOK(t, c, http.MethodGet, up.url)
+	if n := up.accepts.Load(); n != 2 {
+		t.Errorf("upstream accepted %d connections, want 2 (one reused at once, one after upstream_idle)", n)
 	}
 }
 
