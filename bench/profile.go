@@ -205,7 +205,7 @@ func summarizeProfiles(ctx context.Context, rep *report, o options, stderr io.Wr
 			p.Profile = &profileResult{Skipped: "no load window to profile (idle tunnels)"}
 			continue
 		case p.Profile == nil:
-			p.Profile = &profileResult{Skipped: "a path with its own runs (pathSpec.measure: hook.go, transparent.go), which -profile does not cover"}
+			p.Profile = &profileResult{Skipped: "a path with its own runs (transparent.go: its egressd runs in namespaces of its own), which -profile does not cover"}
 			continue
 		}
 		if goErr != nil {
