@@ -20,7 +20,7 @@ import (
 // frames the request and ReadResponse parses the answer, exactly as the Transport
 // does; what the pool leaves out is the Transport's per-request machinery (a
 // writer and a reader goroutine per connection, three goroutine hand-offs, the
-// cancellation and idle-queue bookkeeping): those two goroutines held 33–37% of
+// cancellation and idle-queue bookkeeping): those two goroutines held 32–37% of
 // egressd's CPU samples on the plain and intercepted GET paths, their syscalls
 // included, and egressd's CPU per request fell by 13–24% without them
 // (make bench -profile; the issue 8 note has the figures).
