@@ -34,7 +34,9 @@ func (c *conn) serveTransparent() {
 		return
 	}
 	if first[0] != 0x16 { // not a TLS handshake record: plain HTTP
-		c.serveLoop()
+		if c.waited() { // serveLoop waits for each request head anew
+			c.serveLoop()
+		}
 		return
 	}
 	rec := newRecord(c.l, c.nc.RemoteAddr())
