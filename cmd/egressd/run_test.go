@@ -178,18 +178,7 @@ func startRunner(t *testing.T, cfg string) *runner {
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		err := d.cmd.Wait()
-		var exit *exec.ExitError
-		switch {
-		case err == nil:
-		case errors.As(err, &exit):
-			d.exitCode = exit.ExitCode() // -1 when killed by a signal
-		default:
-			d.exitCode = -2
-		}
-		close(d.exited)
-	}()
+	go d.reap()
 	t.Cleanup(func() {
 		select {
 		case <-d.exited:
@@ -201,6 +190,28 @@ func startRunner(t *testing.T, cfg string) *runner {
 			t.Logf("egressd stdout:\n%s\negressd stderr:\n%s", d.log, d.stderr)
 		}
 	})
+	d.awaitListening()
+	return d
+}
+
+// reap waits for the process and records its exit code (-1 when killed by a
+// signal), then closes exited.
+func (d *runner) reap() {
+	err := d.cmd.Wait()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &exit):
+		d.exitCode = exit.ExitCode()
+	default:
+		d.exitCode = -2
+	}
+	close(d.exited)
+}
+
+// awaitListening waits for "egressd started" and reads the bound addresses of the
+// sandbox and admin listeners from the "listening" lines.
+func (d *runner) awaitListening() {
 	d.waitLog("egressd started", func(l logLine) bool { return l.str("message") == "egressd started" })
 	d.started = time.Now()
 	for _, l := range d.lines() {
@@ -215,9 +226,8 @@ func startRunner(t *testing.T, cfg string) *runner {
 		}
 	}
 	if d.Proxy == "" || d.Admin == "" {
-		t.Fatalf("no \"listening\" lines for the sandbox and admin listeners:\n%s", d.log)
+		d.t.Fatalf("no \"listening\" lines for the sandbox and admin listeners:\n%s", d.log)
 	}
-	return d
 }
 
 // lines returns the JSON lines logged so far.

@@ -8,7 +8,6 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -448,18 +447,7 @@ func startFileLoggedRunner(t *testing.T, cfg string) *runner {
 			io.Copy(d.log, f)
 		}
 	}()
-	go func() {
-		err := d.cmd.Wait()
-		var exit *exec.ExitError
-		switch {
-		case err == nil:
-		case errors.As(err, &exit):
-			d.exitCode = exit.ExitCode()
-		default:
-			d.exitCode = -2
-		}
-		close(d.exited)
-	}()
+	go d.reap()
 	t.Cleanup(func() {
 		select {
 		case <-d.exited:
@@ -486,22 +474,7 @@ func startFileLoggedRunner(t *testing.T, cfg string) *runner {
 				len(raw)-len(shown), strings.Join(shown, "\n"), strings.Join(egress, "\n"), d.stderr)
 		}
 	})
-	d.waitLog("egressd started", func(l logLine) bool { return l.str("message") == "egressd started" })
-	d.started = time.Now()
-	for _, l := range d.lines() {
-		if l.str("message") != "listening" {
-			continue
-		}
-		switch l.str("listener") {
-		case "sandbox":
-			d.Proxy = l.str("address")
-		case "admin":
-			d.Admin = l.str("address")
-		}
-	}
-	if d.Proxy == "" || d.Admin == "" {
-		t.Fatalf("no \"listening\" lines for the sandbox and admin listeners:\n%s", d.log)
-	}
+	d.awaitListening()
 	return d
 }
 
