@@ -3,14 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/url"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -22,22 +17,12 @@ import (
 // compression, no environment proxy, a warm-up and then the measured window,
 // every loop bounded by time and by count, every response body read to the end.
 
-// customTarget is one side of such a path.
+// customTarget is one side of such a path: a target (its proxy, dialAddr,
+// allowDial, dialFrom and roots) with a method, a body and a check.
 type customTarget struct {
+	target
 	method string // GET or POST
-	url    string
 	body   []byte // sent with every request; nil for none
-	// proxy is egressd's URL for a CONNECT tunnel, or "" for none.
-	proxy string
-	// dialAddr, when set, is where every dial goes whatever the URL's host
-	// resolves to (as target.dialAddr); it does not apply to the proxy.
-	dialAddr string
-	// allowDial vets every address dialled; nil means loopbackOnly.
-	allowDial func(addr string) error
-	// dialFrom, when set, makes the connection (transparent: from the
-	// sandbox's network namespace); nil dials from this process's namespace.
-	dialFrom func(ctx context.Context, network, addr string) (net.Conn, error)
-	roots    *x509.CertPool
 	// check reads the whole body of a 200 response and says whether it is
 	// what the path's far side answers.
 	check func(*http.Response) error
@@ -46,58 +31,13 @@ type customTarget struct {
 // runCustomLoad is runLoad for a customTarget. The caller reads the far side's
 // counters around it (the upstream's, or the hook endpoint's).
 func runCustomLoad(ctx context.Context, t customTarget, lo loadOptions, cpu func() (time.Duration, error)) (runResult, error) {
-	start := time.Now()
-	from, to := start.Add(lo.warmup), start.Add(lo.warmup+lo.duration)
-	runCtx, cancel := context.WithDeadline(ctx, to.Add(requestTimeout))
-	defer cancel()
-
-	var dials atomic.Int64
-	clients := make([]*customClient, lo.clients)
-	for i := range clients {
-		c, err := newCustomClient(runCtx, t, &dials)
-		if err != nil {
-			return runResult{}, err
-		}
-		clients[i] = c
-	}
-	var wg sync.WaitGroup
-	for _, c := range clients {
-		wg.Go(func() { c.loop(runCtx, from, to) })
-	}
-	var cpuUsed time.Duration
-	var cpuErr error
-	if cpu != nil {
-		wg.Go(func() { cpuUsed, cpuErr = sampleCPU(runCtx, cpu, from, to) })
-	}
-	wg.Wait()
-	stats := make([]*client, len(clients))
-	for i, c := range clients {
-		c.st.tr.CloseIdleConnections() // ends tunnels, so egressd logs them now
-		stats[i] = &c.st
-	}
-	if err := ctx.Err(); err != nil {
-		return runResult{}, fmt.Errorf("interrupted: %w", err)
-	}
-	r := summarise(stats, lo.duration)
-	r.ClientConns = dials.Load()
-	r.CPUSeconds = cpuUsed.Seconds()
-	if cpuErr != nil {
-		r.CPUError = cpuErr.Error()
-	}
-	return r, nil
+	return runClients(ctx, lo, cpu, func(ctx context.Context, dials *atomic.Int64) (*client, error) {
+		return newCustomClient(ctx, t, dials)
+	})
 }
 
-// customClient is one load-generating connection of a customTarget. st holds
-// its transport and what it counted, as a client of runLoad does (summarise
-// reads it); st.req and st.size are unused.
-type customClient struct {
-	st  client
-	t   customTarget
-	req *http.Request // copied for every request, which gets its own body reader
-}
-
-func newCustomClient(ctx context.Context, t customTarget, dials *atomic.Int64) (*customClient, error) {
-	tr, err := newCustomTransport(t, dials)
+func newCustomClient(ctx context.Context, t customTarget, dials *atomic.Int64) (*client, error) {
+	tr, err := newTransport(t.target, dials)
 	if err != nil {
 		return nil, err
 	}
@@ -109,41 +49,20 @@ func newCustomClient(ctx context.Context, t customTarget, dials *atomic.Int64) (
 		req.Header.Set("Content-Type", "application/json")
 		req.ContentLength = int64(len(t.body))
 	}
-	return &customClient{st: client{tr: tr}, t: t, req: req}, nil
-}
-
-// loop is client.loop for a customTarget.
-func (c *customClient) loop(ctx context.Context, from, to time.Time) {
-	for range maxRequestsPerClient {
-		t0 := time.Now()
-		if !t0.Before(to) || ctx.Err() != nil {
-			return
-		}
-		err := c.do()
-		t1 := time.Now()
-		c.st.total++
-		if err != nil {
-			c.st.fail(err)
-			time.Sleep(errorBackoff)
-			continue
-		}
-		if t1.After(from) && !t1.After(to) {
-			c.st.hist.record(t1.Sub(t0))
-		}
-	}
+	return &client{tr: tr, do: func() error { return t.do(tr, req) }}, nil
 }
 
 // do makes one request and has check read the whole body. The request is a
 // shallow copy of the client's, so each one gets a fresh body reader and the
 // transport never sees a reader a previous request may still hold.
-func (c *customClient) do() error {
-	req := *c.req
-	if c.t.body != nil {
-		body := c.t.body
+func (t customTarget) do(tr *http.Transport, base *http.Request) error {
+	req := *base
+	if t.body != nil {
+		body := t.body
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	}
-	resp, err := c.st.tr.RoundTrip(&req)
+	resp, err := tr.RoundTrip(&req)
 	if err != nil {
 		return err
 	}
@@ -152,48 +71,7 @@ func (c *customClient) do() error {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return statusError{code: resp.StatusCode, reason: resp.Header.Get("Egressd-Reason")}
 	}
-	return c.t.check(resp)
-}
-
-// newCustomTransport is newTransport for a customTarget.
-func newCustomTransport(t customTarget, dials *atomic.Int64) (*http.Transport, error) {
-	d := &net.Dialer{Timeout: requestTimeout}
-	allow := t.allowDial
-	if allow == nil {
-		allow = loopbackOnly
-	}
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			if t.dialAddr != "" && t.proxy == "" {
-				addr = t.dialAddr
-			}
-			if err := allow(addr); err != nil {
-				return nil, err
-			}
-			dials.Add(1)
-			if t.dialFrom != nil {
-				return t.dialFrom(ctx, network, addr)
-			}
-			return d.DialContext(ctx, network, addr)
-		},
-		MaxIdleConns:          1,
-		MaxIdleConnsPerHost:   1,
-		DisableCompression:    true,
-		TLSHandshakeTimeout:   requestTimeout,
-		ResponseHeaderTimeout: requestTimeout,
-		TLSNextProto:          map[string]func(string, *tls.Conn) http.RoundTripper{},
-	}
-	if t.roots != nil {
-		tr.TLSClientConfig = &tls.Config{RootCAs: t.roots, MinVersion: tls.VersionTLS12}
-	}
-	if t.proxy != "" {
-		u, err := url.Parse(t.proxy)
-		if err != nil {
-			return nil, err
-		}
-		tr.Proxy = http.ProxyURL(u)
-	}
-	return tr, nil
+	return t.check(resp)
 }
 
 // expectSize is a check: the body is exactly n bytes.

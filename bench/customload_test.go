@@ -25,7 +25,7 @@ func TestRunCustomLoad(t *testing.T) {
 	lo := loadOptions{clients: 2, warmup: 50 * time.Millisecond, duration: 200 * time.Millisecond}
 
 	before := up.counts()
-	get := customTarget{method: http.MethodGet, url: (&world{up: up}).hostURL(transformHost), dialAddr: up.tlsAddr, roots: up.roots, check: expectSize(64)}
+	get := customTarget{target: target{url: (&world{up: up}).hostURL(transformHost), dialAddr: up.tlsAddr, roots: up.roots}, method: http.MethodGet, check: expectSize(64)}
 	r, err := runCustomLoad(context.Background(), get, lo, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -36,7 +36,7 @@ func TestRunCustomLoad(t *testing.T) {
 	}
 
 	hb := hs.counts()
-	post := customTarget{method: http.MethodPost, url: hs.url(hookURLPath), body: hookRequestBody(), dialAddr: hs.addr, roots: up.roots, check: expectBody(hookAllow)}
+	post := customTarget{target: target{url: hs.url(hookURLPath), dialAddr: hs.addr, roots: up.roots}, method: http.MethodPost, body: hookRequestBody(), check: expectBody(hookAllow)}
 	r, err = runCustomLoad(context.Background(), post, lo, nil)
 	if err != nil {
 		t.Fatal(err)

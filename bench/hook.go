@@ -265,8 +265,8 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 	}
 	lo := loadOptions{clients: o.clients, size: o.size, warmup: o.warmup, duration: o.duration}
 	direct := customTarget{
-		method: http.MethodPost, url: hs.url(hookURLPath), body: hookRequestBody(),
-		dialAddr: hs.addr, roots: w.up.roots, check: expectBody(hookAllow, "Egressd-Hook"),
+		target: target{url: hs.url(hookURLPath), dialAddr: hs.addr, roots: w.up.roots},
+		method: http.MethodPost, body: hookRequestBody(), check: expectBody(hookAllow, "Egressd-Hook"),
 	}
 	call := direct
 	call.dialAddr, call.proxy, call.roots = "", w.proxy, w.egressdRoots

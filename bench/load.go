@@ -76,16 +76,33 @@ type runResult struct {
 // window, and returns what the window saw. cpu, when set, is sampled at the
 // window's edges.
 func runLoad(ctx context.Context, t target, lo loadOptions, up *upstream, cpu func() (time.Duration, error)) (runResult, error) {
+	before := up.counts()
+	r, err := runClients(ctx, lo, cpu, func(ctx context.Context, dials *atomic.Int64) (*client, error) {
+		return newClient(ctx, t, lo.size, dials)
+	})
+	if err != nil {
+		return r, err
+	}
+	d := up.counts().sub(before)
+	r.UpstreamConns, r.UpstreamRequests = d.accepted, d.served
+	r.Transformed, r.Credentialed, r.VaultCredentialed = d.transform, d.credential, d.vaultCred
+	return r, nil
+}
+
+// runClients is the run both load generators share: lo.clients clients made by
+// newC, each looping until the window closes, the CPU sampled at the window's
+// edges when cpu is set, and the window's figures summed.
+func runClients(ctx context.Context, lo loadOptions, cpu func() (time.Duration, error),
+	newC func(context.Context, *atomic.Int64) (*client, error)) (runResult, error) {
 	start := time.Now()
 	from, to := start.Add(lo.warmup), start.Add(lo.warmup+lo.duration)
 	runCtx, cancel := context.WithDeadline(ctx, to.Add(requestTimeout))
 	defer cancel()
 
 	var dials atomic.Int64
-	before := up.counts()
 	clients := make([]*client, lo.clients)
 	for i := range clients {
-		c, err := newClient(runCtx, t, lo.size, &dials)
+		c, err := newC(runCtx, &dials)
 		if err != nil {
 			return runResult{}, err
 		}
@@ -109,9 +126,6 @@ func runLoad(ctx context.Context, t target, lo loadOptions, up *upstream, cpu fu
 	}
 	r := summarise(clients, lo.duration)
 	r.ClientConns = dials.Load()
-	d := up.counts().sub(before)
-	r.UpstreamConns, r.UpstreamRequests = d.accepted, d.served
-	r.Transformed, r.Credentialed, r.VaultCredentialed = d.transform, d.credential, d.vaultCred
 	r.CPUSeconds = cpuUsed.Seconds()
 	if cpuErr != nil {
 		r.CPUError = cpuErr.Error()
@@ -179,9 +193,10 @@ func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsec
 // keep-alive connection, issuing requests back to back. Only its goroutine
 // touches it until the run is over.
 type client struct {
-	tr   *http.Transport
-	req  *http.Request
-	size int64
+	tr *http.Transport
+	// do makes one request and reads its whole response (getSized, or a
+	// customTarget's request and check).
+	do func() error
 
 	hist       histogram
 	total      int64
@@ -201,7 +216,7 @@ func newClient(ctx context.Context, t target, size int, dials *atomic.Int64) (*c
 	if err != nil {
 		return nil, err
 	}
-	return &client{tr: tr, req: req, size: int64(size)}, nil
+	return &client{tr: tr, do: func() error { return getSized(tr, req, int64(size)) }}, nil
 }
 
 // loop issues requests until the window closes (or maxRequestsPerClient),
@@ -226,10 +241,10 @@ func (c *client) loop(ctx context.Context, from, to time.Time) {
 	}
 }
 
-// do makes one request and reads the whole body, which is what returns the
-// connection to the transport for the next request.
-func (c *client) do() error {
-	resp, err := c.tr.RoundTrip(c.req)
+// getSized makes req and reads the whole body, which is what returns the
+// connection to the transport for the next request; the body must be size bytes.
+func getSized(tr *http.Transport, req *http.Request, size int64) error {
+	resp, err := tr.RoundTrip(req)
 	if err != nil {
 		return err
 	}
@@ -240,8 +255,8 @@ func (c *client) do() error {
 		return statusError{code: resp.StatusCode, reason: resp.Header.Get("Egressd-Reason")}
 	case err != nil:
 		return fmt.Errorf("reading body: %w", err)
-	case n != c.size:
-		return fmt.Errorf("body of %d bytes, want %d", n, c.size)
+	case n != size:
+		return fmt.Errorf("body of %d bytes, want %d", n, size)
 	}
 	return nil
 }
@@ -270,16 +285,23 @@ func (e statusError) Error() string {
 // proxied runs speak the same protocol), no compression, no environment proxy.
 func newTransport(t target, dials *atomic.Int64) (*http.Transport, error) {
 	d := &net.Dialer{Timeout: requestTimeout}
+	allow, dial := t.allowDial, t.dialFrom
+	if allow == nil {
+		allow = loopbackOnly
+	}
+	if dial == nil {
+		dial = d.DialContext
+	}
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			if t.dialAddr != "" {
+			if t.dialAddr != "" && t.proxy == "" {
 				addr = t.dialAddr
 			}
-			if err := loopbackOnly(addr); err != nil {
+			if err := allow(addr); err != nil {
 				return nil, err
 			}
 			dials.Add(1)
-			return d.DialContext(ctx, network, addr)
+			return dial(ctx, network, addr)
 		},
 		// Each client has its own transport, so one idle connection is its
 		// keep-alive connection; clients never share or steal connections.

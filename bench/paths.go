@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 )
@@ -92,6 +93,11 @@ type target struct {
 	// newConnPerRequest turns keep-alive off: one TCP (and TLS) handshake per
 	// request.
 	newConnPerRequest bool
+	// allowDial vets every address dialled; nil means loopbackOnly.
+	allowDial func(addr string) error
+	// dialFrom, when set, makes the connection (transparent: from the
+	// sandbox's network namespace); nil dials from this process's namespace.
+	dialFrom func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // paths lists every path the bench knows, in the order it runs them.

@@ -228,9 +228,9 @@ func measureTransparentRuns(ctx context.Context, env pathEnv, te *egressd, sb *s
 	o, up := env.o, env.w.up
 	lo := loadOptions{clients: o.clients, size: o.size, warmup: o.warmup, duration: o.duration}
 	direct := customTarget{
-		method: http.MethodGet, url: "https://" + transparentHost + "/",
-		dialAddr: net.JoinHostPort(standInAddr, standInPort), allowDial: allowStandIn,
-		roots: up.roots, check: expectSize(o.size),
+		target: target{url: "https://" + transparentHost + "/", dialAddr: net.JoinHostPort(standInAddr, standInPort),
+			allowDial: allowStandIn, roots: up.roots},
+		method: http.MethodGet, check: expectSize(o.size),
 	}
 	tp := direct
 	tp.dialFrom = sb.dial
