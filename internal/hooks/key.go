@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/egressd/egressd/internal/atomicfile"
 )
 
 // KeyFileName is the signing key egressd generates in state_dir when hooks.signing_key
@@ -88,7 +90,7 @@ func LoadOrCreateKey(stateDir string) (key ed25519.PrivateKey, path string, crea
 	if err != nil {
 		return nil, path, false, err
 	}
-	switch err = publish(path, data); {
+	switch err = atomicfile.Create(path, data, 0o600); {
 	case errors.Is(err, fs.ErrExist): // another process won the race: use its key
 		key, err = LoadKeyFile(path)
 		return key, path, false, err
@@ -96,27 +98,4 @@ func LoadOrCreateKey(stateDir string) (key ed25519.PrivateKey, path string, crea
 		return nil, path, false, fmt.Errorf("hook signing key: %w", err)
 	}
 	return priv, path, true, nil
-}
-
-// publish writes data to a synced 0600 temp file beside path and links it to path,
-// failing with fs.ErrExist when path exists.
-func publish(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp") // 0600
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Link(tmp, path)
 }

@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/egressd/egressd/internal/atomicfile"
 )
 
 // BundleName is the merged bundle's file name inside the state dir.
@@ -69,7 +71,7 @@ func WriteBundle(ca *CA, stateDir string) (string, error) {
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return "", fmt.Errorf("state dir: %w", err)
 	}
-	if err := writeAtomic(path, mergeBundle(roots, ca), 0o644); err != nil {
+	if err := atomicfile.Write(path, mergeBundle(roots, ca), 0o644); err != nil {
 		return "", fmt.Errorf("CA bundle: %w", err)
 	}
 	return path, nil

@@ -17,6 +17,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/egressd/egressd/internal/atomicfile"
 )
 
 // Names of the generated CA's files inside the state dir.
@@ -124,10 +126,10 @@ func createCA(certFile, keyFile, env string) (*CA, error) {
 		return nil, err
 	}
 	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
-	if err := writeAtomic(keyFile, keyPEM, 0o600); err != nil {
+	if err := atomicfile.Write(keyFile, keyPEM, 0o600); err != nil {
 		return nil, fmt.Errorf("CA key: %w", err)
 	}
-	if err := writeAtomic(certFile, ca.CertPEM, 0o644); err != nil {
+	if err := atomicfile.Write(certFile, ca.CertPEM, 0o644); err != nil {
 		return nil, fmt.Errorf("CA certificate: %w", err)
 	}
 	ca.CertFile = absPath(certFile)
@@ -282,33 +284,6 @@ func subjectKeyID(pub crypto.PublicKey) ([]byte, error) {
 	}
 	sum := sha256.Sum256(info.PublicKey.Bytes)
 	return sum[:20], nil
-}
-
-// writeAtomic writes data to path through a synced temp file in the same
-// directory and a rename, so readers see the old file or the whole new one.
-func writeAtomic(path string, data []byte, perm fs.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp") // mode 0600
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // a no-op after the rename
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 func exists(path string) (bool, error) {
