@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/explain"
+	"github.com/egressd/egressd/internal/testutil/syncbuf"
 	"github.com/egressd/egressd/internal/testutil/testpki"
 )
 
@@ -126,23 +127,7 @@ func (l *lineLog) String() string {
 	return strings.Join(lines, "\n")
 }
 
-// lockedBuffer is a bytes.Buffer safe for the writer goroutine and the test.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type lockedBuffer = syncbuf.Buffer
 
 // runner is one `egressd run` subprocess.
 type runner struct {

@@ -1,7 +1,6 @@
 package credential
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/egressd/egressd/internal/testutil/syncbuf"
 )
 
 // fakeBackend serves tokens from memory. Each setToken bumps the ID's version counter;
@@ -534,20 +535,4 @@ func BenchmarkGet(b *testing.B) {
 	})
 }
 
-// syncBuffer is a bytes.Buffer safe for the Store's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type syncBuffer = syncbuf.Buffer

@@ -1,7 +1,6 @@
 package dnsguard_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"math/rand/v2"
@@ -9,7 +8,6 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,6 +19,7 @@ import (
 	"github.com/egressd/egressd/internal/dnsguard"
 	"github.com/egressd/egressd/internal/netguard"
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
+	"github.com/egressd/egressd/internal/testutil/syncbuf"
 )
 
 // world is a DNS guard on 127.0.0.1 in front of a dnsstub upstream, with a
@@ -439,7 +438,7 @@ func TestEveryQueryLogged(t *testing.T) {
 		{"name": "evil.test.", "qtype": "AAAA", "decision": "deny", "reason": "not_allowlisted", "rcode": "REFUSED", "proto": "tcp"},
 		{"name": "api.example.com.", "qtype": "TXT", "decision": "deny", "reason": "qtype_refused", "rcode": "REFUSED"},
 	}
-	lines := w.logs.lines()
+	lines := w.logs.Lines()
 	if len(lines) != len(want) {
 		t.Fatalf("%d log lines, want %d:\n%s", len(lines), len(want), strings.Join(lines, "\n"))
 	}
@@ -516,20 +515,4 @@ func rawExchangeSize(t *testing.T, addr string, b []byte) (*dns.Msg, int) {
 	return m, n
 }
 
-// syncBuffer is a log sink safe for the server's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) lines() []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Split(strings.TrimSpace(b.buf.String()), "\n")
-}
+type syncBuffer = syncbuf.Buffer

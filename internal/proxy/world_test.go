@@ -38,6 +38,8 @@ import (
 	"github.com/egressd/egressd/internal/testutil/netns"
 	"github.com/egressd/egressd/internal/testutil/testpki"
 	mitm "github.com/egressd/egressd/internal/tls"
+
+	"github.com/egressd/egressd/internal/testutil/syncbuf"
 )
 
 // The whole package runs inside a loopback-only network namespace of its own
@@ -469,25 +471,4 @@ func listenOn(t *testing.T, addr string) net.Listener {
 	return ln
 }
 
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) Reset() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf.Reset()
-}
-
-func (b *syncBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
-}
+type syncBuffer = syncbuf.Buffer

@@ -16,6 +16,7 @@ import (
 
 	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/credential/file"
+	"github.com/egressd/egressd/internal/testutil/syncbuf"
 )
 
 // Scenarios: a Store over a real credentials file in a temporary directory, the way egressd
@@ -308,19 +309,4 @@ func (c *clock) Advance(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type syncBuffer = syncbuf.Buffer
