@@ -98,7 +98,8 @@ func parseToken(id string, v any) ([]Header, error) {
 	case isPEMBlock(tok):
 		// Key material (egressd's hook signing key) keeps its line breaks: it is read with
 		// Value.Token, never meant as a header. Were an allowlist entry to name it anyway,
-		// net/http refuses a header value with a line break before sending anything, so the
+		// the proxy refuses a header value with a line break before sending anything (net/http's
+		// Transport, and internal/proxy's validHeader on its own upstream pool), so the
 		// request fails; it can never split a header.
 		return []Header{{Name: "Authorization", Value: "Bearer " + tok}}, nil
 	}

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // h1Pool sends the commonest request, an HTTP/1.1 GET or HEAD without a body, to
@@ -65,6 +67,9 @@ func h1Eligible(out *http.Request) bool {
 // before any response byte (the upstream closed it while idle) is replaced once.
 // Cancelling out's context ends every wait on the connection, body reads included.
 func (p *h1Pool) roundTrip(out *http.Request, rec *Record) (*http.Response, error) {
+	if err := validHeader(out.Header); err != nil {
+		return nil, err
+	}
 	key := h1Key{out.URL.Scheme, out.URL.Host}
 	ctx := out.Context()
 	for attempt := 0; ; attempt++ {
@@ -91,6 +96,26 @@ func (p *h1Pool) roundTrip(out *http.Request, rec *Record) (*http.Response, erro
 			return nil, err
 		}
 	}
+}
+
+// validHeader refuses what net/http's Transport refuses before it sends anything:
+// a header name that is not a token, or a value with a line break or another
+// control character (Request.Write, which the pool uses, checks neither). A value
+// that could split the head, from a client, a transform or a credential (a PEM key
+// named by an entry), never reaches the upstream. The error names the header,
+// never its value.
+func validHeader(h http.Header) error {
+	for name, values := range h {
+		if !httpguts.ValidHeaderFieldName(name) {
+			return fmt.Errorf("invalid header field name %q", name)
+		}
+		for _, v := range values {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return fmt.Errorf("invalid header field value for %q", name)
+			}
+		}
+	}
+	return nil
 }
 
 // errNothingRead marks a failure before any byte of a response arrived.

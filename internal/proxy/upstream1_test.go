@@ -2,6 +2,8 @@ package proxy_test
 
 import (
 	"bufio"
+	"encoding/json"
+	"encoding/pem"
 	"io"
 	"net"
 	"net/http"
@@ -23,7 +25,12 @@ type rawUpstream struct {
 
 func startRawUpstream(t *testing.T, serve func(c net.Conn, br *bufio.Reader)) *rawUpstream {
 	t.Helper()
-	ip := nextPublicIP()
+	return startRawUpstreamOn(t, nextPublicIP(), serve)
+}
+
+// startRawUpstreamOn is startRawUpstream on port 80 of ip.
+func startRawUpstreamOn(t *testing.T, ip string, serve func(c net.Conn, br *bufio.Reader)) *rawUpstream {
+	t.Helper()
 	ln := listenOn(t, ip+":80")
 	t.Cleanup(func() { ln.Close() })
 	u := &rawUpstream{url: "http://" + ip + "/"}
@@ -218,4 +225,24 @@ func TestUpstreamPoolShutdownEndsStalledBody(t *testing.T) {
 func isNetTimeout(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
+}
+
+// TestUpstreamPoolRefusesSplittingHeader: a credential whose value has line breaks
+// (a PEM key an entry names by mistake) must not split the request head on the
+// pool's path, as net/http's Transport refuses it on the other: the request is
+// refused and the upstream sees no connection.
+func TestUpstreamPoolRefusesSplittingHeader(t *testing.T) {
+	ip := nextPublicIP()
+	pemKey := string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: []byte("not a real key")}))
+	secret, _ := json.Marshal(map[string]string{"token": pemKey})
+	w := newWorld(t, worldOpts{
+		allowlist:   append([]allowlist.Entry{{Domain: ip, Credential: "pem", AllowPlaintext: true}}, defaultEntries...),
+		credentials: map[string]string{"pem": string(secret)},
+	})
+	up := startRawUpstreamOn(t, ip, answerEach(okResponse, 0))
+	resp := w.raw("GET " + up.url + " HTTP/1.1\r\nHost: " + ip + "\r\n\r\n")
+	assertRefused(t, resp, http.StatusBadGateway, "upstream_unreachable", "")
+	if n := up.accepts.Load(); n != 0 {
+		t.Errorf("upstream accepted %d connections, want 0", n)
+	}
 }
