@@ -117,8 +117,9 @@ func TestTableCited(t *testing.T) {
 	}
 }
 
+// cited reports whether s names its source: an RFC, or a vendor's docs.
 func cited(s string) bool {
-	return strings.HasPrefix(s, "RFC ") || strings.Contains(s, "metadata")
+	return strings.HasPrefix(s, "RFC ") || strings.Contains(s, " docs: ")
 }
 
 // FuzzClassify checks that Classify never panics, that an IPv4-mapped

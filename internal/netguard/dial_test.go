@@ -169,6 +169,9 @@ func TestDialerBlocksInternal(t *testing.T) {
 			"[fd00:ec2::254]:80": Metadata, "[fd20:ce::254]:80": Metadata, "[::ffff:10.0.0.1]:80": Private,
 			"[64:ff9b::a9fe:a9fe]:80": Metadata, "[2002:a00:1::]:80": Private, "[fe80::1%lo]:80": LinkLocal,
 			"192.0.2.1:80": Reserved, "224.0.0.1:80": Multicast,
+			"168.63.129.16:80": Metadata, "[::ffff:168.63.129.16]:80": Metadata, "169.254.170.23:80": Metadata,
+			"[fd00:ec2::23]:80": Metadata, "[fd00:c1::a9fe:a9fe]:80": Metadata, "[fec0::1]:80": Private,
+			"192.88.99.1:80": Reserved, "[3fff::1]:80": Reserved,
 		} {
 			_, err := d.DialContext(context.Background(), "tcp", addr)
 			assertBlocked(t, "DialContext("+addr+")", err, want)
