@@ -13,16 +13,19 @@ import (
 // metrics and the Egressd-Reason header, so never rename them.
 type Reason string
 
-// Reasons. The six after ReasonNone are policy denials; the rest are
+// Reasons. The seven after ReasonNone are policy denials; the rest are
 // failures (see IsDenial).
 const (
-	ReasonNone                  Reason = ""
-	ReasonBadRequest            Reason = "bad_request"
-	ReasonNotAllowlisted        Reason = "not_allowlisted"
-	ReasonPortNotAllowed        Reason = "port_not_allowed"
-	ReasonInternalAddress       Reason = "internal_address"
-	ReasonHostMismatch          Reason = "host_mismatch"
-	ReasonPlaintextCredential   Reason = "plaintext_credential"
+	ReasonNone                Reason = ""
+	ReasonBadRequest          Reason = "bad_request"
+	ReasonNotAllowlisted      Reason = "not_allowlisted"
+	ReasonPortNotAllowed      Reason = "port_not_allowed"
+	ReasonInternalAddress     Reason = "internal_address"
+	ReasonHostMismatch        Reason = "host_mismatch"
+	ReasonPlaintextCredential Reason = "plaintext_credential"
+	// ReasonMethodNotAllowed refuses TRACE and OPTIONS * to an entry that injects:
+	// the upstream would reflect the injected values (405).
+	ReasonMethodNotAllowed      Reason = "method_not_allowed"
 	ReasonCredentialUnavailable Reason = "credential_unavailable"
 	ReasonDNSFailure            Reason = "dns_failure"
 	ReasonUpstreamUnreachable   Reason = "upstream_unreachable"
@@ -41,7 +44,7 @@ func (r Reason) String() string { return string(r) }
 func (r Reason) IsDenial() bool {
 	switch r {
 	case ReasonBadRequest, ReasonNotAllowlisted, ReasonPortNotAllowed,
-		ReasonInternalAddress, ReasonHostMismatch, ReasonPlaintextCredential:
+		ReasonInternalAddress, ReasonHostMismatch, ReasonPlaintextCredential, ReasonMethodNotAllowed:
 		return true
 	}
 	return false
@@ -79,6 +82,8 @@ func (r Reason) failureMessage(host string, port uint16) string {
 		return fmt.Sprintf("the request names a host other than the connection's destination %s", host)
 	case ReasonPlaintextCredential:
 		return fmt.Sprintf("refusing to send a credential to %s over plain HTTP; use https", host)
+	case ReasonMethodNotAllowed:
+		return fmt.Sprintf("TRACE and OPTIONS * are refused to %s: egressd injects into its requests, and the upstream would reflect the injected values", host)
 	case ReasonCredentialUnavailable:
 		return fmt.Sprintf("the credential for %s is currently unavailable", host)
 	case ReasonDNSFailure:

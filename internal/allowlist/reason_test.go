@@ -14,6 +14,7 @@ func TestReasonIsDenial(t *testing.T) {
 		{ReasonInternalAddress, true},
 		{ReasonHostMismatch, true},
 		{ReasonPlaintextCredential, true},
+		{ReasonMethodNotAllowed, true},
 		{ReasonCredentialUnavailable, false},
 		{ReasonDNSFailure, false},
 		{ReasonUpstreamUnreachable, false},
@@ -35,7 +36,7 @@ func TestReasonCodes(t *testing.T) {
 		ReasonHostMismatch: "host_mismatch", ReasonPlaintextCredential: "plaintext_credential",
 		ReasonCredentialUnavailable: "credential_unavailable", ReasonDNSFailure: "dns_failure",
 		ReasonUpstreamUnreachable: "upstream_unreachable", ReasonUpstreamTLS: "upstream_tls",
-		ReasonUpstreamTimeout: "upstream_timeout", ReasonNone: "",
+		ReasonUpstreamTimeout: "upstream_timeout", ReasonMethodNotAllowed: "method_not_allowed", ReasonNone: "",
 	}
 	for r, want := range codes {
 		if r.String() != want {
@@ -63,6 +64,7 @@ func TestReasonMessage(t *testing.T) {
 		{ReasonBadRequest, "", 0, "env_demo", "", "the request is malformed"},
 		{ReasonHostMismatch, "a.test", 443, "env_demo", "sni", "the request names a host other than the connection's destination a.test"},
 		{ReasonPlaintextCredential, "api.test", 80, "env_demo", "", "refusing to send a credential to api.test over plain HTTP; use https"},
+		{ReasonMethodNotAllowed, "api.test", 443, "env_demo", "trace", "TRACE and OPTIONS * are refused to api.test: egressd injects into its requests, and the upstream would reflect the injected values"},
 		{ReasonCredentialUnavailable, "api.test", 443, "env_demo", "secret/data/x: 403", "the credential for api.test is currently unavailable"},
 		{ReasonDNSFailure, "nx.test", 443, "env_demo", "", "nx.test could not be resolved"},
 		{ReasonUpstreamUnreachable, "::1", 443, "env_demo", "", "could not connect to [::1]:443"},

@@ -60,7 +60,10 @@ func (c *conn) serveH2(rt *Runtime, tc *tls.Conn, t allowlist.Target) {
 		MaxHeaderBytes:    rt.Limits.MaxHeaderBytes,
 		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: maxStreams},
 		ErrorLog:          log.New(io.Discard, "", 0),
-		BaseContext:       func(net.Listener) context.Context { return c.ctx },
+		// OPTIONS * is the pipeline's to decide (method_not_allowed where injected,
+		// forwarded elsewhere), not net/http's to answer 200.
+		DisableGeneralOptionsHandler: true,
+		BaseContext:                  func(net.Listener) context.Context { return c.ctx },
 		ConnState: func(_ net.Conn, st http.ConnState) {
 			if st == http.StateClosed || st == http.StateHijacked {
 				ln.Close()

@@ -59,6 +59,9 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 	if !d.Allowed() {
 		return nil, deny(d.Reason, d.Detail)
 	}
+	if d.Rule != nil && d.Rule.Injects() && reflectsRequest(x.req) {
+		return nil, deny(allowlist.ReasonMethodNotAllowed, strings.ToLower(x.req.Method))
+	}
 	out := x.outbound(ctx, scheme)
 	res, err := x.rt.Injector.Apply(d.Rule, out.Header, x.req.Trailer)
 	if err != nil {
@@ -67,6 +70,18 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 	x.rec.Injected, x.rec.Credential, x.rec.CredentialVersion = res.Names, res.Credential, res.Version
 	x.body.trailers(x.req, out, res.Names)
 	return out, nil
+}
+
+// reflectsRequest reports whether the request asks the upstream to send it back:
+// TRACE (and IIS's TRACK), whatever the case a server might accept it in, and
+// OPTIONS * (asterisk form, which some servers answer with the request echoed).
+// An injecting entry refuses them before anything is injected or forwarded.
+func reflectsRequest(req *http.Request) bool {
+	m := req.Method
+	if strings.EqualFold(m, http.MethodTrace) || strings.EqualFold(m, "TRACK") {
+		return true
+	}
+	return strings.EqualFold(m, http.MethodOptions) && (req.URL.Path == "*" || req.RequestURI == "*")
 }
 
 // resolveTarget sets x.target: the absolute URL's host on the explicit listener; the

@@ -94,6 +94,8 @@ func statusFor(r allowlist.Reason) int {
 		return http.StatusBadRequest
 	case allowlist.ReasonHostMismatch:
 		return http.StatusMisdirectedRequest
+	case allowlist.ReasonMethodNotAllowed:
+		return http.StatusMethodNotAllowed
 	case allowlist.ReasonCredentialUnavailable, allowlist.ReasonOverloaded:
 		return http.StatusServiceUnavailable
 	case allowlist.ReasonDNSFailure, allowlist.ReasonUpstreamUnreachable, allowlist.ReasonUpstreamTLS:

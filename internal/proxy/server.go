@@ -204,6 +204,7 @@ var (
 		string(allowlist.ReasonBadRequest), string(allowlist.ReasonNotAllowlisted),
 		string(allowlist.ReasonPortNotAllowed), string(allowlist.ReasonInternalAddress),
 		string(allowlist.ReasonHostMismatch), string(allowlist.ReasonPlaintextCredential),
+		string(allowlist.ReasonMethodNotAllowed),
 	}
 	failureCodes = []string{
 		string(allowlist.ReasonCredentialUnavailable), string(allowlist.ReasonDNSFailure),
