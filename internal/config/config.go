@@ -258,6 +258,11 @@ type Limits struct {
 	MaxConnections int           // per listener; beyond it 503
 	HookBodyBytes  int64         // larger hook bodies are a hook failure
 	LeafMints      int           // interception leaves minted at once; more queue
+	// HookBufferBytes bounds every hook body buffered at once, process-wide; past
+	// it a pre-tool call gets the fail-closed deny, anything else 503 overloaded.
+	HookBufferBytes int64
+	ClientWrite     time.Duration // a client that reads nothing for this long is closed
+	Drain           time.Duration // SIGTERM: in-flight work gets this long, then exit
 }
 
 // Log configures the logger.

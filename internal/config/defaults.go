@@ -91,6 +91,19 @@ const (
 	// (a key and a signature each, ~0.1 ms of CPU): a flood of new hosts queues
 	// for a slot instead of starving requests already in flight.
 	DefaultLeafMints = 4
+	// DefaultHookBufferBytes bounds all hook bodies buffered at once (requests
+	// and decisions, process-wide): 32 hook bodies of the default size. Past it a
+	// pre-tool call gets the fail-closed deny and anything else 503, so many
+	// large or stalled hook bodies cannot exhaust memory.
+	DefaultHookBufferBytes int64 = 32 << 20
+	// DefaultClientWrite closes a client that reads nothing for this long while
+	// egressd writes to it (pipelining without reading, a stalled download), so
+	// it cannot hold a connection slot and a goroutine forever.
+	DefaultClientWrite = 30 * time.Second
+	// DefaultDrain is how long SIGTERM lets in-flight requests finish before
+	// egressd closes what is left (tunnels, WebSockets) and exits; the
+	// Kubernetes terminationGracePeriodSeconds must be longer.
+	DefaultDrain = 10 * time.Second
 
 	// DefaultLogLevel and DefaultLogFormat: one JSON line per request at info.
 	DefaultLogLevel  = LevelInfo

@@ -115,6 +115,9 @@ type rawLimits struct {
 	MaxConnections *int        `yaml:"max_connections"`
 	HookBodyBytes  *int64      `yaml:"hook_body_bytes"`
 	LeafMints      *int        `yaml:"leaf_mints"`
+	HookBuffer     *int64      `yaml:"hook_buffer_bytes"`
+	ClientWrite    rawDuration `yaml:"client_write"`
+	Drain          rawDuration `yaml:"drain"`
 }
 
 type rawLog struct {

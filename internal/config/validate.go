@@ -429,7 +429,7 @@ func (v *validator) hooks(r rawHooks) Hooks {
 
 func (v *validator) limits(r rawLimits) Limits {
 	const p = "limits."
-	return Limits{
+	l := Limits{
 		ReadHeader:     v.duration(r.ReadHeader, p+"read_header", DefaultReadHeader),
 		Dial:           v.duration(r.Dial, p+"dial", DefaultDial),
 		DNS:            v.duration(r.DNS, p+"dns", DefaultDNS),
@@ -441,7 +441,15 @@ func (v *validator) limits(r rawLimits) Limits {
 		MaxConnections: positive(v, r.MaxConnections, p+"max_connections", DefaultMaxConnections),
 		HookBodyBytes:  positive(v, r.HookBodyBytes, p+"hook_body_bytes", DefaultHookBodyBytes),
 		LeafMints:      positive(v, r.LeafMints, p+"leaf_mints", DefaultLeafMints),
+		ClientWrite:    v.duration(r.ClientWrite, p+"client_write", DefaultClientWrite),
+		Drain:          v.duration(r.Drain, p+"drain", DefaultDrain),
 	}
+	l.HookBufferBytes = positive(v, r.HookBuffer, p+"hook_buffer_bytes", DefaultHookBufferBytes)
+	if l.HookBufferBytes < l.HookBodyBytes {
+		v.ps.errorf(p+"hook_buffer_bytes", "must be at least limits.hook_body_bytes (%d): one hook body must fit", l.HookBodyBytes)
+		l.HookBufferBytes = l.HookBodyBytes
+	}
+	return l
 }
 
 func (v *validator) log(r rawLog) Log {
