@@ -82,7 +82,8 @@ type Hook struct {
 	TimeoutSet bool
 
 	// Filled for TypeHTTP by Parse: the URL's scheme (lower case), normalised target and
-	// escaped path ("" becomes "/"), which Index compares.
+	// escaped path in its normal form (NormalizePath; "" becomes "/"), which Index
+	// compares.
 	Scheme string
 	Target allowlist.Target
 	PPath  string

@@ -76,9 +76,9 @@ func (ix *Index) add(group, event string, h Hook) {
 }
 
 // Lookup reports whether a request is a call to a hook URL: scheme ("http" or "https"),
-// lower-cased and normalised host (allowlist.NormalizeHost), effective port and path
-// must all be equal; the query is ignored. path is the request's escaped path as sent
-// (r.URL.EscapedPath()); "" is "/".
+// lower-cased and normalised host (allowlist.NormalizeHost), effective port and path in
+// its RFC 3986 normal form (NormalizePath) must all be equal; the query is ignored. path
+// is the request's escaped path as sent (r.URL.EscapedPath()); "" is "/".
 func (ix *Index) Lookup(scheme, host string, port uint16, path string) (Match, bool) {
 	if ix == nil || len(ix.byURL) == 0 {
 		return Match{}, false
@@ -87,10 +87,7 @@ func (ix *Index) Lookup(scheme, host string, port uint16, path string) (Match, b
 	if err != nil {
 		return Match{}, false
 	}
-	if path == "" {
-		path = "/"
-	}
-	m, ok := ix.byURL[urlKey(strings.ToLower(scheme), norm, port, path)]
+	m, ok := ix.byURL[urlKey(strings.ToLower(scheme), norm, port, NormalizePath(path))]
 	return m, ok
 }
 

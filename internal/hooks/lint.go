@@ -238,10 +238,15 @@ func (l *linter) headers(h Hook) {
 	}
 }
 
-// url checks a hook URL: no secrets in it, allowed by the allowlist, not internal.
+// url checks a hook URL: written in its normal form, no secrets in it, allowed by the
+// allowlist, not internal.
 func (l *linter) url(h Hook) {
 	path := keyPath(h.Path, "url")
 	if u, err := url.Parse(h.URL); err == nil {
+		if n := normalURL(h, u); n != h.URL {
+			l.warnf(path, "the URL's normal form (RFC 3986) is %s: egressd matches calls by it, "+
+				"and the runtime's HTTP client may send either spelling; write it that way", n)
+		}
 		if u.User != nil {
 			l.errorf(path, "the URL carries user info (a secret readable inside the sandbox); move it to a credential on the allowlist entry for %s", h.Target.Host)
 		}

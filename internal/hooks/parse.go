@@ -232,10 +232,7 @@ func (p *parser) target(h *Hook, path string) {
 		p.errorf(path, "bad host: %v", err)
 		return
 	}
-	h.Target, h.PPath = t, u.EscapedPath()
-	if h.PPath == "" {
-		h.PPath = "/"
-	}
+	h.Target, h.PPath = t, NormalizePath(u.EscapedPath())
 }
 
 // defaultPort is the scheme's port when a URL names none.

@@ -2,10 +2,13 @@ package hooks
 
 import (
 	"errors"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/egressd/egressd/internal/allowlist"
 )
 
 // docsExample is hooks.json in the shapes of the managed-agent documentation: a
@@ -170,7 +173,25 @@ func FuzzParse(f *testing.F) {
 			if m.Audience == "" || (m.Event != EventPre && m.Event != EventPost) {
 				t.Fatalf("bad match %+v", m)
 			}
+			lookupAsWritten(t, ix, m)
 		}
 		_ = Lint(file, LintOptions{FailClosed: true})
 	})
+}
+
+// lookupAsWritten checks that a request for the URL as hooks.json writes it is the
+// hook call, whatever spelling normalisation changed.
+func lookupAsWritten(t *testing.T, ix *Index, m Match) {
+	u, err := url.Parse(m.URL)
+	if err != nil {
+		t.Fatalf("indexed URL %q does not parse: %v", m.URL, err)
+	}
+	scheme := strings.ToLower(u.Scheme)
+	tg, err := allowlist.ParseAuthority(u.Host, defaultPort(scheme))
+	if err != nil {
+		t.Fatalf("indexed URL %q: %v", m.URL, err)
+	}
+	if _, ok := ix.Lookup(scheme, tg.Host, tg.Port, u.EscapedPath()); !ok {
+		t.Fatalf("a call to %q as written is not recognised", m.URL)
+	}
 }

@@ -48,6 +48,8 @@ type config struct {
 	admin     string   // the admin address; default 127.0.0.1:0
 	limits    []string // "key: value" lines under limits
 	maxStale  string   // credentials.max_stale; default 5m
+	hooks     string   // hooks.json, written beside the config and named by hooks.file
+	hooksPath string   // set by writeFiles
 }
 
 // startEgressd writes the config, the credentials file (with the planted secret) and
@@ -82,10 +84,16 @@ func (e *egressd) writeFiles(t *testing.T, fx *fixtures, c config) {
 	caPath := filepath.Join(e.dir, "upstream-ca.pem")
 	e.credPath = filepath.Join(e.dir, "credentials.json")
 	e.cfgPath = filepath.Join(e.dir, "egressd.yaml")
+	if c.hooks != "" {
+		c.hooksPath = filepath.Join(e.dir, "hooks.json")
+	}
 	files := map[string]string{
 		caPath:     string(fx.upstreamCA.PEM()),
 		e.credPath: goodCredentials(),
 		e.cfgPath:  c.yaml(caPath, e.credPath, filepath.Join(e.dir, "state")),
+	}
+	if c.hooks != "" {
+		files[c.hooksPath] = c.hooks
 	}
 	for path, data := range files {
 		if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
@@ -130,6 +138,9 @@ credentials:
 log: {level: debug, format: json}
 state_dir: %q
 `, caPath, credPath, def(c.maxStale, "5m"), stateDir)
+	if c.hooksPath != "" {
+		fmt.Fprintf(&b, "hooks: {file: %q}\n", c.hooksPath)
+	}
 	if len(c.limits) > 0 {
 		b.WriteString("limits:\n")
 		for _, l := range c.limits {

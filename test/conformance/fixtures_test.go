@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -235,6 +236,10 @@ type echoServer struct {
 	seen          []echoed
 }
 
+// hookAllowPath is the echo upstream's policy endpoint: it answers every request
+// with {"decision": "allow"} (and records it). Every other path echoes.
+const hookAllowPath = "/hooks/allow"
+
 // secretMark stands for the secret in the echo's answers.
 const secretMark = "<SECRET>"
 
@@ -264,6 +269,12 @@ func (e *echoServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if path.Clean(r.URL.Path) == hookAllowPath { // as most servers, it resolves dot segments
+		e.record(echoed{Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto, Header: redactHeader(r.Header), Body: string(body)})
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"decision": "allow"}`)
+		return
+	}
 	got := echoed{Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto,
 		Header: redactHeader(r.Header), Trailer: redactHeader(r.Trailer), Body: redact(string(body))}
 	if err != nil {
