@@ -3,10 +3,13 @@ module github.com/egressd/egressd
 go 1.26.0
 
 require (
+	github.com/andybalholm/brotli v1.3.0
+	github.com/coregx/ahocorasick v0.3.1
 	github.com/go-jose/go-jose/v4 v4.1.9
 	github.com/golang-jwt/jwt/v5 v5.3.1
 	github.com/hashicorp/vault/api v1.23.0
 	github.com/hashicorp/vault/api/auth/kubernetes v0.12.0
+	github.com/klauspost/compress v1.20.1
 	github.com/miekg/dns v1.1.73
 	github.com/prometheus/client_golang v1.25.0
 	github.com/rs/zerolog v1.35.1

@@ -1,0 +1,258 @@
+package scrub
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"net/url"
+	"strings"
+	"unicode/utf8"
+)
+
+// MinLen is the shortest secret value (in bytes) scrubbed on its own.
+//
+// The trade-off: every occurrence of a pattern is masked in every response of
+// an injected request, so a short value masks unrelated content (a 4-byte
+// password "1234" would mask every 1234 in a JSON body, and the masks would
+// corrupt it), and the mask itself is an oracle: a sandbox that can make the
+// upstream echo a guess learns whether the guess was the value. A guess has to
+// be the whole value to be masked, so for 8 bytes of even a small alphabet that
+// oracle costs millions of requests. Real API keys, tokens and passwords are
+// longer than 8 bytes; shorter ones are counted by Set.Skipped so the caller can
+// warn. The minimum applies to values, not to forms: every form of a value that
+// is scrubbed is scrubbed whatever its own length (none is shorter than the raw
+// value but the base64 cores, which for 8 bytes are still 9 characters), so
+// masking is never weaker than for the raw value. A derived value below the
+// minimum (the password of a Basic credential, the token after a scheme) is not
+// scrubbed alone, but the full value that holds it still is.
+const MinLen = 8
+
+// maxSchemeLen bounds the auth-scheme word before a space ("Bearer", "Basic",
+// "Token") that makes the rest of a value a value of its own.
+const maxSchemeLen = 32
+
+// values returns v and the values derived from it that are secret on their
+// own: for "<scheme> <credentials>" the credentials; for Basic also the
+// decoded "user:password" and the password.
+func values(v string) []string {
+	out := []string{v}
+	scheme, rest, ok := strings.Cut(v, " ")
+	rest = strings.TrimLeft(rest, " ")
+	if !ok || rest == "" || len(scheme) > maxSchemeLen || !isToken(scheme) {
+		return out
+	}
+	out = append(out, rest)
+	if !strings.EqualFold(scheme, "basic") {
+		return out
+	}
+	dec, err := base64.StdEncoding.DecodeString(rest)
+	if err != nil {
+		dec, err = base64.RawStdEncoding.DecodeString(rest)
+	}
+	if err != nil {
+		return out
+	}
+	out = append(out, string(dec))
+	if _, pass, ok := strings.Cut(string(dec), ":"); ok && pass != "" {
+		out = append(out, pass)
+	}
+	return out
+}
+
+// isToken reports whether s is an RFC 9110 token (an auth-scheme).
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
+			continue
+		}
+		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// forms returns every encoding of v that is scrubbed (v itself first). Which
+// forms, and why each:
+//   - raw;
+//   - base64 (standard and URL-safe alphabets, padded and unpadded) of v alone,
+//     and the three "cores" of v inside a longer base64 string (v starting at a
+//     byte offset of 0, 1 or 2 modulo 3: a token inside base64'd JSON, the
+//     password inside Basic base64(user:pass)); a core is the run of characters
+//     whose six bits all come from v;
+//   - percent encoding: net/url QueryEscape (space as '+') and PathEscape, the
+//     JavaScript encodeURIComponent set, and every byte encoded, each with
+//     upper- and lower-case hex;
+//   - JSON string escapes: encoding/json with and without HTML escaping (\u003c
+//     for <, >, &), \u00XX in upper-case hex (other encoders), "\/" for "/" (PHP
+//     and others), and every non-ASCII rune as \uXXXX (Python's ensure_ascii);
+//   - hex, lower and upper case;
+//   - the standard base64 form percent-encoded and with "\/" (a Basic
+//     credential in a query string or a PHP JSON body).
+func forms(v string) []string {
+	var out []string
+	add := func(s ...string) { out = append(out, s...) }
+	add(v)
+	b64 := base64Forms(v)
+	add(b64...)
+	add(percentForms(v)...)
+	add(jsonForms(v)...)
+	add(hex.EncodeToString([]byte(v)), strings.ToUpper(hex.EncodeToString([]byte(v))))
+	std := base64.StdEncoding.EncodeToString([]byte(v))
+	add(url.QueryEscape(std), lowerPercentHex(url.QueryEscape(std)), strings.ReplaceAll(std, "/", `\/`))
+	return out
+}
+
+// base64Forms returns v in both alphabets, padded, unpadded and as the three
+// embedded cores.
+func base64Forms(v string) []string {
+	var out []string
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding} {
+		out = append(out, enc.EncodeToString([]byte(v)), enc.WithPadding(base64.NoPadding).EncodeToString([]byte(v)))
+		for k := 0; k < 3; k++ {
+			if c := base64Core(enc, v, k); c != "" {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// base64Core returns the characters of a base64 stream that depend only on v
+// when v starts k bytes into a 3-byte group: characters i with bits
+// [6i, 6i+6) inside v's bits [8k, 8k+8len(v)).
+func base64Core(enc *base64.Encoding, v string, k int) string {
+	s := enc.WithPadding(base64.NoPadding).EncodeToString(append(make([]byte, k), v...))
+	from := (8*k + 5) / 6
+	to := (8 * (k + len(v))) / 6
+	if to <= from {
+		return ""
+	}
+	return s[from:to]
+}
+
+// percentForms returns the percent encodings of v.
+func percentForms(v string) []string {
+	var out []string
+	for _, s := range []string{url.QueryEscape(v), url.PathEscape(v), escapeComponent(v), escapeAll(v)} {
+		out = append(out, s, lowerPercentHex(s))
+	}
+	return out
+}
+
+// escapeComponent encodes like JavaScript's encodeURIComponent: everything
+// but A-Z a-z 0-9 - _ . ! ~ * ' ( ).
+func escapeComponent(v string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-_.!~*'()", c) >= 0 {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteString(pctByte(c))
+	}
+	return b.String()
+}
+
+// escapeAll percent-encodes every byte of v.
+func escapeAll(v string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		b.WriteString(pctByte(v[i]))
+	}
+	return b.String()
+}
+
+// pctByte is "%XX" with upper-case hex.
+func pctByte(c byte) string {
+	const digits = "0123456789ABCDEF"
+	return string([]byte{'%', digits[c>>4], digits[c&15]})
+}
+
+// lowerPercentHex lower-cases the two hex digits after each '%'.
+func lowerPercentHex(s string) string {
+	b := []byte(s)
+	for i := 0; i+2 < len(b); i++ {
+		if b[i] == '%' {
+			b[i+1], b[i+2] = lowerHex(b[i+1]), lowerHex(b[i+2])
+			i += 2
+		}
+	}
+	return string(b)
+}
+
+func lowerHex(c byte) byte {
+	if c >= 'A' && c <= 'F' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// jsonForms returns v as the inside of a JSON string, as encoders write it.
+func jsonForms(v string) []string {
+	var out []string
+	for _, html := range []bool{true, false} {
+		s := jsonString(v, html)
+		for _, t := range []string{s, strings.ReplaceAll(s, "/", `\/`)} {
+			out = append(out, t, upperUnicodeEscapes(t), asciiOnly(t, false), asciiOnly(t, true))
+		}
+	}
+	return out
+}
+
+// jsonString is encoding/json's rendering of v without the quotes.
+func jsonString(v string, escapeHTML bool) string {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(escapeHTML)
+	_ = enc.Encode(v) // a string always encodes
+	s := strings.TrimSuffix(buf.String(), "\n")
+	return s[1 : len(s)-1]
+}
+
+// upperUnicodeEscapes upper-cases the hex digits of each \uXXXX escape.
+func upperUnicodeEscapes(s string) string {
+	b := []byte(s)
+	for i := 0; i+5 < len(b); i++ {
+		if b[i] == '\\' && b[i+1] == 'u' {
+			copy(b[i+2:i+6], strings.ToUpper(string(b[i+2:i+6])))
+			i += 5
+		} else if b[i] == '\\' {
+			i++ // skip the escaped character, e.g. the second '\' of "\\u"
+		}
+	}
+	return string(b)
+}
+
+// asciiOnly writes every non-ASCII rune of s as \uXXXX (UTF-16, with
+// surrogate pairs), in upper- or lower-case hex.
+func asciiOnly(s string, upper bool) string {
+	digits := "0123456789abcdef"
+	if upper {
+		digits = "0123456789ABCDEF"
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if r < utf8.RuneSelf {
+			b.WriteRune(r)
+			continue
+		}
+		if r >= 0x10000 {
+			r -= 0x10000
+			writeU(&b, digits, 0xD800+(r>>10))
+			r = 0xDC00 + (r & 0x3FF)
+		}
+		writeU(&b, digits, r)
+	}
+	return b.String()
+}
+
+func writeU(b *strings.Builder, digits string, r rune) {
+	b.WriteString(`\u`)
+	for shift := 12; shift >= 0; shift -= 4 {
+		b.WriteByte(digits[(r>>shift)&15])
+	}
+}
