@@ -112,21 +112,15 @@ func storeKey(l *loaded) string {
 // unavailable (never_read, /readyz not ready) while the backend keeps retrying.
 func newStore(ctx context.Context, l *loaded, log zerolog.Logger, m *metrics.Metrics) (*credential.Store, error) {
 	c := l.cfg.Credentials
-	var backend credential.Backend
+	backend, err := newBackend(l, log)
+	if err != nil {
+		return nil, err
+	}
 	opts := credential.Options{MaxStale: c.MaxStale, Log: log}
-	switch c.Backend {
-	case config.BackendFile:
-		backend = file.New(c.File, file.Options{Log: log})
-	case config.BackendVault:
-		vb, err := vault.FromConfig(c.Vault, log)
-		if err != nil {
-			return nil, err
-		}
+	if vb, ok := backend.(*vault.Backend); ok {
 		log.Info().Str("address", vb.Address()).Str("auth", c.Vault.Auth.Method).Str("kv_mount", c.Vault.KVMount).
 			Str("kv_prefix", c.Vault.KVPrefix).Msg("credentials from vault")
-		backend, opts.Refresh = vb, c.Vault.Refresh
-	default:
-		return nil, fmt.Errorf("credentials.backend %q is not available in this build", c.Backend)
+		opts.Refresh = c.Vault.Refresh
 	}
 	ids := credentialIDs(l)
 	for _, id := range ids {
@@ -142,6 +136,43 @@ func newStore(ctx context.Context, l *loaded, log zerolog.Logger, m *metrics.Met
 	store := credential.NewStore(backend, ids, opts)
 	store.Start(ctx)
 	return store, nil
+}
+
+// newBackend builds the credential backend of l without reading from it.
+func newBackend(l *loaded, log zerolog.Logger) (credential.Backend, error) {
+	c := l.cfg.Credentials
+	switch c.Backend {
+	case config.BackendFile:
+		return file.New(c.File, file.Options{Log: log}), nil
+	case config.BackendVault:
+		return vault.FromConfig(c.Vault, log)
+	}
+	return nil, fmt.Errorf("credentials.backend %q is not available in this build", c.Backend)
+}
+
+// preflight builds from l everything run builds before it serves, with the same
+// functions, and returns every error that would stop run from starting: the CA
+// (tls.ca_cert, tls.ca_key, or the state dir's), the hook signing key, the
+// credential backend, and the Runtime (hooks.json, the address guard,
+// tls.upstream_ca_file). It writes, listens on and contacts nothing: a CA or a
+// signing key that run would generate in the state dir is left to run, and so
+// are the listen addresses (bound only by run). check reports these errors.
+func preflight(l *loaded) []error {
+	var errs []error
+	if _, err := mitm.LoadExistingCA(l.cfg.TLS.CACert, l.cfg.TLS.CAKey, l.cfg.StateDir); err != nil {
+		errs = append(errs, err)
+	}
+	creds := &liveStore{} // never read: nothing is served
+	if err := hooks.CheckSignerConfig(l.cfg.Hooks.SigningKey, l.cfg.StateDir, creds); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := newBackend(l, zerolog.Nop()); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := buildRuntime(l, nil, nil, creds, nil); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
 }
 
 // newLogger builds the process logger from log.level and log.format.

@@ -33,6 +33,10 @@ func cmdCheck(args []string) int {
 	case err != nil:
 		rep.Problems = []config.Problem{{Msg: err.Error()}}
 	default:
+		for _, err := range preflight(l) {
+			rep.OK = false
+			rep.Problems = append(rep.Problems, config.Problem{Msg: err.Error()})
+		}
 		rep.Problems = append(rep.Problems, l.cfg.Warnings...)
 		rep.Problems = append(rep.Problems, lintPolicy(l)...)
 		lint := lintHooks(l)

@@ -67,16 +67,26 @@ func LoadKeyFile(path string) (ed25519.PrivateKey, error) {
 	return k, nil
 }
 
+// LoadExistingKey is LoadOrCreateKey without the create: the same key or the
+// same error, and a nil key with no error where LoadOrCreateKey would generate
+// one. `egressd check` calls it, so it refuses what run refuses without writing.
+func LoadExistingKey(stateDir string) (key ed25519.PrivateKey, path string, err error) {
+	if stateDir == "" {
+		return nil, "", errors.New("hook signing key: no state dir to keep the generated key in")
+	}
+	path = filepath.Join(stateDir, KeyFileName)
+	if key, err = LoadKeyFile(path); errors.Is(err, fs.ErrNotExist) {
+		return nil, path, nil
+	}
+	return key, path, err
+}
+
 // LoadOrCreateKey returns the key in stateDir/KeyFileName, generating it (mode 0600, in
 // a directory created 0700) on first start. created says whether it was generated. Two
 // processes starting at once agree on one key: the file is published with a hard link,
 // which never replaces an existing file.
 func LoadOrCreateKey(stateDir string) (key ed25519.PrivateKey, path string, created bool, err error) {
-	if stateDir == "" {
-		return nil, "", false, errors.New("hook signing key: no state dir to keep the generated key in")
-	}
-	path = filepath.Join(stateDir, KeyFileName)
-	if key, err = LoadKeyFile(path); !errors.Is(err, fs.ErrNotExist) {
+	if key, path, err = LoadExistingKey(stateDir); key != nil || err != nil {
 		return key, path, false, err
 	}
 	if err = os.MkdirAll(stateDir, 0o700); err != nil {

@@ -130,6 +130,21 @@ func NewSignerFromConfig(ref config.SecretRef, stateDir string, creds Credential
 	return NewSigner(k)
 }
 
+// CheckSignerConfig returns the error NewSignerFromConfig would return for ref,
+// without generating a key in stateDir (a state dir without one is fine: run
+// generates it). `egressd check` calls it.
+func CheckSignerConfig(ref config.SecretRef, stateDir string, creds Credentials) error {
+	if ref.Credential != "" || ref.File != "" {
+		_, err := NewSignerFromConfig(ref, stateDir, creds)
+		return err
+	}
+	k, _, err := LoadExistingKey(stateDir)
+	if err == nil && k != nil {
+		_, err = NewSigner(k)
+	}
+	return err
+}
+
 // Rotate makes key the current key and keeps the current one as previous (both stay in
 // the JWKS). Rotating to the current key changes nothing.
 func (s *Signer) Rotate(key ed25519.PrivateKey) error {

@@ -84,35 +84,44 @@ func LoadCA(certFile, keyFile string) (*CA, error) {
 // Two processes creating a CA in the same empty state dir at once may each
 // publish one half; run `egressd ca init` before starting several.
 func LoadOrCreateCA(certFile, keyFile, stateDir, env string) (ca *CA, created bool, err error) {
+	if ca, err = LoadExistingCA(certFile, keyFile, stateDir); ca != nil || err != nil {
+		return ca, false, err
+	}
+	ca, err = createCA(filepath.Join(stateDir, CACertName), filepath.Join(stateDir, CAKeyName), env)
+	return ca, err == nil, err
+}
+
+// LoadExistingCA is LoadOrCreateCA without the create: it returns the same CA
+// or the same error, and a nil CA with no error where LoadOrCreateCA would
+// generate one (stateDir holds neither half). `egressd check` calls it, so it
+// refuses what run refuses without writing anything.
+func LoadExistingCA(certFile, keyFile, stateDir string) (*CA, error) {
 	switch {
 	case certFile != "" && keyFile != "":
-		ca, err = LoadCA(certFile, keyFile)
-		return ca, false, err
+		return LoadCA(certFile, keyFile)
 	case certFile != "" || keyFile != "":
-		return nil, false, fmt.Errorf("%w: tls.ca_cert and tls.ca_key must be set together (or both left empty to use the state dir)", ErrInvalidCA)
+		return nil, fmt.Errorf("%w: tls.ca_cert and tls.ca_key must be set together (or both left empty to use the state dir)", ErrInvalidCA)
 	case stateDir == "":
-		return nil, false, errors.New("no state dir to keep the generated CA in")
+		return nil, errors.New("no state dir to keep the generated CA in")
 	}
 	certFile, keyFile = filepath.Join(stateDir, CACertName), filepath.Join(stateDir, CAKeyName)
 	certOK, err := exists(certFile)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	keyOK, err := exists(keyFile)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	switch {
 	case certOK && keyOK:
-		ca, err = LoadCA(certFile, keyFile)
-		return ca, false, err
+		return LoadCA(certFile, keyFile)
 	case certOK:
-		return nil, false, fmt.Errorf("%w: %s exists but %s does not; restore the key or remove both to generate a new CA", ErrInvalidCA, certFile, keyFile)
+		return nil, fmt.Errorf("%w: %s exists but %s does not; restore the key or remove both to generate a new CA", ErrInvalidCA, certFile, keyFile)
 	case keyOK:
-		return nil, false, fmt.Errorf("%w: %s exists but %s does not; restore the certificate or remove both to generate a new CA", ErrInvalidCA, keyFile, certFile)
+		return nil, fmt.Errorf("%w: %s exists but %s does not; restore the certificate or remove both to generate a new CA", ErrInvalidCA, keyFile, certFile)
 	}
-	ca, err = createCA(certFile, keyFile, env)
-	return ca, err == nil, err
+	return nil, nil
 }
 
 // createCA generates a CA and writes it: the key first (0600), then the
