@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -147,11 +148,44 @@ func (c *conn) refuseHead(rt *Runtime, req *http.Request, err error) {
 // writeRefusal records err on rec and writes its response. A status of 0 means the
 // status DESIGN.md assigns to the reason.
 func (c *conn) writeRefusal(rt *Runtime, rec *Record, err error, status int) {
+	c.writeRefusalHead(rt, rec, err, status, false)
+}
+
+func (c *conn) writeRefusalHead(rt *Runtime, rec *Record, err error, status int, closeConn bool) {
 	code, h, body := refusalFor(rt, rec, err, status)
-	writeHead(c.bw, code, h, false)
+	writeHead(c.bw, code, h, closeConn)
 	n, _ := c.bw.Write(body)
 	rec.BytesOut += int64(n)
 	c.bw.Flush()
+}
+
+// refuseAndClose answers a refused CONNECT or Upgrade with Connection: close and
+// ends the connection: whatever the client sent after the request (an optimistic
+// ClientHello, an h2c preface, a pipelined request) is read only to be discarded,
+// never parsed. It reports false, for the connection loop.
+func (c *conn) refuseAndClose(rt *Runtime, rec *Record, err error) bool {
+	c.writeRefusalHead(rt, rec, err, 0, true)
+	c.lingerClose()
+	return false
+}
+
+// Bounds of lingerClose: how long and how much it reads after the refusal.
+const (
+	lingerTime  = 500 * time.Millisecond
+	lingerBytes = 64 << 10
+)
+
+// lingerClose half-closes the connection and discards what the client still sends,
+// for a bounded time and size, before the caller closes it: closing a socket with
+// unread bytes sends a reset, which can destroy the refusal before the client has
+// read it (net/http's server does the same after an error).
+func (c *conn) lingerClose() {
+	cw, ok := c.nc.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil {
+		return
+	}
+	c.nc.SetReadDeadline(time.Now().Add(lingerTime))
+	io.CopyN(io.Discard, c.nc, lingerBytes)
 }
 
 func (c *conn) rejectOverloadedResponse() {

@@ -11,29 +11,26 @@ import (
 // client's ClientHello and check that its SNI names the CONNECT host, then either
 // terminate TLS (the rule injects, or intercept is "all") or dial a checked address
 // and splice bytes until either side is done. A refused CONNECT gets the refusal
-// instead of 200 and the connection stays usable.
+// instead of 200 and the connection is closed (bytes sent ahead are never parsed).
 func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 	rec.Scheme = "connect"
 	t, err := allowlist.ParseAuthority(req.RequestURI, 0)
 	if err != nil {
-		c.writeRefusal(rt, rec, badRequest("connect_target", err), 0)
-		return !req.Close
+		return c.refuseAndClose(rt, rec, badRequest("connect_target", err))
 	}
 	rec.setTarget(t)
 	d := rt.Policy.DecideRequest(t, "")
 	rec.setDecision(d)
 	intercept, ok := c.tunnelPlan(rt, t, d)
 	if !ok {
-		c.writeRefusal(rt, rec, deny(d.Reason, d.Detail), 0)
-		return !req.Close
+		return c.refuseAndClose(rt, rec, deny(d.Reason, d.Detail))
 	}
 	var up net.Conn
 	if !intercept {
 		// Dial before answering 200, so an unreachable or internal upstream is a
 		// refusal the client can read rather than a dropped tunnel.
 		if up, err = rt.dialTarget(c.ctx, t); err != nil {
-			c.writeRefusal(rt, rec, err, 0)
-			return !req.Close
+			return c.refuseAndClose(rt, rec, err)
 		}
 		rec.setResolved(up.RemoteAddr())
 	}

@@ -19,6 +19,9 @@ func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 	}
 	out, err := x.prepare(c.ctx)
 	if err != nil {
+		if switchesProtocol(req) {
+			return c.refuseAndClose(rt, rec, err)
+		}
 		c.writeRefusal(rt, rec, err, 0)
 		return !wantClose && x.body.drain()
 	}

@@ -1,16 +1,18 @@
 package proxy
 
 import (
+	"errors"
 	"net/http"
 	"net/textproto"
 	"strings"
 )
 
 // hopByHop are the connection-specific fields of RFC 9110 §7.6.1, plus the legacy
-// Proxy-Connection. Proxy-Authorization is for egressd, never for the upstream.
+// Proxy-Connection and HTTP2-Settings (RFC 7540 §3.2.1). Proxy-Authorization is for
+// egressd, never for the upstream.
 var hopByHop = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Http2-Settings",
 }
 
 // removeHopByHop deletes the hop-by-hop fields and every field the Connection header
@@ -48,4 +50,27 @@ func upgradeType(h http.Header) string {
 		}
 	}
 	return ""
+}
+
+// checkUpgrade refuses a request whose Upgrade list names h2c (any case, with or
+// without a version, with or without Connection: Upgrade or HTTP2-Settings): a
+// connection switched to cleartext HTTP/2 would carry requests egressd never
+// inspects. Other upgrades (WebSocket) pass.
+func checkUpgrade(h http.Header) error {
+	for _, v := range h["Upgrade"] {
+		for _, tok := range strings.Split(v, ",") {
+			name, _, _ := strings.Cut(textproto.TrimString(tok), "/")
+			if strings.EqualFold(name, "h2c") {
+				return badRequest("h2c_upgrade", errors.New("an upgrade to h2c is refused"))
+			}
+		}
+	}
+	return nil
+}
+
+// switchesProtocol reports whether req asks to take the connection over (CONNECT,
+// or any Upgrade): when it is refused, bytes the client may have sent after it
+// belong to the other protocol and are never read as a request.
+func switchesProtocol(req *http.Request) bool {
+	return req.Method == http.MethodConnect || len(req.Header["Upgrade"]) > 0
 }

@@ -315,14 +315,8 @@ func TestCredentialFileLossFailsClosed(t *testing.T) {
 // connect opens a CONNECT tunnel through the proxy and returns the raw connection.
 func (w *world) connect(t *testing.T, authority string) net.Conn {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", w.ProxyAddr, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c, br := w.dialProxy(t)
 	io.WriteString(c, "CONNECT "+authority+" HTTP/1.1\r\nHost: "+authority+"\r\n\r\n")
-	br := bufio.NewReader(c)
 	resp, err := http.ReadResponse(br, &http.Request{Method: "CONNECT"})
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("CONNECT %s: %v %v", authority, resp, err)

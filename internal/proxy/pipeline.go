@@ -40,6 +40,13 @@ func (x *exchange) locate() error {
 	if !x.located {
 		x.located = true
 		x.scheme, x.locErr = x.resolveTarget()
+		// bad_request is the first check (DESIGN.md): an h2c upgrade outranks a
+		// host mismatch, not another malformation.
+		if x.locErr == nil || classify(x.locErr).Reason != allowlist.ReasonBadRequest {
+			if err := checkUpgrade(x.req.Header); err != nil {
+				x.locErr = err
+			}
+		}
 	}
 	return x.locErr
 }
