@@ -191,6 +191,8 @@ func TestBadRequests(t *testing.T) {
 		{"obs-fold", "GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\nX-A: 1\r\n  folded\r\n\r\n", "obs_fold"},
 		{"conflicting Content-Length", "POST http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nabcd", "malformed_request"},
 		{"space before colon", "POST http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n", "invalid_header_name"},
+		{"HTTP/1.0 with Transfer-Encoding", "POST http://allowed.test/ HTTP/1.0\r\nHost: allowed.test\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "http10_transfer_encoding"},
+		{"HTTP/1.0 keep-alive with Transfer-Encoding", "POST http://allowed.test/ HTTP/1.0\r\nHost: allowed.test\r\nConnection: keep-alive\r\nTransfer-Encoding: identity\r\n\r\n" + pipelined, "http10_transfer_encoding"},
 		{"two transfer codings", "POST http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "malformed_request"},
 	}
 	for _, tc := range cases {

@@ -64,7 +64,7 @@ func readRequest(br *bufio.Reader, h *headReader, max int) (*http.Request, error
 	if len(head) > max {
 		return nil, errHeadTooLarge
 	}
-	err = checkFraming(head)
+	err = checkFraming(head, !req.ProtoAtLeast(1, 1))
 	if cap(h.capture) > 16<<10 {
 		h.capture = nil // do not keep a large head's buffer for the connection's life
 	}
@@ -72,9 +72,11 @@ func readRequest(br *bufio.Reader, h *headReader, max int) (*http.Request, error
 }
 
 // checkFraming rejects heads that carry both Content-Length and Transfer-Encoding
-// (RFC 9112 §6.1: "ought to be handled as an error") and obs-fold continuation lines
-// (RFC 9112 §5.2), the usual material of request smuggling.
-func checkFraming(head []byte) error {
+// (RFC 9112 §6.1: "ought to be handled as an error"), an HTTP/1.0 request with
+// Transfer-Encoding (§6.1: its framing is faulty; net/http ignores the field and an
+// upstream may not), and obs-fold continuation lines (RFC 9112 §5.2), the usual
+// material of request smuggling.
+func checkFraming(head []byte, http10 bool) error {
 	_, rest, _ := bytes.Cut(head, []byte("\n")) // skip the request line
 	var cl, te bool
 	for len(rest) > 0 {
@@ -93,6 +95,9 @@ func checkFraming(head []byte) error {
 	if cl && te {
 		return badRequest("content_length_and_transfer_encoding",
 			errors.New("both Content-Length and Transfer-Encoding in request head"))
+	}
+	if te && http10 {
+		return badRequest("http10_transfer_encoding", errors.New("transfer-encoding in an HTTP/1.0 request"))
 	}
 	return nil
 }

@@ -11,7 +11,8 @@ import (
 // listener runs (readRequest, then the body, then the next request, up to three),
 // and never panic. Whenever a head is accepted, the head as sent (not as net/http
 // repaired it) has no obs-fold line and does not carry both Content-Length and
-// Transfer-Encoding, and no head longer than the limit is accepted.
+// Transfer-Encoding (nor an HTTP/1.0 one Transfer-Encoding), and no head longer
+// than the limit is accepted.
 func FuzzReadRequest(f *testing.F) {
 	for _, s := range []string{
 		"GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
@@ -30,6 +31,8 @@ func FuzzReadRequest(f *testing.F) {
 		"GET /x HTTP/1.1\r\nHost: a\r\n\n",
 		"CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\n\r\n\x16\x03\x01",
 		"GET / HTTP/1.0\r\n\r\n",
+		"POST /x HTTP/1.0\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /y HTTP/1.1\r\nHost: a\r\n\r\n",
+		"POST /x HTTP/1.0\r\nHost: a\r\ntransfer-encoding: identity\r\nConnection: keep-alive\r\n\r\n",
 	} {
 		f.Add([]byte(s), uint16(4096))
 		f.Add([]byte(s), uint16(40))
@@ -107,6 +110,9 @@ func checkRawHead(t *testing.T, head []byte) {
 	}
 	if cl && te {
 		t.Fatalf("accepted a head with both Content-Length and Transfer-Encoding: %q", head)
+	}
+	if te && bytes.HasSuffix(bytes.TrimSuffix(lines[0], []byte("\r")), []byte(" HTTP/1.0")) {
+		t.Fatalf("accepted an HTTP/1.0 head with Transfer-Encoding: %q", head)
 	}
 }
 
