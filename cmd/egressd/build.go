@@ -124,7 +124,7 @@ func newStore(ctx context.Context, l *loaded, log zerolog.Logger, m *metrics.Met
 	}
 	ids := credentialIDs(l)
 	for _, id := range ids {
-		for _, r := range []string{credential.ResultOK, credential.ResultError, credential.ResultNotFound, credential.ResultInvalid} {
+		for _, r := range []string{credential.ResultOK, credential.ResultError, credential.ResultNotFound, credential.ResultInvalid, credential.ResultRevoked} {
 			m.CredentialRefresh.WithLabelValues(id, r)
 		}
 		m.CredentialAge.WithLabelValues(id)

@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 
 	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/credential"
+	"github.com/egressd/egressd/internal/credential/file"
 	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/netguard"
 )
@@ -39,9 +42,11 @@ func cmdCheck(args []string) int {
 		}
 		rep.Problems = append(rep.Problems, l.cfg.Warnings...)
 		rep.Problems = append(rep.Problems, lintPolicy(l)...)
+		creds := lintCredentials(l)
+		rep.Problems = append(rep.Problems, creds...)
 		lint := lintHooks(l)
 		rep.Problems = append(rep.Problems, lint...)
-		for _, p := range lint {
+		for _, p := range append(lint, creds...) {
 			rep.OK = rep.OK && p.Warning
 		}
 		// Errors first, as the config loader orders its own problems.
@@ -109,6 +114,27 @@ func lintPolicy(l *loaded) []config.Problem {
 		prefix = allowlistPrefix(l.cfg.Policy.File)
 	}
 	return problemsOf(hooks.LintPolicy(l.policy.Allowlist.Rules()), prefix, "", l.cfg.Policy.File)
+}
+
+// lintCredentials checks every secret of the file backend's credentials file as the
+// backend parses it: a bad shape is an error (the fix is in the message), a revoked one a
+// warning, a file that cannot be read a warning (run serves nothing from it until it can).
+func lintCredentials(l *loaded) []config.Problem {
+	c := l.cfg.Credentials
+	if c.Backend != config.BackendFile || c.File == "" {
+		return nil
+	}
+	bad, err := file.Check(c.File)
+	if err != nil {
+		return []config.Problem{{Path: "credentials.file", Msg: err.Error() + "; credentials from it are unavailable until it can be read", Warning: true}}
+	}
+	ids := slices.Sorted(maps.Keys(bad))
+	out := make([]config.Problem, 0, len(ids))
+	for _, id := range ids {
+		revoked := errors.Is(bad[id], credential.ErrRevoked)
+		out = append(out, config.Problem{Path: id, Msg: bad[id].Error(), Warning: revoked, File: c.File})
+	}
+	return out
 }
 
 // allowlistPrefix is the path of the allowlist in the policy file: network.allowlist,

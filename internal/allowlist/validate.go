@@ -1,6 +1,7 @@
 package allowlist
 
 import (
+	"errors"
 	"fmt"
 	"net/textproto"
 	"slices"
@@ -221,4 +222,33 @@ func validCredentialID(id string) bool {
 
 func isAlnum(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+}
+
+// ParsePattern validates and normalises a domain pattern outside an allowlist entry (an
+// environment_variable credential's trusted_domains): "api.example.com", "*.example.com"
+// or "*". The error says what is wrong and how to fix it.
+func ParsePattern(d string) (string, error) {
+	if msg := domainProblem(d); msg != "" {
+		return "", errors.New(msg)
+	}
+	p, err := normalizePattern(d)
+	if err != nil {
+		return "", errors.New(strings.TrimPrefix(err.Error(), ErrBadHost.Error()+": "))
+	}
+	return p, nil
+}
+
+// MatchPattern reports whether the normalised host matches the normalised pattern with the
+// allowlist's rules: "*" matches everything, "*.example.com" every subdomain at any depth
+// (not example.com itself, never an IP literal), anything else only itself.
+func MatchPattern(pattern, host string) bool {
+	if pattern == "*" || pattern == host {
+		return true
+	}
+	suffix, ok := strings.CutPrefix(pattern, "*")
+	if !ok || !strings.HasSuffix(host, suffix) || len(host) == len(suffix) {
+		return false
+	}
+	_, addr, err := NormalizeHost(host)
+	return err == nil && !addr.IsValid()
 }

@@ -5,17 +5,28 @@ import "context"
 // Backend reads credentials; a Store calls it at Start and in the background, never on the
 // request path. Implementations must be safe for concurrent use.
 //
-// Read returns the headers of one ID and a version that changes whenever the secret does,
+// Read returns the secret of one ID (Parse's) and a version that changes whenever it does,
 // or an error. Errors must never contain a secret value (name the ID, a path, a status):
 //   - ErrNotFound (wrapped or not): the backend answered and the ID is not there;
-//   - an error wrapping ErrInvalid (ParseSecret's): the secret has a bad shape;
+//   - an error wrapping ErrInvalid (Parse's): the secret has a bad shape;
+//   - an error wrapping ErrRevoked (Parse's): the secret's status is "revoked";
 //   - anything else is a failed read (backend down, file unreadable, corrupt as a whole),
 //     after which the Store keeps serving the last good value until MaxStale.
 //
-// The Store copies the returned headers; the backend may keep and share its own slice.
+// The Store copies the returned headers; the backend may keep and share its own slice, and
+// the OAuth2 and Env it points to, which nobody modifies.
 type Backend interface {
 	Name() string // "file", "vault": the backend field of log lines
-	Read(ctx context.Context, id string) (headers []Header, version string, err error)
+	Read(ctx context.Context, id string) (secret Secret, version string, err error)
+}
+
+// Writer is implemented by backends that can store a changed secret (a rotated oauth2
+// refresh token): Vault writes a new KV version of the same path, the file backend rewrites
+// the file atomically with every other entry unchanged. Write replaces the secret of id with
+// raw (a whole secret, typed fields included) if its current version is still version, and
+// fails otherwise. Errors never contain a value.
+type Writer interface {
+	Write(ctx context.Context, id, version string, raw map[string]any) error
 }
 
 // Watcher is implemented by backends that notice changes themselves (the file backend).

@@ -55,7 +55,10 @@ func (h Header) MarshalZerologObject(e *zerolog.Event) { e.Str("name", h.Name) }
 type Value struct {
 	ID      string
 	Version string    // backend version (file: sha256 prefix of the secret's canonical JSON; Vault: KV version)
-	Headers []Header  // derived from the secret's shape by ParseSecret
+	Type    string    // "" for egressd's own shapes, else TypeBearerToken, TypeOAuth2 or TypeEnvironmentVariable
+	Headers []Header  // derived from the secret's shape by Parse; for oauth2, set by the token manager
+	OAuth2  *OAuth2   // type oauth2: the client (redacts itself)
+	Env     *EnvVar   // type environment_variable: the value (redacts itself)
 	ReadAt  time.Time // last successful read of this credential
 }
 

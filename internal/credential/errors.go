@@ -20,6 +20,10 @@ const (
 	CauseInvalid   = "invalid"    // the last read found a secret of a bad shape
 	CauseNeverRead = "never_read" // no read of the ID has succeeded yet
 	CauseStale     = "stale"      // no good read within MaxStale
+	CauseRevoked   = "revoked"    // the secret's status is "revoked"
+	// CauseNoAccessToken: an oauth2 credential has no unexpired access token (the token
+	// endpoint has not answered yet, or has failed past the last token's expiry).
+	CauseNoAccessToken = "no_access_token"
 )
 
 // UnavailableError is returned by Store.Get when a credential cannot be served: never read,
@@ -29,7 +33,7 @@ const (
 // errors.Is also reaches Err (ErrNotFound, ErrInvalid, a backend error).
 type UnavailableError struct {
 	ID    string
-	Cause string // CauseNotFound, CauseInvalid, CauseNeverRead or CauseStale
+	Cause string // CauseNotFound, CauseInvalid, CauseNeverRead, CauseStale, CauseRevoked (or the token manager's)
 	Err   error  // the last read's error; nil when there was none
 }
 

@@ -95,18 +95,19 @@ func (s *Store) refresh(ctx context.Context, e *entry) {
 	defer e.mu.Unlock()
 	start := s.o.Now()
 	rctx, cancel := context.WithTimeout(ctx, s.o.ReadTimeout)
-	headers, version, err := s.backend.Read(rctx, e.id)
+	sec, version, err := s.backend.Read(rctx, e.id)
 	cancel()
 	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
 		return // shutting down (or the caller gave up): not the backend's failure
 	}
-	if err == nil && len(headers) == 0 {
-		err = fmt.Errorf("credential %s: backend %s returned no headers: %w", e.id, s.backend.Name(), ErrInvalid)
+	if err == nil && sec.empty() {
+		err = fmt.Errorf("credential %s: backend %s returned an empty secret: %w", e.id, s.backend.Name(), ErrInvalid)
 	}
 	prev := e.cur.Load()
 	next := &state{good: prev.good, hasGood: prev.hasGood, result: classify(err), err: err}
 	if err == nil {
-		next.good = Value{ID: e.id, Version: version, Headers: slices.Clone(headers), ReadAt: start}
+		next.good = Value{ID: e.id, Version: version, Type: sec.Type, Headers: slices.Clone(sec.Headers),
+			OAuth2: sec.OAuth2, Env: sec.Env, ReadAt: start}
 		next.hasGood = true
 	}
 	e.cur.Store(next)
@@ -119,6 +120,8 @@ func classify(err error) string {
 		return ResultOK
 	case errors.Is(err, ErrNotFound):
 		return ResultNotFound
+	case errors.Is(err, ErrRevoked):
+		return ResultRevoked
 	case errors.Is(err, ErrInvalid):
 		return ResultInvalid
 	}

@@ -39,6 +39,7 @@ const (
 	ResultError    = "error"     // a failed read: the last good value is served until MaxStale
 	ResultNotFound = "not_found" // the backend answered without the ID: unavailable at once
 	ResultInvalid  = "invalid"   // the secret has a bad shape: unavailable at once
+	ResultRevoked  = "revoked"   // the secret's status is "revoked": unavailable at once
 )
 
 // errNotManaged is the Err of an UnavailableError for an ID the Store was not given.
@@ -186,6 +187,8 @@ func (st *state) unavailable(id string, now time.Time, maxStale time.Duration) *
 		return &UnavailableError{ID: id, Cause: CauseNotFound, Err: st.err}
 	case st.result == ResultInvalid:
 		return &UnavailableError{ID: id, Cause: CauseInvalid, Err: st.err}
+	case st.result == ResultRevoked:
+		return &UnavailableError{ID: id, Cause: CauseRevoked, Err: st.err}
 	case !st.hasGood:
 		return &UnavailableError{ID: id, Cause: CauseNeverRead, Err: st.err}
 	case now.Sub(st.good.ReadAt) > maxStale:

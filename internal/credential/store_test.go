@@ -34,7 +34,7 @@ func newFake() *fakeBackend {
 
 func (f *fakeBackend) Name() string { return "fake" }
 
-func (f *fakeBackend) Read(ctx context.Context, id string) ([]Header, string, error) {
+func (f *fakeBackend) Read(ctx context.Context, id string) (Secret, string, error) {
 	f.mu.Lock()
 	f.reads[id] = append(f.reads[id], time.Now())
 	block := f.block
@@ -44,19 +44,19 @@ func (f *fakeBackend) Read(ctx context.Context, id string) ([]Header, string, er
 		select {
 		case <-block:
 		case <-ctx.Done():
-			return nil, "", ctx.Err()
+			return Secret{}, "", ctx.Err()
 		}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.errs[id]; err != nil {
-		return nil, "", err
+		return Secret{}, "", err
 	}
 	tok, ok := f.tokens[id]
 	if !ok {
-		return nil, "", fmt.Errorf("fake has no %s: %w", id, ErrNotFound)
+		return Secret{}, "", fmt.Errorf("fake has no %s: %w", id, ErrNotFound)
 	}
-	return []Header{{"Authorization", "Bearer " + tok}}, "v" + strconv.Itoa(f.versions[id]), nil
+	return Secret{Headers: []Header{{"Authorization", "Bearer " + tok}}}, "v" + strconv.Itoa(f.versions[id]), nil
 }
 
 func (f *fakeBackend) setToken(id, tok string) {

@@ -76,6 +76,11 @@ func (in *Injector) Apply(r *allowlist.Rule, h, trailer http.Header) (Result, er
 		if err != nil {
 			return Result{}, err
 		}
+		if v.OAuth2 != nil && len(v.Headers) == 0 {
+			// An oauth2 client without an access token (no token manager, or none yet):
+			// never forward without the header it stands for.
+			return Result{}, &credential.UnavailableError{ID: v.ID, Cause: credential.CauseNoAccessToken}
+		}
 		secret, res.Credential, res.Version = v.Headers, v.ID, v.Version
 	}
 	for _, x := range p.transform {

@@ -70,24 +70,24 @@ func New(path string, o Options) *Backend {
 // Name is "file".
 func (b *Backend) Name() string { return "file" }
 
-// Read returns the headers and version of id from the cached parse of the file, re-reading
+// Read returns the secret and version of id from the cached parse of the file, re-reading
 // the file first if its stat changed.
-func (b *Backend) Read(ctx context.Context, id string) ([]credential.Header, string, error) {
+func (b *Backend) Read(ctx context.Context, id string) (credential.Secret, string, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, "", err
+		return credential.Secret{}, "", err
 	}
 	snap := b.load(false)
 	if snap.err != nil {
-		return nil, "", snap.err
+		return credential.Secret{}, "", snap.err
 	}
 	e, ok := snap.entries[id]
 	switch {
 	case !ok:
-		return nil, "", fmt.Errorf("%w in credentials file %s", credential.ErrNotFound, b.path)
+		return credential.Secret{}, "", fmt.Errorf("%w in credentials file %s", credential.ErrNotFound, b.path)
 	case e.err != nil:
-		return nil, "", e.err
+		return credential.Secret{}, "", e.err
 	}
-	return e.headers, e.version, nil
+	return e.secret, e.version, nil
 }
 
 // Watch polls the file every PollInterval until ctx ends and calls onChange (synchronously)
@@ -108,4 +108,25 @@ func (b *Backend) Watch(ctx context.Context, onChange func()) {
 			onChange()
 		}
 	}
+}
+
+// Check parses the file at path as Read would and returns the problem of every entry whose
+// secret is bad or revoked, by ID; the error is a failure of the whole file. Messages
+// name the ID, the field and the fix, never a value (egressd check prints them).
+func Check(path string) (map[string]error, error) {
+	data, err := readFile(path)
+	if err != nil {
+		return nil, err
+	}
+	entries, err := parse(path, data)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]error{}
+	for id, e := range entries {
+		if e.err != nil {
+			out[id] = e.err
+		}
+	}
+	return out, nil
 }

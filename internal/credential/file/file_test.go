@@ -65,7 +65,8 @@ func TestReadShapes(t *testing.T) {
 	b := New(path, Options{})
 	ctx := context.Background()
 	for id, want := range map[string]string{"tok": "Authorization", "hdr": "X-Api-Key", "basic": "Authorization"} {
-		hs, version, err := b.Read(ctx, id)
+		sec, version, err := b.Read(ctx, id)
+		hs := sec.Headers
 		if err != nil || len(hs) != 1 || hs[0].Name != want || len(version) != len("hmac:")+16 {
 			t.Errorf("%s: %v %q %v", id, hs, version, err)
 		}
@@ -157,7 +158,7 @@ func TestParsedOncePerChange(t *testing.T) {
 	if b.snap == first || b.snap.gen != first.gen {
 		t.Errorf("touch: snapshot %p gen %d, first %p gen %d", b.snap, b.snap.gen, first, first.gen)
 	}
-	if &b.snap.entries["a"].headers[0] != &first.entries["a"].headers[0] {
+	if &b.snap.entries["a"].secret.Headers[0] != &first.entries["a"].secret.Headers[0] {
 		t.Error("touch re-parsed an unchanged content")
 	}
 	writeFile(t, path, `{"a": {"token": "3"}, "b": {"token": "2"}}`)
@@ -258,7 +259,7 @@ func TestWatchNoticesChanges(t *testing.T) {
 	if n > 4 {
 		t.Fatalf("in-place rewrite: %d changes", n)
 	}
-	if got, _, _ := b.Read(context.Background(), "a"); got[0].Value != "Bearer six" {
+	if got, _, _ := b.Read(context.Background(), "a"); got.Headers[0].Value != "Bearer six" {
 		t.Fatalf("in-place rewrite: %v", got)
 	}
 
@@ -313,7 +314,7 @@ func TestConfigMapSymlinkSwap(t *testing.T) {
 	w := startWatch(t, b)
 	waitChanges(t, w, 1, "first poll")
 	hs, v1, _ := b.Read(context.Background(), "a")
-	if hs[0].Value != "Bearer one" {
+	if hs.Headers[0].Value != "Bearer one" {
 		t.Fatalf("before the swap: %v", hs)
 	}
 
@@ -321,7 +322,7 @@ func TestConfigMapSymlinkSwap(t *testing.T) {
 	must(t, os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")))
 	exactly(t, waitChanges(t, w, 2, "symlink swap"), 2, "symlink swap")
 	hs, v2, _ := b.Read(context.Background(), "a")
-	if hs[0].Value != "Bearer two" || v2 == v1 {
+	if hs.Headers[0].Value != "Bearer two" || v2 == v1 {
 		t.Errorf("after the swap: %v %s", hs, v2)
 	}
 }

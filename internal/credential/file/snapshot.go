@@ -33,7 +33,7 @@ type snapshot struct {
 
 // entry is one credential of the file.
 type entry struct {
-	headers []credential.Header
+	secret  credential.Secret
 	version string
 	err     error // the secret's shape is bad (wraps credential.ErrInvalid)
 }
@@ -157,9 +157,9 @@ var versionKey = func() []byte {
 	return k
 }()
 
-// parseEntry turns one secret into headers and a version: an HMAC-SHA256 of its canonical
+// parseEntry turns one secret into what it sets and a version: an HMAC-SHA256 of its canonical
 // JSON (encoding/json sorts map keys) under versionKey. A secret that is not an object
-// reaches ParseSecret as nil.
+// reaches Parse as nil.
 func parseEntry(id string, raw json.RawMessage) entry {
 	var v any
 	d := json.NewDecoder(bytes.NewReader(raw))
@@ -168,7 +168,7 @@ func parseEntry(id string, raw json.RawMessage) entry {
 		v = nil // cannot happen: the whole file decoded
 	}
 	m, _ := v.(map[string]any)
-	headers, err := credential.ParseSecret(id, m)
+	secret, err := credential.Parse(id, m)
 	if err != nil {
 		return entry{err: err}
 	}
@@ -178,5 +178,5 @@ func parseEntry(id string, raw json.RawMessage) entry {
 	}
 	mac := hmac.New(sha256.New, versionKey)
 	mac.Write(canon)
-	return entry{headers: headers, version: "hmac:" + hex.EncodeToString(mac.Sum(nil))[:versionLen]}
+	return entry{secret: secret, version: "hmac:" + hex.EncodeToString(mac.Sum(nil))[:versionLen]}
 }

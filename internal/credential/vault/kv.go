@@ -19,32 +19,32 @@ func (b *Backend) kvPath(id string) string {
 
 // readKV reads the current version of id from KV v2. A path without a secret, or whose
 // current version is deleted or destroyed, is credential.ErrNotFound: Vault answered.
-func (b *Backend) readKV(ctx context.Context, id string) ([]credential.Header, string, error) {
+func (b *Backend) readKV(ctx context.Context, id string) (credential.Secret, string, error) {
 	path := b.kvPath(id)
 	sec, err := b.client.Logical().ReadWithContext(ctx, path)
 	if err != nil {
-		return nil, "", describe("vault read", path, err)
+		return credential.Secret{}, "", describe("vault read", path, err)
 	}
 	if sec == nil || sec.Data == nil {
-		return nil, "", fmt.Errorf("%w: no secret at %s", credential.ErrNotFound, path)
+		return credential.Secret{}, "", fmt.Errorf("%w: no secret at %s", credential.ErrNotFound, path)
 	}
 	meta, _ := sec.Data["metadata"].(map[string]any)
 	data, isMap := sec.Data["data"].(map[string]any)
 	if sec.Data["data"] == nil {
-		return nil, "", fmt.Errorf("%w: the current version at %s is %s", credential.ErrNotFound, path, deletedState(meta))
+		return credential.Secret{}, "", fmt.Errorf("%w: the current version at %s is %s", credential.ErrNotFound, path, deletedState(meta))
 	}
 	if !isMap {
-		return nil, "", fmt.Errorf("credential %s: %s is not a KV v2 secret (is %s a KV v2 mount?): %w", id, path, b.kvMount, credential.ErrInvalid)
+		return credential.Secret{}, "", fmt.Errorf("credential %s: %s is not a KV v2 secret (is %s a KV v2 mount?): %w", id, path, b.kvMount, credential.ErrInvalid)
 	}
 	version, err := kvVersion(meta)
 	if err != nil {
-		return nil, "", fmt.Errorf("credential %s: %s: %w", id, path, err)
+		return credential.Secret{}, "", fmt.Errorf("credential %s: %s: %w", id, path, err)
 	}
-	headers, err := credential.ParseSecret(id, data)
+	parsed, err := credential.Parse(id, data)
 	if err != nil {
-		return nil, "", err // names the ID and at most a key, never a value
+		return credential.Secret{}, "", err // names the ID and at most a key, never a value
 	}
-	return headers, version, nil
+	return parsed, version, nil
 }
 
 // deletedState says why a KV version has no data.

@@ -2,7 +2,7 @@
 // credential.Backend.
 //
 // A credential ID "x" is read from KV v2 at <kv_mount>/data/<kv_prefix>/x, whose data is one
-// of credential.ParseSecret's shapes; the KV version is the credential's version. An ID
+// of credential.Parse's shapes (typed ones included; the ID is the path's last segment); the KV version is the credential's version. An ID
 // listed in Options.Paths is read from that Vault path instead (a Vault identity token, a
 // dynamic secret), one string field of its data becoming one header.
 //
@@ -140,23 +140,24 @@ func (b *Backend) Address() string { return b.client.Address() }
 // Read returns the headers and version of id: from KV, or from its Path. It logs in first
 // when there is no token. When Vault refuses the read and then refuses the token itself
 // (revoked, expired), it logs in again and reads once more.
-func (b *Backend) Read(ctx context.Context, id string) ([]credential.Header, string, error) {
+func (b *Backend) Read(ctx context.Context, id string) (credential.Secret, string, error) {
 	for retried := false; ; retried = true {
 		l, err := b.sess.token(ctx)
 		if err != nil {
-			return nil, "", err
+			return credential.Secret{}, "", err
 		}
-		headers, version, err := b.read(ctx, id)
+		sec, version, err := b.read(ctx, id)
 		if !retried && isForbidden(err) && b.sess.checkRejected(ctx, l) {
 			continue
 		}
-		return headers, version, err
+		return sec, version, err
 	}
 }
 
-func (b *Backend) read(ctx context.Context, id string) ([]credential.Header, string, error) {
+func (b *Backend) read(ctx context.Context, id string) (credential.Secret, string, error) {
 	if p, ok := b.paths[id]; ok {
-		return b.readPath(ctx, id, p)
+		headers, version, err := b.readPath(ctx, id, p)
+		return credential.Secret{Headers: headers}, version, err
 	}
 	return b.readKV(ctx, id)
 }

@@ -151,7 +151,8 @@ func TestReadKV(t *testing.T) {
 	b, _ := newTestBackend(t, f, Options{})
 	ctx := context.Background()
 
-	h, v, err := b.Read(ctx, "api")
+	sec, v, err := b.Read(ctx, "api")
+	h := sec.Headers
 	if err != nil || v != "7" || len(h) != 1 || h[0].Name != "Authorization" || h[0].Value != "Bearer "+planted {
 		t.Fatalf("api: %v %q %v", h, v, err)
 	}
