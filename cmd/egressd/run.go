@@ -194,8 +194,12 @@ func (d *daemon) serveDNS(l *loaded) error {
 			rt := d.srv.Runtime()
 			return rt.Resolver, rt.Guard
 		},
-		Log:     d.log,
-		Timeout: l.cfg.Limits.DNS,
+		Log:               d.log,
+		Timeout:           l.cfg.Limits.DNS,
+		MaxTCPConnections: l.cfg.DNS.MaxTCPConnections,
+		MaxTCPPerClient:   l.cfg.DNS.MaxTCPPerClient,
+		TCPIdle:           l.cfg.DNS.TCPIdle,
+		TCPMaxQueries:     l.cfg.DNS.TCPMaxQueries,
 	})
 	if err := g.Listen(); err != nil {
 		return err

@@ -143,6 +143,13 @@ type Network struct {
 // DNS is the optional DNS guard for transparent mode.
 type DNS struct {
 	Listen string // ip:port, or "" for no DNS guard
+	// The guard's TCP bounds: connections open at once in total and per client
+	// IP (more are closed at once), how long a connection may sit between
+	// queries, and how many queries one connection may carry.
+	MaxTCPConnections int
+	MaxTCPPerClient   int
+	TCPIdle           time.Duration
+	TCPMaxQueries     int
 }
 
 // TLS configures interception and upstream verification.

@@ -105,6 +105,21 @@ const (
 	// Kubernetes terminationGracePeriodSeconds must be longer.
 	DefaultDrain = 10 * time.Second
 
+	// DefaultDNSMaxTCPConnections bounds the DNS guard's open TCP connections;
+	// one more is closed at once. A sandbox resolves over UDP and falls back to
+	// TCP only for truncated answers (the guard's are at most 1232 bytes), so a
+	// few hundred at once is far past honest use and costs a few MiB at most.
+	DefaultDNSMaxTCPConnections = 256
+	// DefaultDNSMaxTCPPerClient bounds one client IP's open TCP connections to
+	// the DNS guard; one more is closed at once.
+	DefaultDNSMaxTCPPerClient = 32
+	// DefaultDNSTCPIdle closes a DNS TCP connection with no query for this long
+	// (miekg/dns's default, in line with RFC 7766 §6.2.3).
+	DefaultDNSTCPIdle = 8 * time.Second
+	// DefaultDNSTCPMaxQueries is how many queries one DNS TCP connection may
+	// carry before the guard closes it.
+	DefaultDNSTCPMaxQueries = 128
+
 	// DefaultLogLevel and DefaultLogFormat: one JSON line per request at info.
 	DefaultLogLevel  = LevelInfo
 	DefaultLogFormat = FormatJSON

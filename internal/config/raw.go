@@ -55,7 +55,11 @@ type rawNetwork struct {
 }
 
 type rawDNS struct {
-	Listen string `yaml:"listen"`
+	Listen            string      `yaml:"listen"`
+	MaxTCPConnections *int        `yaml:"max_tcp_connections"`
+	MaxTCPPerClient   *int        `yaml:"max_tcp_per_client"`
+	TCPIdle           rawDuration `yaml:"tcp_idle"`
+	TCPMaxQueries     *int        `yaml:"tcp_max_queries"`
 }
 
 type rawTLS struct {

@@ -35,7 +35,7 @@ func validate(raw *rawConfig, baseDir string, ps *problems) *Config {
 		Listeners:   v.listeners(raw.Listeners),
 		Policy:      v.policySource(raw.Policy),
 		Network:     v.network(raw.Network),
-		DNS:         DNS{Listen: v.optionalAddr(raw.DNS.Listen, "dns.listen", "127.0.0.1:53", true)},
+		DNS:         v.dns(raw.DNS),
 		TLS:         v.tls(raw.TLS),
 		Credentials: v.credentials(raw.Credentials),
 		Hooks:       v.hooks(raw.Hooks),
@@ -425,6 +425,22 @@ func (v *validator) hooks(r rawHooks) Hooks {
 		v.ps.errorf("hooks.signing_key", "set credential or file, not both")
 	}
 	return h
+}
+
+func (v *validator) dns(r rawDNS) DNS {
+	const p = "dns."
+	d := DNS{
+		Listen:            v.optionalAddr(r.Listen, p+"listen", "127.0.0.1:53", true),
+		MaxTCPConnections: positive(v, r.MaxTCPConnections, p+"max_tcp_connections", DefaultDNSMaxTCPConnections),
+		MaxTCPPerClient:   positive(v, r.MaxTCPPerClient, p+"max_tcp_per_client", DefaultDNSMaxTCPPerClient),
+		TCPIdle:           v.duration(r.TCPIdle, p+"tcp_idle", DefaultDNSTCPIdle),
+		TCPMaxQueries:     positive(v, r.TCPMaxQueries, p+"tcp_max_queries", DefaultDNSTCPMaxQueries),
+	}
+	if d.MaxTCPPerClient > d.MaxTCPConnections {
+		v.ps.errorf(p+"max_tcp_per_client", "must be at most dns.max_tcp_connections (%d)", d.MaxTCPConnections)
+		d.MaxTCPPerClient = d.MaxTCPConnections
+	}
+	return d
 }
 
 func (v *validator) limits(r rawLimits) Limits {

@@ -21,6 +21,11 @@
 //     would show it the internal network). A name left with no address is
 //     answered NOERROR with an empty answer section.
 //   - Each client IP has a token bucket; a query over it is REFUSED.
+//   - TCP connections are capped in total and per client IP (a connection
+//     over a cap is closed as soon as it is accepted), closed after an idle
+//     time between queries and after a number of queries, so that held
+//     connections cannot take the file descriptors and memory the proxy
+//     shares (tcpcap.go).
 //   - Malformed messages get FORMERR (miekg/dns answers those before the
 //     handler runs); nothing a client sends makes the server panic.
 //
@@ -39,6 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -47,6 +53,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/netguard"
 )
 
@@ -74,11 +81,9 @@ const (
 	// maxUDPSize is the largest UDP response, whatever the client's EDNS0
 	// buffer size: 1232 bytes avoids IP fragmentation (DNS flag day 2020).
 	maxUDPSize = 1232
-	// tcpReadTimeout and tcpIdleTimeout bound a TCP client that sends
-	// nothing; tcpMaxQueries bounds one that sends forever.
+	// tcpReadTimeout bounds a TCP client's first query and every write to
+	// it; Options.TCPIdle the wait for each later query.
 	tcpReadTimeout = 2 * time.Second
-	tcpIdleTimeout = 8 * time.Second
-	tcpMaxQueries  = 128
 	// listenAttempts is how often Listen retries when Listen's port is 0
 	// and the free UDP port it got is taken for TCP.
 	listenAttempts = 16
@@ -115,6 +120,16 @@ type Options struct {
 	// Timeout bounds one query's upstream lookup; zero or less means
 	// DefaultTimeout.
 	Timeout time.Duration
+	// The TCP bounds (dns.max_tcp_connections, dns.max_tcp_per_client,
+	// dns.tcp_idle, dns.tcp_max_queries): a connection beyond
+	// MaxTCPConnections open at once, or beyond MaxTCPPerClient from one
+	// client IP, is closed as soon as it is accepted; one with no query for
+	// TCPIdle, or that has carried TCPMaxQueries, is closed. Zero or less
+	// means the config package's defaults.
+	MaxTCPConnections int
+	MaxTCPPerClient   int
+	TCPIdle           time.Duration
+	TCPMaxQueries     int
 }
 
 // Server is the DNS guard. Its lifecycle is New, then Run (which calls
@@ -145,7 +160,19 @@ func New(o Options) *Server {
 	if o.Resolver == nil {
 		o.Resolver = netguard.NewResolver("", o.Timeout)
 	}
+	o.MaxTCPConnections = orDefault(o.MaxTCPConnections, config.DefaultDNSMaxTCPConnections)
+	o.MaxTCPPerClient = orDefault(o.MaxTCPPerClient, config.DefaultDNSMaxTCPPerClient)
+	o.TCPIdle = orDefault(o.TCPIdle, config.DefaultDNSTCPIdle)
+	o.TCPMaxQueries = orDefault(o.TCPMaxQueries, config.DefaultDNSTCPMaxQueries)
 	return &Server{o: o, limiter: newLimiter(o.RatePerSecond, o.Burst), base: context.Background()}
+}
+
+// orDefault is v, or def when v is zero or less.
+func orDefault[T int | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }
 
 // Listen binds the UDP socket and the TCP listener on Options.Listen.
@@ -163,7 +190,8 @@ func (s *Server) Listen() error {
 	for attempt := 0; ; attempt++ {
 		pc, ln, err := listenBoth(host, port)
 		if err == nil {
-			s.pc, s.ln = pc, ln
+			s.pc = pc
+			s.ln = newCapListener(ln, s.o.MaxTCPConnections, s.o.MaxTCPPerClient, s.logTCPCap)
 			return nil
 		}
 		if port != "0" || attempt == listenAttempts {
@@ -223,8 +251,8 @@ func (s *Server) dnsServer(pc net.PacketConn, ln net.Listener) *dns.Server {
 		Handler:        s,
 		ReadTimeout:    tcpReadTimeout,
 		WriteTimeout:   tcpReadTimeout,
-		IdleTimeout:    func() time.Duration { return tcpIdleTimeout },
-		MaxTCPQueries:  tcpMaxQueries,
+		IdleTimeout:    func() time.Duration { return s.o.TCPIdle },
+		MaxTCPQueries:  s.o.TCPMaxQueries,
 		MsgAcceptFunc:  acceptQuery,
 		MsgInvalidFunc: s.logInvalid,
 	}
@@ -278,6 +306,13 @@ func acceptQuery(h dns.Header) dns.MsgAcceptAction {
 		return dns.MsgRejectNotImplemented
 	}
 	return dns.DefaultMsgAcceptFunc(h)
+}
+
+// logTCPCap logs a TCP connection closed on accept by a cap.
+func (s *Server) logTCPCap(client netip.Addr) {
+	s.o.Log.Debug().Str("client", client.String()).Str("proto", "tcp").Str("decision", "deny").
+		Str("reason", string(reasonTCPCap)).Int("max_tcp_connections", s.o.MaxTCPConnections).
+		Int("max_tcp_per_client", s.o.MaxTCPPerClient).Msg("dns")
 }
 
 // logInvalid logs a message miekg/dns could not parse (it answers FORMERR
