@@ -159,3 +159,50 @@ func clientHelloBytes(t *testing.T, sni string) string {
 	}
 	return string(buf[:n])
 }
+
+// TestTransparentEdges: on a transparent listener's plain HTTP, an h2c upgrade and
+// a CONNECT are refused and the connection is closed; inside a transparently
+// intercepted TLS connection the h2c upgrade is refused the same way.
+func TestTransparentEdges(t *testing.T) {
+	w, sb := newTransparentWorld(t)
+	plain := func(t *testing.T) (net.Conn, *bufio.Reader) {
+		c, err := sb.dial(t, "tcp", w.PublicIP+":80")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		return c, bufio.NewReader(c)
+	}
+	ahead := "GET /pipelined HTTP/1.1\r\nHost: www.allowed.test\r\n\r\n"
+	for name, hdr := range h2cUpgrades {
+		t.Run("plain h2c "+name, func(t *testing.T) {
+			c, br := plain(t)
+			sendRefusedThenClosed(t, c, br, "GET / HTTP/1.1\r\nHost: www.allowed.test\r\n"+hdr+"\r\n"+h2cPreface+ahead,
+				400, "bad_request", "h2c_upgrade")
+		})
+	}
+	t.Run("CONNECT as a plain-HTTP method", func(t *testing.T) {
+		c, br := plain(t)
+		sendRefusedThenClosed(t, c, br, "CONNECT www.allowed.test:80 HTTP/1.1\r\nHost: www.allowed.test:80\r\n\r\n"+ahead,
+			400, "bad_request", "connect_transparent")
+	})
+	t.Run("CONNECT inside intercepted TLS", func(t *testing.T) {
+		tc, err := w.tlsFromSandbox(t, sb, w.PublicIP+":443", "api.allowed.test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sendRefusedThenClosed(t, tc, bufio.NewReader(tc), "CONNECT api.allowed.test:443 HTTP/1.1\r\nHost: api.allowed.test:443\r\n\r\n"+
+			"GET /pipelined HTTP/1.1\r\nHost: api.allowed.test\r\n\r\n", 400, "bad_request", "connect_in_tunnel")
+	})
+	t.Run("h2c inside intercepted TLS", func(t *testing.T) {
+		tc, err := w.tlsFromSandbox(t, sb, w.PublicIP+":443", "api.allowed.test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sendRefusedThenClosed(t, tc, bufio.NewReader(tc), "GET /v1 HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: Upgrade, HTTP2-Settings\r\n"+
+			"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"+h2cPreface, 400, "bad_request", "h2c_upgrade")
+	})
+	w.assertUpstreamSawNothing(t)
+	w.assertSecretNotLogged()
+}

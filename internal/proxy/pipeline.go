@@ -100,6 +100,9 @@ func (x *exchange) resolveTarget() (string, error) {
 		t, err := transparentTarget(x.req, x.orig)
 		x.target, x.rec.Scheme = t, "http"
 		x.rec.setTarget(t)
+		if x.req.Method == http.MethodConnect {
+			err = badRequest("connect_transparent", errors.New("CONNECT on a transparent listener"))
+		}
 		return "http", err
 	}
 	if x.pinned == nil {
