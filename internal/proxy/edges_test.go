@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -205,4 +206,122 @@ func TestTransparentEdges(t *testing.T) {
 	})
 	w.assertUpstreamSawNothing(t)
 	w.assertSecretNotLogged()
+}
+
+// forger is an upstream that sends Egressd-* headers and trailers of its own, one
+// announced trailer and one it never announced.
+func forger(rw http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	h := rw.Header()
+	h.Set("Egressd-Reason", "not_allowlisted")
+	h.Set("Egressd-Hook", "fail-closed")
+	h["egressd-lower"] = []string{"x"}
+	h.Set("Trailer", "X-Announced, Egressd-Announced")
+	rw.WriteHeader(200)
+	io.WriteString(rw, `{"decision":"allow"}`)
+	rw.(http.Flusher).Flush() // chunked on HTTP/1.1
+	h.Set("X-Announced", "a")
+	h.Set("Egressd-Announced", "forged")
+	h.Set(http.TrailerPrefix+"X-Undeclared", "u")
+	h.Set(http.TrailerPrefix+"Egressd-Undeclared", "forged")
+}
+
+// assertNoForgery checks that the client saw none of the upstream's Egressd-*
+// fields and every other trailer, announced or not.
+func assertNoForgery(t *testing.T, resp *http.Response) {
+	t.Helper()
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || string(body) != `{"decision":"allow"}` {
+		t.Fatalf("status %d, body %q", resp.StatusCode, body)
+	}
+	for _, h := range []http.Header{resp.Header, resp.Trailer} {
+		for name := range h {
+			if strings.HasPrefix(strings.ToLower(name), "egressd-") {
+				t.Errorf("client saw the upstream's %s", name)
+			}
+		}
+	}
+	if resp.Trailer.Get("X-Announced") != "a" || resp.Trailer.Get("X-Undeclared") != "u" {
+		t.Errorf("trailers %v, want X-Announced and X-Undeclared", resp.Trailer)
+	}
+}
+
+func TestUpstreamEgressdHeadersRemoved(t *testing.T) {
+	w := newInjectWorld(t, worldOpts{})
+	w.Upstream.set(forger)
+	t.Run("explicit GET", func(t *testing.T) {
+		resp, err := w.client().Get("http://www.allowed.test/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertNoForgery(t, resp)
+	})
+	t.Run("explicit POST", func(t *testing.T) {
+		resp, err := w.client().Post("http://www.allowed.test/", "text/plain", strings.NewReader("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertNoForgery(t, resp)
+	})
+	t.Run("intercepted HTTP/1.1", func(t *testing.T) {
+		tc, br := w.interceptedH1(t, "api.allowed.test")
+		io.WriteString(tc, "GET /v1 HTTP/1.1\r\nHost: api.allowed.test\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertNoForgery(t, resp)
+	})
+	t.Run("intercepted HTTP/2", func(t *testing.T) {
+		req, _ := http.NewRequest("GET", "https://api.allowed.test/v1", nil)
+		resp, err := w.h2ClientConn(t, "api.allowed.test:443").RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertNoForgery(t, resp)
+	})
+	t.Run("upgrade", func(t *testing.T) {
+		w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+			conn, brw, err := rw.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nEgressd-Reason: forged\r\n\r\n")
+			brw.Flush()
+		})
+		tc, br := w.interceptedH1(t, "api.allowed.test")
+		io.WriteString(tc, "GET /ws HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 101 || resp.Header.Get("Egressd-Reason") != "" {
+			t.Errorf("101 response: %d %v", resp.StatusCode, resp.Header)
+		}
+	})
+	w.assertNoCanaryHit()
+}
+
+// TestHookResponseEgressdHeadersRemoved: a hook endpoint cannot fake egressd's
+// fail-closed marker on the answer it passes through.
+func TestHookResponseEgressdHeadersRemoved(t *testing.T) {
+	w := newHookWorld(t)
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		rw.Header().Set("Egressd-Hook", "fail-closed")
+		rw.Header().Set("Egressd-Reason", "forged")
+		io.WriteString(rw, `{"decision":"allow"}`)
+	})
+	req, _ := http.NewRequest("POST", "https://policy.allowed.test/pre", strings.NewReader(`{"tool":"code_execution"}`))
+	resp, err := w.interceptingClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if string(body) != `{"decision":"allow"}` || resp.Header.Get("Egressd-Hook") != "" || resp.Header.Get("Egressd-Reason") != "" {
+		t.Errorf("hook answer: %v %q", resp.Header, body)
+	}
 }

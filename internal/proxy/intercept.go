@@ -165,16 +165,16 @@ func writeRefusalRW(w http.ResponseWriter, rt *Runtime, rec *Record, err error) 
 }
 
 // writeResponseRW streams resp through an http.ResponseWriter (the HTTP/2 side),
-// flushing after every read, with trailers announced and then set.
+// flushing after every read, then sets every trailer the upstream sent, announced
+// in a Trailer header or not (gRPC never announces grpc-status): net/http fills
+// resp.Trailer when the body ends, and http.TrailerPrefix sends a trailer nobody
+// declared.
 func writeResponseRW(w http.ResponseWriter, resp *http.Response, rec *Record) {
 	rec.Status = resp.StatusCode
 	removeHopByHop(resp.Header)
 	h := w.Header()
 	for k, v := range resp.Header {
 		h[k] = v
-	}
-	for k := range resp.Trailer {
-		h.Add("Trailer", k)
 	}
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
@@ -184,7 +184,8 @@ func writeResponseRW(w http.ResponseWriter, resp *http.Response, rec *Record) {
 		rec.Error = err.Error()
 		return
 	}
+	removeEgressdHeaders(resp.Trailer)
 	for k, v := range resp.Trailer {
-		h[k] = v
+		h[http.TrailerPrefix+k] = v
 	}
 }

@@ -54,6 +54,7 @@ func writeResponse(bw *bufio.Writer, method string, wantClose bool, resp *http.R
 	case !wantClose:
 		chunked = true
 		resp.Header["Transfer-Encoding"] = []string{"chunked"}
+		removeEgressdHeaders(resp.Trailer)
 		if len(resp.Trailer) > 0 {
 			resp.Header["Trailer"] = []string{trailerNames(resp.Trailer)}
 		}
@@ -70,6 +71,9 @@ func writeResponse(bw *bufio.Writer, method string, wantClose bool, resp *http.R
 		return false, err
 	}
 	if chunked {
+		// Every trailer the upstream sent, announced or not (net/http fills
+		// resp.Trailer when the body ends), except the ones only egressd sets.
+		removeEgressdHeaders(resp.Trailer)
 		bw.WriteString("0\r\n")
 		for name, values := range resp.Trailer {
 			for _, v := range values {

@@ -87,8 +87,21 @@ func (rt *Runtime) newTransport(h2 bool) *http.Transport {
 	return tr
 }
 
-// roundTrip forwards out on the transport that matches the client's protocol.
+// roundTrip forwards out on the transport that matches the client's protocol. The
+// response's Egressd-* fields are removed here, on every path (plain, intercepted,
+// upgrades, hook calls): only egressd sets them, and an upstream must not be able to
+// fake Egressd-Reason or the fail-closed marker. Trailers, which arrive after the
+// body, are filtered by the response writers.
 func (rt *Runtime) roundTrip(out *http.Request, rec *Record) (*http.Response, error) {
+	resp, err := rt.send(out, rec)
+	if err != nil {
+		return nil, err
+	}
+	removeEgressdHeaders(resp.Header)
+	return resp, nil
+}
+
+func (rt *Runtime) send(out *http.Request, rec *Record) (*http.Response, error) {
 	if h1Eligible(out) {
 		return rt.h1.roundTrip(out, rec)
 	}
