@@ -2,6 +2,7 @@ package scrub
 
 import (
 	"bytes"
+	"io"
 	"testing"
 )
 
@@ -38,4 +39,65 @@ func FuzzReader(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzWebSocket holds the WebSocket Reader to its documented guarantee on
+// a message fragmented at two fuzzed points (masked frames or not, delivered
+// in two reads): frames keep their headers and lengths; against the
+// reference over the whole message, a byte may differ only just before the
+// end of a frame whose message continues — left unmasked within MinLen-1
+// bytes of it, or masked speculatively within the longest pattern. The raw
+// input is also fed as a stream of frames: errors, never a panic.
+func FuzzWebSocket(f *testing.F) {
+	f.Add("sk-live-0123456789abcdefXYZ/+=", []byte("say  done"), uint16(4), uint16(12), uint16(7), true, []byte{0x81, 0x02, 'h', 'i'})
+	f.Add("Bearer tok_0123456789abcdef", []byte(`{"a":""}`), uint16(20), uint16(30), uint16(0), false, []byte{0x82, 0x7e, 0x00})
+	f.Fuzz(func(t *testing.T, secret string, payload []byte, at, cut uint16, split uint16, masked bool, raw []byte) {
+		if len(secret) < MinLen || len(secret) > 64 || len(payload) > 512 {
+			return
+		}
+		s := Compile(secret)
+		_, _ = io.ReadAll(s.WebSocket(bytes.NewReader(raw)))
+		fs := forms(secret)
+		pos := int(at) % (len(payload) + 1)
+		msg := append(payload[:pos:pos], append([]byte(fs[int(at)%len(fs)]), payload[pos:]...)...)
+		c1 := int(cut) % (len(msg) + 1)
+		c2 := c1 + int(split)%(len(msg)-c1+1)
+		var key []byte
+		if masked {
+			key = []byte{byte(at), byte(cut), 0x5a, byte(split)}
+		}
+		in := wsStream(wsFrame{op: 2, key: key, payload: msg[:c1]}, wsFrame{op: 0, key: key, payload: msg[c1:c2]},
+			wsFrame{fin: true, op: 0, key: key, payload: msg[c2:]})
+		out, _, err := wsRun(t, s, splitAt(in, int(split)%(len(in)+1))...)
+		if err != nil || len(out) != len(in) {
+			t.Fatalf("%d of %d bytes, %v", len(out), len(in), err)
+		}
+		var got []byte
+		for _, fr := range parseFrames(t, out) {
+			got = append(got, fr.payload...)
+		}
+		want, _ := refMask(s, msg)
+		for i := range msg {
+			if got[i] == want[i] {
+				continue
+			}
+			limit := s.MaxLen() - 1
+			if got[i] != Mask {
+				limit = MinLen - 1
+			}
+			if !nearEnd(i, limit, c1, c2) {
+				t.Fatalf("byte %d: got %q, want %q (frames end at %d, %d)", i, got, want, c1, c2)
+			}
+		}
+	})
+}
+
+// nearEnd reports whether i lies within limit bytes before one of ends.
+func nearEnd(i, limit int, ends ...int) bool {
+	for _, e := range ends {
+		if i < e && i >= e-limit {
+			return true
+		}
+	}
+	return false
 }

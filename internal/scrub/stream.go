@@ -1,0 +1,154 @@
+package scrub
+
+import (
+	"bytes"
+	"slices"
+)
+
+// Buffer sizes. A stream starts with a small buffer (most scrubbed
+// responses are small) and doubles it, up to maxRead, while reads fill it.
+const (
+	minRead = 4 << 10
+	maxRead = 32 << 10
+)
+
+// How a scan releases bytes.
+type release int
+
+const (
+	// holdBack releases all but the longest suffix that could start a match.
+	holdBack release = iota
+	// flushAll releases everything but keeps that suffix as context, so an
+	// occurrence that continues in the next bytes is still masked there (a
+	// WebSocket frame's end inside a fragmented message).
+	flushAll
+	// final releases everything and keeps nothing (end of the body).
+	final
+)
+
+// stream is the masking state machine behind Reader: a buffer whose first
+// keep bytes are the suffix kept from the last scan (of which the first sent
+// were already released, as context only) followed by new bytes. Memory is
+// the buffer (at most maxRead plus the longest pattern) whatever the length
+// of the input.
+type stream struct {
+	set  *Set
+	buf  []byte
+	raw  []byte // unmasked copy of the kept suffix (masking is in place)
+	hm   []bool // hm[i]: kept byte i belongs to an occurrence already found
+	hm2  []bool // scratch for the next hm
+	keep int
+	sent int
+	end  int
+	full bool // the last read filled the buffer: grow it
+	n    int  // occurrences found so far
+}
+
+// space readies the buffer for new bytes and returns where to put them;
+// the output of the last scan is invalid from here on.
+func (st *stream) space() []byte {
+	if st.buf == nil {
+		st.buf = make([]byte, minRead+st.set.maxLen)
+		st.hm = make([]bool, 0, st.set.maxLen)
+		st.hm2 = make([]bool, 0, st.set.maxLen)
+	}
+	if st.full && len(st.buf) < maxRead+st.set.maxLen {
+		st.buf = make([]byte, min(2*(len(st.buf)-st.set.maxLen), maxRead)+st.set.maxLen)
+	}
+	st.end = copy(st.buf, st.raw[:st.keep])
+	return st.buf[st.end:]
+}
+
+// scan takes n new bytes (written into space()), masks every occurrence
+// found, and returns the bytes it releases, masked. Occurrences are counted
+// once: in the scan that sees their last byte.
+func (st *stream) scan(n int, how release) []byte {
+	st.full = n == len(st.buf)-st.end
+	st.end += n
+	win := st.buf[:st.end]
+	matches := st.set.ac.FindAllOverlapping(win) // before any masking of win
+	hold := 0
+	if how != final {
+		hold = st.set.hold(win)
+	}
+	emit, from := len(win)-hold, len(win)-hold
+	if how != holdBack {
+		emit = len(win)
+	}
+	emit = max(emit, st.sent) // the hold may start inside released context
+	st.raw = append(st.raw[:0], win[from:]...)
+	next := st.hm2[:hold]
+	clear(next)
+	mark := func(i int) {
+		if i >= st.sent && i < emit {
+			win[i] = Mask
+		}
+		if i >= from {
+			next[i-from] = true
+		}
+	}
+	for i, m := range st.hm {
+		if m {
+			mark(i)
+		}
+	}
+	for _, m := range matches {
+		if m.End > st.keep {
+			st.n++
+		}
+		for i := m.Start; i < m.End; i++ {
+			mark(i)
+		}
+	}
+	if how == flushAll && hold >= MinLen {
+		// MinLen bytes or more that begin a form of a secret: mask them now
+		// rather than let them out unmasked before the rest arrives.
+		for i := from; i < len(win); i++ {
+			win[i] = Mask
+		}
+	}
+	out := win[st.sent:emit]
+	st.hm, st.hm2 = next, st.hm
+	st.keep, st.sent = hold, max(emit, from)-from
+	return out
+}
+
+// drop forgets the kept bytes: on a source error (they are never
+// released) and before a new WebSocket message (no context from the last).
+func (st *stream) drop() {
+	st.keep, st.sent = 0, 0
+	st.hm = st.hm[:0]
+}
+
+// hold returns the length of the longest suffix of b that is a proper
+// prefix of some pattern: the only bytes a later read can still complete
+// into a match. It checks only the last maxLen-1 bytes, and a start there only
+// when its first two bytes begin some pattern, so it costs little per read.
+func (s *Set) hold(b []byte) int {
+	for i := max(0, len(b)-(s.maxLen-1)); i < len(b); i++ {
+		if !s.first[b[i]] {
+			continue
+		}
+		if i+1 < len(b) {
+			k := int(b[i])<<8 | int(b[i+1])
+			if s.pair[k/64]&(1<<(k%64)) == 0 {
+				continue
+			}
+		}
+		if s.properPrefix(b[i:]) {
+			return len(b) - i
+		}
+	}
+	return 0
+}
+
+// properPrefix reports whether b is a prefix of some longer pattern.
+func (s *Set) properPrefix(b []byte) bool {
+	i, _ := slices.BinarySearchFunc(s.sorted, b, bytes.Compare)
+	for ; i < len(s.sorted) && bytes.HasPrefix(s.sorted[i], b); i++ {
+		if len(s.sorted[i]) > len(b) {
+			return true
+		}
+	}
+	return false
+}
