@@ -22,12 +22,17 @@ func (d *daemon) ConfigInfo() (string, time.Time) {
 }
 
 // Ready reports readiness: the config is loaded and every credential the policy
-// references can be served; the body has each credential's state (never a value).
+// references can be served; the body has each credential's state (never a value), and
+// "unrestricted": true when the policy has no "network" (every destination allowed).
 func (d *daemon) Ready() (bool, map[string]any) {
 	d.mu.Lock()
-	store := d.store
+	store, pol := d.store, d.current.policy
 	d.mu.Unlock()
-	return store.Ready(), map[string]any{"config": "loaded", "credentials": store.Status()}
+	body := map[string]any{"config": "loaded", "credentials": store.Status()}
+	if pol.Unrestricted {
+		body["unrestricted"] = true
+	}
+	return store.Ready(), body
 }
 
 // What started a reload, as the reload log lines' source field says.

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"fmt"
+	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -36,5 +39,57 @@ func TestCheckTypedCredentials(t *testing.T) {
 	}
 	if strings.Contains(res.all(), demoToken) {
 		t.Errorf("check printed the secret:\n%s", res)
+	}
+}
+
+// policyFileConfig is runConfig with the policy read from the file at path.
+func policyFileConfig(path string, port int) string {
+	return `version: 1
+environment: env_run
+listeners:
+  - {name: sandbox, address: "127.0.0.1:0", mode: proxy, role: sandbox}
+admin: {address: "127.0.0.1:0"}
+policy: {file: "` + path + `"}
+network:
+  unsafe_allow_cidrs: [127.0.0.0/8, "::1/128"]
+  default_ports: [80, 443, ` + strconv.Itoa(port) + `]
+credentials: {file: credentials.json}
+log: {level: info, format: json}
+`
+}
+
+// TestRunUnrestrictedAndDisabled: a policy without "network" allows every destination
+// on network.default_ports (the address guard still applies) and /readyz says "unrestricted": true; "network":
+// "disabled" denies every destination with not_allowlisted.
+func TestRunUnrestrictedAndDisabled(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, nil)
+	dir := writeFiles(t, map[string]string{
+		"open.json":   `{"sources": []}`,
+		"closed.json": `{"network": "disabled"}`,
+	})
+	open := startRunner(t, policyFileConfig(filepath.Join(dir, "open.json"), up.port))
+	var ready map[string]any
+	open.adminJSON("/readyz", http.StatusOK, &ready)
+	if ready["unrestricted"] != true {
+		t.Errorf("/readyz = %v, want \"unrestricted\": true", ready)
+	}
+	res, body := get(t, open.proxyClient(), fmt.Sprintf("http://localhost:%d/hello", up.port))
+	if res.StatusCode != http.StatusOK {
+		t.Errorf("unrestricted: %d %q, want 200", res.StatusCode, body)
+	}
+	res, body = get(t, open.proxyClient(), "http://169.254.169.254/latest/meta-data/")
+	assertDenied(t, res, body, http.StatusForbidden, "internal_address", "169.254.169.254", 80)
+
+	closed := startRunner(t, policyFileConfig(filepath.Join(dir, "closed.json"), up.port))
+	ready = nil
+	closed.adminJSON("/readyz", http.StatusOK, &ready)
+	if _, ok := ready["unrestricted"]; ok {
+		t.Errorf("/readyz of a disabled policy = %v", ready)
+	}
+	res, body = get(t, closed.proxyClient(), fmt.Sprintf("http://localhost:%d/hello", up.port))
+	assertDenied(t, res, body, http.StatusForbidden, "not_allowlisted", "localhost", up.port)
+	if n := len(up.requests()); n != 1 {
+		t.Errorf("upstream got %d requests, want 1 (the unrestricted one)", n)
 	}
 }

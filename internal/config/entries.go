@@ -16,7 +16,8 @@ import (
 // rawAllowlist is a decoded allowlist: one allowlist.Entry per item, as far
 // as the item decoded.
 type rawAllowlist struct {
-	entries []allowlist.Entry
+	entries  []allowlist.Entry
+	disabled bool // "disabled": empty on purpose, no warning
 }
 
 func (a *rawAllowlist) decodeNode(d *decoder, n *yaml.Node, path string) {
@@ -111,7 +112,7 @@ func (t *rawTransform) add(d *decoder, n *yaml.Node, path string, seen map[strin
 // the decoder's message is the more precise one. The entries are returned
 // as parsed whatever happens, for explain and check.
 func compileAllowlist(a *rawAllowlist, prefix string, opts allowlist.Options, ps *problems) (*allowlist.Policy, []allowlist.Entry) {
-	if len(a.entries) == 0 && !ps.hasError(prefix, true) {
+	if len(a.entries) == 0 && !a.disabled && !ps.hasError(prefix, true) {
 		ps.warnf(prefix, "empty: every destination is denied")
 	}
 	pol, err := allowlist.Compile(a.entries, opts)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path"
 	"slices"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 
@@ -22,7 +23,27 @@ type Policy struct {
 	// nil. It is valid JSON; internal/hooks parses it.
 	HooksJSON json.RawMessage
 	Warnings  []Problem
+	// Unrestricted is set for a document without "network" (the managed-agent platform's
+	// meaning: no restriction): the allowlist is a single "*" that injects nothing, on
+	// network.default_ports; the address guard still applies. /readyz reports it and check warns.
+	Unrestricted bool
+	// Disabled is set for "network": "disabled" or "allowlist": "disabled": the allowlist
+	// is empty and every destination is denied (not_allowlisted).
+	Disabled bool
 }
+
+// Disabled is the managed-agent platform's spelling of "no network", as the value of
+// "network" or of "allowlist".
+const Disabled = "disabled"
+
+// allowlistKind is what findAllowlist found.
+type allowlistKind int
+
+const (
+	allowlistList         allowlistKind = iota // a list of entries (or nothing usable: reported)
+	allowlistDisabled                          // "disabled": deny everything
+	allowlistUnrestricted                      // no "network" at all: allow everything
+)
 
 // HooksSourcePath is the path of the sources item that carries hooks.json.
 const HooksSourcePath = ".agents/hooks.json"
@@ -82,12 +103,21 @@ func readPolicy(data []byte, file string, opts allowlist.Options) (*Policy, *pro
 		d.errorAt("policy", root.Line, "%s, got %s", shapeHint, describe(root))
 		return p, ps
 	}
-	al, prefix := findAllowlist(d, root)
-	if al == nil {
-		return p, ps
-	}
+	al, prefix, kind := findAllowlist(d, root)
 	var entries rawAllowlist
-	entries.decodeNode(d, al, prefix)
+	switch {
+	case kind == allowlistDisabled:
+		p.Disabled, entries.disabled = true, true
+	case kind == allowlistUnrestricted:
+		p.Unrestricted = true
+		entries.entries = []allowlist.Entry{{Domain: "*"}}
+		d.ps.warnf("network", `the policy has no "network": every destination on network.default_ports is allowed (the managed-agent platform's `+
+			`meaning), nothing is injected; add {"network": {"allowlist": [...]}} to restrict it, or "network": "disabled" to deny everything`)
+	case al == nil:
+		return p, ps
+	default:
+		entries.decodeNode(d, al, prefix)
+	}
 	p.Allowlist, p.Entries = compileAllowlist(&entries, prefix, opts, ps)
 	if prefix != "allowlist" {
 		p.HooksJSON = findHooks(d, root, data)
@@ -96,38 +126,81 @@ func readPolicy(data []byte, file string, opts allowlist.Options) (*Policy, *pro
 }
 
 // findAllowlist finds the allowlist node by the document's shape and
-// returns it with the path prefix of its problems; nil when there is none
-// (reported).
-func findAllowlist(d *decoder, root *yaml.Node) (*yaml.Node, string) {
+// returns it with the path prefix of its problems and its kind; a nil node
+// of kind allowlistList means there is none (reported).
+func findAllowlist(d *decoder, root *yaml.Node) (*yaml.Node, string, allowlistKind) {
 	network, hasNetwork := mappingValue(root, "network")
 	al, hasAllowlist := mappingValue(root, "allowlist")
 	switch {
 	case hasNetwork && hasAllowlist:
 		d.errorAt("allowlist", keyLine(root, "allowlist"), `a top-level "allowlist" next to "network"; move it into "network"`)
-		return nil, ""
+		return nil, "", allowlistList
 	case hasAllowlist:
 		d.eachKey(root, "", func(key string, k, _ *yaml.Node, kpath string) {
 			if key != "allowlist" {
 				d.errorAt(kpath, k.Line, `unknown key; a policy of the {"allowlist": [...]} shape has no other key`)
 			}
 		})
-		return al, "allowlist"
+		return al, "allowlist", kindOf(d.deref(al))
 	case !hasNetwork:
-		d.errorAt("policy", root.Line, "%s", shapeHint)
-		return nil, ""
+		return noNetwork(d, root)
 	}
 	d.ps.setLine("network", keyLine(root, "network"))
-	if network = d.deref(network); network.Kind != yaml.MappingNode {
-		d.errorAt("network", network.Line, `expected a mapping such as {"allowlist": [...]}, got %s`, describe(network))
-		return nil, ""
+	if network = d.deref(network); isDisabled(network) {
+		return nil, "network", allowlistDisabled
+	} else if network.Kind != yaml.MappingNode {
+		d.errorAt("network", network.Line, `expected a mapping such as {"allowlist": [...]}, or "disabled", got %s`, describe(network))
+		return nil, "", allowlistList
 	}
 	al, ok := mappingValue(network, "allowlist")
 	if !ok {
-		d.errorAt("network.allowlist", network.Line, "required: egressd enforces network.allowlist (an empty list denies everything)")
-		return nil, ""
+		d.errorAt("network.allowlist", network.Line, `required: egressd enforces network.allowlist (an empty list or "disabled" denies everything)`)
+		return nil, "", allowlistList
 	}
 	d.ps.setLine("network.allowlist", keyLine(network, "allowlist"))
-	return al, "network.allowlist"
+	return al, "network.allowlist", kindOf(d.deref(al))
+}
+
+// noNetwork is a document without "network" or "allowlist": unrestricted, unless a
+// top-level key looks like a misspelt one or holds a list of {"domain": ...} entries (a
+// typo or a wrong shape must not open everything).
+func noNetwork(d *decoder, root *yaml.Node) (*yaml.Node, string, allowlistKind) {
+	typo := false
+	d.eachKey(root, "", func(key string, k, v *yaml.Node, kpath string) {
+		if l := strings.ToLower(key); strings.Contains(l, "netw") || strings.Contains(l, "allow") || holdsEntries(d.deref(v)) {
+			d.errorAt(kpath, k.Line, `unknown key; did you mean "network"? (%s)`, shapeHint)
+			typo = true
+		}
+	})
+	if typo {
+		return nil, "", allowlistList
+	}
+	return nil, "network", allowlistUnrestricted
+}
+
+// holdsEntries reports whether n is a list with a mapping that has a "domain" key.
+func holdsEntries(n *yaml.Node) bool {
+	if n.Kind != yaml.SequenceNode {
+		return false
+	}
+	for _, item := range n.Content {
+		if _, ok := mappingValue(item, "domain"); ok {
+			return true
+		}
+	}
+	return false
+}
+
+func kindOf(al *yaml.Node) allowlistKind {
+	if isDisabled(al) {
+		return allowlistDisabled
+	}
+	return allowlistList
+}
+
+// isDisabled reports whether n is the string "disabled".
+func isDisabled(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!str" && n.Value == Disabled
 }
 
 // findHooks returns the content of the sources item whose path is
