@@ -16,9 +16,15 @@
 // library's prefiltered IsMatch was slower still on text full of base64 and
 // hex characters (8 MB/s), and byte classes off slowed the DFA (360 MB/s).
 //
-// A Set is compiled per set of values and is immutable: cache it per
-// credential version rather than compiling per request (building the DFA costs
-// far more than scanning a small body).
+// A Set is compiled per set of values and is immutable: get it from a Cache
+// (one per proxy) rather than compiling per request, since building the DFA
+// costs far more than scanning a small body (BenchmarkCompile).
+//
+// Where the proxy uses it: String for the status text, each header and
+// trailer value; DecodeReader then Reader for a body (re-encode, or deliver
+// identity without Content-Encoding); WebSocket for the server-to-client
+// stream of an upgrade, after removing Sec-WebSocket-Extensions from the
+// client's request (see ErrWebSocketExtension).
 package scrub
 
 import (
