@@ -54,6 +54,8 @@ func buildRuntime(l *loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds i
 		Injector:    inject.New(l.policy.Allowlist, creds),
 		Leaves:      leaves,
 		Hooks:       hk,
+		// DenyInTunnel: tls.deny_in_tunnel, resolved against tls.intercept.
+		DenyInTunnel: cfg.TLS.DenyInside(),
 	}
 	rt.Prepare()
 	return rt, nil

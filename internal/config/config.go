@@ -43,6 +43,13 @@ const (
 	InterceptNone = "none" // never terminate; injection is then impossible
 )
 
+// Values of TLS.DenyInTunnel: how a refused CONNECT is answered.
+const (
+	DenyInTunnelAuto   = "auto"   // inside TLS wherever tls.intercept is not none
+	DenyInTunnelAlways = "always" // inside TLS, whatever tls.intercept says
+	DenyInTunnelNever  = "never"  // a plain 403 (or the refusal's status) instead of 200
+)
+
 // Values of Credentials.Backend.
 const (
 	BackendFile  = "file"  // a JSON file of credential ID -> secret
@@ -160,6 +167,25 @@ type TLS struct {
 	CACert, CAKey string
 	// UpstreamCAFile adds roots for verifying upstreams (private PKI, tests).
 	UpstreamCAFile string
+	// DenyInTunnel is DenyInTunnelAuto (default), DenyInTunnelAlways or
+	// DenyInTunnelNever; DenyInside says what it means for this config.
+	DenyInTunnel string
+}
+
+// DenyInside reports whether a refused CONNECT is answered inside TLS: 200,
+// a handshake with egressd's leaf for the requested name, then the refusal to
+// the first request, so clients that hide a CONNECT's status show the reason.
+// Under auto that is wherever egressd intercepts at all, since the sandbox
+// then trusts egressd's CA.
+func (t TLS) DenyInside() bool {
+	switch t.DenyInTunnel {
+	case DenyInTunnelAlways:
+		return true
+	case DenyInTunnelNever:
+		return false
+	default:
+		return t.Intercept != InterceptNone
+	}
 }
 
 // Credentials configures where credential IDs are resolved.

@@ -31,6 +31,10 @@ const (
 	// request: entries with a transform or credential, and hook URLs.
 	DefaultIntercept = InterceptAuto
 
+	// DefaultDenyInTunnel answers a refused CONNECT inside TLS wherever
+	// egressd intercepts, so the agent reads the reason (DESIGN.md).
+	DefaultDenyInTunnel = DenyInTunnelAuto
+
 	// DefaultBackend keeps secrets in a local JSON file (the embedded default).
 	DefaultBackend = BackendFile
 

@@ -67,6 +67,7 @@ type rawTLS struct {
 	CACert         string `yaml:"ca_cert"`
 	CAKey          string `yaml:"ca_key"`
 	UpstreamCAFile string `yaml:"upstream_ca_file"`
+	DenyInTunnel   string `yaml:"deny_in_tunnel"`
 }
 
 type rawCredentials struct {

@@ -287,6 +287,8 @@ func (v *validator) tls(r rawTLS) TLS {
 		CACert:         v.path(r.CACert),
 		CAKey:          v.path(r.CAKey),
 		UpstreamCAFile: v.path(r.UpstreamCAFile),
+		DenyInTunnel: v.oneOf(r.DenyInTunnel, "tls.deny_in_tunnel", DefaultDenyInTunnel,
+			DenyInTunnelAuto, DenyInTunnelAlways, DenyInTunnelNever),
 	}
 	switch {
 	case r.CACert != "" && r.CAKey == "":

@@ -151,9 +151,12 @@ func (c *conn) writeRefusal(rt *Runtime, rec *Record, err error, status int) {
 	c.writeRefusalHead(rt, rec, err, status, false)
 }
 
+// writeRefusalHead is writeRefusal, announcing Connection: close when closeConn is
+// set or the connection was accepted only to say why it is refused. The status
+// line's reason phrase names the reason (refusalPhrase).
 func (c *conn) writeRefusalHead(rt *Runtime, rec *Record, err error, status int, closeConn bool) {
 	code, h, body := refusalFor(rt, rec, err, status)
-	writeHead(c.bw, code, h, closeConn)
+	writeHeadPhrase(c.bw, code, refusalPhrase(code, rec.Reason), h, closeConn || c.refuseAll != nil)
 	n, _ := c.bw.Write(body)
 	rec.BytesOut += int64(n)
 	c.bw.Flush()

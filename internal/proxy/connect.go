@@ -10,8 +10,8 @@ import (
 // serveConnect serves a CONNECT: decide on the authority, answer 200, read the
 // client's ClientHello and check that its SNI names the CONNECT host, then either
 // terminate TLS (the rule injects, or intercept is "all") or dial a checked address
-// and splice bytes until either side is done. A refused CONNECT gets the refusal
-// instead of 200 and the connection is closed (bytes sent ahead are never parsed).
+// and splice bytes until either side is done. A refused CONNECT is answered by
+// refuseConnect; the connection then closes.
 func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 	rec.Scheme = "connect"
 	t, err := allowlist.ParseAuthority(req.RequestURI, 0)
@@ -23,23 +23,21 @@ func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 	rec.setDecision(d)
 	intercept, ok := c.tunnelPlan(rt, t, d)
 	if !ok {
-		return c.refuseAndClose(rt, rec, deny(d.Reason, d.Detail))
+		return c.refuseConnect(rt, t, deny(d.Reason, d.Detail), rec)
 	}
 	var up net.Conn
 	if !intercept {
 		// Dial before answering 200, so an unreachable or internal upstream is a
 		// refusal the client can read rather than a dropped tunnel.
 		if up, err = rt.dialTarget(c.ctx, t); err != nil {
-			return c.refuseAndClose(rt, rec, err)
+			return c.refuseConnect(rt, t, err, rec)
 		}
 		rec.setResolved(up.RemoteAddr())
 	}
-	c.bw.WriteString("HTTP/1.1 200 Connection established\r\n\r\n")
-	if err := c.bw.Flush(); err != nil {
+	if !c.acceptTunnel(rec) {
 		closeIf(up)
 		return false
 	}
-	rec.Status = http.StatusOK
 	hello, err := c.checkClientHello(rt, t, rec)
 	if err != nil {
 		closeIf(up)
@@ -50,6 +48,43 @@ func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 		return false
 	}
 	c.tunnel(rt, up, hello, rec)
+	return false
+}
+
+// acceptTunnel answers 200 to a CONNECT. On a tunnel accepted only to say why it
+// is refused, the 200 carries Egressd-Reason, so `curl -v` shows the verdict at once.
+func (c *conn) acceptTunnel(rec *Record) bool {
+	c.bw.WriteString("HTTP/1.1 200 Connection established\r\n")
+	if c.refuseAll != nil {
+		c.bw.WriteString("Egressd-Reason: " + string(classify(c.refuseAll).Reason) + "\r\n")
+	}
+	c.bw.WriteString("\r\n")
+	rec.Status = http.StatusOK
+	return c.bw.Flush() == nil
+}
+
+// refuseConnect answers a refused CONNECT. With tls.deny_in_tunnel in effect, the
+// tunnel is accepted, TLS is completed with egressd's leaf for the requested name
+// (minted within the shared leaf budget) and the first request inside gets the
+// refusal with its JSON body, then the connection closes: clients show a response
+// body, never a CONNECT's. What is not a ClientHello is never parsed. Otherwise the
+// refusal replaces the 200 (refuseAndClose: bytes sent ahead are never parsed).
+func (c *conn) refuseConnect(rt *Runtime, t allowlist.Target, why error, rec *Record) bool {
+	if !rt.DenyInTunnel || rt.Leaves == nil {
+		return c.refuseAndClose(rt, rec, why)
+	}
+	rf := classify(why)
+	rec.fail(rf.Reason, rf.Detail)
+	if rf.Err != nil {
+		rec.Error = rf.Err.Error()
+	}
+	c.refuseAll = why
+	if !c.acceptTunnel(rec) {
+		return false
+	}
+	if hello, err := c.checkClientHello(rt, t, rec); err == nil {
+		c.serveIntercepted(rt, t, hello, rec)
+	}
 	return false
 }
 

@@ -133,6 +133,7 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.c.refuseAll != nil {
 		rec.Path, rec.Scheme, rec.Intercepted = r.URL.Path, "https", true
 		rec.setTarget(h.target)
+		w.Header().Set("Connection", "close") // net/http: GOAWAY, then close
 		writeRefusalRW(w, rt, rec, h.c.refuseAll)
 		return
 	}

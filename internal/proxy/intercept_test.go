@@ -315,13 +315,20 @@ func TestCredentialFileLossFailsClosed(t *testing.T) {
 // connect opens a CONNECT tunnel through the proxy and returns the raw connection.
 func (w *world) connect(t *testing.T, authority string) net.Conn {
 	t.Helper()
+	c, _ := w.connectResp(t, authority)
+	return c
+}
+
+// connectResp is connect that also returns egressd's 200.
+func (w *world) connectResp(t *testing.T, authority string) (net.Conn, *http.Response) {
+	t.Helper()
 	c, br := w.dialProxy(t)
 	io.WriteString(c, "CONNECT "+authority+" HTTP/1.1\r\nHost: "+authority+"\r\n\r\n")
 	resp, err := http.ReadResponse(br, &http.Request{Method: "CONNECT"})
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("CONNECT %s: %v %v", authority, resp, err)
 	}
-	return &replayConn{Conn: c, br: br}
+	return &replayConn{Conn: c, br: br}, resp
 }
 
 // h2ClientConn opens an HTTP/2-only client connection to authority through a

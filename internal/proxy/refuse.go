@@ -123,6 +123,13 @@ func refusalFor(rt *Runtime, rec *Record, err error, status int) (int, http.Head
 	return code, h, body
 }
 
+// refusalPhrase is the reason phrase of a refusal's HTTP/1.1 status line:
+// "Forbidden (egressd: not_allowlisted)". Clients that print only the status
+// line (pip, Python's urllib and requests' raise_for_status) show the reason too.
+func refusalPhrase(code int, r allowlist.Reason) string {
+	return http.StatusText(code) + " (egressd: " + string(r) + ")"
+}
+
 // errorBody is the JSON body of every egressd-made response.
 type errorBody struct {
 	Error     string `json:"error"`

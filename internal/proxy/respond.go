@@ -19,10 +19,15 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b 
 // writeHead writes a status line and header fields. Values reach here from net/http's
 // parsers or from egressd itself, so they hold no CR or LF.
 func writeHead(bw *bufio.Writer, code int, h http.Header, closeConn bool) {
+	writeHeadPhrase(bw, code, http.StatusText(code), h, closeConn)
+}
+
+// writeHeadPhrase is writeHead with the status line's reason phrase given.
+func writeHeadPhrase(bw *bufio.Writer, code int, phrase string, h http.Header, closeConn bool) {
 	bw.WriteString("HTTP/1.1 ")
 	bw.WriteString(strconv.Itoa(code))
 	bw.WriteByte(' ')
-	bw.WriteString(http.StatusText(code))
+	bw.WriteString(phrase)
 	bw.WriteString("\r\n")
 	for name, values := range h {
 		for _, v := range values {

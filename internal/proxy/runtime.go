@@ -36,6 +36,10 @@ type Runtime struct {
 	Leaves *mitm.Leaves
 	// Hooks recognises and signs hook calls; nil when there are none.
 	Hooks *Hooks
+	// DenyInTunnel answers a refused CONNECT inside TLS (tls.deny_in_tunnel):
+	// 200 carrying Egressd-Reason, a leaf for the requested name, the refusal
+	// to the first request. False: the refusal replaces the 200.
+	DenyInTunnel bool
 
 	dialer *netguard.Dialer
 	// transport speaks HTTP/2 to upstreams that offer it (for HTTP/2 clients: gRPC,

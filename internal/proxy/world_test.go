@@ -96,6 +96,8 @@ type worldOpts struct {
 	// hooksJSON, when set, is the hooks.json egressd recognises hook calls by.
 	hooksJSON     string
 	hookBodyBytes int64 // limits.hook_body_bytes
+	// denyInTunnel answers refused CONNECTs inside TLS (tls.deny_in_tunnel).
+	denyInTunnel bool
 }
 
 var defaultEntries = []allowlist.Entry{
@@ -203,8 +205,9 @@ func (w *world) startProxy(o worldOpts) {
 	}
 	rt := &proxy.Runtime{
 		Env: "env_test", Policy: pol, Guard: guard, Limits: limits,
-		Resolver:    netguard.NewResolver(w.DNS.Addr, limits.DNS),
-		UpstreamTLS: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+		Resolver:     netguard.NewResolver(w.DNS.Addr, limits.DNS),
+		UpstreamTLS:  &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+		DenyInTunnel: o.denyInTunnel,
 	}
 	log := zerolog.New(w.logs)
 	rt.Leaves = w.interceptionCA()

@@ -50,6 +50,9 @@ type config struct {
 	maxStale  string   // credentials.max_stale; default 5m
 	hooks     string   // hooks.json, written beside the config and named by hooks.file
 	hooksPath string   // set by writeFiles
+	// denyInTunnel is tls.deny_in_tunnel; default never, so a refused CONNECT's
+	// own status carries the verdict the attack cases assert.
+	denyInTunnel string
 }
 
 // startEgressd writes the config, the credentials file (with the planted secret) and
@@ -130,6 +133,7 @@ network:
 	}
 	fmt.Fprintf(&b, `tls:
   intercept: auto
+  deny_in_tunnel: %s
   upstream_ca_file: %q
 credentials:
   backend: file
@@ -137,7 +141,7 @@ credentials:
   max_stale: %s
 log: {level: debug, format: json}
 state_dir: %q
-`, caPath, credPath, def(c.maxStale, "5m"), stateDir)
+`, def(c.denyInTunnel, "never"), caPath, credPath, def(c.maxStale, "5m"), stateDir)
 	if c.hooksPath != "" {
 		fmt.Fprintf(&b, "hooks: {file: %q}\n", c.hooksPath)
 	}

@@ -450,6 +450,7 @@ network:
   unsafe_allow_cidrs: [127.0.0.0/8] # the upstream is on loopback; development and tests only
 tls:
   intercept: auto
+  deny_in_tunnel: never             # the denied-CONNECT load checks the CONNECT's own 403
   upstream_ca_file: %q
 credentials:
   backend: file
