@@ -58,7 +58,27 @@ func buildRuntime(l *loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds i
 		DenyInTunnel: cfg.TLS.DenyInside(),
 	}
 	rt.Prepare()
+	if err := pinHookLeaves(leaves, hk); err != nil {
+		return nil, err
+	}
 	return rt, nil
+}
+
+// pinHookLeaves pins the interception leaves of the hook hosts (minting them now, at
+// start and on every reload that builds a Runtime), so that no flood of other TLS
+// names evicts them or makes a hook call wait for a mint slot.
+func pinHookLeaves(leaves *mitm.Leaves, hk *proxy.Hooks) error {
+	if leaves == nil {
+		return nil
+	}
+	var hosts []string
+	if hk != nil {
+		hosts = hk.Index.Hosts()
+	}
+	if err := leaves.Pin(hosts); err != nil {
+		return fmt.Errorf("minting the hook hosts' leaves: %w", err)
+	}
+	return nil
 }
 
 // newLeaves loads or creates the interception CA (tls.ca_cert/ca_key, or state_dir).

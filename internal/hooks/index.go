@@ -2,6 +2,7 @@ package hooks
 
 import (
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -100,6 +101,23 @@ func (ix *Index) Intercepts(host string, port uint16) bool {
 	}
 	norm, _, err := allowlist.NormalizeHost(host)
 	return err == nil && ix.hosts[hostKey(norm, port)]
+}
+
+// Hosts returns the normalised hosts of the indexed URLs, sorted and without
+// repeats: the hosts whose interception leaves egressd keeps pinned.
+func (ix *Index) Hosts() []string {
+	if ix == nil {
+		return nil
+	}
+	var hosts []string
+	for k := range ix.hosts {
+		h, _, _ := strings.Cut(k, " ")
+		if !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	slices.Sort(hosts)
+	return hosts
 }
 
 // Matches returns one Match per indexed URL, in document order.

@@ -1,6 +1,7 @@
 package hooks
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -95,5 +96,20 @@ func TestIndexEmpty(t *testing.T) {
 		if _, ok := ix.Lookup("https", "x", 443, "/"); ok || ix.Len() != 0 || ix.Intercepts("x", 443) || len(ix.Matches()) != 0 {
 			t.Error("empty index matched")
 		}
+	}
+}
+
+func TestIndexHosts(t *testing.T) {
+	ix := NewIndex(mustParse(t, `{"g": {"pre_tool_execution": [{"matcher": "code_execution", "hooks": [
+		{"type": "http", "url": "https://B.example/x"},
+		{"type": "http", "url": "https://a.example/x"},
+		{"type": "http", "url": "http://a.example:8080/y"}
+	]}]}, "off": {"enabled": false, "pre_tool_execution": [{"matcher": "code_execution", "hooks": [
+		{"type": "http", "url": "https://disabled.example/x"}]}]}}`))
+	if got := ix.Hosts(); !slices.Equal(got, []string{"a.example", "b.example"}) {
+		t.Errorf("Hosts() = %v", got)
+	}
+	if (*Index)(nil).Hosts() != nil {
+		t.Error("a nil index has hosts")
 	}
 }

@@ -53,6 +53,10 @@ type LeafOptions struct {
 // Leaves mints leaf certificates signed by a CA and keeps them in a bounded
 // LRU cache keyed by host, re-checking expiry on every hit (martian's
 // mitm.Config does the same). Safe for concurrent use.
+//
+// Pinned hosts (Pin: the hosts of hook URLs) are kept apart from the LRU: no
+// number of other names evicts their leaves, and their mints never wait for a
+// mint slot, so a flood of new TLS names cannot delay a hook call.
 type Leaves struct {
 	ca       *CA
 	validity time.Duration
@@ -65,6 +69,7 @@ type Leaves struct {
 	lru    list.List                // of *leafEntry, most recently used first
 	byHost map[string]*list.Element // into lru
 	flight map[string]*mintCall     // mints in progress (singleflight)
+	pinned map[string]*leafEntry    // Pin's hosts, outside the LRU; cert nil until minted
 
 	now   func() time.Time // time.Now; tests move the clock
 	mints atomic.Int64     // leaves minted; tests count them
@@ -93,6 +98,7 @@ func NewLeaves(ca *CA, o LeafOptions) *Leaves {
 		onLookup: o.OnLookup,
 		byHost:   make(map[string]*list.Element),
 		flight:   make(map[string]*mintCall),
+		pinned:   make(map[string]*leafEntry),
 		now:      time.Now,
 	}
 	l.refresh = min(maxRefresh, l.validity/4)
@@ -108,25 +114,29 @@ func (l *Leaves) CA() *CA { return l.ca }
 // hour ago for Validity (never past the CA's NotAfter), for server auth, with
 // the chain [leaf, CA] and Leaf set. Concurrent Gets for a missing host mint
 // once; distinct hosts mint in parallel up to MintConcurrency.
-func (l *Leaves) Get(host string) (*tls.Certificate, error) {
+func (l *Leaves) Get(host string) (*tls.Certificate, error) { return l.get(host, l.lookup) }
+
+// get is Get, reporting the lookup's result to count.
+func (l *Leaves) get(host string, count func(hit bool)) (*tls.Certificate, error) {
 	l.mu.Lock()
 	if cert := l.cachedLocked(host); cert != nil {
 		l.mu.Unlock()
-		l.lookup(true)
+		count(true)
 		return cert, nil
 	}
 	if c, ok := l.flight[host]; ok {
 		l.mu.Unlock()
 		<-c.done
-		l.lookup(true)
+		count(true)
 		return c.cert, c.err
 	}
 	c := &mintCall{done: make(chan struct{})}
 	l.flight[host] = c
+	_, pinned := l.pinned[host]
 	l.mu.Unlock()
 
-	l.lookup(false)
-	c.cert, c.err = l.mint(host)
+	count(false)
+	c.cert, c.err = l.mint(host, pinned)
 
 	l.mu.Lock()
 	delete(l.flight, host)
@@ -155,6 +165,10 @@ func (l *Leaves) ServerConfig(host string, nextProtos []string) *tls.Config {
 
 func (l *Leaves) certFunc(host string) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	l.mu.Lock()
+	if e, ok := l.pinned[host]; ok {
+		l.mu.Unlock()
+		return e.getCert
+	}
 	el, ok := l.byHost[host]
 	if ok {
 		get := el.Value.(*leafEntry).getCert
@@ -168,6 +182,12 @@ func (l *Leaves) certFunc(host string) func(*tls.ClientHelloInfo) (*tls.Certific
 // cachedLocked returns host's cached leaf if it is fresh enough, marking it
 // recently used. A stale entry stays until its replacement is stored.
 func (l *Leaves) cachedLocked(host string) *tls.Certificate {
+	if e, ok := l.pinned[host]; ok {
+		if e.cert == nil || !l.fresh(e.cert.Leaf) {
+			return nil
+		}
+		return e.cert
+	}
 	el, ok := l.byHost[host]
 	if !ok {
 		return nil
@@ -189,19 +209,64 @@ func (l *Leaves) fresh(leaf *x509.Certificate) bool {
 }
 
 func (l *Leaves) storeLocked(host string, cert *tls.Certificate) {
+	if e, ok := l.pinned[host]; ok {
+		e.cert = cert
+		return
+	}
 	if el, ok := l.byHost[host]; ok {
 		el.Value.(*leafEntry).cert = cert
 		l.lru.MoveToFront(el)
 		return
 	}
-	e := &leafEntry{host: host, cert: cert}
-	e.getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return l.Get(host) }
-	l.byHost[host] = l.lru.PushFront(e)
+	l.byHost[host] = l.lru.PushFront(l.newEntry(host, cert))
 	for l.lru.Len() > l.size {
 		oldest := l.lru.Back()
 		l.lru.Remove(oldest)
 		delete(l.byHost, oldest.Value.(*leafEntry).host)
 	}
+}
+
+// newEntry is a cache entry for host holding cert (nil: not minted yet).
+func (l *Leaves) newEntry(host string, cert *tls.Certificate) *leafEntry {
+	e := &leafEntry{host: host, cert: cert}
+	e.getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return l.Get(host) }
+	return e
+}
+
+// Pin makes hosts (normalised, as Get takes them) the pinned hosts, replacing
+// the previous set, and mints the leaves they lack at once, outside the mint
+// queue and uncounted by OnLookup. A pinned leaf is never evicted; a re-mint
+// near its expiry skips the queue too. Hosts no longer pinned rejoin the LRU.
+// It returns the mint errors (Get retries those hosts).
+func (l *Leaves) Pin(hosts []string) error {
+	l.mu.Lock()
+	old := l.pinned
+	l.pinned = make(map[string]*leafEntry, len(hosts))
+	for _, h := range hosts {
+		e, ok := old[h]
+		if !ok {
+			e = l.newEntry(h, nil)
+			if el, cached := l.byHost[h]; cached {
+				e.cert = el.Value.(*leafEntry).cert
+				l.lru.Remove(el)
+				delete(l.byHost, h)
+			}
+		}
+		l.pinned[h] = e
+	}
+	for h, e := range old {
+		if _, still := l.pinned[h]; !still && e.cert != nil {
+			l.storeLocked(h, e.cert)
+		}
+	}
+	l.mu.Unlock()
+	var errs []error
+	for _, h := range hosts {
+		if _, err := l.get(h, func(bool) {}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (l *Leaves) lookup(hit bool) {
@@ -210,10 +275,13 @@ func (l *Leaves) lookup(hit bool) {
 	}
 }
 
-// mint makes a leaf for host once a mint slot is free.
-func (l *Leaves) mint(host string) (*tls.Certificate, error) {
-	l.sem <- struct{}{}
-	defer func() { <-l.sem }()
+// mint makes a leaf for host once a mint slot is free; a pinned host's mint
+// takes no slot (there are a few of them, and a hook call must not queue).
+func (l *Leaves) mint(host string, pinned bool) (*tls.Certificate, error) {
+	if !pinned {
+		l.sem <- struct{}{}
+		defer func() { <-l.sem }()
+	}
 	l.mints.Add(1)
 	return mintLeaf(l.ca, host, l.now(), l.validity)
 }
