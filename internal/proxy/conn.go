@@ -52,7 +52,7 @@ func newConn(s *Server, l *listener, nc net.Conn) *conn {
 	c := &conn{s: s, l: l, nc: nc}
 	c.head = headReader{r: nc, limit: -1}
 	c.br = bufio.NewReaderSize(&c.head, 4096)
-	c.bw = bufio.NewWriterSize(nc, 4096)
+	c.bw = bufio.NewWriterSize(&clientWriter{Conn: nc, d: s.Runtime().Limits.ClientWrite}, 4096)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c
 }

@@ -1,9 +1,9 @@
 package proxy
 
 import (
-	"github.com/egressd/egressd/internal/hooks"
 	"net/http"
-	"time"
+
+	"github.com/egressd/egressd/internal/hooks"
 )
 
 // serveHTTP1 serves one HTTP/1.x request, on the explicit listener (pinned == nil)
@@ -12,9 +12,12 @@ import (
 func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 	x := newExchange(c, rt, req, rec, c.pinned)
 	defer x.body.Close()
-	x.body.beforeRead = func() { c.nc.SetReadDeadline(time.Now().Add(rt.Limits.ReadHeader)) }
+	x.body.deadline = &bodyDeadline{set: c.nc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
 	wantClose := req.Close || !req.ProtoAtLeast(1, 1)
 	if m, ok := x.hookMatch(c.l.cfg.Role); ok {
+		if expectsContinue(req) {
+			x.body.sendContinue = c.writeContinue
+		}
 		return c.writeHookResponse(rt, x, m, wantClose)
 	}
 	out, err := x.prepare(c.ctx)
@@ -26,8 +29,7 @@ func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 		return !wantClose && x.body.drain()
 	}
 	if expectsContinue(req) {
-		c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
-		c.bw.Flush()
+		c.writeContinue()
 	}
 	resp, err := rt.roundTrip(out, rec)
 	if err != nil {
@@ -59,4 +61,10 @@ func (c *conn) writeHookResponse(rt *Runtime, x *exchange, m hooks.Match, wantCl
 	}
 	keep, err := writeResponse(c.bw, x.req.Method, wantClose, resp, x.rec)
 	return err == nil && keep && x.body.drain()
+}
+
+// writeContinue answers the client's Expect: 100-continue.
+func (c *conn) writeContinue() {
+	c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
+	c.bw.Flush()
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/pkg/hookauth"
@@ -56,10 +57,18 @@ func (x *exchange) hookMatch(role string) (hooks.Match, bool) {
 func (x *exchange) serveHook(ctx context.Context, m hooks.Match, prepErr error) (*http.Response, error) {
 	x.rec.HookGroup, x.rec.HookEvent = m.Group, m.Event
 	failClosed := m.Event == hooks.EventPre && x.rt.Hooks.FailClosed
+	deadline := time.Now().Add(hooks.Deadline(m.Timeout))
 	if failClosed {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, hooks.Deadline(m.Timeout))
+		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
+	}
+	// egressd reads the body itself: the whole of it must arrive within the hook's
+	// deadline (not limits.read_header per read, which a trickle could stretch
+	// without end), and a call cut short stops waiting for it at once.
+	if d := x.body.deadline; d != nil {
+		d.until = deadline
+		defer context.AfterFunc(ctx, d.expire)()
 	}
 	resp, err := x.forwardHook(ctx, m, prepErr)
 	if err == nil && failClosed {
@@ -97,10 +106,15 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 		return nil, prepErr
 	}
 	limit := x.rt.Limits.HookBodyBytes
-	body, err := io.ReadAll(io.LimitReader(x.body, limit+1))
+	reqBuf := &hookBuffer{b: x.budget}
+	defer reqBuf.release()
+	body, err := reqBuf.read(x.body, limit, x.req.ContentLength)
 	if err != nil {
 		if bodyErr := x.body.clientError(); bodyErr != nil {
 			return nil, bodyErr
+		}
+		if rf := (*refusal)(nil); errors.As(err, &rf) {
+			return nil, rf
 		}
 		return nil, badRequest("malformed_body", err)
 	}
@@ -123,7 +137,14 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 		return nil, err
 	}
 	defer resp.Body.Close()
-	rbody, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	// The decision's buffer is released when the call returns, before the answer is
+	// written: the endpoint, not the sandbox, chose its size.
+	respBuf := &hookBuffer{b: x.budget}
+	defer respBuf.release()
+	rbody, err := respBuf.read(resp.Body, limit, resp.ContentLength)
+	if rf := (*refusal)(nil); errors.As(err, &rf) {
+		return nil, rf
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reading the hook response: %w", err)
 	}

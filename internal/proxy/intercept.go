@@ -58,7 +58,7 @@ func (c *conn) serveH2(rt *Runtime, tc *tls.Conn, t allowlist.Target) {
 		ReadHeaderTimeout: rt.Limits.ReadHeader,
 		IdleTimeout:       rt.Limits.ClientIdle,
 		MaxHeaderBytes:    rt.Limits.MaxHeaderBytes,
-		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: maxStreams},
+		HTTP2:             h2Config(rt),
 		ErrorLog:          log.New(io.Discard, "", 0),
 		// OPTIONS * is the pipeline's to decide (method_not_allowed where injected,
 		// forwarded elsewhere), not net/http's to answer 200.
@@ -77,8 +77,36 @@ func (c *conn) serveH2(rt *Runtime, tc *tls.Conn, t allowlist.Target) {
 	srv.Serve(ln)
 }
 
-// maxStreams bounds concurrent requests on one intercepted HTTP/2 connection.
-const maxStreams = 250
+// HTTP/2 limits of an intercepted connection, sized so that one connection cannot
+// pin more than a few MiB whatever its client sends:
+//   - h2MaxStreams concurrent streams (RFC 9113 §6.5.2 recommends no fewer than 100),
+//     each a goroutine and a request head of at most limits.max_header_bytes:
+//     100 x (64 KiB + ~8 KiB) ~ 7 MiB at the default limits, in the worst case;
+//   - h2ConnWindow bytes of request body received and not yet read, over all its
+//     streams (flow control: the client may not send more), h2StreamWindow per
+//     stream; hook bodies, which egressd reads itself, are bounded process-wide by
+//     limits.hook_buffer_bytes instead;
+//   - frames of at most h2MaxFrame bytes (the protocol's default and minimum), so
+//     the frame buffer stays small.
+//
+// Writes may wait limits.client_write for the client, reads of a stream's body
+// limits.read_header (h2Handler), a hook body the hook's deadline.
+const (
+	h2MaxStreams   = 100
+	h2ConnWindow   = 1 << 20
+	h2StreamWindow = 256 << 10
+	h2MaxFrame     = 16 << 10
+)
+
+func h2Config(rt *Runtime) *http.HTTP2Config {
+	return &http.HTTP2Config{
+		MaxConcurrentStreams:          h2MaxStreams,
+		MaxReadFrameSize:              h2MaxFrame,
+		MaxReceiveBufferPerConnection: h2ConnWindow,
+		MaxReceiveBufferPerStream:     h2StreamWindow,
+		WriteByteTimeout:              rt.Limits.ClientWrite,
+	}
+}
 
 // oneConnListener hands net/http's server a single, already terminated connection.
 // The connection must stay a *tls.Conn (net/http finds HTTP/2 by that type), so its
@@ -120,6 +148,8 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer rec.finish(&h.c.s.log, h.c.s.metrics)
 	x := newExchange(h.c, rt, r, rec, &h.target)
 	defer x.body.Close()
+	rc := http.NewResponseController(w)
+	x.body.deadline = &bodyDeadline{set: rc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
 	if m, ok := x.hookMatch(h.c.l.cfg.Role); ok {
 		resp, err := x.serveHook(r.Context(), m, h.c.refuseAll)
 		rec.BytesIn = x.body.n.Load()

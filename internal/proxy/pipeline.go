@@ -19,6 +19,7 @@ import (
 type exchange struct {
 	rt      *Runtime
 	metrics *metrics.Metrics
+	budget  *hookBudget // buffered hook bodies, process-wide
 	req     *http.Request
 	rec     *Record
 	body    *requestBody
@@ -32,7 +33,7 @@ type exchange struct {
 
 func newExchange(c *conn, rt *Runtime, req *http.Request, rec *Record, pinned *allowlist.Target) *exchange {
 	rec.Method = req.Method
-	return &exchange{rt: rt, metrics: c.s.metrics, req: req, rec: rec, body: newRequestBody(req), pinned: pinned, orig: c.orig}
+	return &exchange{rt: rt, metrics: c.s.metrics, budget: &c.s.hookBuf, req: req, rec: rec, body: newRequestBody(req), pinned: pinned, orig: c.orig}
 }
 
 // locate reads and checks the request's target once.

@@ -35,7 +35,7 @@ func relay(dst io.Writer, src net.Conn) (int64, error) {
 			total += int64(n)
 			if werr != nil {
 				copyBufs.Put(bp)
-				return total, werr
+				return total, &writeError{werr}
 			}
 		}
 		if bp != nil {
@@ -77,3 +77,11 @@ func readRaw(raw syscall.RawConn) (bp *[]byte, n int, err error) {
 	}
 	return bp, n, err
 }
+
+// writeError is a failed write to relay's destination. It hides the cause's
+// Timeout: a write that timed out (a client that reads nothing for
+// limits.client_write) ends the tunnel, where a read that timed out only asks
+// whether the tunnel is idle.
+type writeError struct{ err error }
+
+func (e *writeError) Error() string { return "write: " + e.err.Error() }

@@ -153,11 +153,15 @@ type requestBody struct {
 	closed bool
 	eof    bool
 	onEOF  func() // runs once, when the body has been read to its end
-	// beforeRead, when set, runs before each read of the client's body: the
-	// HTTP/1 loop arms a read deadline there, so a client that stops sending its
-	// body mid-way cannot hold the connection (and an upstream one) forever.
-	beforeRead func()
-	readErr    error // the first error reading the client's body, other than EOF
+	// deadline, when set, is armed before each read of the client's body, so a
+	// client that stops sending its body mid-way cannot hold the connection (and
+	// an upstream one) forever (deadline.go).
+	deadline *bodyDeadline
+	// sendContinue, when set, runs once before the first read: it answers the
+	// client's Expect: 100-continue, so that the client sends the body egressd
+	// is about to read instead of waiting for a 100 first.
+	sendContinue func()
+	readErr      error // the first error reading the client's body, other than EOF
 }
 
 // maxDrain is how much of an unread request body is read to keep the connection.
@@ -176,9 +180,11 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	if b.closed {
 		return 0, http.ErrBodyReadAfterClose
 	}
-	if b.beforeRead != nil {
-		b.beforeRead()
+	if b.sendContinue != nil {
+		b.sendContinue()
+		b.sendContinue = nil
 	}
+	b.deadline.arm()
 	n, err := b.r.Read(p)
 	b.n.Add(int64(n))
 	if err != nil && err != io.EOF && b.readErr == nil {
@@ -224,6 +230,7 @@ func (b *requestBody) drain() bool {
 	if b.eof {
 		return true
 	}
+	b.deadline.arm()
 	_, err := io.CopyN(io.Discard, b.r, maxDrain)
 	return err == io.EOF
 }

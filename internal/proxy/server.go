@@ -34,6 +34,9 @@ type Server struct {
 	log     zerolog.Logger
 	metrics *metrics.Metrics
 
+	// hookBuf is the process-wide budget of buffered hook bodies (hookbuf.go).
+	hookBuf hookBudget
+
 	closing atomic.Bool
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -44,6 +47,7 @@ type Server struct {
 func New(rt *Runtime, log zerolog.Logger, m *metrics.Metrics) *Server {
 	s := &Server{log: log, metrics: m, conns: map[*conn]struct{}{}, lns: map[net.Listener]struct{}{}}
 	s.rt.Store(rt)
+	s.hookBuf.limit.Store(rt.Limits.HookBufferBytes)
 	return s
 }
 
@@ -51,7 +55,10 @@ func New(rt *Runtime, log zerolog.Logger, m *metrics.Metrics) *Server {
 func (s *Server) Runtime() *Runtime { return s.rt.Load() }
 
 // Swap installs rt for new requests and returns the previous Runtime.
-func (s *Server) Swap(rt *Runtime) *Runtime { return s.rt.Swap(rt) }
+func (s *Server) Swap(rt *Runtime) *Runtime {
+	s.hookBuf.limit.Store(rt.Limits.HookBufferBytes)
+	return s.rt.Swap(rt)
+}
 
 // listener is one configured listener with its connection bound.
 type listener struct {

@@ -33,7 +33,7 @@ func (c *conn) tunnel(rt *Runtime, up net.Conn, hello *clientHello, rec *Record)
 		n, _ := pipe(up, c.nc, idle, c.nc, up)
 		done <- n
 	}()
-	out, _ := pipe(c.nc, up, idle, c.nc, up)
+	out, _ := pipe(&clientWriter{Conn: c.nc, d: rt.Limits.ClientWrite}, up, idle, c.nc, up)
 	rec.BytesOut += out
 	rec.BytesIn += <-done
 }
@@ -111,7 +111,7 @@ func (c *conn) serveUpgrade(resp *http.Response, rec *Record) {
 		n, _ := io.Copy(up, c.br)
 		done <- n
 	}()
-	n, _ := io.Copy(c.nc, up)
+	n, _ := io.Copy(&clientWriter{Conn: c.nc, d: c.s.Runtime().Limits.ClientWrite}, up)
 	c.nc.Close()
 	up.Close()
 	rec.BytesOut += n

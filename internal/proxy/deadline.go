@@ -1,0 +1,82 @@
+package proxy
+
+import (
+	"net"
+	"sync/atomic"
+	"time"
+)
+
+// Every read from and write to a client has a deadline, so that no client can hold
+// a connection slot, a goroutine or a buffer by going quiet (DESIGN.md "Hooks": the
+// paragraph on attacks):
+//
+//   - request heads: limits.read_header (conn.nextRequest);
+//   - request bodies: limits.read_header per read, HTTP/1 and HTTP/2 alike; a hook
+//     call's whole body: the hook's own deadline (bodyDeadline);
+//   - writes: limits.client_write per write (clientWriter), HTTP/2 included
+//     (http.HTTP2Config.WriteByteTimeout), tunnels and upgrades too.
+
+// clientWriter is the client side of a connection for writing: every write may
+// wait at most d for the client to take the bytes. A client that pipelines
+// requests and never reads their answers is closed after d instead of holding its
+// slot forever. Reads and everything else go to the embedded connection.
+type clientWriter struct {
+	net.Conn
+	d time.Duration
+}
+
+func (w *clientWriter) Write(p []byte) (int, error) {
+	w.Conn.SetWriteDeadline(time.Now().Add(w.d))
+	return w.Conn.Write(p)
+}
+
+// CloseWrite half-closes the connection when it can (a tunnel's end of input).
+func (w *clientWriter) CloseWrite() error {
+	if cw, ok := w.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return w.Conn.Close()
+}
+
+// bodyDeadline arms the read deadline of a client's request body: per read by
+// default, or one deadline for the whole body (a hook call, which egressd reads
+// itself and must answer within the hook's timeout). expire ends every wait at
+// once and for good: the hook's deadline passed or the call was cut short.
+type bodyDeadline struct {
+	set     func(time.Time) error // the connection's or stream's read deadline
+	perRead time.Duration
+	until   time.Time // when set, the deadline of the whole body
+	expired atomic.Bool
+}
+
+// expiredDeadline is a deadline in the past: a read with it fails at once.
+var expiredDeadline = time.Unix(1, 0)
+
+// arm sets the deadline for the next read. A concurrent expire wins: it is
+// checked again after the deadline is set.
+func (d *bodyDeadline) arm() {
+	if d == nil || d.set == nil {
+		return
+	}
+	next := time.Now().Add(d.perRead)
+	if !d.until.IsZero() {
+		next = d.until
+	}
+	if d.expired.Load() {
+		next = expiredDeadline
+	}
+	d.set(next)
+	if d.expired.Load() {
+		d.set(expiredDeadline)
+	}
+}
+
+// expire makes the current and every later read fail with a timeout. It may run
+// on any goroutine, while a read waits.
+func (d *bodyDeadline) expire() {
+	if d == nil || d.set == nil {
+		return
+	}
+	d.expired.Store(true)
+	d.set(expiredDeadline)
+}
