@@ -14,6 +14,19 @@ import (
 // return, so callers can map them to bad_request with errors.Is.
 var ErrBadHost = errors.New("bad host")
 
+// ErrBadName is wrapped by the errors of a host that is a name but not a DNS
+// name (see ValidateName); such errors wrap ErrBadHost too. The proxy answers
+// them with bad_request detail bad_name, the DNS guard with REFUSED.
+var ErrBadName = errors.New("bad name")
+
+// nameError is a host rejected as a name: errors.Is matches both ErrBadName
+// and ErrBadHost, and the message reads like every other ErrBadHost message.
+type nameError struct{ msg string }
+
+func (e *nameError) Error() string { return ErrBadHost.Error() + ": " + e.msg }
+
+func (e *nameError) Is(target error) bool { return target == ErrBadName || target == ErrBadHost }
+
 // DNS limits (RFC 1035 section 2.3.4), on the ASCII form without the root dot.
 const (
 	maxLabelLen = 63
@@ -50,7 +63,7 @@ func NormalizeHost(raw string) (host string, addr netip.Addr, err error) {
 	case raw == "":
 		return "", netip.Addr{}, badHost("empty host")
 	case len(raw) > maxRawLen:
-		return "", netip.Addr{}, badHost("%s is longer than %d bytes", quote(raw), maxRawLen)
+		return "", netip.Addr{}, badName("%s is longer than %d bytes", quote(raw), maxRawLen)
 	}
 	if err := checkRawChars(raw); err != nil {
 		return "", netip.Addr{}, err
@@ -112,7 +125,7 @@ func normalizeIPv6(s, raw string) (string, netip.Addr, error) {
 func normalizeName(raw string) (string, netip.Addr, error) {
 	name, err := toASCII(raw)
 	if err != nil {
-		return "", netip.Addr{}, badHost("%s is not a valid internationalised name: %v", quote(raw), err)
+		return "", netip.Addr{}, badName("%s is not a valid internationalised name: %v", quote(raw), err)
 	}
 	name = strings.TrimSuffix(name, ".")
 	if endsInNumber(name) {
@@ -149,14 +162,26 @@ func normalizeIPv4(name, raw string) (string, netip.Addr, error) {
 	return addr.String(), addr, nil
 }
 
-// checkName enforces non-empty labels, the DNS lengths and the characters
-// letters, digits, "-" and "_" on an IDNA-mapped, lower-case ASCII name.
+// ValidateName reports whether name, a normalised (lower-case ASCII, no root
+// dot) host name, is a DNS name egressd will look up: 1 to 253 characters, in
+// labels of 1 to 63 characters (RFC 1035 §2.3.4) made of letters, digits, "-"
+// and "_", none starting or ending with "-" (RFC 952, RFC 1123 §2.1). "_" is
+// allowed anywhere: the hostname rules exclude it, but DNS carries it (RFC
+// 2181 §11), real hosts use it ("_dmarc", legacy S3 buckets, some internal
+// names) and WHATWG URL parsing, which every browser applies, accepts it.
+// "--" inside a label stays allowed ("r3---sn-x.googlevideo.com", punycode).
+// NormalizeHost applies it to every name, so the allowlist's patterns, the
+// proxy's targets and the DNS guard's questions are held to this one rule.
+// Errors wrap ErrBadName (and ErrBadHost).
+func ValidateName(name string) error { return checkName(name, name) }
+
+// checkName is ValidateName, naming raw (the host as given) in messages.
 func checkName(name, raw string) error {
 	if name == "" {
-		return badHost("empty host")
+		return badName("empty host")
 	}
 	if len(name) > maxNameLen {
-		return badHost("%s is longer than %d characters", quote(raw), maxNameLen)
+		return badName("%s is longer than %d characters", quote(raw), maxNameLen)
 	}
 	for label := range strings.SplitSeq(name, ".") {
 		if err := checkLabel(label, raw); err != nil {
@@ -169,13 +194,15 @@ func checkName(name, raw string) error {
 func checkLabel(label, raw string) error {
 	switch {
 	case label == "":
-		return badHost("%s has an empty label", quote(raw))
+		return badName("%s has an empty label", quote(raw))
 	case len(label) > maxLabelLen:
-		return badHost("%s has a label longer than %d characters", quote(raw), maxLabelLen)
+		return badName("%s has a label longer than %d characters", quote(raw), maxLabelLen)
+	case label[0] == '-' || label[len(label)-1] == '-':
+		return badName("%s has a label that starts or ends with \"-\"", quote(raw))
 	}
 	for _, c := range []byte(label) {
 		if !isNameChar(c) {
-			return badHost("%s contains the character %q, which is not allowed in a host name", quote(raw), c)
+			return badName("%s contains the character %q, which is not allowed in a host name", quote(raw), c)
 		}
 	}
 	return nil
@@ -183,6 +210,10 @@ func checkLabel(label, raw string) error {
 
 func isNameChar(c byte) bool {
 	return 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_'
+}
+
+func badName(format string, args ...any) error {
+	return &nameError{msg: fmt.Sprintf(format, args...)}
 }
 
 func badHost(format string, args ...any) error {

@@ -16,7 +16,7 @@ func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 	rec.Scheme = "connect"
 	t, err := allowlist.ParseAuthority(req.RequestURI, 0)
 	if err != nil {
-		return c.refuseAndClose(rt, rec, badRequest("connect_target", err))
+		return c.refuseAndClose(rt, rec, badHost("connect_target", err))
 	}
 	rec.setTarget(t)
 	d := rt.Policy.DecideRequest(t, "")

@@ -133,7 +133,7 @@ func forwardTarget(req *http.Request) (allowlist.Target, error) {
 	}
 	t, err := allowlist.ParseAuthority(u.Host, port)
 	if err != nil {
-		return t, badRequest("host", err)
+		return t, badHost("host", err)
 	}
 	return t, nil
 }

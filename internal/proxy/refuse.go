@@ -41,6 +41,18 @@ func badRequest(detail string, err error) *refusal {
 	return &refusal{Reason: allowlist.ReasonBadRequest, Detail: detail, Err: err}
 }
 
+// badHost refuses a target whose host does not parse: detail bad_name for a name
+// that is not a DNS name (allowlist.ValidateName), else the caller's detail.
+func badHost(detail string, err error) *refusal {
+	if errors.Is(err, allowlist.ErrBadName) {
+		detail = detailBadName
+	}
+	return badRequest(detail, err)
+}
+
+// detailBadName is the bad_request detail of a host that is not a DNS name.
+const detailBadName = "bad_name"
+
 // classify is the one place where an error becomes a reason code. Policy denials
 // arrive as *refusal; everything else is a failure on the way to the upstream.
 func classify(err error) *refusal {

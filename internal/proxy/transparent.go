@@ -61,7 +61,7 @@ func (c *conn) serveTransparentTLS(rt *Runtime, rec *Record) {
 	t, err := c.transparentTLSTarget(hello)
 	if err != nil {
 		rec.setTarget(allowlist.Target{Host: c.orig.Addr().String(), Addr: c.orig.Addr(), Port: c.orig.Port()})
-		rec.fail(allowlist.ReasonBadRequest, "no_sni")
+		rec.fail(allowlist.ReasonBadRequest, badHost("no_sni", err).Detail)
 		rec.Error = err.Error()
 		c.nc.Write(alertMissingExtension)
 		return
@@ -119,7 +119,7 @@ func transparentTarget(req *http.Request, orig netip.AddrPort) (allowlist.Target
 	}
 	t, err := allowlist.ParseAuthority(req.Host, orig.Port())
 	if err != nil {
-		return t, badRequest("host", err)
+		return t, badHost("host", err)
 	}
 	if t.Port != orig.Port() {
 		return t, deny(allowlist.ReasonHostMismatch, "port")

@@ -24,6 +24,7 @@ type Server struct {
 	mu      sync.Mutex
 	names   map[string]Answer
 	queries map[string]int // per name and type: "name/A"
+	unnamed int            // queries without exactly one question
 }
 
 // Start serves on 127.0.0.1 (UDP and TCP, one port) until the test ends.
@@ -63,12 +64,26 @@ func (s *Server) Queries(name string) int {
 	return s.queries[fqdn+"/A"] + s.queries[fqdn+"/AAAA"]
 }
 
+// Total returns how many queries of any name and type the server has received.
+func (s *Server) Total() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.unnamed
+	for _, c := range s.queries {
+		n += c
+	}
+	return n
+}
+
 // ServeDNS answers one query, following CNAME records the way a recursive resolver
 // would put them in the answer section, with TTL 0 so nothing is cached.
 func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	m := new(dns.Msg)
 	m.SetReply(req)
 	if len(req.Question) != 1 {
+		s.mu.Lock()
+		s.unnamed++
+		s.mu.Unlock()
 		m.Rcode = dns.RcodeFormatError
 		w.WriteMsg(m)
 		return
