@@ -2,22 +2,10 @@ package proxy_test
 
 import (
 	"net"
-	"strings"
 	"testing"
-)
 
-// badNames are hosts under the *.allowed.test entry that are not DNS names.
-var badNames = []struct{ name, host string }{
-	{"label starts with -", "-a.allowed.test"},
-	{"label ends with -", "a-.allowed.test"},
-	{"inner label ends with -", "x.a-.allowed.test"},
-	{"label over 63", strings.Repeat("a", 64) + ".allowed.test"},
-	{"name over 253", strings.Repeat(strings.Repeat("a", 60)+".", 4) + "allowed.test"},
-	{"empty label", "a..allowed.test"},
-	{"character $", "a$b.allowed.test"},
-	{"character *", "a*b.allowed.test"},
-	{"character !", "a!b.allowed.test"},
-}
+	"github.com/egressd/egressd/internal/testutil/badnames"
+)
 
 // TestBadNamesRefusedBeforeDNS: a host that is not a DNS name is refused with
 // 400 bad_request, detail bad_name, as an absolute-form GET and as a CONNECT,
@@ -26,11 +14,11 @@ var badNames = []struct{ name, host string }{
 // "_dmarc.allowed.test" is looked up (which shows the query count works).
 func TestBadNamesRefusedBeforeDNS(t *testing.T) {
 	w := newWorld(t, worldOpts{})
-	for _, tc := range badNames {
-		t.Run(tc.name, func(t *testing.T) {
-			resp := w.raw("GET http://" + tc.host + "/ HTTP/1.1\r\nHost: " + tc.host + "\r\n\r\n")
+	for _, tc := range badnames.Under("allowed.test") {
+		t.Run(tc.Name, func(t *testing.T) {
+			resp := w.raw("GET http://" + tc.Host + "/ HTTP/1.1\r\nHost: " + tc.Host + "\r\n\r\n")
 			assertRefused(t, resp, 400, "bad_request", "bad_name")
-			authority := net.JoinHostPort(tc.host, "443")
+			authority := net.JoinHostPort(tc.Host, "443")
 			resp = w.raw("CONNECT " + authority + " HTTP/1.1\r\nHost: " + authority + "\r\n\r\n")
 			assertRefused(t, resp, 400, "bad_request", "bad_name")
 		})

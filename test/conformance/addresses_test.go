@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/egressd/egressd/internal/testutil/badnames"
 )
 
 // addressCase is one request for an internal address and the refusal it must get.
@@ -116,26 +118,16 @@ func TestInternalAddressSpellings(t *testing.T) {
 	}
 }
 
-// badNameHosts are hosts under the "*.allowed.test" entry that are not DNS names.
-var badNameHosts = []struct{ name, host string }{
-	{"label starts with -", "-a.allowed.test"},
-	{"label ends with -", "a-.allowed.test"},
-	{"label over 63 octets", strings.Repeat("a", 64) + ".allowed.test"},
-	{"name over 253 octets", strings.Repeat(strings.Repeat("a", 60)+".", 4) + "allowed.test"},
-	{"empty label", "a..allowed.test"},
-	{"character not in a host name", "a$b.allowed.test"},
-}
-
 // TestBadNames: a host that is not a DNS name is refused with bad_request, detail
 // bad_name, as a GET and as a CONNECT, before any DNS query: the stub sees none.
 func TestBadNames(t *testing.T) {
 	w := newWorld(t, config{})
-	for _, tc := range badNameHosts {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, tc := range badnames.Under("allowed.test") {
+		t.Run(tc.Name, func(t *testing.T) {
 			k := w.begin(t)
 			before := w.DNS.Total()
-			k.refused(k.raw("GET http://"+tc.host+"/ HTTP/1.1\r\nHost: "+tc.host+"\r\n\r\n"), 400, "bad_request", "bad_name")
-			authority := connectAuthority(tc.host, "443")
+			k.refused(k.raw("GET http://"+tc.Host+"/ HTTP/1.1\r\nHost: "+tc.Host+"\r\n\r\n"), 400, "bad_request", "bad_name")
+			authority := connectAuthority(tc.Host, "443")
 			k.refused(k.raw("CONNECT "+authority+" HTTP/1.1\r\nHost: "+authority+"\r\n\r\n"), 400, "bad_request", "bad_name")
 			if n := w.DNS.Total() - before; n != 0 {
 				t.Errorf("the DNS stub saw %d queries, want 0", n)
