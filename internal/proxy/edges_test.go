@@ -265,13 +265,7 @@ func TestUpstreamEgressdHeadersRemoved(t *testing.T) {
 		assertNoForgery(t, resp)
 	})
 	t.Run("intercepted HTTP/1.1", func(t *testing.T) {
-		tc, br := w.interceptedH1(t, "api.allowed.test")
-		io.WriteString(tc, "GET /v1 HTTP/1.1\r\nHost: api.allowed.test\r\n\r\n")
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		assertNoForgery(t, resp)
+		assertNoForgery(t, w.interceptedRaw(t, "api.allowed.test", "GET /v1 HTTP/1.1\r\nHost: api.allowed.test\r\n\r\n"))
 	})
 	t.Run("intercepted HTTP/2", func(t *testing.T) {
 		req, _ := http.NewRequest("GET", "https://api.allowed.test/v1", nil)
@@ -324,4 +318,65 @@ func TestHookResponseEgressdHeadersRemoved(t *testing.T) {
 	if string(body) != `{"decision":"allow"}` || resp.Header.Get("Egressd-Hook") != "" || resp.Header.Get("Egressd-Reason") != "" {
 		t.Errorf("hook answer: %v %q", resp.Header, body)
 	}
+}
+
+// TestNoHeaderAdded: a request without User-Agent reaches the upstream without one
+// on every path (the pool, the HTTP/1.1 Transport, HTTP/2), with the client's
+// headers as sent; TE: trailers, the one TE that may travel, travels.
+func TestNoHeaderAdded(t *testing.T) {
+	w := newInjectWorld(t, worldOpts{})
+	check := func(t *testing.T, got echoed, extra ...string) {
+		t.Helper()
+		want := map[string]bool{"X-Client": true}
+		for _, h := range extra {
+			want[h] = true
+		}
+		for name := range got.Header {
+			if !want[name] {
+				t.Errorf("upstream saw %s: %q", name, got.Header[name])
+			}
+		}
+		if got.Header.Get("X-Client") != "1" {
+			t.Errorf("upstream lost X-Client: %v", got.Header)
+		}
+	}
+	raw := func(method, extra string) string {
+		return method + " http://www.allowed.test/ HTTP/1.1\r\nHost: www.allowed.test\r\nX-Client: 1\r\n" + extra + "\r\n"
+	}
+	t.Run("explicit GET (pool)", func(t *testing.T) { check(t, decodeEcho(t, w.raw(raw("GET", "")))) })
+	t.Run("explicit POST (Transport)", func(t *testing.T) {
+		check(t, decodeEcho(t, w.raw(raw("POST", "Content-Length: 1\r\n")+"x")), "Content-Length")
+	})
+	t.Run("intercepted HTTP/1.1 with credential", func(t *testing.T) {
+		resp := w.interceptedRaw(t, "api.allowed.test", "GET /v1 HTTP/1.1\r\nHost: api.allowed.test\r\nX-Client: 1\r\n\r\n")
+		check(t, decodeEcho(t, resp), "Authorization", "X-Static")
+	})
+	t.Run("intercepted HTTP/2 with credential", func(t *testing.T) {
+		req, _ := http.NewRequest("POST", "https://api.allowed.test/v1", strings.NewReader("x"))
+		// An empty User-Agent keeps the test's own client from sending one; an
+		// Accept-Encoding of its own keeps it from asking for gzip.
+		req.Header = http.Header{"X-Client": {"1"}, "Te": {"trailers"}, "User-Agent": {""}, "Accept-Encoding": {"identity"}}
+		resp, err := w.h2ClientConn(t, "api.allowed.test:443").RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := decodeEcho(t, resp)
+		check(t, got, "Authorization", "X-Static", "Content-Length", "Te", "Accept-Encoding")
+		if got.Header.Get("Te") != "trailers" {
+			t.Errorf("upstream saw TE %q, want trailers", got.Header.Get("Te"))
+		}
+	})
+}
+
+// interceptedRaw sends a raw request inside an intercepted HTTP/1.1 tunnel to host
+// and returns the response.
+func (w *world) interceptedRaw(t *testing.T, host, req string) *http.Response {
+	t.Helper()
+	tc, br := w.interceptedH1(t, host)
+	io.WriteString(tc, req)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
 }

@@ -74,3 +74,17 @@ func checkUpgrade(h http.Header) error {
 func switchesProtocol(req *http.Request) bool {
 	return req.Method == http.MethodConnect || len(req.Header["Upgrade"]) > 0
 }
+
+// acceptsTrailers reports whether the client's TE field names "trailers", the one
+// TE value that may travel on (HTTP/2 allows no other; gRPC sends it).
+func acceptsTrailers(h http.Header) bool {
+	for _, v := range h["Te"] {
+		for _, tok := range strings.Split(v, ",") {
+			name, _, _ := strings.Cut(textproto.TrimString(tok), ";")
+			if strings.EqualFold(textproto.TrimString(name), "trailers") {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -181,13 +181,23 @@ func (x *exchange) outbound(ctx context.Context, scheme string) *http.Request {
 	}
 	out.Header = x.req.Header
 	upgrade := upgradeType(out.Header)
+	trailers := acceptsTrailers(out.Header)
 	removeHopByHop(out.Header)
 	if upgrade != "" {
 		out.Header.Set("Connection", "Upgrade")
 		out.Header.Set("Upgrade", upgrade)
 	}
+	if trailers { // gRPC servers may insist on it (RFC 9113 §8.2.2 lets it through)
+		out.Header["Te"] = []string{"trailers"}
+	}
 	out.Header.Del("Expect")
 	removeEgressdHeaders(out.Header)
+	if _, ok := out.Header["User-Agent"]; !ok {
+		// net/http's transports (and Request.Write, which the pool uses) add
+		// "Go-http-client/..." when the key is absent; present and empty, they
+		// send none. egressd adds no header of its own.
+		out.Header["User-Agent"] = nil
+	}
 	return out
 }
 

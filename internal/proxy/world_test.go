@@ -71,6 +71,8 @@ type world struct {
 	DNS        *dnsstub.Server
 	Upstream   *echo
 	UpstreamCA *x509.CertPool
+	// UpstreamPKI signs the upstreams' certificates; egressd trusts it.
+	UpstreamPKI *testpki.CA
 	// CA is egressd's interception CA; clients of intercepted tunnels trust it.
 	CA            *mitm.CA
 	CAPool        *x509.CertPool
@@ -129,7 +131,7 @@ func (w *world) startUpstream() {
 	tlsSrv.TLS = &tls.Config{Certificates: []tls.Certificate{
 		ca.Leaf(w.t, "allowed.test", "*.allowed.test", "ports.test", "other.test", w.PublicIP)}}
 	tlsSrv.StartTLS()
-	w.UpstreamCA, w.upstreamCAPEM = ca.Pool, ca.PEM()
+	w.UpstreamCA, w.upstreamCAPEM, w.UpstreamPKI = ca.Pool, ca.PEM(), ca
 	w.t.Cleanup(func() { srv.Close(); tlsSrv.Close() })
 }
 
