@@ -49,6 +49,7 @@ func (r *Reader) Read(p []byte) (int, error) {
 			return n, nil
 		}
 		if r.err != nil {
+			r.st.free()
 			return 0, r.err
 		}
 		if len(p) == 0 {

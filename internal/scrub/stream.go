@@ -3,6 +3,7 @@ package scrub
 import (
 	"bytes"
 	"slices"
+	"sync"
 )
 
 // Buffer sizes. A stream starts with a small buffer (most scrubbed
@@ -48,12 +49,13 @@ type stream struct {
 // the output of the last scan is invalid from here on.
 func (st *stream) space() []byte {
 	if st.buf == nil {
-		st.buf = make([]byte, minRead+st.set.maxLen)
+		st.buf = getBuf(minRead + st.set.maxLen)
 		st.hm = make([]bool, 0, st.set.maxLen)
 		st.hm2 = make([]bool, 0, st.set.maxLen)
 	}
 	if st.full && len(st.buf) < maxRead+st.set.maxLen {
-		st.buf = make([]byte, min(2*(len(st.buf)-st.set.maxLen), maxRead)+st.set.maxLen)
+		putBuf(st.buf)
+		st.buf = getBuf(min(2*(len(st.buf)-st.set.maxLen), maxRead) + st.set.maxLen)
 	}
 	st.end = copy(st.buf, st.raw[:st.keep])
 	return st.buf[st.end:]
@@ -112,6 +114,30 @@ func (st *stream) scan(n int, how release) []byte {
 	st.keep, st.sent = hold, max(emit, from)-from
 	return out
 }
+
+// free returns the buffer to the pool: the stream is over and its last
+// output consumed.
+func (st *stream) free() {
+	if st.buf != nil {
+		putBuf(st.buf)
+		st.buf = nil
+	}
+}
+
+// bufPool recycles stream buffers: most scrubbed bodies are small, and a
+// fresh 4 KiB buffer per response is most of a small body's cost.
+var bufPool sync.Pool // of *[]byte
+
+// getBuf returns a buffer of at least n bytes (all of a pooled one's
+// capacity, so a pooled large buffer is used whole).
+func getBuf(n int) []byte {
+	if p, ok := bufPool.Get().(*[]byte); ok && cap(*p) >= n {
+		return (*p)[:cap(*p)]
+	}
+	return make([]byte, n)
+}
+
+func putBuf(b []byte) { bufPool.Put(&b) }
 
 // drop forgets the kept bytes: on a source error (they are never
 // released) and before a new WebSocket message (no context from the last).
