@@ -625,7 +625,8 @@ func writeFile(t *testing.T, path, value string) {
 // the agent's (uid 1000) TCP 80/443 and DNS are REDIRECTed to listeners on
 // loopback, which read the original destination; its other traffic and the
 // admin port are refused at once; egressd's own uid 1337 goes out
-// untouched.
+// untouched. The script runs with the init container's env from the manifest,
+// so the hooks listener's port is open to the runtime's uid (and egressd's) only.
 func TestKubernetesInitRules(t *testing.T) {
 	if !inNamespaces(t, []string{"pod", "far"}, nil) {
 		return
@@ -650,8 +651,15 @@ func TestKubernetesInitRules(t *testing.T) {
 			run(t, "ip", "netns", "exec", far, tool, "-w", "-t", "raw", "-A", "PREROUTING", "-s", src, "-p", proto, "-j", "DROP")
 		}
 	}
+	initC := loadKubernetes(t).container(t, "egressd-init")
+	initEnv := os.Environ()
+	for _, e := range initC.Env {
+		initEnv = append(initEnv, e.Name+"="+e.Value)
+	}
 	initRules := func() string {
-		out, err := exec.Command("sh", "kubernetes/egressd-init.sh").CombinedOutput()
+		cmd := exec.Command("sh", "kubernetes/egressd-init.sh")
+		cmd.Env = initEnv
+		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("egressd-init.sh: %v\n%s", err, out)
 		}
@@ -664,6 +672,8 @@ func TestKubernetesInitRules(t *testing.T) {
 	tproxy4, tproxy6 := listenTCP(t, "127.0.0.1", "15002"), listenTCP(t, "::1", "15002")
 	dnsUDP, dnsTCP := listenUDP(t, "127.0.0.1", "15053"), listenTCP(t, "127.0.0.1", "15053")
 	admin := listenTCP(t, "0.0.0.0", "15000")
+	hooksPort, runtimeUID := initValue(t, initC, "EGRESSD_HOOKS_PORT"), initValue(t, initC, "EGRESSD_RUNTIME_UID")
+	hooksLn := listenTCP(t, "127.0.0.1", hooksPort)
 	agent := func(d time.Duration, snippet string) error { return asUID(1000, d, snippet) }
 	egressd := func(d time.Duration, snippet string) error { return asUID(egressdUID, d, snippet) }
 	farCount := func() int {
@@ -738,6 +748,52 @@ func TestKubernetesInitRules(t *testing.T) {
 			c.Close()
 		}
 	})
+
+	t.Run("hooks listener for the runtime only", func(t *testing.T) {
+		hooksListenerChecks(t, hooksLn, hooksPort, runtimeUID)
+	})
+}
+
+// hooksListenerChecks: with a hooks listener, only the agent runtime's uid and
+// egressd's may connect to it; every other uid (the sandbox's, any other, root)
+// is refused at once and the listener accepts nothing from them.
+func hooksListenerChecks(t *testing.T, ln net.Listener, port, runtimeUID string) {
+	uid, err := strconv.Atoi(runtimeUID)
+	if err != nil {
+		t.Fatalf("EGRESSD_RUNTIME_UID %q: %v", runtimeUID, err)
+	}
+	for _, other := range []int{1000, 4242, 0} {
+		start := time.Now()
+		if err := asUID(other, 3*time.Second, tcpSend("127.0.0.1", port)); err == nil {
+			t.Errorf("uid %d connected to the hooks listener", other)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("uid %d: refused after %v, want at once", other, d)
+		}
+	}
+	expectNoAccept(t, ln, 200*time.Millisecond)
+	for _, allowed := range []int{uid, egressdUID} {
+		if err := asUID(allowed, 3*time.Second, tcpSend("127.0.0.1", port)); err != nil {
+			t.Errorf("uid %d cannot reach the hooks listener: %v", allowed, err)
+			continue
+		}
+		ln.(*net.TCPListener).SetDeadline(time.Now().Add(3 * time.Second))
+		if c, err := ln.Accept(); err != nil {
+			t.Errorf("hooks accept for uid %d: %v", allowed, err)
+		} else {
+			c.Close()
+		}
+	}
+}
+
+// initValue is the value of the init container's env name; the test needs it set.
+func initValue(t *testing.T, c container, name string) string {
+	t.Helper()
+	v := envValue(c, name)
+	if v == "" {
+		t.Fatalf("egressd-init has no %s", name)
+	}
+	return v
 }
 
 // asUID runs a bash snippet as uid (and gid) uid, killed after d.

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -27,6 +28,11 @@ import (
 // container excludes from the redirect.
 const egressdUID = 1337
 
+// drainMargin is how much longer than limits.drain the pod's grace period must be:
+// the kubelet stops the agent's containers first and the sidecar after them, and
+// egressd needs a moment past its drain to close what is left and flush its log.
+const drainMargin = 5 * time.Second
+
 // Kubernetes objects, as far as the checks need them.
 type (
 	object struct {
@@ -36,12 +42,13 @@ type (
 		Spec     podSpec               `yaml:"spec"` // a Pod's
 	}
 	podSpec struct {
-		ServiceAccountName           string      `yaml:"serviceAccountName"`
-		AutomountServiceAccountToken *bool       `yaml:"automountServiceAccountToken"`
-		ShareProcessNamespace        bool        `yaml:"shareProcessNamespace"`
-		InitContainers               []container `yaml:"initContainers"`
-		Containers                   []container `yaml:"containers"`
-		Volumes                      []volume    `yaml:"volumes"`
+		ServiceAccountName            string      `yaml:"serviceAccountName"`
+		TerminationGracePeriodSeconds *int        `yaml:"terminationGracePeriodSeconds"`
+		AutomountServiceAccountToken  *bool       `yaml:"automountServiceAccountToken"`
+		ShareProcessNamespace         bool        `yaml:"shareProcessNamespace"`
+		InitContainers                []container `yaml:"initContainers"`
+		Containers                    []container `yaml:"containers"`
+		Volumes                       []volume    `yaml:"volumes"`
 	}
 	container struct {
 		Name            string   `yaml:"name"`
@@ -168,6 +175,21 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 	})
 
+	t.Run("hooks listener", func(t *testing.T) {
+		checkHooksListener(t, w, cfg, initC, egressd)
+	})
+
+	t.Run("drain", func(t *testing.T) {
+		g := w.pod.TerminationGracePeriodSeconds
+		if g == nil {
+			t.Fatalf("terminationGracePeriodSeconds unset (Kubernetes' 30s): set it to more than limits.drain (%s) + %s", cfg.Limits.Drain, drainMargin)
+		}
+		if grace := time.Duration(*g) * time.Second; grace < cfg.Limits.Drain+drainMargin {
+			t.Errorf("terminationGracePeriodSeconds %d: the kubelet kills egressd before limits.drain (%s) + %s has passed",
+				*g, cfg.Limits.Drain, drainMargin)
+		}
+	})
+
 	t.Run("security", func(t *testing.T) {
 		sc := egressd.SecurityContext
 		if !isTrue(sc.RunAsNonRoot) || !isTrue(sc.ReadOnlyRootFilesystem) || isTrue(sc.AllowPrivilegeEscalation) ||
@@ -268,6 +290,59 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Errorf("egressd command+args %q, Dockerfile ENTRYPOINT %q", got, want)
 		}
 	})
+}
+
+// checkHooksListener: a hooks listener (its traffic is hook traffic, which egressd
+// signs) must be on loopback, where the init rules' -o lo owner match applies, and
+// on the port the init container's EGRESSD_HOOKS_PORT opens to EGRESSD_RUNTIME_UID
+// only; that uid is neither root nor egressd's, exactly one container (the
+// runtime) runs as it, and no other container shares it. Without a hooks listener
+// EGRESSD_HOOKS_PORT must be unset.
+func checkHooksListener(t *testing.T, w *workload, cfg *config.Config, initC, egressd container) {
+	var hooks []config.Listener
+	for _, l := range cfg.Listeners {
+		if l.Role == config.RoleHooks {
+			hooks = append(hooks, l)
+		}
+	}
+	port, runtime := envValue(initC, "EGRESSD_HOOKS_PORT"), envValue(initC, "EGRESSD_RUNTIME_UID")
+	if len(hooks) == 0 {
+		if port != "" {
+			t.Errorf("EGRESSD_HOOKS_PORT %s without a hooks listener", port)
+		}
+		return
+	}
+	if len(hooks) > 1 {
+		t.Fatalf("%d hooks listeners; the init rules open one port", len(hooks))
+	}
+	l := hooks[0]
+	if !l.Address.Addr().IsLoopback() {
+		t.Errorf("hooks listener on %s: the init rules guard it on loopback only", l.Address)
+	}
+	wantEnv(t, initC, "EGRESSD_HOOKS_PORT", strconv.Itoa(int(l.Address.Port())))
+	wantPort(t, egressd, "hooks", "TCP", int(l.Address.Port()))
+	uid, err := strconv.Atoi(runtime)
+	if err != nil || uid == 0 || uid == egressdUID {
+		t.Fatalf("EGRESSD_RUNTIME_UID %q: want the agent runtime's own uid (not 0, not %d)", runtime, egressdUID)
+	}
+	var as []string
+	for _, c := range w.pod.Containers {
+		if u := c.SecurityContext.RunAsUser; u != nil && *u == uid {
+			as = append(as, c.Name)
+		}
+	}
+	if len(as) != 1 {
+		t.Errorf("containers running as the runtime's uid %d: %v; want exactly the agent runtime's (the sandbox must not share it)", uid, as)
+	}
+}
+
+func envValue(c container, name string) string {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e.Value
+		}
+	}
+	return ""
 }
 
 // loadKubernetes decodes every document of every YAML file in kubernetes/.

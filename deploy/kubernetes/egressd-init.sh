@@ -15,6 +15,10 @@
 #            uid EGRESSD_UID: ACCEPT (egressd dials upstreams, Vault, DNS)
 #            loopback to EGRESSD_ADMIN_PORT: REJECT (the admin API is not the
 #              sandbox's; kubelet probes arrive from outside and are unaffected)
+#            loopback to EGRESSD_HOOKS_PORT (when set): ACCEPT for uid
+#              EGRESSD_RUNTIME_UID only, REJECT for every other uid (traffic of
+#              a hooks listener is hook traffic, which egressd signs: only the
+#              agent runtime may send it, never the sandbox's tools)
 #            loopback, and the REDIRECTed traffic (conntrack state DNAT): ACCEPT
 #            replies on connections made to the pod: ACCEPT
 #            everything else: REJECT (TCP with a reset, so connect() fails at once)
@@ -35,6 +39,11 @@
 #   EGRESSD_TPROXY_PORT     transparent listener port [15002]
 #   EGRESSD_DNS_PORT        DNS guard port [15053]
 #   EGRESSD_ADMIN_PORT      admin port, closed to the sandbox [15000]
+#   EGRESSD_HOOKS_PORT      the hooks listener's port, open to the runtime only;
+#                           empty: no hooks listener [""]
+#   EGRESSD_RUNTIME_UID     the agent runtime's UID, the only one (with egressd's)
+#                           that may connect to EGRESSD_HOOKS_PORT; required
+#                           with it, and neither 0 nor EGRESSD_UID [""]
 #   EGRESSD_REDIRECT_PORTS  TCP ports sent to egressd [80,443]
 #   EGRESSD_IPV6            1: ip6tables too, failing if it fails; 0: skip;
 #                           auto: ip6tables when the kernel has IPv6 [auto]
@@ -46,10 +55,22 @@ TPROXY_PORT=${EGRESSD_TPROXY_PORT:-15002}
 DNS_PORT=${EGRESSD_DNS_PORT:-15053}
 ADMIN_PORT=${EGRESSD_ADMIN_PORT:-15000}
 REDIRECT_PORTS=${EGRESSD_REDIRECT_PORTS:-80,443}
+HOOKS_PORT=${EGRESSD_HOOKS_PORT:-}
+RUNTIME_UID=${EGRESSD_RUNTIME_UID:-}
 IPV6=${EGRESSD_IPV6:-auto}
 IPTABLES=${EGRESSD_IPTABLES:-iptables}
 IP6TABLES=$(echo "$IPTABLES" | sed 's/^iptables/ip6tables/')
 CHAIN=EGRESSD_OUTPUT
+
+if [ -n "$HOOKS_PORT" ]; then
+  case $RUNTIME_UID in
+    ''|*[!0-9]*) echo "egressd-init: EGRESSD_HOOKS_PORT needs EGRESSD_RUNTIME_UID, the agent runtime's numeric uid" >&2; exit 1 ;;
+  esac
+  if [ "$RUNTIME_UID" = 0 ] || [ "$RUNTIME_UID" = "$EGRESSD_UID" ]; then
+    echo "egressd-init: EGRESSD_RUNTIME_UID must be the runtime's own uid, not 0 or egressd's $EGRESSD_UID" >&2
+    exit 1
+  fi
+fi
 
 # ensure_chain TOOL TABLE: create CHAIN empty (or empty it) and jump to it
 # first thing in OUTPUT.
@@ -75,6 +96,10 @@ rules() {
   ensure_chain "$ipt" filter
   "$ipt" -w -A "$CHAIN" -m owner --uid-owner "$EGRESSD_UID" -j ACCEPT
   "$ipt" -w -A "$CHAIN" -o lo -p tcp --dport "$ADMIN_PORT" -j REJECT --reject-with tcp-reset
+  if [ -n "$HOOKS_PORT" ]; then
+    "$ipt" -w -A "$CHAIN" -o lo -p tcp --dport "$HOOKS_PORT" -m owner --uid-owner "$RUNTIME_UID" -j ACCEPT
+    "$ipt" -w -A "$CHAIN" -o lo -p tcp --dport "$HOOKS_PORT" -j REJECT --reject-with tcp-reset
+  fi
   "$ipt" -w -A "$CHAIN" -o lo -j ACCEPT
   # The REDIRECTed traffic. Matching it by -o lo does not work: the filter
   # chain still sees the interface the packet was routed to before the nat
@@ -99,4 +124,6 @@ case $IPV6 in
     ;;
   *) echo "egressd-init: EGRESSD_IPV6 must be 0, 1 or auto" >&2; exit 1 ;;
 esac
-echo "egressd-init: TCP $REDIRECT_PORTS -> :$TPROXY_PORT, DNS -> :$DNS_PORT; uid $EGRESSD_UID excluded"
+hooks=""
+[ -z "$HOOKS_PORT" ] || hooks="; hooks :$HOOKS_PORT for uid $RUNTIME_UID only"
+echo "egressd-init: TCP $REDIRECT_PORTS -> :$TPROXY_PORT, DNS -> :$DNS_PORT; uid $EGRESSD_UID excluded$hooks"
