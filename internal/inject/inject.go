@@ -1,7 +1,8 @@
 // Package inject sets the headers an allowlist rule injects into outbound requests.
 // Its processors are built once per policy, so a bad rule fails at load, not on the
 // hundredth request; the client's copies of every injected header are removed first,
-// so the sandbox can neither read nor override what egressd sets.
+// so the sandbox can neither read nor override what egressd sets. With the headers it
+// hands back the scrub.Set that masks those very values in the response.
 package inject
 
 import (
@@ -9,9 +10,11 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/credential"
+	"github.com/egressd/egressd/internal/scrub"
 )
 
 // ErrNoProcessor is returned for an injecting rule the Injector was not built with.
@@ -22,12 +25,15 @@ type Credentials interface {
 	Get(id string) (credential.Value, error)
 }
 
-// Result is what Apply did, for the canonical log line: header names, the
-// credential ID and its version. It never holds a value.
+// Result is what Apply did: for the canonical log line, header names, the
+// credential ID and its version; for the response, Scrub. It never exposes a
+// value (a scrub.Set renders none).
 type Result struct {
 	Names      []string
 	Credential string
 	Version    string
+	// Scrub masks every value Apply set; nil when it set nothing.
+	Scrub *scrub.Set
 }
 
 // Injector holds one processor per injecting rule.
@@ -41,6 +47,13 @@ type Injector struct {
 type processor struct {
 	transform  []allowlist.Header
 	credential string
+	scrub      atomic.Pointer[compiled] // the Set for the values last injected
+}
+
+// compiled is a scrub.Set with the values it was compiled from.
+type compiled struct {
+	values []string
+	set    *scrub.Set
 }
 
 // New builds the processors for every rule of p that injects. creds may be nil when
@@ -99,7 +112,48 @@ func (in *Injector) Apply(r *allowlist.Rule, h, trailer http.Header) (Result, er
 	for _, x := range secret {
 		h[x.Name] = []string{x.Value}
 	}
+	res.Scrub = p.scrubSet(secret)
 	return res, nil
+}
+
+// scrubSet returns the Set for the transform's and secret's values, compiled once
+// per change of values rather than per request: compiling costs far more than
+// masking a small response (BenchmarkApply), and a credential changes seldom. The
+// cache is keyed by the values themselves, not the backend's version, so a
+// backend that swaps a value without a new version still gets it masked.
+func (p *processor) scrubSet(secret []credential.Header) *scrub.Set {
+	c := p.scrub.Load()
+	if c != nil && c.matches(p.transform, secret) {
+		return c.set
+	}
+	values := make([]string, 0, len(p.transform)+len(secret))
+	for _, x := range p.transform {
+		values = append(values, x.Value)
+	}
+	for _, x := range secret {
+		values = append(values, x.Value)
+	}
+	c = &compiled{values: values, set: scrub.Compile(values...)}
+	p.scrub.Store(c)
+	return c.set
+}
+
+// matches reports whether c was compiled from exactly these values, in order.
+func (c *compiled) matches(transform []allowlist.Header, secret []credential.Header) bool {
+	if len(c.values) != len(transform)+len(secret) {
+		return false
+	}
+	for i, x := range transform {
+		if c.values[i] != x.Value {
+			return false
+		}
+	}
+	for i, x := range secret {
+		if c.values[len(transform)+i] != x.Value {
+			return false
+		}
+	}
+	return true
 }
 
 // Remove deletes every field named name from h, whatever its case: a header map

@@ -78,7 +78,7 @@ func TestApplyNonInjectingRuleDoesNothing(t *testing.T) {
 	starRule := p.Rules()[1]
 	h := http.Header{"Authorization": {"Bearer client"}}
 	res, err := in.Apply(starRule, h, nil)
-	if err != nil || len(res.Names) != 0 || h.Get("Authorization") != "Bearer client" {
+	if err != nil || len(res.Names) != 0 || res.Scrub != nil || h.Get("Authorization") != "Bearer client" {
 		t.Errorf("a rule that injects nothing changed the request: %v %+v %v", err, res, h)
 	}
 }
@@ -92,5 +92,31 @@ func TestApplyRuleOfAnotherPolicyFailsClosed(t *testing.T) {
 	}
 	if len(h) != 0 {
 		t.Errorf("headers changed: %v", h)
+	}
+}
+
+// TestApplyScrubSet: the Set Apply returns masks every value it set (the
+// transform's and the credential's), is compiled once while the values stay, and
+// again when the credential's value changes, version or not.
+func TestApplyScrubSet(t *testing.T) {
+	p, err := allowlist.Compile([]allowlist.Entry{{Domain: "api.example.com", Credential: "api",
+		Transform: []allowlist.Header{{Name: "X-Key", Value: "transform-secret-1"}}}}, allowlist.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := fakeCreds{"api": {ID: "api", Version: "7", Headers: []credential.Header{{Name: "Authorization", Value: "Bearer credential-secret-1"}}}}
+	in, r := New(p, creds), p.Rules()[0]
+	res, _ := in.Apply(r, http.Header{}, nil)
+	if got, n := res.Scrub.String("a=credential-secret-1 b=transform-secret-1"); n != 2 || got != "a=******************* b=******************" {
+		t.Errorf("masked %d: %q", n, got)
+	}
+	again, _ := in.Apply(r, http.Header{}, nil)
+	if again.Scrub != res.Scrub {
+		t.Error("the Set was compiled again for the same values")
+	}
+	creds["api"] = credential.Value{ID: "api", Version: "7", Headers: []credential.Header{{Name: "Authorization", Value: "Bearer credential-secret-2"}}}
+	rotated, _ := in.Apply(r, http.Header{}, nil)
+	if _, n := rotated.Scrub.String("credential-secret-2"); n != 1 {
+		t.Error("the rotated value is not masked")
 	}
 }

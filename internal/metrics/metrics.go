@@ -33,6 +33,7 @@ type Metrics struct {
 	LeafCache         *prometheus.CounterVec   // leaf_cache_total{result}
 	HookRequests      *prometheus.CounterVec   // hook_requests_total{event,outcome}
 	ConfigReloads     *prometheus.CounterVec   // config_reloads_total{result}
+	Scrubbed          *prometheus.CounterVec   // scrubbed_total{rule}
 }
 
 // New registers every series on a fresh registry, with Go and process collectors.
@@ -67,9 +68,12 @@ func New() *Metrics {
 		ConfigReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egressd_config_reloads_total", Help: "Config reloads by result (ok, error).",
 		}, []string{"result"}),
+		Scrubbed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egressd_scrubbed_total", Help: "Responses in which egressd masked a value it had injected, by allowlist rule.",
+		}, []string{"rule"}),
 	}
 	m.Registry.MustRegister(m.Requests, m.Duration, m.TunnelsActive, m.Bytes, m.CredentialRefresh,
-		m.CredentialAge, m.LeafCache, m.HookRequests, m.ConfigReloads,
+		m.CredentialAge, m.LeafCache, m.HookRequests, m.ConfigReloads, m.Scrubbed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.initKnown()
 	return m
@@ -85,6 +89,14 @@ func (m *Metrics) initKnown() {
 	}
 	for _, r := range []string{"ok", "error"} {
 		m.ConfigReloads.WithLabelValues(r)
+	}
+}
+
+// InitRules exports zero values of scrubbed_total for the rules that inject (the
+// only ones whose responses are scrubbed).
+func (m *Metrics) InitRules(rules []string) {
+	for _, r := range rules {
+		m.Scrubbed.WithLabelValues(r)
 	}
 }
 

@@ -40,6 +40,7 @@ func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 		c.writeRefusal(rt, rec, err, 0)
 		return false
 	}
+	resp = x.scrubbed(resp)
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		rec.BytesIn = x.body.n.Load()
@@ -59,6 +60,8 @@ func (c *conn) writeHookResponse(rt *Runtime, x *exchange, m hooks.Match, wantCl
 		c.writeRefusal(rt, x.rec, err, 0)
 		return false
 	}
+	resp = x.scrubbed(resp)
+	defer resp.Body.Close()
 	keep, err := writeResponse(c.bw, x.req.Method, wantClose, resp, x.rec)
 	return err == nil && keep && x.body.drain()
 }

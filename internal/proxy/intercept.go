@@ -154,7 +154,7 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		resp, err := x.serveHook(r.Context(), m, h.c.refuseAll)
 		rec.BytesIn = x.body.n.Load()
 		if err == nil {
-			writeResponseRW(w, resp, rec)
+			writeResponseRW(w, x.scrubbed(resp), rec)
 		} else {
 			writeRefusalRW(w, rt, rec, err)
 		}
@@ -171,6 +171,7 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		var resp *http.Response
 		if resp, err = rt.roundTrip(out, rec); err == nil {
+			resp = x.scrubbed(resp)
 			defer resp.Body.Close()
 			rec.BytesIn = x.body.n.Load()
 			writeResponseRW(w, resp, rec)

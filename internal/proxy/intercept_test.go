@@ -20,10 +20,13 @@ import (
 // Authorization header the upstream receives.
 const secretToken = "tok-3f9a1c-never-leaks"
 
+// staticValue is the transform's value: injected, so masked in responses too.
+const staticValue = "static-value"
+
 // injectEntries: api.allowed.test injects a credential and a transform; other.test
 // sits under "*" and must never receive them.
 var injectEntries = []allowlist.Entry{
-	{Domain: "api.allowed.test", Credential: "api", Transform: []allowlist.Header{{Name: "X-Static", Value: "static-value"}}},
+	{Domain: "api.allowed.test", Credential: "api", Transform: []allowlist.Header{{Name: "X-Static", Value: staticValue}}},
 	{Domain: "*.allowed.test"},
 	{Domain: "*"},
 }
@@ -50,10 +53,10 @@ func TestInjectionReplacesClientCopies(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := decodeEcho(t, resp)
-	if a := got.Header.Values("Authorization"); len(a) != 1 || a[0] != "Bearer "+secretToken {
+	if a := got.Header.Values("Authorization"); len(a) != 1 || a[0] != "Bearer "+secretMark {
 		t.Errorf("upstream Authorization = %q, want exactly the injected one", a)
 	}
-	if s := got.Header.Values("X-Static"); len(s) != 1 || s[0] != "static-value" {
+	if s := got.Header.Values("X-Static"); len(s) != 1 || s[0] != staticMark {
 		t.Errorf("upstream X-Static = %q", s)
 	}
 	if got.Header.Get("Egressd-Hook-Assertion") != "" {
@@ -75,7 +78,7 @@ func TestInjectionOverHTTP2AndTrailers(t *testing.T) {
 		io.Copy(io.Discard, r.Body)
 		rw.Header().Set("Trailer", "Grpc-Status")
 		json.NewEncoder(rw).Encode(echoed{Method: r.Method, Host: r.Host, Proto: r.Proto,
-			Header: r.Header, Body: r.Trailer.Get("X-Checksum") + "|" + strings.Join(r.Trailer.Values("X-Static"), ",")})
+			Header: markInjected(r.Header), Body: r.Trailer.Get("X-Checksum") + "|" + strings.Join(r.Trailer.Values("X-Static"), ",")})
 		rw.Header().Set("Grpc-Status", "0")
 	})
 	cc := w.h2ClientConn(t, "api.allowed.test:443")
@@ -99,7 +102,7 @@ func TestInjectionOverHTTP2AndTrailers(t *testing.T) {
 	json.NewDecoder(resp.Body).Decode(&got)
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if a := got.Header.Values("Authorization"); len(a) != 1 || a[0] != "Bearer "+secretToken {
+	if a := got.Header.Values("Authorization"); len(a) != 1 || a[0] != "Bearer "+secretMark {
 		t.Errorf("upstream Authorization = %q", a)
 	}
 	if got.Body != "c0ffee|" {
@@ -205,7 +208,7 @@ func TestWebSocketUpgradeGetsInjectedHeader(t *testing.T) {
 		}
 		defer conn.Close()
 		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
-		brw.WriteString(auth + "\n")
+		brw.WriteString(markValues(auth) + "\n")
 		brw.Flush()
 		line, _ := brw.ReadString('\n')
 		brw.WriteString("echo:" + line)
@@ -221,7 +224,7 @@ func TestWebSocketUpgradeGetsInjectedHeader(t *testing.T) {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	first, _ := br.ReadString('\n')
-	if first != "Bearer "+secretToken+"\n" {
+	if first != "Bearer "+secretMark+"\n" {
 		t.Errorf("upgrade request carried Authorization %q", first)
 	}
 	io.WriteString(tc, "hello\n")
@@ -302,7 +305,7 @@ func TestCredentialFileLossFailsClosed(t *testing.T) {
 					return
 				}
 				got := decodeEcho(t, resp) // served with the last good value
-				if got.Header.Get("Authorization") != "Bearer "+secretToken {
+				if got.Header.Get("Authorization") != "Bearer "+secretMark {
 					t.Fatalf("forwarded without the credential: %v", got.Header)
 				}
 				time.Sleep(50 * time.Millisecond)
@@ -411,17 +414,17 @@ func (c *replayConn) Read(p []byte) (int, error) { return c.br.Read(p) }
 // freely) receives the harmless trailer and never the smuggled one.
 func TestChunkedTrailerCannotCarryInjectedHeader(t *testing.T) {
 	w := newInjectWorld(t, worldOpts{allowlist: []allowlist.Entry{{Domain: "plain.allowed.test",
-		Transform: []allowlist.Header{{Name: "X-Static", Value: "static-value"}}, AllowPlaintext: true}}})
+		Transform: []allowlist.Header{{Name: "X-Static", Value: staticValue}}, AllowPlaintext: true}}})
 	w.DNS.Set("plain.allowed.test", "A "+w.PublicIP)
 	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
-		json.NewEncoder(rw).Encode(echoed{Header: r.Header, Body: r.Trailer.Get("X-Checksum") + "|" + strings.Join(r.Trailer.Values("X-Static"), ",")})
+		json.NewEncoder(rw).Encode(echoed{Header: markInjected(r.Header), Body: r.Trailer.Get("X-Checksum") + "|" + strings.Join(r.Trailer.Values("X-Static"), ",")})
 	})
 	resp := w.raw("POST http://plain.allowed.test/upload HTTP/1.1\r\nHost: plain.allowed.test\r\n" +
 		"Transfer-Encoding: chunked\r\nTrailer: X-Static, X-Checksum\r\n\r\n" +
 		"7\r\npayload\r\n0\r\nX-Static: smuggled\r\nX-Checksum: c0ffee\r\n\r\n")
 	got := decodeEcho(t, resp)
-	if got.Header.Get("X-Static") != "static-value" {
+	if got.Header.Get("X-Static") != staticMark {
 		t.Errorf("X-Static header = %q", got.Header.Get("X-Static"))
 	}
 	if got.Body != "c0ffee|" {

@@ -10,6 +10,7 @@ import (
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/internal/metrics"
+	"github.com/egressd/egressd/internal/scrub"
 )
 
 // exchange is one request on its way through the pipeline: parse and normalise the
@@ -18,6 +19,7 @@ import (
 // whether they arrive over HTTP/1.1 or HTTP/2.
 type exchange struct {
 	rt      *Runtime
+	srv     *Server
 	metrics *metrics.Metrics
 	budget  *hookBudget // buffered hook bodies, process-wide
 	req     *http.Request
@@ -29,11 +31,12 @@ type exchange struct {
 	scheme  string // set by locate
 	located bool
 	locErr  error
+	scrub   *scrub.Set // masks what injection set, in the response (scrub.go)
 }
 
 func newExchange(c *conn, rt *Runtime, req *http.Request, rec *Record, pinned *allowlist.Target) *exchange {
 	rec.Method = req.Method
-	return &exchange{rt: rt, metrics: c.s.metrics, budget: &c.s.hookBuf, req: req, rec: rec, body: newRequestBody(req), pinned: pinned, orig: c.orig}
+	return &exchange{rt: rt, srv: c.s, metrics: c.s.metrics, budget: &c.s.hookBuf, req: req, rec: rec, body: newRequestBody(req), pinned: pinned, orig: c.orig}
 }
 
 // locate reads and checks the request's target once.
@@ -71,11 +74,15 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 		return nil, deny(allowlist.ReasonMethodNotAllowed, strings.ToLower(x.req.Method))
 	}
 	out := x.outbound(ctx, scheme)
+	if d.Rule != nil && d.Rule.Injects() {
+		narrowForScrub(out.Header)
+	}
 	res, err := x.rt.Injector.Apply(d.Rule, out.Header, x.req.Trailer)
 	if err != nil {
 		return nil, err
 	}
 	x.rec.Injected, x.rec.Credential, x.rec.CredentialVersion = res.Names, res.Credential, res.Version
+	x.scrub = res.Scrub
 	x.body.trailers(x.req, out, res.Names)
 	return out, nil
 }

@@ -42,6 +42,7 @@ type Record struct {
 	BytesIn           int64 // read from the sandbox
 	BytesOut          int64 // written to the sandbox
 	ResolvedIP        string
+	Scrubbed          int    // injected values masked in the response
 	Error             string // the cause of a failure, for operators; never sent to the client
 	Start             time.Time
 }
@@ -116,6 +117,9 @@ func (r *Record) finish(log *zerolog.Logger, m *metrics.Metrics) {
 	m.Duration.WithLabelValues(r.Listener).Observe(dur.Seconds())
 	m.Bytes.WithLabelValues(metrics.DirectionIn).Add(float64(r.BytesIn))
 	m.Bytes.WithLabelValues(metrics.DirectionOut).Add(float64(r.BytesOut))
+	if r.Scrubbed > 0 {
+		m.Scrubbed.WithLabelValues(r.Rule).Inc()
+	}
 	log.Info().
 		Str("req_id", r.ReqID).Str("listener", r.Listener).Str("role", r.Role).
 		Str("client", r.Client).Str("method", r.Method).Str("scheme", r.Scheme).
@@ -125,7 +129,7 @@ func (r *Record) finish(log *zerolog.Logger, m *metrics.Metrics) {
 		Str("credential", r.Credential).Str("credential_version", r.CredentialVersion).
 		Str("hook_group", r.HookGroup).Str("hook_event", r.HookEvent).
 		Int("status", r.Status).Int64("bytes_in", r.BytesIn).Int64("bytes_out", r.BytesOut).
-		Str("resolved_ip", r.ResolvedIP).Str("error", r.Error).Int64("dur_ms", dur.Milliseconds()).
+		Str("resolved_ip", r.ResolvedIP).Int("scrubbed", r.Scrubbed).Str("error", r.Error).Int64("dur_ms", dur.Milliseconds()).
 		Msg("egress")
 }
 

@@ -49,8 +49,7 @@ func writeHeadPhrase(bw *bufio.Writer, code int, phrase string, h http.Header, c
 func writeResponse(bw *bufio.Writer, method string, wantClose bool, resp *http.Response, rec *Record) (bool, error) {
 	rec.Status = resp.StatusCode
 	removeHopByHop(resp.Header)
-	bodyless := method == http.MethodHead || resp.StatusCode/100 == 1 ||
-		resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified
+	bodyless := bodyless(method, resp.StatusCode)
 	chunked := false
 	switch {
 	case bodyless:
@@ -88,6 +87,11 @@ func writeResponse(bw *bufio.Writer, method string, wantClose bool, resp *http.R
 		bw.WriteString("\r\n")
 	}
 	return !wantClose, bw.Flush()
+}
+
+// bodyless reports whether a response to method with status code has no body.
+func bodyless(method string, code int) bool {
+	return method == http.MethodHead || code/100 == 1 || code == http.StatusNoContent || code == http.StatusNotModified
 }
 
 func trailerNames(t http.Header) string {

@@ -41,6 +41,9 @@ type Server struct {
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
 	lns     map[net.Listener]struct{}
+	// reflected holds the (rule, credential) pairs an upstream has been seen
+	// reflecting, so each is warned about once (scrub.go).
+	reflected sync.Map
 }
 
 // New returns a Server that serves with rt.
@@ -48,6 +51,7 @@ func New(rt *Runtime, log zerolog.Logger, m *metrics.Metrics) *Server {
 	s := &Server{log: log, metrics: m, conns: map[*conn]struct{}{}, lns: map[net.Listener]struct{}{}}
 	s.rt.Store(rt)
 	s.hookBuf.limit.Store(rt.Limits.HookBufferBytes)
+	s.initRules(rt)
 	return s
 }
 
@@ -57,7 +61,22 @@ func (s *Server) Runtime() *Runtime { return s.rt.Load() }
 // Swap installs rt for new requests and returns the previous Runtime.
 func (s *Server) Swap(rt *Runtime) *Runtime {
 	s.hookBuf.limit.Store(rt.Limits.HookBufferBytes)
+	s.initRules(rt)
 	return s.rt.Swap(rt)
+}
+
+// initRules exports scrubbed_total for rt's rules that inject.
+func (s *Server) initRules(rt *Runtime) {
+	if rt == nil || rt.Policy == nil {
+		return
+	}
+	var names []string
+	for _, r := range rt.Policy.Rules() {
+		if r.Injects() {
+			names = append(names, r.Pattern)
+		}
+	}
+	s.metrics.InitRules(names)
 }
 
 // listener is one configured listener with its connection bound.

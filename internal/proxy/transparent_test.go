@@ -155,7 +155,7 @@ func TestTransparentMode(t *testing.T) {
 			t.Logf("egressd log: %s", w.logs.Bytes())
 		}
 		got := decodeEcho(t, resp)
-		if got.Header.Get("Authorization") != "Bearer "+secretToken {
+		if got.Header.Get("Authorization") != "Bearer "+secretMark {
 			t.Errorf("upstream saw Authorization %q", got.Header.Get("Authorization"))
 		}
 	})

@@ -19,7 +19,7 @@ func TestBearerTokenTypedShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := decodeEcho(t, resp)
-	if k := got.Header.Values("X-Goog-Api-Key"); len(k) != 1 || k[0] != secretToken {
+	if k := got.Header.Values("X-Goog-Api-Key"); len(k) != 1 || k[0] != secretMark {
 		t.Errorf("upstream X-Goog-Api-Key = %q, want exactly the bare token", k)
 	}
 	if a := got.Header.Values("Authorization"); len(a) != 0 {

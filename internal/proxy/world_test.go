@@ -68,6 +68,7 @@ type world struct {
 	PublicIP   string
 	ProxyAddr  string
 	Server     *proxy.Server
+	Metrics    *metrics.Metrics
 	DNS        *dnsstub.Server
 	Upstream   *echo
 	UpstreamCA *x509.CertPool
@@ -216,7 +217,8 @@ func (w *world) startProxy(o worldOpts) {
 	rt.Hooks = w.hooks(o)
 	rt.Injector = inject.New(pol, w.credentialStore(o, log))
 	rt.Prepare()
-	w.Server = proxy.New(rt, log, metrics.New())
+	w.Metrics = metrics.New()
+	w.Server = proxy.New(rt, log, w.Metrics)
 	w.ProxyAddr = ln.Addr().String()
 	lc := config.Listener{Name: "sandbox", Address: self, Mode: "proxy", Role: "sandbox"}
 	go w.Server.Serve(ln, lc)
@@ -413,7 +415,29 @@ func (e *echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	body, _ := io.ReadAll(r.Body)
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(echoed{r.Method, r.Host, r.URL.Path, r.Proto, r.Header, string(body)})
+	json.NewEncoder(w).Encode(echoed{r.Method, r.Host, r.URL.Path, r.Proto, markInjected(r.Header), markValues(string(body))})
+}
+
+// Marks for the injected values in what the echo upstream answers: egressd masks
+// any injected value a response carries (scrub.go), so the echo names them by mark,
+// and a value in a response the sandbox reads can only have come from egressd.
+const (
+	secretMark = "<SECRET>"
+	staticMark = "<STATIC>"
+)
+
+func markValues(s string) string {
+	return strings.NewReplacer(secretToken, secretMark, staticValue, staticMark).Replace(s)
+}
+
+func markInjected(h http.Header) http.Header {
+	out := make(http.Header, len(h))
+	for k, vs := range h {
+		for _, v := range vs {
+			out[k] = append(out[k], markValues(v))
+		}
+	}
+	return out
 }
 
 func (e *echo) set(h http.HandlerFunc) { e.handler.Store(&h) }

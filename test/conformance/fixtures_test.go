@@ -312,7 +312,13 @@ func hasExactlyCredential(h http.Header) bool {
 	return len(v) == 1 && v[0] == "Bearer "+secret
 }
 
-func redact(s string) string { return strings.ReplaceAll(s, secret, secretMark) }
+// staticMark stands for the transform's value: injected too, so egressd masks it
+// in responses as it does the secret.
+const staticMark = "<STATIC>"
+
+func redact(s string) string {
+	return strings.NewReplacer(secret, secretMark, staticValue, staticMark).Replace(s)
+}
 
 func redactHeader(h http.Header) http.Header {
 	if h == nil {

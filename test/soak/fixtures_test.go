@@ -164,7 +164,7 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
 	e := echo{
 		ID: r.Header.Get(idHeader), Host: host, Path: r.URL.Path, TLS: r.TLS != nil, Proto: r.Proto,
-		Transform: r.Header.Values(transformHeader), Auth: r.Header.Values("Authorization"),
+		Transform: marked(r.Header.Values(transformHeader)), Auth: marked(r.Header.Values("Authorization")),
 		Egressd: egressdHeaders(r.Header),
 	}
 	if host == hostCred {
@@ -340,6 +340,32 @@ func (c *credTracker) classify(auth []string, id string) string {
 }
 
 // redactTokens describes Authorization values without printing a token whole.
+// transformMark and tokenMark stand for the injected values in the upstream's
+// echo: egressd masks any value it injected in the response (scrubbing), so the
+// echo names them by mark; the credential check itself runs at the upstream
+// (credTracker), on the real values.
+const (
+	transformMark = "<soak-transform>"
+	tokenMark     = "<soak-token>"
+)
+
+func marked(vals []string) []string {
+	if vals == nil {
+		return nil
+	}
+	out := make([]string, len(vals))
+	for i, v := range vals {
+		switch {
+		case v == transformValue:
+			v = transformMark
+		case strings.HasPrefix(v, "Bearer "+tokenPrefix):
+			v = "Bearer " + tokenMark
+		}
+		out[i] = v
+	}
+	return out
+}
+
 func redactTokens(vals []string) string {
 	out := make([]string, len(vals))
 	for i, v := range vals {

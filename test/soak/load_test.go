@@ -257,7 +257,7 @@ func (c *client) allowed(k kind, id string) (string, error) {
 		hdr["x-soak-transform"] = []string{"forged-lower"}      // in any case
 		hdr.Set("Authorization", "Bearer client-xform")         // the transform does not set it
 		hdr.Set("Egressd-Forged", "1")
-		want = echo{TLS: true, Auth: []string{"Bearer client-xform"}, Transform: []string{transformValue}}
+		want = echo{TLS: true, Auth: []string{"Bearer client-xform"}, Transform: []string{transformMark}}
 	case kindCred:
 		rawURL, host, hc = fmt.Sprintf("https://%s:%d/cred", hostCred, f.tlsPort), hostCred, c.intercept
 		hdr.Set("Authorization", "Bearer forged-by-the-sandbox") // replaced by the credential
@@ -295,7 +295,7 @@ func (c *client) allowed(k kind, id string) (string, error) {
 	check(transformHeader, slices.Equal(got.Transform, want.Transform), got.Transform, want.Transform)
 	check("Egressd-* headers", len(got.Egressd) == 0, got.Egressd, "none")
 	if k == kindCred {
-		okToken := len(got.Auth) == 1 && strings.HasPrefix(got.Auth[0], "Bearer "+tokenPrefix)
+		okToken := len(got.Auth) == 1 && got.Auth[0] == "Bearer "+tokenMark
 		check("Authorization", okToken, redactTokens(got.Auth), "exactly the credential's")
 		c.l.tally.outcome(k, "token "+got.Cred)
 		// A stale or unknown token is the upstream's violation already (credTracker).

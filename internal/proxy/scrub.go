@@ -1,0 +1,267 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/inject"
+	"github.com/egressd/egressd/internal/scrub"
+)
+
+// Nothing injected comes back (DESIGN.md): the response to a request egressd injected
+// into is masked, with the scrub.Set of exactly the values it set, before the sandbox
+// reads any of it: status text, every header, the body as it streams (decoded first
+// when the upstream compressed it), the trailers, and the upstream's WebSocket
+// frames. A response to a request without injection is not touched at all.
+
+// narrowForScrub adjusts an injected request so that its response stays scrubbable:
+// a client's Accept-Encoding becomes identity, and a WebSocket upgrade offers no
+// extensions (permessage-deflate would compress the frames out of the scrubber's
+// sight). An absent Accept-Encoding stays absent: egressd adds no header.
+//
+// Identity rather than the codings the scrubber can decode: compressed, every byte
+// would be decoded and then either re-encoded (gzip encoding costs several times
+// the decoding, on the request path) or delivered as identity anyway; asking for
+// identity moves that work to nobody, and the leg it makes larger is egressd's
+// upstream connection, not the sandbox's. An upstream that compresses regardless is
+// decoded and delivered as identity (scrubBody).
+func narrowForScrub(h http.Header) {
+	if values := headerValues(h, "Accept-Encoding"); len(values) > 0 {
+		inject.Remove(h, "Accept-Encoding")
+		h["Accept-Encoding"] = []string{"identity"}
+	}
+	inject.Remove(h, "Sec-WebSocket-Extensions")
+}
+
+// headerValues returns the values of name in h, whatever the keys' case.
+func headerValues(h http.Header, name string) []string {
+	var out []string
+	for k, v := range h {
+		if strings.EqualFold(k, name) {
+			out = append(out, v...)
+		}
+	}
+	return out
+}
+
+// scrubber masks one response and keeps its count on the Record.
+type scrubber struct {
+	set   *scrub.Set
+	x     *exchange
+	fixed int        // replacements in the head and the trailers
+	body  func() int // replacements in the body so far
+}
+
+// scrubbed returns resp masked for the client when the request was injected into,
+// resp itself otherwise. A body the scrubber cannot see through (a content coding
+// it does not decode, an upgrade that negotiated frame compression) is never
+// delivered: the client gets the refusal instead.
+func (x *exchange) scrubbed(resp *http.Response) *http.Response {
+	if !x.scrub.Active() {
+		return resp
+	}
+	sc := &scrubber{set: x.scrub, x: x, body: func() int { return 0 }}
+	sc.head(resp)
+	var err error
+	switch {
+	case resp.StatusCode == http.StatusSwitchingProtocols:
+		err = sc.upgrade(resp)
+	case bodyless(x.req.Method, resp.StatusCode):
+	default:
+		err = sc.scrubBody(resp)
+	}
+	if err != nil {
+		resp.Body.Close()
+		return refusedResponse(x.rt, x.rec, err)
+	}
+	return resp
+}
+
+// head masks the status text and every header field, names included.
+func (sc *scrubber) head(resp *http.Response) {
+	var n int
+	resp.Status, n = sc.set.String(resp.Status)
+	sc.add(n + sc.fields(resp.Header))
+}
+
+// fields masks h's names and values in place and returns the replacements.
+func (sc *scrubber) fields(h http.Header) int {
+	total := 0
+	renamed := map[string][]string{}
+	for k, values := range h {
+		for i, v := range values {
+			var n int
+			values[i], n = sc.set.String(v)
+			total += n
+		}
+		if name, n := sc.name(k); n > 0 {
+			total += n
+			delete(h, k)
+			renamed[name] = append(renamed[name], values...)
+		}
+	}
+	for k, v := range renamed {
+		h[k] = append(h[k], v...)
+	}
+	return total
+}
+
+// name masks a field name. Names are case-insensitive and get re-cased on the way
+// (canonical on HTTP/1.1, lower-case on HTTP/2), so a value is looked for in the
+// name as received and lower-cased.
+func (sc *scrubber) name(k string) (string, int) {
+	masked, n := sc.set.String(k)
+	lower, m := sc.set.String(strings.ToLower(masked))
+	if m == 0 || len(lower) != len(masked) {
+		return masked, n
+	}
+	b := []byte(masked)
+	for i := range b {
+		if lower[i] == scrub.Mask {
+			b[i] = scrub.Mask
+		}
+	}
+	return string(b), max(n, m)
+}
+
+// add records n more replacements, and warns the first time a (rule, credential)
+// is seen reflected.
+func (sc *scrubber) add(n int) {
+	sc.fixed += n
+	sc.update()
+}
+
+func (sc *scrubber) update() {
+	rec := sc.x.rec
+	was := rec.Scrubbed
+	rec.Scrubbed = sc.fixed + sc.body()
+	if was == 0 && rec.Scrubbed > 0 && sc.x.srv != nil {
+		sc.x.srv.warnReflected(rec)
+	}
+}
+
+// warnReflected logs, once per (rule, credential), that an upstream sent back a
+// value egressd injected. It names the rule and credential ID, never the value.
+func (s *Server) warnReflected(rec *Record) {
+	if _, seen := s.reflected.LoadOrStore(rec.Rule+"\x00"+rec.Credential, true); seen {
+		return
+	}
+	s.log.Warn().Str("rule", rec.Rule).Str("credential", rec.Credential).Str("host", rec.Host).
+		Str("req_id", rec.ReqID).Msg("an upstream reflected a value egressd injected; it was masked " +
+		"in the response (logged once per rule and credential)")
+}
+
+// errUndecodable is a response body in a content coding the scrubber cannot read.
+var errUndecodable = errors.New("the upstream's content-encoding cannot be scrubbed")
+
+// scrubBody masks the body as it streams, decoding it first when the upstream
+// compressed it (it is then delivered as identity: Content-Encoding and
+// Content-Length go, and the writers re-frame it, chunked on HTTP/1.1), and masks
+// the trailers once the body has ended.
+func (sc *scrubber) scrubBody(resp *http.Response) error {
+	b := &scrubbedBody{sc: sc, resp: resp, raw: resp.Body}
+	src := io.Reader(resp.Body)
+	if coding := strings.Join(headerValues(resp.Header, "Content-Encoding"), ","); encoded(coding) && resp.ContentLength != 0 {
+		dec, err := sc.set.DecodeReader(resp.Body, coding)
+		if err != nil {
+			return &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: "content_encoding", Err: errors.Join(errUndecodable, err)}
+		}
+		b.dec, src = dec, dec
+		inject.Remove(resp.Header, "Content-Encoding")
+		inject.Remove(resp.Header, "Content-Length")
+		resp.ContentLength = -1
+	}
+	b.r = sc.set.Reader(src)
+	sc.body = b.r.Count
+	resp.Body = b
+	return nil
+}
+
+// encoded reports whether a Content-Encoding value names a coding other than identity.
+func encoded(coding string) bool {
+	for _, c := range strings.Split(coding, ",") {
+		if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+			return true
+		}
+	}
+	return false
+}
+
+// scrubbedBody is a response body read through the scrubber.
+type scrubbedBody struct {
+	sc   *scrubber
+	resp *http.Response
+	raw  io.ReadCloser // the upstream's body
+	dec  io.ReadCloser // its decoder, when it was compressed
+	r    *scrub.Reader
+	done bool
+}
+
+// maxTrailerDrain bounds what is read of a compressed body past the end of its
+// compressed stream, to reach the trailers and keep the connection.
+const maxTrailerDrain = 64 << 10
+
+func (b *scrubbedBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.sc.update()
+	if err == io.EOF && !b.done {
+		b.done = true
+		if b.dec != nil {
+			b.dec.Close()
+			io.CopyN(io.Discard, b.raw, maxTrailerDrain)
+		}
+		b.sc.add(b.sc.fields(b.resp.Trailer))
+	}
+	return n, err
+}
+
+func (b *scrubbedBody) Close() error {
+	if b.dec != nil {
+		b.dec.Close()
+	}
+	return b.raw.Close()
+}
+
+// upgrade arranges for the upstream's side of a switched connection to be masked:
+// WebSocket frames by the frame-aware scrubber, any other protocol as a byte
+// stream. An upgrade that negotiated an extension (the request offered none, see
+// narrowForScrub) could compress its frames, and is refused.
+func (sc *scrubber) upgrade(resp *http.Response) error {
+	if len(headerValues(resp.Header, "Sec-WebSocket-Extensions")) > 0 {
+		return &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: "websocket_extension",
+			Err: errors.New("the upstream negotiated a WebSocket extension on an injected upgrade")}
+	}
+	up, ok := resp.Body.(io.ReadWriteCloser)
+	if !ok {
+		return nil // serveUpgrade refuses it
+	}
+	r := sc.set.Reader(up) // a byte stream for now; frame-aware masking (WebSocket) follows in the engine
+	sc.body = r.Count
+	resp.Body = &scrubbedConn{ReadWriteCloser: up, r: r, sc: sc}
+	return nil
+}
+
+// scrubbedConn is a switched connection whose reads (upstream to client) are masked.
+type scrubbedConn struct {
+	io.ReadWriteCloser
+	r  *scrub.Reader
+	sc *scrubber
+}
+
+func (c *scrubbedConn) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.sc.update()
+	return n, err
+}
+
+// refusedResponse renders err as a response the writers send like any other.
+func refusedResponse(rt *Runtime, rec *Record, err error) *http.Response {
+	code, h, body := refusalFor(rt, rec, err, 0)
+	return &http.Response{
+		StatusCode: code, ProtoMajor: 1, ProtoMinor: 1, Header: h,
+		ContentLength: int64(len(body)), Body: io.NopCloser(strings.NewReader(string(body))),
+	}
+}
