@@ -29,7 +29,7 @@ func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHe
 	c.s.metrics.TunnelsActive.Inc()
 	defer c.s.metrics.TunnelsActive.Dec()
 	client := &replayConn{Conn: c.nc, r: io.MultiReader(bytes.NewReader(hello.raw), c.br)}
-	tc := tls.Server(client, rt.Leaves.ServerConfig(t.Host, []string{"h2", "http/1.1"}))
+	tc := tls.Server(client, rt.Leaves.ServerConfigFor(c.nc.RemoteAddr(), t.Host, []string{"h2", "http/1.1"}))
 	tc.SetDeadline(time.Now().Add(rt.Limits.ReadHeader))
 	if err := tc.HandshakeContext(c.ctx); err != nil {
 		rec.fail(allowlist.ReasonBadRequest, "client_tls")

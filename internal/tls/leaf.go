@@ -44,6 +44,10 @@ type LeafOptions struct {
 	Validity        time.Duration // DefaultLeafValidity
 	CacheSize       int           // DefaultLeafCacheSize
 	MintConcurrency int           // DefaultMintConcurrency
+	// MintsPerClient bounds the mints one client address has running or waiting
+	// for a slot, so that one client's flood of new names leaves the other
+	// slots to others. Zero: half of MintConcurrency, at least 1.
+	MintsPerClient int
 	// OnLookup, if set, is called once per Get: hit is false exactly when that
 	// call minted (or failed to mint) a leaf; a Get served from the cache or
 	// by a mint another Get had started is a hit. For leaf_cache_total{result}.
@@ -56,20 +60,24 @@ type LeafOptions struct {
 //
 // Pinned hosts (Pin: the hosts of hook URLs) are kept apart from the LRU: no
 // number of other names evicts their leaves, and their mints never wait for a
-// mint slot, so a flood of new TLS names cannot delay a hook call.
+// mint slot, so a flood of new TLS names cannot delay a hook call. Other mints
+// are bounded per client address too (ServerConfigFor, MintsPerClient), so one
+// client's flood leaves mint slots to the others.
 type Leaves struct {
-	ca       *CA
-	validity time.Duration
-	refresh  time.Duration // a hit expiring within this is re-minted
-	size     int
-	onLookup func(hit bool)
-	sem      chan struct{} // mint slots
+	ca        *CA
+	validity  time.Duration
+	refresh   time.Duration // a hit expiring within this is re-minted
+	size      int
+	onLookup  func(hit bool)
+	sem       chan struct{} // mint slots
+	perClient int           // MintsPerClient
 
-	mu     sync.Mutex
-	lru    list.List                // of *leafEntry, most recently used first
-	byHost map[string]*list.Element // into lru
-	flight map[string]*mintCall     // mints in progress (singleflight)
-	pinned map[string]*leafEntry    // Pin's hosts, outside the LRU; cert nil until minted
+	mu       sync.Mutex
+	lru      list.List                   // of *leafEntry, most recently used first
+	byHost   map[string]*list.Element    // into lru
+	flight   map[string]*mintCall        // mints in progress (singleflight)
+	pinned   map[string]*leafEntry       // Pin's hosts, outside the LRU; cert nil until minted
+	byClient map[netip.Addr]*clientMints // clients with mints running or waiting
 
 	now   func() time.Time // time.Now; tests move the clock
 	mints atomic.Int64     // leaves minted; tests count them
@@ -81,6 +89,12 @@ type leafEntry struct {
 	// getCert is the host-bound GetCertificate ServerConfig hands out, made
 	// once per entry so ServerConfig allocates only the tls.Config.
 	getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+}
+
+// clientMints are one client's mints running or waiting for a slot.
+type clientMints struct {
+	slots chan struct{} // MintsPerClient of them
+	users int           // mints holding or waiting for a slot; the entry goes at 0
 }
 
 type mintCall struct {
@@ -99,10 +113,12 @@ func NewLeaves(ca *CA, o LeafOptions) *Leaves {
 		byHost:   make(map[string]*list.Element),
 		flight:   make(map[string]*mintCall),
 		pinned:   make(map[string]*leafEntry),
+		byClient: make(map[netip.Addr]*clientMints),
 		now:      time.Now,
 	}
 	l.refresh = min(maxRefresh, l.validity/4)
 	l.sem = make(chan struct{}, positiveOr(o.MintConcurrency, DefaultMintConcurrency))
+	l.perClient = positiveOr(o.MintsPerClient, max(1, cap(l.sem)/2))
 	return l
 }
 
@@ -114,10 +130,13 @@ func (l *Leaves) CA() *CA { return l.ca }
 // hour ago for Validity (never past the CA's NotAfter), for server auth, with
 // the chain [leaf, CA] and Leaf set. Concurrent Gets for a missing host mint
 // once; distinct hosts mint in parallel up to MintConcurrency.
-func (l *Leaves) Get(host string) (*tls.Certificate, error) { return l.get(host, l.lookup) }
+func (l *Leaves) Get(host string) (*tls.Certificate, error) {
+	return l.get(netip.Addr{}, host, l.lookup)
+}
 
-// get is Get, reporting the lookup's result to count.
-func (l *Leaves) get(host string, count func(hit bool)) (*tls.Certificate, error) {
+// get is Get for a client (whose mints count against MintsPerClient), reporting
+// the lookup's result to count.
+func (l *Leaves) get(client netip.Addr, host string, count func(hit bool)) (*tls.Certificate, error) {
 	l.mu.Lock()
 	if cert := l.cachedLocked(host); cert != nil {
 		l.mu.Unlock()
@@ -136,7 +155,7 @@ func (l *Leaves) get(host string, count func(hit bool)) (*tls.Certificate, error
 	l.mu.Unlock()
 
 	count(false)
-	c.cert, c.err = l.mint(host, pinned)
+	c.cert, c.err = l.mint(client, host, pinned)
 
 	l.mu.Lock()
 	delete(l.flight, host)
@@ -156,14 +175,32 @@ func (l *Leaves) get(host string, count func(hit bool)) (*tls.Certificate, error
 // host is cached (plus one small closure otherwise) and mints nothing: the
 // leaf is fetched during the handshake.
 func (l *Leaves) ServerConfig(host string, nextProtos []string) *tls.Config {
+	return l.ServerConfigFor(nil, host, nextProtos)
+}
+
+// ServerConfigFor is ServerConfig for a connection from client (its remote
+// address): a leaf it makes egressd mint counts against MintsPerClient.
+func (l *Leaves) ServerConfigFor(client net.Addr, host string, nextProtos []string) *tls.Config {
 	return &tls.Config{
-		GetCertificate: l.certFunc(host),
+		GetCertificate: l.certFunc(clientIP(client), host),
 		NextProtos:     nextProtos,
 		MinVersion:     tls.VersionTLS12,
 	}
 }
 
-func (l *Leaves) certFunc(host string) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+// clientIP is the IP of a remote address; the zero Addr when it has none.
+func clientIP(a net.Addr) netip.Addr {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return ta.AddrPort().Addr().Unmap()
+	}
+	if a == nil {
+		return netip.Addr{}
+	}
+	ap, _ := netip.ParseAddrPort(a.String())
+	return ap.Addr().Unmap()
+}
+
+func (l *Leaves) certFunc(client netip.Addr, host string) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	l.mu.Lock()
 	if e, ok := l.pinned[host]; ok {
 		l.mu.Unlock()
@@ -176,7 +213,7 @@ func (l *Leaves) certFunc(host string) func(*tls.ClientHelloInfo) (*tls.Certific
 		return get
 	}
 	l.mu.Unlock()
-	return func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return l.Get(host) }
+	return func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return l.get(client, host, l.lookup) }
 }
 
 // cachedLocked returns host's cached leaf if it is fresh enough, marking it
@@ -262,7 +299,7 @@ func (l *Leaves) Pin(hosts []string) error {
 	l.mu.Unlock()
 	var errs []error
 	for _, h := range hosts {
-		if _, err := l.get(h, func(bool) {}); err != nil {
+		if _, err := l.get(netip.Addr{}, h, func(bool) {}); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -275,15 +312,39 @@ func (l *Leaves) lookup(hit bool) {
 	}
 }
 
-// mint makes a leaf for host once a mint slot is free; a pinned host's mint
-// takes no slot (there are a few of them, and a hook call must not queue).
-func (l *Leaves) mint(host string, pinned bool) (*tls.Certificate, error) {
+// mint makes a leaf for host once one of client's slots and then a mint slot
+// are free; a pinned host's mint takes neither (there are a few of them, and a
+// hook call must not queue).
+func (l *Leaves) mint(client netip.Addr, host string, pinned bool) (*tls.Certificate, error) {
 	if !pinned {
+		defer l.acquireClient(client)()
 		l.sem <- struct{}{}
 		defer func() { <-l.sem }()
 	}
 	l.mints.Add(1)
 	return mintLeaf(l.ca, host, l.now(), l.validity)
+}
+
+// acquireClient takes one of client's MintsPerClient slots, waiting for one, and
+// returns its release.
+func (l *Leaves) acquireClient(client netip.Addr) (release func()) {
+	l.mu.Lock()
+	cm, ok := l.byClient[client]
+	if !ok {
+		cm = &clientMints{slots: make(chan struct{}, l.perClient)}
+		l.byClient[client] = cm
+	}
+	cm.users++
+	l.mu.Unlock()
+	cm.slots <- struct{}{}
+	return func() {
+		<-cm.slots
+		l.mu.Lock()
+		if cm.users--; cm.users == 0 {
+			delete(l.byClient, client)
+		}
+		l.mu.Unlock()
+	}
 }
 
 // mintLeaf signs a leaf for host with ca, valid from now-backdate for validity

@@ -2,6 +2,7 @@ package mitm
 
 import (
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -142,5 +143,44 @@ func TestPinnedUnderConcurrentFlood(t *testing.T) {
 	wg.Wait()
 	if misses.Load() != 200 || hits.Load() != 50 {
 		t.Errorf("%d misses (want the flood's 200) and %d hits (want the hook's 50)", misses.Load(), hits.Load())
+	}
+}
+
+// TestMintsBoundedPerClient: a client with MintsPerClient mints running waits for
+// one of them before it mints more, while another client takes the free slot: one
+// client's flood of new names cannot hold every mint slot.
+func TestMintsBoundedPerClient(t *testing.T) {
+	l := NewLeaves(testCA(t, caValidity), LeafOptions{MintConcurrency: 2})
+	if l.perClient != 1 {
+		t.Fatalf("MintsPerClient default %d, want half of 2", l.perClient)
+	}
+	flooder := &net.TCPAddr{IP: net.ParseIP("10.0.0.7"), Port: 40000}
+	other := &net.TCPAddr{IP: net.ParseIP("10.0.0.8"), Port: 40001}
+	release := l.acquireClient(clientIP(flooder)) // the flooder's one mint, running
+	l.sem <- struct{}{}                           // and the slot it holds
+	flood := make(chan error, 1)
+	go func() { _, err := l.ServerConfigFor(flooder, "n2.flood.example", nil).GetCertificate(nil); flood <- err }()
+	done := make(chan error, 1)
+	go func() { _, err := l.ServerConfigFor(other, "other.example", nil).GetCertificate(nil); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("another client's mint waited behind the flooder's")
+	}
+	select {
+	case <-flood:
+		t.Fatal("the flooder minted past its bound")
+	case <-time.After(50 * time.Millisecond):
+	}
+	<-l.sem
+	release()
+	if err := <-flood; err != nil {
+		t.Fatal(err)
+	}
+	if len(l.byClient) != 0 {
+		t.Errorf("%d clients left in the table after their mints", len(l.byClient))
 	}
 }
