@@ -1,0 +1,156 @@
+// Package docs holds egressd's user reference; its tests keep the reference true
+// to the code: every config key, reason code, metric and log field the code
+// defines must be named in docs/, and no user-facing page may point at a file that
+// is not in the repository.
+package docs
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/egressd/egressd/internal/config"
+)
+
+// named fails t for every name that page does not mention as `name`.
+func named(t *testing.T, page string, names []string, what string) {
+	t.Helper()
+	doc, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) == 0 {
+		t.Fatalf("found no %s in the code: the test no longer reads it right", what)
+	}
+	for _, n := range names {
+		if !strings.Contains(string(doc), "`"+n+"`") {
+			t.Errorf("%s %q is not documented in docs/%s (write it as `%s`)", what, n, page, n)
+		}
+	}
+}
+
+func TestEveryConfigKeyDocumented(t *testing.T) {
+	named(t, "configuration.md", config.Keys(), "config key")
+}
+
+func TestEveryEntryKeyDocumented(t *testing.T) {
+	named(t, "policy.md", config.EntryKeys(), "allowlist entry key")
+}
+
+func TestEveryReasonDocumented(t *testing.T) {
+	named(t, "reasons.md", reasonCodes(t), "reason code")
+}
+
+func TestEveryMetricDocumented(t *testing.T) {
+	named(t, "observability.md", metricNames(t, ".."), "metric")
+}
+
+func TestEveryLogFieldDocumented(t *testing.T) {
+	src, err := os.ReadFile("../internal/proxy/record.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields []string
+	for _, m := range regexp.MustCompile(`\.(?:Str|Strs|Bool|Int|Int64|Uint16)\("([a-z_]+)"`).FindAllSubmatch(src, -1) {
+		fields = append(fields, string(m[1]))
+	}
+	named(t, "observability.md", fields, "log field")
+}
+
+// reasonCodes reads the string values of the allowlist.Reason constants.
+func reasonCodes(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("../internal/allowlist/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var codes []string
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			vs, ok := n.(*ast.ValueSpec)
+			if !ok || vs.Type == nil || len(vs.Values) != 1 {
+				return true
+			}
+			if id, ok := vs.Type.(*ast.Ident); ok && id.Name == "Reason" {
+				if lit, ok := vs.Values[0].(*ast.BasicLit); ok {
+					if s, _ := strconv.Unquote(lit.Value); s != "" {
+						codes = append(codes, s)
+					}
+				}
+			}
+			return true
+		})
+	}
+	return codes
+}
+
+// metricNames are the metric names registered anywhere under root's internal/
+// (a `Name: "egressd_..."` in a collector's options), for this test and the
+// dashboard test in deploy/.
+func metricNames(t *testing.T, root string) []string {
+	t.Helper()
+	re := regexp.MustCompile(`Name:\s*"(egressd_[a-z0-9_]+)"`)
+	seen := map[string]bool{}
+	var names []string
+	err := filepath.WalkDir(filepath.Join(root, "internal"), func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		src, err := os.ReadFile(path)
+		for _, m := range re.FindAllSubmatch(src, -1) {
+			if n := string(m[1]); !seen[n] {
+				seen[n] = true
+				names = append(names, n)
+			}
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// TestNoDanglingDesignLinks: the README and deploy/ READMEs are what a user reads
+// from a clone; DESIGN.md is not in it, so they point at docs/ instead.
+func TestNoDanglingDesignLinks(t *testing.T) {
+	pages, _ := filepath.Glob("../deploy/*/README.md")
+	pages = append(pages, "../README.md")
+	pages = append(pages, mdPages(t)...)
+	for _, p := range pages {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), "DESIGN.md") {
+			t.Errorf("%s mentions DESIGN.md, which is not in the repository: link docs/ instead", p)
+		}
+	}
+	readme, _ := os.ReadFile("../README.md")
+	for _, p := range mdPages(t) {
+		if !strings.Contains(string(readme), "docs/"+filepath.Base(p)) {
+			t.Errorf("README.md does not link docs/%s", filepath.Base(p))
+		}
+	}
+}
+
+func mdPages(t *testing.T) []string {
+	pages, err := filepath.Glob("*.md")
+	if err != nil || len(pages) == 0 {
+		t.Fatalf("no docs pages: %v", err)
+	}
+	return pages
+}
