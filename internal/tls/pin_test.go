@@ -159,7 +159,10 @@ func TestMintsBoundedPerClient(t *testing.T) {
 	release := l.acquireClient(clientIP(flooder)) // the flooder's one mint, running
 	l.sem <- struct{}{}                           // and the slot it holds
 	flood := make(chan error, 1)
-	go func() { _, err := l.ServerConfigFor(flooder, "n2.flood.example", nil).GetCertificate(nil); flood <- err }()
+	go func() {
+		_, err := l.ServerConfigFor(flooder, "n2.flood.example", nil).GetCertificate(nil)
+		flood <- err
+	}()
 	done := make(chan error, 1)
 	go func() { _, err := l.ServerConfigFor(other, "other.example", nil).GetCertificate(nil); done <- err }()
 	select {
