@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 
 	"github.com/andybalholm/brotli"
 	"github.com/klauspost/compress/flate"
@@ -97,13 +98,50 @@ func newDecoder(r io.Reader, coding string) (io.ReadCloser, error) {
 	case "br":
 		return io.NopCloser(brotli.NewReader(r)), nil
 	default: // "zstd", the only other coding parseCodings returns
-		z, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
-			zstd.WithDecoderMaxWindow(zstdMaxWindow))
-		if err != nil {
-			return nil, corrupt("zstd", err)
-		}
-		return z.IOReadCloser(), nil
+		return newZstd(r)
 	}
+}
+
+// zstdPool recycles zstd decoders: a decoder keeps its window buffers
+// (megabytes) across Reset, so reuse spares an allocation per response.
+var zstdPool sync.Pool // of *zstd.Decoder
+
+// newZstd returns a pooled or new zstd decoder reading r.
+func newZstd(r io.Reader) (io.ReadCloser, error) {
+	if d, ok := zstdPool.Get().(*zstd.Decoder); ok {
+		if err := d.Reset(r); err == nil {
+			return &zstdReader{d: d}, nil
+		}
+		d.Close()
+	}
+	d, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
+		zstd.WithDecoderMaxWindow(zstdMaxWindow))
+	if err != nil {
+		return nil, corrupt("zstd", err)
+	}
+	return &zstdReader{d: d}, nil
+}
+
+// zstdReader returns its decoder to the pool on Close.
+type zstdReader struct{ d *zstd.Decoder }
+
+func (z *zstdReader) Read(p []byte) (int, error) {
+	if z.d == nil {
+		return 0, io.ErrClosedPipe
+	}
+	return z.d.Read(p)
+}
+
+func (z *zstdReader) Close() error {
+	if z.d != nil {
+		if z.d.Reset(nil) == nil {
+			zstdPool.Put(z.d)
+		} else {
+			z.d.Close()
+		}
+		z.d = nil
+	}
+	return nil
 }
 
 // newDeflate decodes HTTP "deflate": zlib (RFC 1950) as specified, or the
