@@ -293,7 +293,7 @@ func TestExplain(t *testing.T) {
 			Host: "169.254.169.254", Port: 80, Decision: "deny", Reason: "not_allowlisted"}},
 		{quickstart, "https://api.example.com/v1?key=x", explain.Result{
 			Host: "api.example.com", Port: 443, Decision: "allow", Rule: "api.example.com",
-			Intercept: true, Credential: "example-api"}},
+			Intercept: true, Credential: "example-api", Inject: []string{"Authorization"}}},
 		{quickstart, "https://telemetry.example.com/", explain.Result{
 			Host: "telemetry.example.com", Port: 443, Decision: "allow", Rule: "telemetry.example.com",
 			Intercept: true, Inject: []string{"X-Telemetry-Key"}}},
@@ -303,7 +303,7 @@ func TestExplain(t *testing.T) {
 			Host: "api.example.com", Port: 80, Decision: "deny", Reason: "plaintext_credential", Rule: "api.example.com"}},
 		{quickstart, "https://API.Example.COM./", explain.Result{
 			Host: "api.example.com", Port: 443, Decision: "allow", Rule: "api.example.com",
-			Intercept: true, Credential: "example-api"}},
+			Intercept: true, Credential: "example-api", Inject: []string{"Authorization"}}},
 		{quickstart, "ftp://github.com/", explain.Result{Decision: "deny", Reason: "bad_request"}},
 		// With "*", the address guard still refuses internal addresses, by class.
 		{starCfg, "http://169.254.169.254/", explain.Result{
@@ -321,7 +321,7 @@ func TestExplain(t *testing.T) {
 		// The more specific entry wins, and "*" never carries its credential.
 		{starCfg, "https://api.example.com/", explain.Result{
 			Host: "api.example.com", Port: 443, Decision: "allow", Rule: "api.example.com",
-			Intercept: true, Credential: "example-api"}},
+			Intercept: true, Credential: "example-api", Inject: []string{"Authorization"}}},
 	} {
 		name := "quickstart " + tc.url
 		if tc.cfg == starCfg {

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
 
+	"github.com/rs/zerolog"
+
+	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/explain"
 	"github.com/egressd/egressd/internal/netguard"
 )
@@ -33,6 +38,7 @@ func cmdExplain(args []string) int {
 		return exitUsage
 	}
 	res := explain.URL(l.policy.Allowlist, guard, l.cfg.Environment, fs.Arg(0))
+	res = explain.Credential(res, offlineHeaderNames(l))
 	if *hook {
 		ix, err := loadHooks(l.cfg)
 		if err != nil {
@@ -67,6 +73,9 @@ func printExplain(r explain.Result) {
 	fmt.Printf("intercept:  %t\n", r.Intercept)
 	fmt.Printf("inject:     %s\n", orNone(strings.Join(r.Inject, ", ")))
 	fmt.Printf("credential: %s\n", orNone(r.Credential))
+	if r.CredentialUnknown != "" {
+		fmt.Printf("credential headers: unknown (%s)\n", r.CredentialUnknown)
+	}
 	if h := r.Hook; h != nil {
 		fmt.Printf("hook:       %s %s (timeout %gs, fail_closed %t)\n", h.Group, h.Event, h.TimeoutSeconds, h.FailClosed)
 		fmt.Printf("answer:     %s\n", h.Answer)
@@ -81,4 +90,20 @@ func orNone(s string) string {
 		return "(none)"
 	}
 	return s
+}
+
+// offlineHeaderNames reads credential header names where explain can without a
+// connection: from the credentials file. Vault is not contacted offline.
+func offlineHeaderNames(l *loaded) explain.HeaderNames {
+	if l.cfg.Credentials.Backend != config.BackendFile {
+		return func(string) ([]string, error) {
+			return nil, errors.New("credentials.backend " + l.cfg.Credentials.Backend +
+				" is not read offline; GET /v1/explain on a running egressd's admin listener lists them")
+		}
+	}
+	b, err := newBackend(l, zerolog.Nop())
+	if err != nil {
+		return nil
+	}
+	return explain.FromBackend(context.Background(), b)
 }

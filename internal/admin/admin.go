@@ -74,7 +74,8 @@ func Handler(st State, m *metrics.Metrics) http.Handler {
 			return
 		}
 		rt := st.Runtime()
-		writeJSON(w, http.StatusOK, explain.URL(rt.Policy, rt.Guard, rt.Env, raw))
+		res := explain.URL(rt.Policy, rt.Guard, rt.Env, raw)
+		writeJSON(w, http.StatusOK, explain.Credential(res, explain.FromStore(rt.Injector.Credentials())))
 	})
 	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, _ *http.Request) {
 		reload(w, st)

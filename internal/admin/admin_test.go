@@ -1,6 +1,7 @@
 package admin_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +20,10 @@ import (
 	"github.com/egressd/egressd/internal/admin"
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/credential"
+	"github.com/egressd/egressd/internal/credential/file"
 	"github.com/egressd/egressd/internal/explain"
+	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/netguard"
 	"github.com/egressd/egressd/internal/proxy"
@@ -381,6 +387,59 @@ func TestPprof(t *testing.T) {
 	} {
 		if res, body := serve(t, h, tc.method, tc.target); res.StatusCode != tc.want {
 			t.Errorf("with admin.pprof: %s %s = %d, want %d\n%s", tc.method, tc.target, res.StatusCode, tc.want, body)
+		}
+	}
+}
+
+// credSecret is a credential value: /v1/explain may name its header, never show it.
+const credSecret = "admin-test-credential-secret"
+
+// TestExplainCredentialHeaders: /v1/explain lists the header names a credential
+// sets, read from the running credential store (a real file backend), and never
+// a value; for a credential the store cannot serve, it names the credential and
+// says its headers are unknown.
+func TestExplainCredentialHeaders(t *testing.T) {
+	dir := t.TempDir()
+	credFile := filepath.Join(dir, "credentials.json")
+	secrets := `{"example-api": {"headers": {"x-api-key": "` + credSecret + `", "X-Second": "` + credSecret + `2"}},
+		"bearer": {"type": "bearer_token", "token": "` + credSecret + `3", "header_name": "X-Goog-Api-Key", "prefix": ""}}`
+	if err := os.WriteFile(credFile, []byte(secrets), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st := newState(t)
+	pol, err := allowlist.Compile([]allowlist.Entry{
+		{Domain: "api.example.com", Credential: "example-api",
+			Transform: []allowlist.Header{{Name: "X-Api-Key", Value: telemetryKey}, {Name: "X-Trace", Value: telemetryKey}}},
+		{Domain: "goog.example.com", Credential: "bearer"},
+		{Domain: "gone.example.com", Credential: "gone"},
+	}, allowlist.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := credential.NewStore(file.New(credFile, file.Options{}), []string{"bearer", "example-api", "gone"}, credential.Options{})
+	store.RefreshNow(context.Background(), "")
+	st.rt = &proxy.Runtime{Env: "env_admin", Policy: pol, Guard: st.rt.Guard, Limits: st.rt.Limits,
+		Resolver: st.rt.Resolver, Injector: inject.New(pol, store)}
+	st.rt.Prepare()
+	t.Cleanup(st.rt.Close)
+	h := admin.Handler(st, metrics.New())
+	for _, tc := range []struct {
+		url, credHeaders, inject string
+		unknown                  bool
+	}{
+		{"https://api.example.com/", "X-Api-Key,X-Second", "X-Api-Key,X-Trace,X-Second", false},
+		{"https://goog.example.com/", "X-Goog-Api-Key", "X-Goog-Api-Key", false},
+		{"https://gone.example.com/", "", "", true},
+	} {
+		res, body := serve(t, h, http.MethodGet, "/v1/explain?url="+url.QueryEscape(tc.url))
+		var got explain.Result
+		decodeJSON(t, res, body, &got)
+		if strings.Join(got.CredentialHeaders, ",") != tc.credHeaders || strings.Join(got.Inject, ",") != tc.inject ||
+			(got.CredentialUnknown != "") != tc.unknown || got.Credential == "" {
+			t.Errorf("explain %s =\n%s\nwant credential_headers %q, inject %q, unknown %t", tc.url, body, tc.credHeaders, tc.inject, tc.unknown)
+		}
+		if strings.Contains(body, credSecret) || strings.Contains(body, telemetryKey) {
+			t.Errorf("explain %s shows a value:\n%s", tc.url, body)
 		}
 	}
 }

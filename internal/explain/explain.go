@@ -3,31 +3,40 @@
 package explain
 
 import (
+	"context"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 
 	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/hooks"
+	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/internal/netguard"
 )
 
 // Result is what explain reports. It names headers and credential IDs, never values.
 type Result struct {
-	URL        string    `json:"url"`
-	Scheme     string    `json:"scheme"`
-	Host       string    `json:"host"`
-	Port       uint16    `json:"port"`
-	Decision   string    `json:"decision"` // allow | deny
-	Reason     string    `json:"reason"`
-	Detail     string    `json:"detail,omitempty"`
-	Message    string    `json:"message"`
-	Rule       string    `json:"rule"`
-	Intercept  bool      `json:"intercept"`
-	Inject     []string  `json:"inject"`     // header names set from the rule's transform
-	Credential string    `json:"credential"` // credential ID whose headers would be set
-	Note       string    `json:"note,omitempty"`
-	Hook       *HookInfo `json:"hook,omitempty"`
+	URL        string   `json:"url"`
+	Scheme     string   `json:"scheme"`
+	Host       string   `json:"host"`
+	Port       uint16   `json:"port"`
+	Decision   string   `json:"decision"` // allow | deny
+	Reason     string   `json:"reason"`
+	Detail     string   `json:"detail,omitempty"`
+	Message    string   `json:"message"`
+	Rule       string   `json:"rule"`
+	Intercept  bool     `json:"intercept"`
+	Inject     []string `json:"inject"`     // header names that would be set: the transform's and the credential's
+	Credential string   `json:"credential"` // credential ID whose headers would be set
+	// CredentialHeaders are the header names the credential sets, from the
+	// credential backend; CredentialUnknown says why they are not known instead.
+	CredentialHeaders []string  `json:"credential_headers,omitempty"`
+	CredentialUnknown string    `json:"credential_headers_unknown,omitempty"`
+	Note              string    `json:"note,omitempty"`
+	Hook              *HookInfo `json:"hook,omitempty"`
 }
 
 // URL explains raw against policy p and guard g for environment env.
@@ -42,7 +51,7 @@ func URL(p *allowlist.Policy, g *netguard.Guard, env, raw string) Result {
 	res.Rule, res.Intercept = d.RuleName(), d.Intercept
 	if d.Rule != nil && d.Allowed() {
 		for _, h := range d.Rule.Transform {
-			res.Inject = append(res.Inject, h.Name)
+			res.Inject = addName(res.Inject, h.Name)
 		}
 		res.Credential = d.Rule.Credential
 	}
@@ -83,6 +92,83 @@ func parse(raw string) (allowlist.Target, string, error) {
 	}
 	t, err := allowlist.ParseAuthority(u.Host, port)
 	return t, u.Scheme, err
+}
+
+// HeaderNames returns the names of the headers credential id sets, or an error when
+// the credential backend cannot say. It must never return or wrap a value.
+type HeaderNames func(id string) ([]string, error)
+
+// Credential adds to res the header names its credential sets, as names returns
+// them, to CredentialHeaders and Inject; when names is nil or fails, res names the
+// credential and CredentialUnknown says why its headers are unknown. A result
+// without a credential is returned as it is.
+func Credential(res Result, names HeaderNames) Result {
+	if res.Credential == "" {
+		return res
+	}
+	if names == nil {
+		res.CredentialUnknown = "no credential backend to ask"
+		return res
+	}
+	hs, err := names(res.Credential)
+	if err != nil {
+		res.CredentialUnknown = err.Error()
+		return res
+	}
+	res.CredentialHeaders = []string{}
+	for _, h := range hs {
+		res.CredentialHeaders = addName(res.CredentialHeaders, h)
+		res.Inject = addName(res.Inject, h)
+	}
+	return res
+}
+
+// addName appends the canonical form of name unless names holds it already.
+func addName(names []string, name string) []string {
+	name = http.CanonicalHeaderKey(name)
+	if slices.Contains(names, name) {
+		return names
+	}
+	return append(names, name)
+}
+
+// SecretNames is the header names a credential of shape s sets: its headers, or
+// Authorization for oauth2 (the access token); none for environment_variable.
+func SecretNames(s credential.Secret) []string {
+	names := make([]string, 0, len(s.Headers)+1)
+	for _, h := range s.Headers {
+		names = append(names, h.Name)
+	}
+	if s.OAuth2 != nil && len(names) == 0 {
+		names = append(names, "Authorization")
+	}
+	return names
+}
+
+// FromStore answers HeaderNames from a running egressd's credentials (the last
+// good value in memory).
+func FromStore(creds inject.Credentials) HeaderNames {
+	if creds == nil {
+		return nil
+	}
+	return func(id string) ([]string, error) {
+		v, err := creds.Get(id)
+		if err != nil {
+			return nil, err
+		}
+		return SecretNames(credential.Secret{Headers: v.Headers, OAuth2: v.OAuth2, Env: v.Env}), nil
+	}
+}
+
+// FromBackend answers HeaderNames by reading the credential from b.
+func FromBackend(ctx context.Context, b credential.Backend) HeaderNames {
+	return func(id string) ([]string, error) {
+		s, _, err := b.Read(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return SecretNames(s), nil
+	}
 }
 
 // HookInfo says how egressd treats a URL that is a hook URL of hooks.json.

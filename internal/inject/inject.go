@@ -68,6 +68,10 @@ func New(p *allowlist.Policy, creds Credentials) *Injector {
 	return in
 }
 
+// Credentials returns the credentials the Injector reads (nil when none were given):
+// explain lists the header names a credential sets from them.
+func (in *Injector) Credentials() Credentials { return in.creds }
+
 // Apply sets rule r's headers on h, the outbound request's header, after removing
 // every client copy of those names (any case) from h and from trailer. When the
 // credential cannot be served it returns the *credential.UnavailableError and leaves
