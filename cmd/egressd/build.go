@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"os"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/credential/file"
+	"github.com/egressd/egressd/internal/credential/oauth"
 	"github.com/egressd/egressd/internal/credential/vault"
 	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/inject"
@@ -129,14 +131,16 @@ func storeKey(l *loaded) string {
 	return fmt.Sprintf("%s|%s|%s|%x|%s", c.Backend, c.File, c.MaxStale, vault[:8], strings.Join(credentialIDs(l), ","))
 }
 
-// newStore builds and starts the credential store for the policy's credential IDs. A
-// Vault that cannot be reached, or refuses the login, is not fatal: its credentials are
-// unavailable (never_read, /readyz not ready) while the backend keeps retrying.
-func newStore(ctx context.Context, l *loaded, log zerolog.Logger, m *metrics.Metrics) (*credential.Store, error) {
+// newStore builds and starts the credential store for the policy's credential IDs, and
+// the oauth2 token manager over it (not started: it needs the Runtime's guard for its
+// token calls, see startOAuth). A Vault that cannot be reached, or refuses the login, is
+// not fatal: its credentials are unavailable (never_read, /readyz not ready) while the
+// backend keeps retrying.
+func newStore(ctx context.Context, l *loaded, log zerolog.Logger, m *metrics.Metrics) (*credential.Store, *oauth.Manager, error) {
 	c := l.cfg.Credentials
 	backend, err := newBackend(l, log)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	opts := credential.Options{MaxStale: c.MaxStale, Log: log}
 	if vb, ok := backend.(*vault.Backend); ok {
@@ -157,7 +161,21 @@ func newStore(ctx context.Context, l *loaded, log zerolog.Logger, m *metrics.Met
 	}
 	store := credential.NewStore(backend, ids, opts)
 	store.Start(ctx)
-	return store, nil
+	oo := oauth.Options{Log: log, Metrics: func(id, result string) { m.OAuthRefresh.WithLabelValues(id, result).Inc() }}
+	oo.Writer, _ = backend.(credential.Writer)
+	for _, id := range ids {
+		if v, err := store.Get(id); err == nil && v.OAuth2 != nil {
+			m.OAuthRefresh.WithLabelValues(id, oauth.ResultOK)
+			m.OAuthRefresh.WithLabelValues(id, oauth.ResultError)
+		}
+	}
+	return store, oauth.New(store, oo), nil
+}
+
+// tokenClient is the HTTP client of oauth2 token calls: egressd's own, through rt's
+// address guard and upstream TLS roots, never the sandbox's allowlist.
+func tokenClient(l *loaded, rt *proxy.Runtime) *http.Client {
+	return oauth.NewClient(rt.Guard, rt.Resolver, rt.UpstreamTLS, l.cfg.Limits.Dial)
 }
 
 // newBackend builds the credential backend of l without reading from it.

@@ -7,14 +7,16 @@ import (
 
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/credential"
+	"github.com/egressd/egressd/internal/credential/oauth"
 	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/proxy"
 )
 
-// liveStore hands out the daemon's current credential store: a reload may replace the
-// store, and the injectors and the hook signer built before it must follow.
+// liveStore hands out the daemon's current credentials (the store, behind the oauth2
+// token manager): a reload may replace them, and the injectors and the hook signer built
+// before it must follow.
 type liveStore struct {
-	p atomic.Pointer[credential.Store]
+	p atomic.Pointer[oauth.Manager]
 }
 
 func (s *liveStore) Get(id string) (credential.Value, error) { return s.p.Load().Get(id) }

@@ -246,10 +246,14 @@ func (d *daemon) runtimeFor(l *loaded) (*proxy.Runtime, error) {
 	// leaves the running policy on the running store.
 	key := storeKey(l)
 	if d.store != nil && key == d.storeKey {
-		return buildRuntime(l, d.self, d.leaves, &d.live, d.signer)
+		rt, err := buildRuntime(l, d.self, d.leaves, &d.live, d.signer)
+		if err == nil {
+			d.live.p.Load().SetClient(tokenClient(l, rt))
+		}
+		return rt, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	store, err := newStore(ctx, l, d.log, d.metrics)
+	store, tokens, err := newStore(ctx, l, d.log, d.metrics)
 	if err != nil {
 		cancel()
 		return nil, err
@@ -259,11 +263,13 @@ func (d *daemon) runtimeFor(l *loaded) (*proxy.Runtime, error) {
 		cancel()
 		return nil, err
 	}
+	tokens.SetClient(tokenClient(l, rt))
+	tokens.Start(ctx)
 	if d.stop != nil {
 		d.stop()
 	}
 	d.store, d.storeKey, d.stop = store, key, cancel
-	d.live.p.Store(store)
+	d.live.p.Store(tokens)
 	return rt, nil
 }
 

@@ -34,6 +34,7 @@ type Metrics struct {
 	HookRequests      *prometheus.CounterVec   // hook_requests_total{event,outcome}
 	ConfigReloads     *prometheus.CounterVec   // config_reloads_total{result}
 	Scrubbed          *prometheus.CounterVec   // scrubbed_total{rule}
+	OAuthRefresh      *prometheus.CounterVec   // oauth_refresh_total{credential,result}
 }
 
 // New registers every series on a fresh registry, with Go and process collectors.
@@ -71,9 +72,12 @@ func New() *Metrics {
 		Scrubbed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egressd_scrubbed_total", Help: "Responses in which egressd masked a value it had injected, by allowlist rule.",
 		}, []string{"rule"}),
+		OAuthRefresh: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egressd_oauth_refresh_total", Help: "oauth2 token calls by credential ID and result (ok, error).",
+		}, []string{"credential", "result"}),
 	}
 	m.Registry.MustRegister(m.Requests, m.Duration, m.TunnelsActive, m.Bytes, m.CredentialRefresh,
-		m.CredentialAge, m.LeafCache, m.HookRequests, m.ConfigReloads, m.Scrubbed,
+		m.CredentialAge, m.LeafCache, m.HookRequests, m.ConfigReloads, m.Scrubbed, m.OAuthRefresh,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.initKnown()
 	return m

@@ -87,3 +87,28 @@ func toInt(v any) (int64, bool) {
 	}
 	return 0, false
 }
+
+var _ credential.Writer = (*Backend)(nil)
+
+// Write stores raw as a new KV v2 version of id's path, with check-and-set on version (the
+// KV version the writer read), so that a version the security team wrote meanwhile is
+// never overwritten. IDs read from other Vault paths cannot be written. The token needs
+// "create" and "update" on the path.
+func (b *Backend) Write(ctx context.Context, id, version string, raw map[string]any) error {
+	if _, ok := b.paths[id]; ok {
+		return fmt.Errorf("credential %s is read from a Vault path, not KV: it cannot be written back", id)
+	}
+	cas, err := strconv.Atoi(version)
+	if err != nil {
+		return fmt.Errorf("credential %s: version %q is not a KV version", id, version)
+	}
+	if _, err := b.sess.token(ctx); err != nil {
+		return err
+	}
+	path := b.kvPath(id)
+	_, err = b.client.Logical().WriteWithContext(ctx, path, map[string]any{"data": raw, "options": map[string]any{"cas": cas}})
+	if err != nil {
+		return describe("vault write", path, err)
+	}
+	return nil
+}

@@ -1,7 +1,11 @@
 package vault
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"maps"
+	"strings"
 	"testing"
 
 	"github.com/egressd/egressd/internal/credential"
@@ -38,5 +42,37 @@ func TestVaultTypedShapes(t *testing.T) {
 	}
 	if r.count("rev", credential.ResultRevoked) == 0 {
 		t.Error("no revoked result counted")
+	}
+}
+
+// TestVaultWriteBackIsANewKVVersion: a rotated refresh token is written as a new KV
+// version of the same path (check-and-set on the version read); a stale version is refused.
+func TestVaultWriteBackIsANewKVVersion(t *testing.T) {
+	t.Parallel()
+	v := newDevVault(t)
+	secret := map[string]any{"type": "oauth2", "client_id": "cid", "client_secret": planted,
+		"refresh_token": planted + "-1", "token_url": "https://auth.test/token"}
+	v.putKV("oa", secret)
+	pol := v.policy(fmt.Sprintf("path \"secret/data/%s/*\" { capabilities = [\"create\", \"update\", \"read\"] }", v.prefix()))
+	tok := v.write("auth/token/create", map[string]any{"policies": []string{pol}, "ttl": "1h"}).Auth.ClientToken
+	r := v.start(Options{Auth: NewTokenAuth("", writeFile(t, "token", tok))}, credential.Options{}, "oa")
+	cur, err := r.s.Get("oa")
+	if err != nil || cur.Version != "1" {
+		t.Fatalf("oa: %v %v", cur, err)
+	}
+	next := maps.Clone(cur.OAuth2.Raw)
+	next["refresh_token"] = planted + "-2"
+	if err := r.b.Write(context.Background(), "oa", cur.Version, next); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	got := v.read("secret/data/" + v.prefix() + "/oa")
+	data, _ := got.Data["data"].(map[string]any)
+	meta, _ := got.Data["metadata"].(map[string]any)
+	if data["refresh_token"] != planted+"-2" || data["client_secret"] != planted || fmt.Sprint(meta["version"]) != "2" {
+		t.Errorf("KV after the write-back: version %v", meta["version"])
+	}
+	err = r.b.Write(context.Background(), "oa", "1", next)
+	if err == nil || strings.Contains(err.Error(), planted) {
+		t.Errorf("write with a stale version: %v, want a refusal without the secret", err)
 	}
 }

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/testutil/dnsstub"
+	"github.com/egressd/egressd/internal/testutil/testpki"
+)
+
+const (
+	oauthHost   = "auth.oauth-e2e.test" // the token endpoint: not on the allowlist
+	oauthSecret = "cs-PLANTED-e2e-4411"
+	oauthRT     = "rt-PLANTED-e2e-5522"
+)
+
+// tokenEndpoint is an HTTPS oauth2 token endpoint on 127.0.0.1 that issues
+// at-PLANTED-<n> tokens of a fixed lifetime and records each call's client auth.
+type tokenEndpoint struct {
+	port   int
+	caPEM  []byte
+	down   atomic.Bool
+	issued atomic.Int64
+	mu     sync.Mutex
+	auths  []string
+}
+
+func startTokenEndpoint(t *testing.T, lifetime int) *tokenEndpoint {
+	ca := testpki.New(t)
+	e := &tokenEndpoint{caPEM: ca.PEM()}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.ParseForm()
+		u, p, _ := r.BasicAuth()
+		e.mu.Lock()
+		e.auths = append(e.auths, r.PostForm.Get("grant_type")+" "+u+":"+p+" "+r.PostForm.Get("refresh_token"))
+		e.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		if e.down.Load() {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		json.NewEncoder(w).Encode(map[string]any{"access_token": fmt.Sprintf("at-PLANTED-%d", e.issued.Add(1)),
+			"token_type": "Bearer", "expires_in": lifetime})
+	}))
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Leaf(t, oauthHost)}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	e.port = srv.Listener.Addr().(*net.TCPAddr).Port
+	return e
+}
+
+// TestRunOAuth2: egressd gets an access token from the token endpoint (its own call,
+// through the address guard, trusting upstream_ca_file; the endpoint is not on the
+// allowlist), the upstream sees exactly "Bearer <access token>"; with the endpoint down
+// the last token serves until it expires, then 503 credential_unavailable and nothing
+// reaches the upstream.
+func TestRunOAuth2(t *testing.T) {
+	t.Parallel()
+	te := startTokenEndpoint(t, 6)
+	up := startRecordingUpstream(t)
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "roots.pem")
+	upCA, _ := os.ReadFile(up.caFile)
+	credFile := filepath.Join(dir, "credentials.json")
+	must := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(caFile, append(upCA, te.caPEM...), 0o600))
+	must(os.WriteFile(credFile, fmt.Appendf(nil, `{"api": {"type": "oauth2", "client_id": "cid", "client_secret": %q,
+  "refresh_token": %q, "token_url": "https://%s:%d/token"}}`, oauthSecret, oauthRT, oauthHost, te.port), 0o600))
+	dns := dnsstub.Start(t)
+	dns.Set(vaultHost, "A 127.0.0.1")
+	dns.Set(oauthHost, "A 127.0.0.1")
+	d := startFileLoggedRunner(t, fmt.Sprintf(`version: 1
+environment: env_oauth_e2e
+listeners:
+  - {name: sandbox, address: "127.0.0.1:0", mode: proxy, role: sandbox}
+admin: {address: "127.0.0.1:0"}
+policy:
+  allowlist:
+    - {domain: %s, ports: [%d], credential: api}
+network:
+  resolver: %q
+  unsafe_allow_cidrs: [127.0.0.0/8]
+tls: {intercept: auto, upstream_ca_file: %q}
+credentials: {backend: file, file: %q}
+log: {level: info, format: json}
+state_dir: state
+`, vaultHost, up.port, dns.Addr, caFile, credFile))
+	code, pem := d.adminGet("/ca.pem")
+	roots := x509.NewCertPool()
+	if code != http.StatusOK || !roots.AppendCertsFromPEM([]byte(pem)) {
+		t.Fatalf("/ca.pem: %d", code)
+	}
+	e := &vaultE2E{t: t, d: d, roots: roots}
+	target := fmt.Sprintf("https://%s:%d/", vaultHost, up.port)
+	if r := fetchOnce(e.client(), target); !r.ok() {
+		t.Fatalf("first request: %+v", r)
+	}
+	if seen := up.requests(); len(seen) != 1 || !slices.Equal(seen[0].auth, []string{"Bearer at-PLANTED-1"}) {
+		t.Fatalf("upstream saw %v, want exactly [Bearer at-PLANTED-1]", authOf(seen))
+	}
+	te.mu.Lock()
+	first := te.auths[0]
+	te.mu.Unlock()
+	if first != "refresh_token cid:"+oauthSecret+" "+oauthRT {
+		t.Errorf("token call = %q, want the refresh-token grant with HTTP Basic client auth", first)
+	}
+	if v := d.metric(`egressd_oauth_refresh_total{credential="api",result="ok"}`); v < 1 {
+		t.Errorf("oauth_refresh_total ok = %v", v)
+	}
+
+	te.down.Store(true)
+	deadline := time.Now().Add(20 * time.Second)
+	var last reqResult
+	for time.Now().Before(deadline) {
+		if last = fetchOnce(e.client(), target); !last.ok() {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if last.status != http.StatusServiceUnavailable || last.reason != "credential_unavailable" || last.detail != "no_access_token" {
+		t.Fatalf("after the token expired: %+v, want 503 credential_unavailable (no_access_token)", last)
+	}
+	n := len(up.requests())
+	for _, s := range up.requests() {
+		if len(s.auth) != 1 || !strings.HasPrefix(s.auth[0], "Bearer at-PLANTED-") {
+			t.Errorf("upstream saw Authorization %q", s.auth)
+		}
+	}
+	if r := fetchOnce(e.client(), target); r.status != http.StatusServiceUnavailable || len(up.requests()) != n {
+		t.Errorf("a request after expiry reached the upstream: %+v", r)
+	}
+	if v := d.metric(`egressd_oauth_refresh_total{credential="api",result="error"}`); v < 1 {
+		t.Errorf("oauth_refresh_total error = %v", v)
+	}
+	all := d.log.String() + d.stderr.String()
+	for _, s := range []string{oauthSecret, oauthRT, "at-PLANTED"} {
+		if strings.Contains(all, s) {
+			t.Errorf("the log shows a secret (%s)", s)
+		}
+	}
+}
