@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -140,19 +141,23 @@ func (e *EnvVar) MarshalZerologObject(ev *zerolog.Event) {
 }
 
 // Parse turns a secret of any shape into what it sets: egressd's own three shapes
-// (ParseSecret) or a typed one ({"type": ...}, flat). A typed secret with
+// (ParseSecret) or a typed one ({"type": ...}, flat). A secret of any shape with
 // "status": "revoked" gives an error wrapping ErrRevoked. Errors wrap ErrInvalid (or
 // ErrRevoked), name the ID, the field and the fix, never a value.
 func Parse(id string, raw map[string]any) (Secret, error) {
+	if err := checkStatus(id, raw); err != nil {
+		return Secret{}, err
+	}
 	t, typed := raw["type"]
 	if !typed {
+		if _, ok := raw["status"]; ok {
+			raw = maps.Clone(raw)
+			delete(raw, "status")
+		}
 		hs, err := ParseSecret(id, raw)
 		return Secret{Headers: hs}, err
 	}
 	ts, _ := t.(string)
-	if err := checkStatus(id, raw); err != nil {
-		return Secret{}, err
-	}
 	switch ts {
 	case TypeBearerToken:
 		return parseBearer(id, raw)

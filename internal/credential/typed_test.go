@@ -12,6 +12,13 @@ import (
 	"github.com/rs/zerolog"
 )
 
+func TestStatusActiveOnEgressdShapes(t *testing.T) {
+	s, err := Parse("a", map[string]any{"token": planted, "status": "active"})
+	if err != nil || len(s.Headers) != 1 || s.Headers[0].Value != "Bearer "+planted {
+		t.Errorf("%v %v", s.Headers, err)
+	}
+}
+
 func TestParseTypedShapes(t *testing.T) {
 	tests := []struct {
 		name string
@@ -103,8 +110,12 @@ func TestParseTypedRejects(t *testing.T) {
 }
 
 func TestParseRevoked(t *testing.T) {
-	for _, typ := range []string{"bearer_token", "oauth2", "environment_variable"} {
-		_, err := Parse("r", map[string]any{"type": typ, "status": "revoked", "token": planted})
+	for _, typ := range []string{"bearer_token", "oauth2", "environment_variable", ""} {
+		raw := map[string]any{"type": typ, "status": "revoked", "token": planted}
+		if typ == "" {
+			delete(raw, "type")
+		}
+		_, err := Parse("r", raw)
 		if !errors.Is(err, ErrRevoked) || errors.Is(err, ErrInvalid) || strings.Contains(err.Error(), planted) {
 			t.Errorf("%s: %v", typ, err)
 		}
