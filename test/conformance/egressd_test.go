@@ -50,6 +50,7 @@ type config struct {
 	maxStale  string   // credentials.max_stale; default 5m
 	hooks     string   // hooks.json, written beside the config and named by hooks.file
 	hooksPath string   // set by writeFiles
+	dnsListen string   // dns.listen; "" = no DNS guard (see egressd.dnsAddr)
 	// denyInTunnel is tls.deny_in_tunnel; default never, so a refused CONNECT's
 	// own status carries the verdict the attack cases assert.
 	denyInTunnel string
@@ -142,6 +143,9 @@ credentials:
 log: {level: debug, format: json}
 state_dir: %q
 `, def(c.denyInTunnel, "never"), caPath, credPath, def(c.maxStale, "5m"), stateDir)
+	if c.dnsListen != "" {
+		fmt.Fprintf(&b, "dns: {listen: %q}\n", c.dnsListen)
+	}
 	if c.hooksPath != "" {
 		fmt.Fprintf(&b, "hooks: {file: %q}\n", c.hooksPath)
 	}
