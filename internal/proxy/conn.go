@@ -29,6 +29,13 @@ type conn struct {
 	br   *bufio.Reader
 	bw   *bufio.Writer
 	idle atomic.Bool // waiting for the next request; Shutdown may close it
+	// slot is what the connection holds: a main slot, none yet (being admitted
+	// to the hook lane), or a lane slot; lane restricts it to pre-tool hook calls
+	// (lane.go). Inner connections of an intercepted tunnel share the outer's.
+	slot   slotKind
+	lane   bool
+	laneAt time.Time // when an outer lane connection took its slot
+	isCut  atomic.Bool
 	// waitSince is when the connection began waiting for the client (a request head
 	// or a ClientHello), in Unix nanoseconds; 0 while it is serving, evicted once
 	// an overloaded listener has taken its slot (share.go).
@@ -201,10 +208,9 @@ func (c *conn) rejectOverloadedResponse() {
 }
 
 // rejectOverloaded answers a connection beyond the listener's bound with 503 and closes it.
-func (s *Server) rejectOverloaded(l *listener, nc net.Conn) {
-	c := newConn(s, l, nc)
+func (c *conn) rejectOverloaded() {
 	defer c.abort()
-	nc.SetDeadline(time.Now().Add(time.Second))
+	c.nc.SetDeadline(time.Now().Add(time.Second))
 	c.rejectOverloadedResponse()
 }
 

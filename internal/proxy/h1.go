@@ -14,11 +14,15 @@ func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 	defer x.body.Close()
 	x.body.deadline = &bodyDeadline{set: c.nc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
 	wantClose := req.Close || !req.ProtoAtLeast(1, 1)
-	if m, ok := x.hookMatch(c.l.cfg.Role); ok {
+	m, ok := x.hookMatch(c.l.cfg.Role)
+	if c.lane && !(ok && m.Event == hooks.EventPre) {
+		return c.refuseAndClose(rt, rec, laneRefusal())
+	}
+	if ok {
 		if expectsContinue(req) {
 			x.body.sendContinue = c.writeContinue
 		}
-		return c.writeHookResponse(rt, x, m, wantClose)
+		return c.writeHookResponse(rt, x, m, wantClose || c.lane) // a lane connection serves one call
 	}
 	out, err := x.prepare(c.ctx)
 	if err != nil {

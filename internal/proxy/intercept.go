@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/hooks"
 )
 
 // serveIntercepted terminates the client's TLS with a leaf for the CONNECT target
@@ -43,6 +44,8 @@ func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHe
 	}
 	inner := newConn(c.s, c.l, tc)
 	inner.pinned, inner.refuseAll = &t, c.refuseAll
+	inner.slot, inner.lane = c.slot, c.lane
+	inner.ctx, inner.cancel = context.WithCancel(c.ctx) // the outer's end (or cut) ends it
 	if c.s.trackConn(inner, true) {
 		defer c.s.trackConn(inner, false)
 		inner.serve()
@@ -150,7 +153,12 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer x.body.Close()
 	rc := http.NewResponseController(w)
 	x.body.deadline = &bodyDeadline{set: rc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
-	if m, ok := x.hookMatch(h.c.l.cfg.Role); ok {
+	m, ok := x.hookMatch(h.c.l.cfg.Role)
+	if h.c.lane && !(ok && m.Event == hooks.EventPre) {
+		writeRefusalRW(w, rt, rec, laneRefusal())
+		return
+	}
+	if ok {
 		resp, err := x.serveHook(r.Context(), m, h.c.refuseAll)
 		rec.BytesIn = x.body.n.Load()
 		if err == nil {

@@ -79,10 +79,12 @@ func (s *Server) initRules(rt *Runtime) {
 	s.metrics.InitRules(names)
 }
 
-// listener is one configured listener with its connection bound.
+// listener is one configured listener with its connection bound, and the hook
+// lane: slots beyond the bound that only pre-tool hook calls may take (lane.go).
 type listener struct {
-	cfg config.Listener
-	sem chan struct{}
+	cfg  config.Listener
+	sem  chan struct{}
+	lane chan struct{}
 }
 
 // Serve accepts connections on ln until Shutdown. Beyond limits.max_connections
@@ -94,7 +96,7 @@ func (s *Server) Serve(ln net.Listener, cfg config.Listener) error {
 		return nil
 	}
 	defer s.trackListener(ln, false)
-	l := &listener{cfg: cfg, sem: make(chan struct{}, s.Runtime().Limits.MaxConnections)}
+	l := &listener{cfg: cfg, sem: make(chan struct{}, s.Runtime().Limits.MaxConnections), lane: make(chan struct{}, hookLane)}
 	s.InitMetrics(cfg)
 	var backoff time.Duration
 	for {
@@ -134,14 +136,19 @@ func (s *Server) accept(l *listener, nc net.Conn) {
 
 // serveConn serves nc, which holds one of l's slots, on a goroutine of its own.
 func (s *Server) serveConn(l *listener, nc net.Conn) {
-	c := newConn(s, l, nc)
+	s.serveIn(newConn(s, l, nc), l.sem)
+}
+
+// serveIn serves c, which holds a slot of sem, on a goroutine of its own.
+func (s *Server) serveIn(c *conn, sem chan struct{}) {
+	l := c.l
 	if !s.trackConn(c, true) {
-		<-l.sem
-		nc.Close()
+		<-sem
+		c.nc.Close()
 		return
 	}
 	go func() {
-		defer func() { <-l.sem }()
+		defer func() { <-sem }()
 		defer s.trackConn(c, false)
 		if l.cfg.Mode == config.ModeTransparent {
 			c.serveTransparent()

@@ -11,7 +11,9 @@ import (
 // connection, or one still sending a request head or ClientHello. A slow client
 // (slowloris) can therefore hold connection slots only while nobody else needs
 // them; the newcomer gets 503 overloaded only when every connection is serving.
-// Requests, tunnels and upstream waits are never evicted.
+// Requests, tunnels and upstream waits are never evicted. When no waiting
+// connection can make room, a pre-tool hook call may still take a slot of the
+// listener's hook lane (lane.go); everything else gets 503.
 
 // evicted marks a waitSince whose slot was taken by a newer connection.
 const evicted = -1
@@ -43,16 +45,17 @@ func (c *conn) waited() bool {
 	return true
 }
 
-// evictWaiting ends the wait of l's connection that has waited longest and
-// reports whether there was one. Its slot is released when its goroutine ends.
-func (s *Server) evictWaiting(l *listener) bool {
+// evictWaiting ends the wait of l's connection of the given kind (one holding a
+// main slot, or one being admitted) that has waited longest and reports whether
+// there was one. Its slot is released when its goroutine ends.
+func (s *Server) evictWaiting(l *listener, kind slotKind) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
 		var oldest *conn
 		var since int64
 		for c := range s.conns {
-			if w := c.waitSince.Load(); c.l == l && w > 0 && (oldest == nil || w < since) {
+			if w := c.waitSince.Load(); c.l == l && c.slot == kind && w > 0 && (oldest == nil || w < since) {
 				oldest, since = c, w
 			}
 		}
@@ -68,18 +71,29 @@ func (s *Server) evictWaiting(l *listener) bool {
 }
 
 // acceptOverloaded serves nc, which arrived when l was full, in the slot of the
-// longest-waiting connection, or answers it 503 when every connection is serving.
+// longest-waiting connection; when every connection is serving, admit decides
+// between the hook lane and 503.
 func (s *Server) acceptOverloaded(l *listener, nc net.Conn) {
-	if !s.evictWaiting(l) {
-		s.rejectOverloaded(l, nc)
+	if s.evictWaiting(l, slotMain) && takeSlot(l.sem, slotWait) {
+		s.serveConn(l, nc)
 		return
 	}
-	t := time.NewTimer(slotWait)
+	s.admit(l, nc)
+}
+
+// takeSlot takes a slot of sem, waiting up to d for one.
+func takeSlot(sem chan struct{}, d time.Duration) bool {
+	select {
+	case sem <- struct{}{}:
+		return true
+	default:
+	}
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
-	case l.sem <- struct{}{}:
-		s.serveConn(l, nc)
+	case sem <- struct{}{}:
+		return true
 	case <-t.C:
-		s.rejectOverloaded(l, nc)
+		return false
 	}
 }

@@ -1,0 +1,238 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/hooks"
+	"github.com/egressd/egressd/internal/origdst"
+)
+
+// The hook lane keeps a pre-tool hook call answered when the sandbox holds every
+// connection slot (slow bodies, clients that never read, held tunnels; DESIGN.md
+// "Hooks"). The runtime reads a 503 or a reset as "allow", so at
+// limits.max_connections, with no waiting connection to evict (share.go), a
+// newcomer is admitted: egressd reads its first head, bounded in size (one read
+// buffer) and time (admitHead), without a slot. A pre-tool hook call — a POST to
+// a pre_tool_execution URL, a CONNECT to a hook host, or on a transparent listener
+// a ClientHello whose SNI is a hook host or a plain POST to a hook URL — takes one
+// of hookLane slots kept apart for it; everything else gets 503 overloaded.
+//
+// The sandbox can fake a hook call (it may POST to the hook URL itself), so the
+// lane is bounded too:
+//   - a lane connection serves one request, only a pre-tool hook call (anything
+//     else: 503 overloaded), and lives at most laneLife;
+//   - when the lane is full, the newcomer cuts the connection that took its lane
+//     slot first: a hook call in progress there is answered with egressd's
+//     fail-closed deny (its body read and its forward end at once), and the
+//     connection is closed within cutGrace whatever it does.
+//
+// So a real hook call, the newest arrival, gets its lane slot within laneWait and
+// then the endpoint's answer or the deny within its timeout, never a 503; the
+// attacker can at most turn its own tool calls into denies.
+const (
+	hookLane     = 32                     // lane slots per listener
+	maxAdmitting = 64                     // connections being admitted at once; the oldest is cut
+	admitHead    = 2 * time.Second        // the newcomer's first head must arrive within this
+	laneWait     = 500 * time.Millisecond // a newcomer waits this long for a cut connection's slot
+	cutGrace     = 250 * time.Millisecond // a cut connection is closed after this, answered or not
+)
+
+// slotKind is what a connection holds.
+type slotKind uint8
+
+const (
+	slotMain  slotKind = iota // one of limits.max_connections
+	slotAdmit                 // none: being admitted to the lane
+	slotLane                  // one of hookLane
+)
+
+// admit reads nc's first head and serves a pre-tool hook call in the lane, or
+// answers anything else 503 overloaded.
+func (s *Server) admit(l *listener, nc net.Conn) {
+	rt := s.Runtime()
+	c := newConn(s, l, nc)
+	c.slot = slotAdmit
+	if !s.trackConn(c, true) {
+		nc.Close()
+		return
+	}
+	if s.admitting(l) > maxAdmitting {
+		s.evictWaiting(l, slotAdmit)
+	}
+	c.waitFor(admitHead)
+	candidate := c.hookCandidate(rt)
+	evicted := !c.waited()
+	s.trackConn(c, false)
+	switch {
+	case evicted:
+		nc.Close()
+	case !candidate:
+		c.rejectOverloaded()
+	default:
+		s.serveLane(l, c, rt)
+	}
+}
+
+// admitting counts l's connections being admitted.
+func (s *Server) admitting(l *listener) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for c := range s.conns {
+		if c.l == l && c.slot == slotAdmit {
+			n++
+		}
+	}
+	return n
+}
+
+// serveLane serves c in a lane slot, cutting the oldest lane connection when
+// the lane is full.
+func (s *Server) serveLane(l *listener, c *conn, rt *Runtime) {
+	if !takeSlot(l.lane, 0) && !(s.cutOldestLane(l) && takeSlot(l.lane, laneWait)) {
+		c.denyOverloaded(rt)
+		return
+	}
+	c.slot, c.lane, c.laneAt = slotLane, true, time.Now()
+	time.AfterFunc(laneLife(rt), c.cut)
+	s.serveIn(c, l.lane)
+}
+
+// laneLife bounds a lane connection: its TLS handshake and head, then the longest
+// hook deadline, then a second to write the answer.
+func laneLife(rt *Runtime) time.Duration {
+	longest := time.Duration(0)
+	for _, m := range rt.Hooks.Index.Matches() {
+		longest = max(longest, hooks.Deadline(m.Timeout))
+	}
+	return 2*rt.Limits.ReadHeader + longest + time.Second
+}
+
+// cutOldestLane cuts l's lane connection that took its slot first and reports
+// whether there was one.
+func (s *Server) cutOldestLane(l *listener) bool {
+	s.mu.Lock()
+	var oldest *conn
+	for c := range s.conns {
+		if c.l == l && c.slot == slotLane && !c.laneAt.IsZero() && !c.isCut.Load() &&
+			(oldest == nil || c.laneAt.Before(oldest.laneAt)) {
+			oldest = c
+		}
+	}
+	s.mu.Unlock()
+	if oldest == nil {
+		return false
+	}
+	oldest.cut()
+	return true
+}
+
+// cut ends what the connection waits for — a hook call in progress is answered
+// with the fail-closed deny — and closes it within cutGrace.
+func (c *conn) cut() {
+	if !c.isCut.CompareAndSwap(false, true) {
+		return
+	}
+	c.cancel()
+	c.nc.SetReadDeadline(expiredDeadline)
+	time.AfterFunc(cutGrace, c.abort)
+}
+
+// hookCandidate reports whether the connection's first head may be a pre-tool
+// hook call on this listener. It reads without consuming: the head is parsed
+// again when the connection is served.
+func (c *conn) hookCandidate(rt *Runtime) bool {
+	h := rt.Hooks
+	if h == nil || h.Index.Len() == 0 || h.ByListener && c.l.cfg.Role != config.RoleHooks {
+		return false
+	}
+	if c.l.cfg.Mode == config.ModeTransparent {
+		return c.transparentCandidate(h.Index)
+	}
+	req := c.peekHead()
+	switch {
+	case req == nil:
+		return false
+	case req.Method == http.MethodConnect:
+		t, err := allowlist.ParseAuthority(req.RequestURI, 0)
+		return err == nil && h.Index.Intercepts(t.Host, t.Port)
+	case req.Method != http.MethodPost:
+		return false
+	}
+	t, err := forwardTarget(req)
+	return err == nil && isPreHook(h.Index, req.URL.Scheme, t, req)
+}
+
+// transparentCandidate: a ClientHello naming a hook host, or a plain POST to a
+// pre-tool hook URL.
+func (c *conn) transparentCandidate(ix *hooks.Index) bool {
+	orig, err := origdst.Get(c.nc)
+	if err != nil {
+		return false
+	}
+	first, err := c.br.Peek(1)
+	if err != nil {
+		return false
+	}
+	if first[0] == 0x16 {
+		hello, err := peekClientHello(c.br)
+		return err == nil && hello.serverName != "" && ix.Intercepts(hello.serverName, orig.Port())
+	}
+	req := c.peekHead()
+	if req == nil || req.Method != http.MethodPost {
+		return false
+	}
+	t, err := transparentTarget(req, orig)
+	return err == nil && isPreHook(ix, "http", t, req)
+}
+
+func isPreHook(ix *hooks.Index, scheme string, t allowlist.Target, req *http.Request) bool {
+	m, ok := ix.Lookup(scheme, t.Host, t.Port, req.URL.EscapedPath())
+	return ok && m.Event == hooks.EventPre
+}
+
+// peekHead parses the request head at the start of the connection's buffer, or
+// returns nil when it does not fit in the buffer or does not parse.
+func (c *conn) peekHead() *http.Request {
+	for n := 1; ; n = min(c.br.Buffered()+1, c.br.Size()) {
+		_, err := c.br.Peek(n) // waits for n bytes; then look at all there are
+		b, _ := c.br.Peek(c.br.Buffered())
+		if end := bytes.Index(b, []byte("\r\n\r\n")); end >= 0 {
+			req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(b[:end+4])))
+			if err != nil {
+				return nil
+			}
+			return req
+		}
+		if err != nil || n == c.br.Size() {
+			return nil
+		}
+	}
+}
+
+// laneRefusal is the refusal of a request a lane connection may not carry.
+func laneRefusal() error { return deny(allowlist.ReasonOverloaded, "hook_lane") }
+
+// denyOverloaded answers a hook call that found no lane slot: the fail-closed
+// deny on a plain connection (the head was read), a close on a TLS one.
+func (c *conn) denyOverloaded(rt *Runtime) {
+	defer c.abort()
+	if c.l.cfg.Mode == config.ModeTransparent {
+		if first, err := c.br.Peek(1); err != nil || first[0] == 0x16 {
+			return
+		}
+	} else if req := c.peekHead(); req == nil || req.Method == http.MethodConnect {
+		return
+	}
+	rec := newRecord(c.l, c.nc.RemoteAddr())
+	defer rec.finish(&c.s.log, c.s.metrics)
+	rec.fail(allowlist.ReasonOverloaded, "hook_lane_full")
+	c.nc.SetDeadline(time.Now().Add(time.Second))
+	writeResponse(c.bw, http.MethodPost, true, denyResponse("egressd overloaded"), rec)
+}

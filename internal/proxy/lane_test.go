@@ -1,0 +1,84 @@
+package proxy_test
+
+import (
+	"bufio"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/config"
+)
+
+// With every connection slot held by serving connections (here: idle tunnels,
+// which are never evicted), a pre-tool hook call still gets the endpoint's answer,
+// in the hook lane, while anything else gets 503 overloaded. With the lane itself
+// filled by fake hook calls trickling their bodies, the real call still gets an
+// answer (the endpoint's, or egressd's deny) within its timeout: never a 503, a
+// reset or a hang.
+func TestHookLaneUnderFullSlots(t *testing.T) {
+	w := newWorld(t, worldOpts{allowlist: append(hookEntries, defaultEntries...), hooksJSON: hooksJSON,
+		credentials: map[string]string{}, limits: func(l *config.Limits) { l.MaxConnections = 4 }})
+	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(rw, `{"decision":"allow"}`)
+	})
+	for i := 0; i < 4; i++ { // every slot: a tunnel, TLS done end to end, then idle
+		tc := tls.Client(w.connect(t, "allowed.test:443"), &tls.Config{ServerName: "allowed.test", RootCAs: w.UpstreamCA})
+		if err := tc.Handshake(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := w.client().Get("http://allowed.test/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	assertRefusedStatus(t, resp, 503, "overloaded")
+
+	status, body, took := w.hookCall(t, "https://policy.allowed.test/pre")
+	if status != 200 || body["decision"] != "allow" || took > 2*time.Second+loadMargin {
+		t.Fatalf("hook call with every slot held: %d %v after %v, want the endpoint's allow", status, body, took)
+	}
+
+	for i := 0; i < 40; i++ { // more fake hook calls than the lane has slots
+		w.fakeHookCall(t)
+	}
+	time.Sleep(200 * time.Millisecond)
+	for i := 0; i < 3; i++ {
+		status, body, took := w.hookCall(t, "https://policy.allowed.test/pre")
+		d, _ := body["decision"].(string)
+		if status != 200 || (d != "allow" && d != "deny") || took > 2*time.Second+loadMargin {
+			t.Fatalf("hook call with the lane full: %d %v after %v, want an answer within the timeout", status, body, took)
+		}
+		t.Logf("hook call with the lane full: %s after %v", d, took)
+		if d == "deny" && !strings.HasSuffix(body["reason"].(string), "(fail-closed)") {
+			t.Fatalf("deny %v is not egressd's", body)
+		}
+	}
+}
+
+// fakeHookCall is the sandbox posing as the runtime: a tunnel to the hook host and
+// a hook call whose body never arrives. Errors are ignored: egressd may cut it.
+func (w *world) fakeHookCall(t *testing.T) {
+	c, err := net.DialTimeout("tcp", w.ProxyAddr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "CONNECT policy.allowed.test:443 HTTP/1.1\r\nHost: policy.allowed.test:443\r\n\r\n")
+	br := bufio.NewReader(c)
+	if resp, err := http.ReadResponse(br, &http.Request{Method: "CONNECT"}); err != nil || resp.StatusCode != 200 {
+		return
+	}
+	tc := tls.Client(&replayConn{Conn: c, br: br}, &tls.Config{ServerName: "policy.allowed.test", RootCAs: w.CAPool})
+	if tc.Handshake() != nil {
+		return
+	}
+	io.WriteString(tc, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Length: 100\r\n\r\nx")
+}
