@@ -71,6 +71,10 @@ func (r Reason) Message(host string, port uint16, env, detail string) string {
 		return fmt.Sprintf("port %d is not allowed for %s", port, host)
 	case ReasonInternalAddress:
 		return internalAddressMessage(host, detail)
+	case ReasonUpstreamUnreachable:
+		if detail == "http2_only" {
+			return fmt.Sprintf("%s accepts only HTTP/2; egressd now speaks HTTP/2 to it: retry the request (an HTTP/1.1 upgrade such as WebSocket cannot be carried)", hostPort(host, port))
+		}
 	}
 	return r.failureMessage(host, port)
 }

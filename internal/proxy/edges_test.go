@@ -7,9 +7,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/egressd/egressd/internal/allowlist"
 )
 
 // Protocol edges of issue 13: each case asserts the refusal, what the upstream saw,
@@ -379,4 +382,73 @@ func (w *world) interceptedRaw(t *testing.T, host, req string) *http.Response {
 		t.Fatal(err)
 	}
 	return resp
+}
+
+// TestHTTP2OnlyUpstream: an HTTP/1.1 client reaches an upstream that speaks only
+// HTTP/2; egressd speaks HTTP/2 to it. "strict" refuses ALPN http/1.1 with the
+// alert no_application_protocol; grpc-go completes the handshake without ALPN and
+// closes. An Upgrade, which HTTP/2 cannot carry, is refused with detail
+// http2_only, never "could not connect".
+func TestHTTP2OnlyUpstream(t *testing.T) {
+	w := newInjectWorld(t, worldOpts{allowlist: []allowlist.Entry{
+		{Domain: "h2only.allowed.test", Credential: "api"}, {Domain: "grpc.allowed.test", Credential: "api"}}})
+	w.startStrictH2(t, "h2only.allowed.test")
+	w.startGRPC(t)
+	t.Run("strict", func(t *testing.T) {
+		tc, br := w.interceptedH1(t, "h2only.allowed.test")
+		for i, req := range []string{
+			"GET /first HTTP/1.1\r\nHost: h2only.allowed.test\r\n\r\n",
+			"POST /body HTTP/1.1\r\nHost: h2only.allowed.test\r\nContent-Length: 7\r\n\r\npayload",
+			"GET /known HTTP/1.1\r\nHost: h2only.allowed.test\r\n\r\n",
+		} {
+			io.WriteString(tc, req)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := decodeEcho(t, resp)
+			if got.Proto != "HTTP/2.0" || got.Header.Get("Authorization") != "Bearer "+secretToken || (i == 1 && got.Body != "payload") {
+				t.Errorf("request %d: upstream saw %+v", i, got)
+			}
+		}
+		resp := w.interceptedRaw(t, "h2only.allowed.test", "GET /ws HTTP/1.1\r\nHost: h2only.allowed.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		rb := assertRefused(t, resp, 502, "upstream_unreachable", "http2_only")
+		if !strings.Contains(rb.Message, "only HTTP/2") {
+			t.Errorf("message %q", rb.Message)
+		}
+		if n := w.Upstream.requests.Load(); n != 3 {
+			t.Errorf("upstream saw %d requests, want 3", n)
+		}
+	})
+	t.Run("grpc-go", func(t *testing.T) {
+		// Not a gRPC call: grpc-go answers 415 (over HTTP/2), which is the point.
+		resp := w.interceptedRaw(t, "grpc.allowed.test", "GET /x HTTP/1.1\r\nHost: grpc.allowed.test\r\n\r\n")
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnsupportedMediaType {
+			t.Errorf("status %d, want grpc-go's 415", resp.StatusCode)
+		}
+	})
+	w.assertNoCanaryHit()
+}
+
+// startStrictH2 serves the echo upstream as host over TLS that accepts only ALPN
+// h2 and refuses any other offer with no_application_protocol (as BoringSSL-based
+// servers do; Go's own would fall back to no ALPN for an http/1.1 offer).
+func (w *world) startStrictH2(t *testing.T, host string) {
+	t.Helper()
+	ip := nextPublicIP()
+	w.DNS.Set(host, "A "+ip)
+	cert := w.UpstreamPKI.Leaf(t, host)
+	conf := &tls.Config{GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		protos := []string{"h2"}
+		if !slices.Contains(hello.SupportedProtos, "h2") {
+			protos = []string{"x-not-http1"} // no overlap, no h2 fallback: the alert
+		}
+		return &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: protos}, nil
+	}}
+	srv := &http.Server{Handler: w.Upstream}
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetHTTP2(true)
+	go srv.Serve(tls.NewListener(listenOn(t, ip+":443"), conf))
+	t.Cleanup(func() { srv.Close() })
 }

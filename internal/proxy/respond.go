@@ -225,6 +225,18 @@ func (b *requestBody) Close() error {
 	return nil
 }
 
+// reopen undoes a transport's Close when nothing has been read: a request that
+// failed before any of its body was sent may be sent again.
+func (b *requestBody) reopen() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.n.Load() != 0 || b.readErr != nil {
+		return false
+	}
+	b.closed = false
+	return true
+}
+
 // drain reads the rest of the body, up to maxDrain, and reports whether the
 // connection's framing is intact for another request.
 func (b *requestBody) drain() bool {

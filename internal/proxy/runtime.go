@@ -9,6 +9,7 @@ import (
 	"net/http/httptrace"
 	"net/netip"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
@@ -50,6 +51,8 @@ type Runtime struct {
 	transportH1 *http.Transport
 	// h1 serves HTTP/1.x GETs and HEADs without a body (upstream1.go).
 	h1 *h1Pool
+	// h2Only remembers the upstreams that refused ALPN http/1.1 (upstream2.go).
+	h2Only h2OnlySet
 }
 
 // Prepare builds the Runtime's dialer and transport. Call it once before use.
@@ -106,15 +109,24 @@ func (rt *Runtime) roundTrip(out *http.Request, rec *Record) (*http.Response, er
 }
 
 func (rt *Runtime) send(out *http.Request, rec *Record) (*http.Response, error) {
-	if h1Eligible(out) {
-		return rt.h1.roundTrip(out, rec)
-	}
-	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { rec.setResolved(i.Conn.RemoteAddr()) }}
-	out = out.WithContext(httptrace.WithClientTrace(out.Context(), trace))
 	if out.ProtoMajor >= 2 {
-		return rt.transport.RoundTrip(out)
+		return rt.viaTransport(rt.transport, out, rec, nil)
 	}
-	return rt.transportH1.RoundTrip(out)
+	return rt.sendH1(out, rec)
+}
+
+// viaTransport forwards out on tr, recording the upstream address; declined, when
+// not nil, is set if a TLS handshake for it confirmed no ALPN protocol.
+func (rt *Runtime) viaTransport(tr *http.Transport, out *http.Request, rec *Record, declined *atomic.Bool) (*http.Response, error) {
+	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { rec.setResolved(i.Conn.RemoteAddr()) }}
+	if declined != nil {
+		trace.TLSHandshakeDone = func(st tls.ConnectionState, err error) {
+			if err == nil && st.NegotiatedProtocol == "" {
+				declined.Store(true)
+			}
+		}
+	}
+	return tr.RoundTrip(out.WithContext(httptrace.WithClientTrace(out.Context(), trace)))
 }
 
 // Close releases the Runtime's idle upstream connections.

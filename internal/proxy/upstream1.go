@@ -48,6 +48,8 @@ type h1Conn struct {
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	idleAt time.Time
+	// alpnDeclined: the TLS handshake confirmed no ALPN protocol.
+	alpnDeclined bool
 }
 
 // maxIdlePerTarget bounds the idle connections kept per upstream, as the
@@ -91,6 +93,9 @@ func (p *h1Pool) roundTrip(out *http.Request, rec *Record) (*http.Response, erro
 		pc.nc.Close()
 		if err == nil {
 			return nil, ctx.Err()
+		}
+		if !reused && pc.alpnDeclined && errors.Is(err, errNothingRead) {
+			return nil, fmt.Errorf("%w: %w", errUnanswered, err) // perhaps HTTP/2 only (upstream2.go)
 		}
 		if !reused || attempt > 0 || !errors.Is(err, errNothingRead) {
 			return nil, err
@@ -287,12 +292,15 @@ func (p *h1Pool) dial(ctx context.Context, key h1Key, serverName string) (*h1Con
 	if err != nil {
 		return nil, err
 	}
+	declined := false
 	if key.scheme == "https" {
 		if nc, err = p.handshake(ctx, nc, serverName); err != nil {
 			return nil, err
 		}
+		declined = nc.(*tls.Conn).ConnectionState().NegotiatedProtocol == ""
 	}
-	return &h1Conn{key: key, nc: nc, br: bufio.NewReaderSize(nc, 4096), bw: bufio.NewWriterSize(nc, 4096)}, nil
+	return &h1Conn{key: key, nc: nc, br: bufio.NewReaderSize(nc, 4096), bw: bufio.NewWriterSize(nc, 4096),
+		alpnDeclined: declined}, nil
 }
 
 func (p *h1Pool) handshake(ctx context.Context, nc net.Conn, serverName string) (net.Conn, error) {

@@ -1,0 +1,106 @@
+package proxy
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+
+	"github.com/egressd/egressd/internal/allowlist"
+)
+
+// An HTTP/1.x client's request to an upstream that speaks only HTTP/2 (its TLS
+// server refuses ALPN http/1.1 with no_application_protocol) is sent again over
+// HTTP/2, as Envoy does with an auto upstream protocol: the connection was made and
+// the upstream is willing, only the framing differs, and a refusal ("could not
+// connect") would be untrue and leave an HTTP/1.1-only client no way through.
+// The response is written to the client in HTTP/1.1 as usual. What HTTP/2 cannot
+// carry, an Upgrade (WebSocket over HTTP/1.1), is refused as upstream_unreachable
+// with detail http2_only, which says what happened.
+
+// detailHTTP2Only names an upstream that accepts only HTTP/2.
+const detailHTTP2Only = "http2_only"
+
+// sendH1 forwards an HTTP/1.x client's request over HTTP/1.1, or over HTTP/2 to an
+// upstream known or found to speak only that. It is found so by its TLS alert
+// no_application_protocol (ALPN http/1.1 refused), or, on a fresh connection whose
+// handshake confirmed no protocol, by closing without answering (grpc-go's
+// servers complete such a handshake, then close).
+func (rt *Runtime) sendH1(out *http.Request, rec *Record) (*http.Response, error) {
+	if rt.h2Only.has(out.URL.Host) {
+		return rt.sendH2Only(out, rec, nil)
+	}
+	var resp *http.Response
+	var err error
+	var declined atomic.Bool
+	if h1Eligible(out) {
+		resp, err = rt.h1.roundTrip(out, rec)
+	} else {
+		resp, err = rt.viaTransport(rt.transportH1, out, rec, &declined)
+	}
+	if err != nil && out.URL.Scheme == "https" &&
+		(refusedHTTP1(err) || errors.Is(err, errUnanswered) || (declined.Load() && isClosed(err))) {
+		return rt.sendH2Only(out, rec, err)
+	}
+	return resp, err
+}
+
+// errUnanswered marks a fresh upstream connection whose TLS handshake confirmed no
+// ALPN protocol and that closed before answering an HTTP/1.1 request.
+var errUnanswered = errors.New("the upstream confirmed no ALPN protocol and closed without answering HTTP/1.1")
+
+// refusedHTTP1 reports whether err is the upstream's TLS alert
+// no_application_protocol: it offers no protocol egressd's HTTP/1.1 ALPN named.
+func refusedHTTP1(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "remote error" && op.Err != nil &&
+		op.Err.Error() == "tls: no application protocol"
+}
+
+// sendH2Only sends out over HTTP/2 to an upstream that refused HTTP/1.1 (cause, or
+// nil when it is already known to) and remembers it. A request that HTTP/2 cannot
+// carry (an Upgrade), or whose body was already sent, gets the refusal that says
+// so; the client's retry then goes over HTTP/2.
+func (rt *Runtime) sendH2Only(out *http.Request, rec *Record, cause error) (*http.Response, error) {
+	rt.h2Only.add(out.URL.Host)
+	if cause == nil {
+		cause = errors.New("the upstream accepts only HTTP/2")
+	}
+	if len(out.Header["Upgrade"]) > 0 || !rewind(out.Body) {
+		return nil, &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: detailHTTP2Only, Err: cause}
+	}
+	return rt.viaTransport(rt.transport, out, rec, nil)
+}
+
+// rewind reports whether body can be sent again: none, or the client's body with
+// nothing read from it yet (the failed attempt ended at the TLS handshake).
+func rewind(body any) bool {
+	if body == http.NoBody || body == nil {
+		return true
+	}
+	b, ok := body.(*requestBody)
+	return ok && b.reopen()
+}
+
+// h2OnlySet is the set of upstreams (host:port) that refused HTTP/1.1, bounded so
+// that a wildcard entry cannot grow it without limit; beyond the bound an upstream
+// costs one refused handshake per request.
+type h2OnlySet struct {
+	m sync.Map
+	n atomic.Int32
+}
+
+const maxH2Only = 1024
+
+func (s *h2OnlySet) has(addr string) bool {
+	_, ok := s.m.Load(addr)
+	return ok
+}
+
+func (s *h2OnlySet) add(addr string) {
+	if s.has(addr) || s.n.Add(1) > maxH2Only {
+		return
+	}
+	s.m.Store(addr, struct{}{})
+}
