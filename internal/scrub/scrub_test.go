@@ -233,3 +233,28 @@ func TestSetRedacts(t *testing.T) {
 		}
 	}
 }
+
+// TestLongValue: a 2 KB bearer JWT compiles to a small DFA (anchors, not
+// whole forms) and every form is still masked whole, streamed in pieces too.
+func TestLongValue(t *testing.T) {
+	tok := "eyJ" + strings.Repeat("abcDEF123_-", 2000/11)
+	s := Compile("Bearer " + tok)
+	if n := s.ac.StateCount(); n > 2000 {
+		t.Errorf("%d DFA states for a 2 KB value", n)
+	}
+	for _, c := range encodedCases(tok) {
+		out, n := s.String(c.body)
+		if n == 0 {
+			t.Fatalf("%s: not masked", c.name)
+		}
+		assertMasked(t, c.body, out, c.at, c.n)
+	}
+	body := []byte("echo " + tok + " and " + hex.EncodeToString([]byte(tok)) + " end")
+	want, wantN := refMask(s, body)
+	for i := 0; i <= len(body); i += 97 {
+		got, n := streamMask(t, s, splitAt(body, i, min(len(body), i+1500)))
+		if !bytes.Equal(got, want) || n != wantN {
+			t.Fatalf("split %d: %d replacements, want %d", i, n, wantN)
+		}
+	}
+}

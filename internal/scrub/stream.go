@@ -41,8 +41,9 @@ type stream struct {
 	keep int
 	sent int
 	end  int
-	full bool // the last read filled the buffer: grow it
-	n    int  // occurrences found so far
+	occ  []span // scratch for the occurrences of a scan
+	full bool   // the last read filled the buffer: grow it
+	n    int    // occurrences found so far
 }
 
 // space readies the buffer for new bytes and returns where to put them;
@@ -68,7 +69,7 @@ func (st *stream) scan(n int, how release) []byte {
 	st.full = n == len(st.buf)-st.end
 	st.end += n
 	win := st.buf[:st.end]
-	matches := st.set.ac.FindAllOverlapping(win) // before any masking of win
+	st.occ = st.set.find(win, st.occ[:0]) // before any masking of win
 	hold := 0
 	if how != final {
 		hold = st.set.hold(win)
@@ -94,11 +95,11 @@ func (st *stream) scan(n int, how release) []byte {
 			mark(i)
 		}
 	}
-	for _, m := range matches {
-		if m.End > st.keep {
+	for _, o := range st.occ {
+		if o.end > st.keep {
 			st.n++
 		}
-		for i := m.Start; i < m.End; i++ {
+		for i := o.start; i < o.end; i++ {
 			mark(i)
 		}
 	}
