@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -911,5 +913,39 @@ func TestReloadConcurrentInProcess(t *testing.T) {
 		if res.StatusCode != want {
 			t.Errorf("GET %s after the last reload: %d, want %d", target, res.StatusCode, want)
 		}
+	}
+}
+
+// TestReloadPinsHookLeaves: a reload that adds a hook host mints its interception
+// leaf at once (pinned), so the first intercepted tunnel to it is a leaf cache hit.
+func TestReloadPinsHookLeaves(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, nil)
+	hooksPath := filepath.Join(t.TempDir(), "hooks.json")
+	if err := os.WriteFile(hooksPath, []byte(`{}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := startWithPolicy(t, allowOnly(up.port, "localhost"), fmt.Sprintf("hooks: {file: %q}\n", hooksPath))
+	writeAtomic(t, hooksPath, fmt.Sprintf(`{"gate": {"pre_tool_execution": [{"matcher": "code_execution",
+		"hooks": [{"type": "http", "url": "https://localhost:%d/pre", "timeout": 5}]}]}}`, up.port))
+	d.mustReload(http.StatusOK)
+	hits, misses := d.metric(`egressd_leaf_cache_total{result="hit"}`), d.metric(`egressd_leaf_cache_total{result="miss"}`)
+	nc, err := net.DialTimeout("tcp", d.Proxy, waitTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(waitTimeout))
+	fmt.Fprintf(nc, "CONNECT localhost:%d HTTP/1.1\r\nHost: localhost:%d\r\n\r\n", up.port, up.port)
+	resp, err := http.ReadResponse(bufio.NewReader(nc), &http.Request{Method: http.MethodConnect})
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("CONNECT to the hook host: %v %v", resp, err)
+	}
+	// Only the leaf matters here, not who signed it.
+	if err := tls.Client(nc, &tls.Config{ServerName: "localhost", InsecureSkipVerify: true}).Handshake(); err != nil {
+		t.Fatalf("TLS with the hook host's leaf: %v", err)
+	}
+	if h, m := d.metric(`egressd_leaf_cache_total{result="hit"}`)-hits, d.metric(`egressd_leaf_cache_total{result="miss"}`)-misses; h != 1 || m != 0 {
+		t.Errorf("the first tunnel to a hook host added by reload: %v hit(s), %v miss(es); want its leaf pinned (1 hit, 0 misses)", h, m)
 	}
 }
