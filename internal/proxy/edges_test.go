@@ -407,7 +407,7 @@ func TestHTTP2OnlyUpstream(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := decodeEcho(t, resp)
-			if got.Proto != "HTTP/2.0" || got.Header.Get("Authorization") != "Bearer "+secretToken || (i == 1 && got.Body != "payload") {
+			if got.Proto != "HTTP/2.0" || got.Header.Get("Authorization") != "Bearer "+secretMark || (i == 1 && got.Body != "payload") {
 				t.Errorf("request %d: upstream saw %+v", i, got)
 			}
 		}
