@@ -26,7 +26,8 @@ import (
 	mitm "github.com/egressd/egressd/internal/tls"
 )
 
-// drainTimeout bounds how long SIGTERM waits for in-flight requests and tunnels.
+// drainTimeout bounds how long a reload keeps the previous Runtime's upstream
+// connections for the requests that still use it.
 const drainTimeout = 25 * time.Second
 
 func cmdRun(args []string) int {
@@ -274,8 +275,9 @@ func (d *daemon) runtimeFor(l *loaded) (*proxy.Runtime, error) {
 }
 
 func (d *daemon) shutdown() int {
-	d.log.Info().Dur("drain_timeout", drainTimeout).Msg("draining")
-	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	drain := d.srv.Runtime().Limits.Drain
+	d.log.Info().Dur("drain_timeout", drain).Msg("draining")
+	ctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
 	if d.stopWatch != nil {
 		d.stopWatch()
@@ -290,6 +292,7 @@ func (d *daemon) shutdown() int {
 		d.stop()
 	}
 	d.log.Info().Msg("egressd stopped")
+	os.Stdout.Sync() // the log: every record is written by now (Shutdown waited)
 	return exitOK
 }
 

@@ -36,6 +36,12 @@ type conn struct {
 	lane   bool
 	laneAt time.Time // when an outer lane connection took its slot
 	isCut  atomic.Bool
+	// tunneling is set once the connection carries bytes egressd does not frame
+	// (a tunnel, an upgrade) or is the outside of an intercepted tunnel, whose
+	// requests are counted on the inner connection, or in streams for HTTP/2.
+	// Shutdown closes such connections without waiting for them.
+	tunneling atomic.Bool
+	streams   atomic.Int32
 	// waitSince is when the connection began waiting for the client (a request head
 	// or a ClientHello), in Unix nanoseconds; 0 while it is serving, evicted once
 	// an overloaded listener has taken its slot (share.go).

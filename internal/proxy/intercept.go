@@ -27,6 +27,7 @@ func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHe
 		rec.Error = "interception needed but no CA is configured"
 		return
 	}
+	c.tunneling.Store(true)
 	c.s.metrics.TunnelsActive.Inc()
 	defer c.s.metrics.TunnelsActive.Dec()
 	client := &replayConn{Conn: c.nc, r: io.MultiReader(bytes.NewReader(hello.raw), c.br)}
@@ -146,6 +147,8 @@ type h2Handler struct {
 }
 
 func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.c.streams.Add(1)
+	defer h.c.streams.Add(-1)
 	rt := h.c.s.Runtime()
 	rec := newRecord(h.c.l, h.c.nc.RemoteAddr())
 	defer rec.finish(&h.c.s.log, h.c.s.metrics)

@@ -82,3 +82,36 @@ func (w *world) fakeHookCall(t *testing.T) {
 	}
 	io.WriteString(tc, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Length: 100\r\n\r\nx")
 }
+
+// Shutdown lets requests in flight finish but does not wait for idle tunnels: it
+// closes them at once (DESIGN.md: SIGTERM drains in-flight requests for at most
+// limits.drain, then closes tunnels and WebSockets).
+func TestShutdownClosesIdleTunnels(t *testing.T) {
+	w := newWorld(t, worldOpts{})
+	var tunnels []*tls.Conn
+	for i := 0; i < 20; i++ {
+		tc := tls.Client(w.connect(t, "allowed.test:443"), &tls.Config{ServerName: "allowed.test", RootCAs: w.UpstreamCA})
+		if err := tc.Handshake(); err != nil {
+			t.Fatal(err)
+		}
+		tunnels = append(tunnels, tc)
+	}
+	start := time.Now()
+	if err := w.Server.Shutdown(contextWithTimeout(t, 10*time.Second)); err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("Shutdown took %v with only idle tunnels open", took)
+	}
+	for _, tc := range tunnels {
+		tc.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := tc.Read(make([]byte, 1)); err == nil || isTimeoutErr(err) {
+			t.Fatalf("tunnel still open after Shutdown: %v", err)
+		}
+	}
+}
+
+func isTimeoutErr(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}

@@ -186,8 +186,11 @@ func (s *Server) trackConn(c *conn, add bool) bool {
 	return true
 }
 
-// Shutdown stops accepting, closes idle keep-alive connections, and waits for
-// in-flight requests and tunnels to finish until ctx ends; then it closes the rest.
+// Shutdown stops accepting, closes idle keep-alive connections, and lets requests
+// in flight finish until ctx ends (limits.drain). Then it closes what is left —
+// tunnels and WebSockets, which have no end to wait for, and requests past the
+// drain — and waits up to closeWait for their goroutines, so that every record is
+// logged before the process exits. The error is ctx's when requests were cut.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closing.Store(true)
 	s.mu.Lock()
@@ -195,31 +198,47 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		ln.Close()
 	}
 	s.mu.Unlock()
-	tick := time.NewTicker(50 * time.Millisecond)
+	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
-	for {
-		if s.closeIdle() == 0 {
-			return nil
-		}
+	var err error
+	for s.closeIdle() > 0 && err == nil {
 		select {
 		case <-ctx.Done():
-			s.closeAll()
-			return ctx.Err()
+			err = ctx.Err()
 		case <-tick.C:
 		}
 	}
+	s.closeAll()
+	for wait := time.Now().Add(closeWait); s.open() > 0 && time.Now().Before(wait); {
+		<-tick.C
+	}
+	return err
 }
 
+// closeWait bounds how long Shutdown waits for closed connections to log and end.
+const closeWait = time.Second
+
 // closeIdle wakes connections waiting for their next request and returns how many
-// connections are still open.
+// requests are still in flight: on connections that are neither idle nor a tunnel,
+// WebSocket or intercepted HTTP/2 connection without a stream in flight.
 func (s *Server) closeIdle() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	busy := 0
 	for c := range s.conns {
-		if c.idle.Load() {
+		switch {
+		case c.idle.Load() || c.slot == slotAdmit:
 			c.nc.SetReadDeadline(time.Now())
+		case !c.tunneling.Load() || c.streams.Load() > 0:
+			busy++
 		}
 	}
+	return busy
+}
+
+func (s *Server) open() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return len(s.conns)
 }
 

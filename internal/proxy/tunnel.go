@@ -15,6 +15,7 @@ import (
 // already read from the client (its ClientHello, and whatever is buffered) go first.
 func (c *conn) tunnel(rt *Runtime, up net.Conn, hello *clientHello, rec *Record) {
 	defer up.Close()
+	c.tunneling.Store(true)
 	c.s.metrics.TunnelsActive.Inc()
 	defer c.s.metrics.TunnelsActive.Dec()
 	early := hello.raw
@@ -97,6 +98,7 @@ func (c *conn) serveUpgrade(resp *http.Response, rec *Record) {
 		return
 	}
 	defer up.Close()
+	c.tunneling.Store(true)
 	rec.Status = resp.StatusCode
 	hdr := resp.Header.Clone()
 	removeHopByHop(hdr)
