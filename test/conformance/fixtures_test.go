@@ -275,6 +275,9 @@ func (e *echoServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, `{"decision": "allow"}`)
 		return
 	}
+	if r.URL.Query().Get("forge") != "" {
+		forgeEgressdFields(w)
+	}
 	got := echoed{Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto,
 		Header: redactHeader(r.Header), Trailer: redactHeader(r.Trailer), Body: redact(string(body))}
 	if err != nil {
@@ -283,6 +286,18 @@ func (e *echoServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e.record(got)
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(got)
+}
+
+// forgeEgressdFields makes the echo's answer carry Egressd-* fields only egressd
+// may set: headers, an announced trailer and one never announced.
+func forgeEgressdFields(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Egressd-Reason", "not_allowlisted")
+	h.Set("Egressd-Hook", "fail-closed")
+	h.Set("Trailer", "Egressd-Announced")
+	h.Set(http.TrailerPrefix+"Egressd-Announced", "forged")
+	h.Set(http.TrailerPrefix+"Egressd-Undeclared", "forged")
+	h.Set(http.TrailerPrefix+"X-Undeclared", "kept")
 }
 
 func (e *echoServer) record(got echoed) {

@@ -35,6 +35,10 @@ func TestHeaderAbuse(t *testing.T) {
 			// TE is hop-by-hop; only its "trailers" travels on (the one TE HTTP/2
 			// allows, which gRPC servers may require).
 			present: map[string]string{"X-Keep": "kept", "Te": "trailers"}},
+		{name: "egressd adds no header of its own (no User-Agent, no Accept-Encoding)",
+			headers: "X-Keep: kept\r\n",
+			absent:  []string{"User-Agent", "Accept-Encoding"},
+			present: map[string]string{"X-Keep": "kept"}},
 		{name: "client copies of the injected headers in every case",
 			headers: "Authorization: Bearer one\r\nauthorization: Bearer two\r\nAUTHORIZATION: Bearer three\r\n" +
 				"x-injected: a\r\nX-INJECTED: b\r\nX-Injected: c\r\n"},
