@@ -94,6 +94,7 @@ func New(o Options) (*Backend, error) {
 		// and delay both the failure being seen and the recovery.
 		cfg.MaxRetries = 0
 	}
+	refuseRedirects(cfg)
 	client, err := api.NewClient(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("vault: %w", err)
