@@ -312,12 +312,20 @@ func TestVaultTokenRenewal(t *testing.T) {
 	}
 }
 
+// appRoleVault is a dev Vault with the test's "api" secret and an AppRole on its own
+// mount: the mount and the role ID and secret ID files.
+func appRoleVault(t *testing.T) (v *devVault, mount, roleID, secretID string) {
+	t.Helper()
+	v = newDevVault(t)
+	v.putKV("api", map[string]any{"token": planted})
+	mount = v.enableAuth("approle")
+	roleID, secretID = v.appRole(mount, "", "1h")
+	return v, mount, roleID, secretID
+}
+
 func TestVaultReloginAfterRevocation(t *testing.T) {
 	t.Parallel()
-	v := newDevVault(t)
-	v.putKV("api", map[string]any{"token": planted})
-	mount := v.enableAuth("approle")
-	roleID, secretID := v.appRole(mount, "", "1h")
+	v, mount, roleID, secretID := appRoleVault(t)
 	r := v.start(Options{Auth: NewAppRoleAuth(mount, roleID, secretID)},
 		credential.Options{Refresh: 300 * time.Millisecond, MaxStale: time.Minute}, "api")
 	if _, err := r.s.Get("api"); err != nil {

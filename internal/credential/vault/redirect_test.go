@@ -64,10 +64,7 @@ func redirectingFront(t *testing.T, status int, target string) (*httptest.Server
 // that says why.
 func TestVaultRedirectToAnotherOriginRefused(t *testing.T) {
 	t.Parallel()
-	v := newDevVault(t)
-	v.putKV("api", map[string]any{"token": planted})
-	mount := v.enableAuth("approle")
-	roleID, secretID := v.appRole(mount, "", "1h")
+	v, mount, roleID, secretID := appRoleVault(t)
 	for _, status := range []int{http.StatusMovedPermanently, http.StatusFound, http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
 		c := newCanary(t)
 		front, answered := redirectingFront(t, status, c.URL)
