@@ -17,6 +17,7 @@ build:
 
 ## run: egressd on the quick-start config (file-backed credentials, no Vault).
 run: build
+	chmod 600 configs/credentials.json  # a checkout leaves it readable by every user
 	$(BIN)/egressd run --config configs/quickstart.yaml
 
 ## test: install what the tests need, lint, then every test under -race.

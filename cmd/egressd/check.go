@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"slices"
@@ -24,6 +25,7 @@ type checkReport struct {
 
 func cmdCheck(args []string) int {
 	fs, cfgPath, format := newFlags("check", stderr)
+	strict := fs.Bool("strict", false, "fail on warnings too (for CI pipelines)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -53,6 +55,9 @@ func cmdCheck(args []string) int {
 		slices.SortStableFunc(rep.Problems, func(a, b config.Problem) int {
 			return cmp.Compare(b2i(a.Warning), b2i(b.Warning))
 		})
+	}
+	if *strict && hasWarning(rep.Problems) {
+		rep.OK = false // --strict: a warning fails the check like an error
 	}
 	if *format == "json" {
 		enc := json.NewEncoder(os.Stdout)
@@ -116,25 +121,63 @@ func lintPolicy(l *loaded) []config.Problem {
 	return problemsOf(hooks.LintPolicy(l.policy.Allowlist.Rules()), prefix, "", l.cfg.Policy.File)
 }
 
-// lintCredentials checks every secret of the file backend's credentials file as the
-// backend parses it: a bad shape is an error (the fix is in the message), a revoked one a
-// warning, a file that cannot be read a warning (run serves nothing from it until it can).
+// lintCredentials checks the file backend's credentials file as `run` will read it:
+// every secret's shape (a bad one is an error with the fix, a revoked one a warning),
+// every credential ID the policy names (one the file lacks is an error: its requests
+// would get 503), and its mode (readable by every user: a warning, as `run` gives). A
+// file that cannot be read is a warning (it may be mounted only where egressd runs); one
+// that does not parse is an error with its line and column.
 func lintCredentials(l *loaded) []config.Problem {
 	c := l.cfg.Credentials
 	if c.Backend != config.BackendFile || c.File == "" {
 		return nil
 	}
-	bad, err := file.Check(c.File)
-	if err != nil {
+	in, err := file.Inspect(c.File)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission):
 		return []config.Problem{{Path: "credentials.file", Msg: err.Error() + "; credentials from it are unavailable until it can be read", Warning: true}}
+	case err != nil:
+		return []config.Problem{{Path: "credentials.file", Msg: err.Error(), File: c.File}}
 	}
-	ids := slices.Sorted(maps.Keys(bad))
-	out := make([]config.Problem, 0, len(ids))
-	for _, id := range ids {
-		revoked := errors.Is(bad[id], credential.ErrRevoked)
-		out = append(out, config.Problem{Path: id, Msg: bad[id].Error(), Warning: revoked, File: c.File})
+	var out []config.Problem
+	for _, id := range slices.Sorted(maps.Keys(in.Bad)) {
+		revoked := errors.Is(in.Bad[id], credential.ErrRevoked)
+		out = append(out, config.Problem{Path: id, Msg: in.Bad[id].Error(), Warning: revoked, File: c.File})
+	}
+	for _, ref := range credentialRefs(l) {
+		if !slices.Contains(in.IDs, ref.id) {
+			out = append(out, config.Problem{Path: ref.path, File: ref.file, Msg: fmt.Sprintf(
+				"credential %q is not in %s: requests that need it would get 503 credential_unavailable; "+
+					`add {"%s": {"token": "..."}} to that file, or fix the ID`, ref.id, c.File, ref.id)})
+		}
+	}
+	if in.WorldReadable {
+		out = append(out, config.Problem{Path: "credentials.file", Warning: true, Msg: fmt.Sprintf(
+			"%s is readable by every user; chmod o-r it (or set defaultMode 0440 on the volume)", c.File)})
 	}
 	return out
+}
+
+// credentialRef is where the config or policy names a credential ID.
+type credentialRef struct{ id, path, file string }
+
+// credentialRefs lists the credential IDs the policy (and the hook signing key) names,
+// each with the path that names it.
+func credentialRefs(l *loaded) []credentialRef {
+	var refs []credentialRef
+	if id := l.cfg.Hooks.SigningKey.Credential; id != "" {
+		refs = append(refs, credentialRef{id, "hooks.signing_key.credential", ""})
+	}
+	prefix := "policy.allowlist"
+	if l.cfg.Policy.File != "" {
+		prefix = allowlistPrefix(l.cfg.Policy.File)
+	}
+	for _, r := range l.policy.Allowlist.Rules() {
+		if r.Credential != "" {
+			refs = append(refs, credentialRef{r.Credential, fmt.Sprintf("%s[%d].credential", prefix, r.Index), l.cfg.Policy.File})
+		}
+	}
+	return refs
 }
 
 // allowlistPrefix is the path of the allowlist in the policy file: network.allowlist,
@@ -167,4 +210,8 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+func hasWarning(ps []config.Problem) bool {
+	return slices.ContainsFunc(ps, func(p config.Problem) bool { return p.Warning })
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -87,14 +88,26 @@ func decodeCheck(t *testing.T, res result) checkReportJSON {
 }
 
 func TestCheckQuickstart(t *testing.T) {
+	// A checkout may leave credentials.json readable by every user: the one warning
+	// quickstart.yaml explains. Anything else is a problem.
+	want := "ok\n"
+	if fi, err := os.Stat("../../configs/credentials.json"); err == nil && fi.Mode().Perm()&0o004 != 0 {
+		abs, _ := filepath.Abs("../../configs/credentials.json")
+		want = "warning: credentials.file: " + abs + " is readable by every user; chmod o-r it (or set defaultMode 0440 on the volume)\nok\n"
+	}
 	res := egressd(t, "check", "--config", quickstart)
-	if res.code != 0 || res.stdout != "ok\n" {
-		t.Errorf("check quickstart.yaml: %s\nwant exit 0 and just \"ok\"", res)
+	if res.code != 0 || res.stdout != want {
+		t.Errorf("check quickstart.yaml: %s\nwant exit 0 and just %q", res, want)
 	}
 	res = egressd(t, "check", "--config", quickstart, "--format", "json")
 	rep := decodeCheck(t, res)
-	if res.code != 0 || !*rep.OK || len(rep.Problems) != 0 {
-		t.Errorf("check --format json quickstart.yaml: %s\nwant exit 0, ok true, no problems", res)
+	for _, p := range rep.Problems {
+		if !p.Warning || !strings.Contains(p.Message, "readable by every user") {
+			t.Errorf("check --format json quickstart.yaml: unexpected problem %+v", p)
+		}
+	}
+	if res.code != 0 || !*rep.OK {
+		t.Errorf("check --format json quickstart.yaml: %s\nwant exit 0, ok true", res)
 	}
 }
 
@@ -395,4 +408,68 @@ func containsLine(lines []string, prefix, sub string) bool {
 		}
 	}
 	return false
+}
+
+// TestCheckFindsWhatRunHits: what `run` would trip over is a problem in `check`, with
+// the fix in the message (issue 16): a credential ID the file lacks (503 at run time),
+// an inline secret in a transform, a world-readable credentials file, a misspelt
+// hooks.json event (the gate silently off), JSON errors located by line and column;
+// --strict fails on warnings.
+func TestCheckFindsWhatRunHits(t *testing.T) {
+	env := `{"network": {"allowlist": [
+  {"domain": "api.example.com", "credential": "exmaple-api"},
+  {"domain": "telemetry.example.com", "transform": {"Authorization": "Bearer sk-live-1234567890abcdef"}}]},
+ "sources": [{"path": ".agents/hooks.json", "content": {"gate": {"pre_tool_executon": [{"matcher": "*",
+   "hooks": [{"type": "http", "url": "https://api.example.com/pre", "timeout": 5,
+   "headers": {"X-Api-Key": "k"}}]}]}}}]}`
+	dir := writeFiles(t, map[string]string{"egressd.yaml": minimalConfig, "environment.json": env,
+		"credentials.json": `{"example-api": {"token": "t"}}`})
+	os.Chmod(filepath.Join(dir, "credentials.json"), 0o644)
+	res := egressd(t, "check", "--config", filepath.Join(dir, "egressd.yaml"))
+	for _, want := range []string{
+		`error: network.allowlist[0].credential: credential "exmaple-api" is not in ` + filepath.Join(dir, "credentials.json") +
+			`: requests that need it would get 503 credential_unavailable; add {"exmaple-api": {"token": "..."}} to that file, or fix the ID`,
+		`warning: network.allowlist[1].transform.Authorization: header Authorization: its value looks like`,
+		`move it to a credential`,
+		`error: hooks.json:gate.pre_tool_executon: unknown event; did you mean "pre_tool_execution"?`,
+		`error: hooks.json:gate.pre_tool_executon[0].hooks[0].headers.X-Api-Key: header X-Api-Key`,
+		`warning: credentials.file: ` + filepath.Join(dir, "credentials.json") + ` is readable by every user; chmod o-r it`,
+	} {
+		if !strings.Contains(res.stdout, want) {
+			t.Errorf("check lacks %q\n%s", want, res)
+		}
+	}
+	if res.code != 1 || strings.Contains(res.all(), "sk-live-1234567890abcdef") {
+		t.Errorf("want exit 1 and no secret in the output: %s", res)
+	}
+
+	// Warnings alone pass, unless --strict.
+	dir = writeFiles(t, map[string]string{"egressd.yaml": minimalConfig,
+		"environment.json": `{"network": {"allowlist": [{"domain": "example.com"}]}}`, "credentials.json": `{}`})
+	os.Chmod(filepath.Join(dir, "credentials.json"), 0o644)
+	if res := egressd(t, "check", "--config", filepath.Join(dir, "egressd.yaml")); res.code != 0 {
+		t.Errorf("warnings only: %s, want exit 0", res)
+	}
+	if res := egressd(t, "check", "--strict", "--config", filepath.Join(dir, "egressd.yaml")); res.code != 1 || !strings.Contains(res.stdout, "readable by every user") {
+		t.Errorf("--strict with a warning: %s, want exit 1", res)
+	}
+	os.Chmod(filepath.Join(dir, "credentials.json"), 0o600)
+	if res := egressd(t, "check", "--strict", "--config", filepath.Join(dir, "egressd.yaml")); res.code != 0 {
+		t.Errorf("--strict without warnings: %s, want exit 0", res)
+	}
+
+	// JSON errors in every JSON file carry line and column.
+	for name, doc := range map[string]string{
+		"environment.json": "{\"network\": {\"allowlist\": [\n  {\"domain\": \"a.test\"},,\n]}}",
+		"credentials.json": "{\"a\": {\"token\": \"t\"}\n\"b\": {}}",
+	} {
+		files := map[string]string{"egressd.yaml": minimalConfig, "credentials.json": `{}`,
+			"environment.json": `{"network": {"allowlist": [{"domain": "example.com"}]}}`}
+		files[name] = doc
+		dir := writeFiles(t, files)
+		res := egressd(t, "check", "--config", filepath.Join(dir, "egressd.yaml"))
+		if res.code != 1 || !regexp.MustCompile(`line \d+, column \d+`).MatchString(res.stdout) {
+			t.Errorf("%s with a syntax error: %s, want exit 1 and a line and column", name, res)
+		}
+	}
 }

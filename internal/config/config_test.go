@@ -267,7 +267,7 @@ func TestSuggest(t *testing.T) {
 		"adress": "address", "Address": "address", "nmae": "name", "rol": "role",
 		"roles": "role", "listen": "", "": "", strings.Repeat("a", 100): "",
 	} {
-		if got := suggest(key, known); got != want {
+		if got := Suggest(key, known); got != want {
 			t.Errorf("suggest(%q) = %q, want %q", key, got, want)
 		}
 	}

@@ -147,6 +147,13 @@ func newPositions(data []byte) positions {
 	return p
 }
 
+// JSONPosition returns the 1-based line and column (in bytes) of byte offset off
+// in data: where a *json.SyntaxError's Offset points, for every JSON file egressd
+// reads (the policy, hooks.json, the credentials file).
+func JSONPosition(data []byte, off int64) (line, col int) {
+	return newPositions(data).at(int(off))
+}
+
 // at returns the 1-based line and column (in bytes) of offset off.
 func (p positions) at(off int) (line, col int) {
 	off = max(off, 0)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -158,7 +159,21 @@ func findAllowlist(d *decoder, root *yaml.Node) (*yaml.Node, string, allowlistKi
 		return nil, "", allowlistList
 	}
 	d.ps.setLine("network.allowlist", keyLine(network, "allowlist"))
+	misplacedNetworkKeys(d, network)
 	return al, "network.allowlist", kindOf(d.deref(al))
+}
+
+// misplacedNetworkKeys warns about egressd.yaml's network keys written into the
+// policy's "network" by mistake: there they belong to the platform and egressd
+// ignores them, so an allow_cidrs meant to open a range silently opens nothing.
+func misplacedNetworkKeys(d *decoder, network *yaml.Node) {
+	operator := fieldsOf(reflect.TypeOf(rawNetwork{})).names
+	d.eachKey(network, "network", func(key string, k, _ *yaml.Node, kpath string) {
+		if slices.Contains(operator, key) {
+			d.ps.setLine(kpath, k.Line)
+			d.ps.warnf(kpath, "egressd ignores this key in the policy: it is an egressd.yaml setting; move it to network.%s there", key)
+		}
+	})
 }
 
 // noNetwork is a document without "network" or "allowlist": unrestricted, unless a

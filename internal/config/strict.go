@@ -117,7 +117,7 @@ func (d *decoder) mapping(n *yaml.Node, v reflect.Value, path string) {
 	d.eachKey(n, path, func(key string, k, val *yaml.Node, kpath string) {
 		i, ok := fields.index[key]
 		if !ok {
-			suggested = append(suggested, suggest(key, fields.names))
+			suggested = append(suggested, Suggest(key, fields.names))
 			d.errorAt(kpath, k.Line, "%s", unknownKey(key, fields.names))
 			return
 		}
@@ -316,15 +316,16 @@ func fieldsOf(t reflect.Type) *structFields {
 // unknownKey is the message for key, with the closest known key as a
 // suggestion when one is near enough, else the list of known keys.
 func unknownKey(key string, known []string) string {
-	if s := suggest(key, known); s != "" {
+	if s := Suggest(key, known); s != "" {
 		return fmt.Sprintf("unknown key; did you mean %q?", s)
 	}
 	return "unknown key; expected one of " + strings.Join(known, ", ")
 }
 
-// suggest returns the known key closest to key (case-insensitively) within
-// maxSuggestDistance edits, the first on ties; "" if none.
-func suggest(key string, known []string) string {
+// Suggest returns the known key closest to key (case-insensitively) within
+// maxSuggestDistance edits, the first on ties; "" if none. The "did you mean"
+// of every unknown key egressd reports, in egressd.yaml and in hooks.json.
+func Suggest(key string, known []string) string {
 	best, bestDist := "", maxSuggestDistance+1
 	lk := strings.ToLower(key)
 	for _, k := range known {

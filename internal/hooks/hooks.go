@@ -61,6 +61,16 @@ type Group struct {
 	Enabled bool   // "enabled"; default true
 	Pre     []Rule // pre_tool_execution
 	Post    []Rule // post_tool_execution
+	// Stray are the group's unknown keys: a misspelt event is never run, yet its
+	// hooks' headers are linted like any others (hooks.json is in the sandbox).
+	Stray []StrayKey
+}
+
+// StrayKey is an unknown key of a group, with the rules its value holds when it
+// reads as an event's list.
+type StrayKey struct {
+	Name, Path string
+	Rules      []Rule
 }
 
 // Rule is one entry of an event's list: the hooks to run for tools its Matcher matches.

@@ -46,13 +46,23 @@ func parseJSON(data []byte) (*node, error) {
 	d.UseNumber()
 	n, err := decodeNode(d, 0)
 	if err != nil {
-		return nil, err
+		return nil, &offsetError{err: err, off: d.InputOffset()}
 	}
 	if _, err := d.Token(); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("data after the JSON document (offset %d)", d.InputOffset())
+		return nil, &offsetError{err: errors.New("data after the JSON document"), off: d.InputOffset()}
 	}
 	return n, nil
 }
+
+// offsetError is a JSON error with the input offset where decoding stopped, for
+// errors that carry none of their own.
+type offsetError struct {
+	err error
+	off int64
+}
+
+func (e *offsetError) Error() string { return e.err.Error() }
+func (e *offsetError) Unwrap() error { return e.err }
 
 func decodeNode(d *json.Decoder, depth int) (*node, error) {
 	if depth > maxDepth {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/netguard"
 )
 
@@ -103,11 +104,17 @@ func Lint(f *File, o LintOptions) []Finding {
 			}
 		}
 	}
+	stray := map[string]bool{} // judged by strayKey
 	for _, g := range f.Groups {
 		l.group(g)
+		for _, st := range g.Stray {
+			stray[st.Path] = true
+		}
 	}
 	for _, p := range f.Unknown {
-		l.warnf(p, "unknown key: egressd ignores it (the runtime may not)")
+		if !stray[p] {
+			l.warnf(p, "unknown key: egressd ignores it (the runtime may not)")
+		}
 	}
 	return l.out
 }
@@ -136,6 +143,35 @@ func (l *linter) group(g Group) {
 			l.matcher(r)
 			for _, h := range r.Hooks {
 				l.hook(g, ev, h)
+			}
+		}
+	}
+	for _, st := range g.Stray {
+		l.strayKey(st)
+	}
+}
+
+// groupKeys are the keys a group may have.
+var groupKeys = append([]string{"enabled"}, events...)
+
+// strayKey judges an unknown key of a group. A misspelt event is never run, so the
+// gate it holds is silently off: a key near an event name, or one that names a tool
+// event, is an error. Every hook under it still gets the secret lint.
+func (l *linter) strayKey(st StrayKey) {
+	switch s := config.Suggest(st.Name, groupKeys); {
+	case s != "" && s != "enabled":
+		l.errorf(st.Path, "unknown event; did you mean %q? A misspelt event is never run: the hooks under it are off", s)
+	case s != "":
+		l.errorf(st.Path, "unknown key; did you mean %q?", s)
+	case strings.Contains(strings.ToLower(st.Name), "tool"):
+		l.errorf(st.Path, "unknown event; the events are %s: the hooks under it are never run", strings.Join(events, " and "))
+	default:
+		l.warnf(st.Path, "unknown key: egressd ignores it (the runtime may not)")
+	}
+	for _, r := range st.Rules {
+		for _, h := range r.Hooks {
+			if h.Type == TypeHTTP {
+				l.headers(h)
 			}
 		}
 	}

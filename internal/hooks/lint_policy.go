@@ -21,6 +21,7 @@ import (
 func LintPolicy(rules []*allowlist.Rule) []Finding {
 	var out []Finding
 	for _, r := range rules {
+		out = append(out, inlineSecrets(r)...)
 		broad := broadPattern(r.Pattern)
 		if broad == "" {
 			continue
@@ -37,6 +38,23 @@ func LintPolicy(rules []*allowlist.Rule) []Finding {
 				Path: fmt.Sprintf("[%d].transform", r.Index), Severity: SeverityWarning,
 				Msg: fmt.Sprintf("transform header %s on %q is sent to %s; give it an entry naming the one host that needs it",
 					strings.Join(names, ", "), r.Pattern, broad),
+			})
+		}
+	}
+	return out
+}
+
+// inlineSecrets warns about transform values that look like credentials (the shapes
+// the hooks.json header lint refuses): written inline, the secret is in every copy of
+// the policy file, and rotating it means editing every one.
+func inlineSecrets(r *allowlist.Rule) []Finding {
+	var out []Finding
+	for _, h := range r.Transform {
+		if shape := tokenShaped(h.Value); shape != "" {
+			out = append(out, Finding{
+				Path: fmt.Sprintf("[%d].transform.%s", r.Index, h.Name), Severity: SeverityWarning,
+				Msg: fmt.Sprintf("header %s: its value looks like %s, written inline in the policy; move it to a credential "+
+					`(credentials.file or Vault) and name it with "credential" on this entry`, h.Name, shape),
 			})
 		}
 	}

@@ -123,15 +123,58 @@ func TestLintPolicy(t *testing.T) {
 		`warning [1].transform: transform header Authorization on "*.com" is sent to every domain under the public suffix "com"`,
 		`warning [2].transform: transform header X-Team on "*.co.uk"`,
 		`warning [3].credential: credential pages on "*.github.io"`,
+		// Inline secrets, on any entry: the same shapes the hooks.json header lint refuses.
+		`warning [1].transform.Authorization: header Authorization: its value looks like`,
+		`warning [2].transform.X-Team: header X-Team: its value looks like`,
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("missing %q in\n%s", want, got)
 		}
 	}
-	if n := strings.Count(got, "\n"); n != 4 {
-		t.Errorf("%d findings, want 4:\n%s", n, got)
+	if n := strings.Count(got, "\n"); n != 6 {
+		t.Errorf("%d findings, want 6:\n%s", n, got)
 	}
 	if strings.Contains(got, "q8ZLx2V") || strings.Contains(got, "Bearer x") {
 		t.Errorf("a finding shows a header value:\n%s", got)
+	}
+}
+
+// TestLintMisspeltEvent: a typo in an event name turns the gate off without a word
+// from the runtime, so it is an error with the fix; the secret in the hooks under it
+// is still reported.
+func TestLintMisspeltEvent(t *testing.T) {
+	got := renderFindings(LintJSON([]byte(`{"security-gate": {
+  "pre_tool_executon": [{"matcher": "*", "hooks": [{"type": "http", "url": "https://policy.example.com/pre",
+    "timeout": 5, "headers": {"Authorization": "Bearer abc"}}]}],
+  "PreToolUse": [],
+  "enabeld": false,
+  "note": "kept"}}`), LintOptions{FailClosed: true}))
+	for _, want := range []string{
+		`error security-gate.pre_tool_executon: unknown event; did you mean "pre_tool_execution"?`,
+		`error security-gate.pre_tool_executon[0].hooks[0].headers.Authorization: header Authorization`,
+		`error security-gate.PreToolUse: unknown event; the events are pre_tool_execution and post_tool_execution`,
+		`error security-gate.enabeld: unknown key; did you mean "enabled"?`,
+		`warning security-gate.note: unknown key`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("missing %q in\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "abc") {
+		t.Errorf("a finding shows the secret:\n%s", got)
+	}
+}
+
+// TestLintJSONErrorPosition: a JSON error names its line and column.
+func TestLintJSONErrorPosition(t *testing.T) {
+	for _, tc := range []struct{ doc, want string }{
+		{"{\"g\": {\"pre_tool_execution\": [\n  {\"matcher\": \"*\",, }]}}", "(line 2, column 19)"},
+		{"{\"g\": {}\n}\n}", "(line 3, column 1)"},
+		{"{\"g\": {\n", "(line 2, column 1)"},
+	} {
+		got := renderFindings(LintJSON([]byte(tc.doc), LintOptions{}))
+		if !strings.Contains(got, tc.want) {
+			t.Errorf("%q: %s, want %s", tc.doc, got, tc.want)
+		}
 	}
 }

@@ -1,13 +1,17 @@
 package hooks
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/config"
 )
 
 // ParseError lists every problem Parse found, each with its JSON path.
@@ -34,7 +38,7 @@ func (e *ParseError) Error() string {
 func Parse(data []byte) (*File, error) {
 	root, err := parseJSON(data)
 	if err != nil {
-		return nil, &ParseError{Problems: []Finding{{Severity: SeverityError, Msg: "not a JSON document: " + err.Error()}}}
+		return nil, &ParseError{Problems: []Finding{{Severity: SeverityError, Msg: "not a JSON document: " + jsonErrorAt(data, err)}}}
 	}
 	p := &parser{}
 	f := p.file(root)
@@ -94,7 +98,7 @@ func (p *parser) group(name string, n *node, path string) (Group, bool) {
 	if !p.want(n, kObject, path, `a group {"pre_tool_execution": [...], "post_tool_execution": [...]}`) {
 		return g, false
 	}
-	p.fields(n, path, map[string]func(*node, string){
+	known := map[string]func(*node, string){
 		"enabled": func(v *node, vp string) {
 			if p.want(v, kBool, vp, "true or false") {
 				g.Enabled = v.b
@@ -102,7 +106,18 @@ func (p *parser) group(name string, n *node, path string) (Group, bool) {
 		},
 		EventPre:  func(v *node, vp string) { g.Pre = p.rules(v, vp) },
 		EventPost: func(v *node, vp string) { g.Post = p.rules(v, vp) },
-	})
+	}
+	for _, k := range n.keys {
+		kp := keyPath(path, k)
+		if f, ok := known[k]; ok {
+			f(n.vals[k], kp)
+			continue
+		}
+		// Read leniently, for the lint only: its own problems are not the file's.
+		p.unknown = append(p.unknown, kp)
+		stray := &parser{}
+		g.Stray = append(g.Stray, StrayKey{Name: k, Path: kp, Rules: stray.rules(n.vals[k], kp)})
+	}
 	return g, true
 }
 
@@ -241,4 +256,24 @@ func defaultPort(scheme string) uint16 {
 		return 443
 	}
 	return 80
+}
+
+// jsonErrorAt renders a JSON error with the line and column it points at.
+func jsonErrorAt(data []byte, err error) string {
+	var se *json.SyntaxError
+	var oe *offsetError
+	off := int64(-1)
+	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		err, off = errors.New("unexpected end of JSON input"), int64(len(data))
+	case errors.As(err, &se):
+		off = se.Offset
+	case errors.As(err, &oe):
+		off = oe.off
+	}
+	if off < 0 {
+		return err.Error()
+	}
+	line, col := config.JSONPosition(data, off)
+	return fmt.Sprintf("%v (line %d, column %d)", err, line, col)
 }

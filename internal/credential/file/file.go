@@ -8,6 +8,8 @@ package file
 import (
 	"context"
 	"fmt"
+	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,23 +112,38 @@ func (b *Backend) Watch(ctx context.Context, onChange func()) {
 	}
 }
 
-// Check parses the file at path as Read would and returns the problem of every entry whose
-// secret is bad or revoked, by ID; the error is a failure of the whole file. Messages
-// name the ID, the field and the fix, never a value (egressd check prints them).
-func Check(path string) (map[string]error, error) {
+// Inspection is what `egressd check` learns from the credentials file, as the
+// backend would read it: the IDs it holds, the ones whose secret is bad, and
+// whether every user can read it.
+type Inspection struct {
+	IDs           []string         // every credential ID in the file, sorted
+	Bad           map[string]error // ID -> why its secret cannot be served
+	WorldReadable bool             // mode has o+r: `run` warns about it too
+}
+
+// Inspect reads and parses the file at path as Read would. Bad holds the problem of
+// every entry whose secret is bad or revoked; the error is a failure of the whole
+// file. Messages name the ID, the field and the fix, never a value (egressd check
+// prints them).
+func Inspect(path string) (Inspection, error) {
+	in := Inspection{Bad: map[string]error{}}
+	if fi, err := os.Stat(path); err == nil {
+		in.WorldReadable = fi.Mode().Perm()&0o004 != 0
+	}
 	data, err := readFile(path)
 	if err != nil {
-		return nil, err
+		return in, err
 	}
 	entries, err := parse(path, data)
 	if err != nil {
-		return nil, err
+		return in, err
 	}
-	out := map[string]error{}
 	for id, e := range entries {
+		in.IDs = append(in.IDs, id)
 		if e.err != nil {
-			out[id] = e.err
+			in.Bad[id] = e.err
 		}
 	}
-	return out, nil
+	slices.Sort(in.IDs)
+	return in, nil
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/credential"
 )
 
@@ -131,7 +132,8 @@ func parse(path string, data []byte) (map[string]entry, error) {
 	if err := json.Unmarshal(data, &top); err != nil {
 		var syn *json.SyntaxError
 		if errors.As(err, &syn) {
-			return nil, fmt.Errorf("credentials file %s: not valid JSON (syntax error at byte %d)", path, syn.Offset)
+			line, col := config.JSONPosition(data, syn.Offset)
+			return nil, fmt.Errorf("credentials file %s: not valid JSON (syntax error at line %d, column %d)", path, line, col)
 		}
 		return nil, fmt.Errorf("credentials file %s: not a JSON object of credential ID -> secret", path)
 	}
