@@ -61,7 +61,9 @@ func buildRuntime(l *loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds i
 	}
 	rt.Prepare()
 	if err := pinHookLeaves(leaves, hk); err != nil {
-		return nil, err
+		// Not fatal: hooks.json may sit inside the sandbox, and a URL it names must not
+		// stop egressd. The leaf is minted again at the first tunnel to that host.
+		cfg.Warnings = append(cfg.Warnings, config.Problem{Path: "hooks", Warning: true, Msg: err.Error()})
 	}
 	return rt, nil
 }
@@ -78,7 +80,7 @@ func pinHookLeaves(leaves *mitm.Leaves, hk *proxy.Hooks) error {
 		hosts = hk.Index.Hosts()
 	}
 	if err := leaves.Pin(hosts); err != nil {
-		return fmt.Errorf("minting the hook hosts' leaves: %w", err)
+		return fmt.Errorf("minting the hook hosts' leaves (each is tried again at its first tunnel): %w", err)
 	}
 	return nil
 }
