@@ -115,6 +115,11 @@ func credentialIDs(l *loaded) []string {
 			ids = append(ids, r.Credential)
 		}
 	}
+	for _, id := range l.policy.Env {
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
 	slices.Sort(ids)
 	return ids
 }

@@ -22,6 +22,7 @@ commands:
                                            print the decision for URL, offline
   ca init  [--config FILE]                 create the interception CA (state_dir) if absent
   ca env   [--config FILE] [--format json] print the CA path and client variables (merged bundle)
+  sandbox env [--config FILE]              print NAME=<placeholder> for the policy's env section
   version                                  version, commit, Go version
 `
 
@@ -36,6 +37,7 @@ func runMain(args []string) int {
 	}
 	cmds := map[string]func([]string) int{
 		"run": cmdRun, "check": cmdCheck, "explain": cmdExplain, "version": cmdVersion, "ca": cmdCA,
+		"sandbox": cmdSandbox,
 	}
 	cmd, ok := cmds[args[0]]
 	if !ok {

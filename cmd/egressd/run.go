@@ -249,9 +249,13 @@ func (d *daemon) runtimeFor(l *loaded) (*proxy.Runtime, error) {
 	if d.store != nil && key == d.storeKey {
 		rt, err := buildRuntime(l, d.self, d.leaves, &d.live, d.signer)
 		if err == nil {
-			d.live.p.Load().SetClient(tokenClient(l, rt))
+			err = d.withPlaceholders(l, rt)
 		}
-		return rt, err
+		if err != nil {
+			return nil, err
+		}
+		d.live.p.Load().SetClient(tokenClient(l, rt))
+		return rt, nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	store, tokens, err := newStore(ctx, l, d.log, d.metrics)
@@ -260,6 +264,9 @@ func (d *daemon) runtimeFor(l *loaded) (*proxy.Runtime, error) {
 		return nil, err
 	}
 	rt, err := buildRuntime(l, d.self, d.leaves, &d.live, d.signer)
+	if err == nil {
+		err = d.withPlaceholders(l, rt)
+	}
 	if err != nil {
 		cancel()
 		return nil, err
@@ -272,6 +279,14 @@ func (d *daemon) runtimeFor(l *loaded) (*proxy.Runtime, error) {
 	d.store, d.storeKey, d.stop = store, key, cancel
 	d.live.p.Store(tokens)
 	return rt, nil
+}
+
+// withPlaceholders gives rt the policy's placeholder replacer (the derivation key is
+// loaded, or created, in state_dir: run writes it, check does not).
+func (d *daemon) withPlaceholders(l *loaded, rt *proxy.Runtime) error {
+	ph, err := placeholders(l, &d.live)
+	rt.Placeholders = ph
+	return err
 }
 
 func (d *daemon) shutdown() int {

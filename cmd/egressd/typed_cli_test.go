@@ -3,7 +3,9 @@ package main
 import (
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -91,5 +93,39 @@ func TestRunUnrestrictedAndDisabled(t *testing.T) {
 	assertDenied(t, res, body, http.StatusForbidden, "not_allowlisted", "localhost", up.port)
 	if n := len(up.requests()); n != 1 {
 		t.Errorf("upstream got %d requests, want 1 (the unrestricted one)", n)
+	}
+}
+
+// TestSandboxEnv: `egressd sandbox env` prints one unquoted NAME=<placeholder> line per
+// env variable naming a credential, the same on every run (the key lives in state_dir,
+// 0600), and the running egressd's /v1/sandbox/env answers the same placeholders.
+func TestSandboxEnv(t *testing.T) {
+	t.Parallel()
+	dir := writeFiles(t, map[string]string{
+		"env.json": `{"network": {"allowlist": [{"domain": "api.openai.com"}]},
+  "env": {"OPENAI_API_KEY": {"credential": "openai"}, "PLAIN": {"value": "not ours"}}}`,
+	})
+	state := filepath.Join(dir, "state")
+	cfg := policyFileConfig(filepath.Join(dir, "env.json"), 8443) + "state_dir: " + state + "\n"
+	cfgFile := filepath.Join(dir, "egressd.yaml")
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "credentials.json"), []byte(`{}`), 0o600)
+	first := egressd(t, "sandbox", "env", "--config", cfgFile)
+	if first.code != 0 || !regexp.MustCompile(`^OPENAI_API_KEY=egressd_ph_openai_[0-9a-f]{32}\n$`).MatchString(first.stdout) {
+		t.Fatalf("sandbox env: %s", first)
+	}
+	if again := egressd(t, "sandbox", "env", "--config", cfgFile); again.stdout != first.stdout {
+		t.Errorf("placeholder changed between runs: %q then %q", first.stdout, again.stdout)
+	}
+	if fi, err := os.Stat(filepath.Join(state, "placeholder.key")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("key file: %v %v", fi, err)
+	}
+	d := startRunner(t, cfg)
+	var env map[string]string
+	d.adminJSON("/v1/sandbox/env", http.StatusOK, &env)
+	if len(env) != 1 || "OPENAI_API_KEY="+env["OPENAI_API_KEY"]+"\n" != first.stdout {
+		t.Errorf("/v1/sandbox/env = %v, want what sandbox env printed (%q)", env, first.stdout)
 	}
 }

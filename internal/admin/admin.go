@@ -53,6 +53,9 @@ func Handler(st State, m *metrics.Metrics) http.Handler {
 		}
 		writeJSON(w, code, body)
 	})
+	mux.HandleFunc("GET /v1/sandbox/env", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, st.Runtime().Placeholders.Env())
+	})
 	mux.HandleFunc("GET /ca.pem", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/x-pem-file")
 		w.Write(st.CAPEM())

@@ -25,7 +25,10 @@ const (
 	ReasonPlaintextCredential Reason = "plaintext_credential"
 	// ReasonMethodNotAllowed refuses TRACE and OPTIONS * to an entry that injects:
 	// the upstream would reflect the injected values (405).
-	ReasonMethodNotAllowed      Reason = "method_not_allowed"
+	ReasonMethodNotAllowed Reason = "method_not_allowed"
+	// ReasonCredentialScope refuses a request carrying an environment_variable
+	// credential's placeholder outside its trusted domains or injection locations (403).
+	ReasonCredentialScope       Reason = "credential_scope"
 	ReasonCredentialUnavailable Reason = "credential_unavailable"
 	ReasonDNSFailure            Reason = "dns_failure"
 	ReasonUpstreamUnreachable   Reason = "upstream_unreachable"
@@ -44,7 +47,8 @@ func (r Reason) String() string { return string(r) }
 func (r Reason) IsDenial() bool {
 	switch r {
 	case ReasonBadRequest, ReasonNotAllowlisted, ReasonPortNotAllowed,
-		ReasonInternalAddress, ReasonHostMismatch, ReasonPlaintextCredential, ReasonMethodNotAllowed:
+		ReasonInternalAddress, ReasonHostMismatch, ReasonPlaintextCredential, ReasonMethodNotAllowed,
+		ReasonCredentialScope:
 		return true
 	}
 	return false
@@ -88,6 +92,8 @@ func (r Reason) failureMessage(host string, port uint16) string {
 		return fmt.Sprintf("refusing to send a credential to %s over plain HTTP; use https", host)
 	case ReasonMethodNotAllowed:
 		return fmt.Sprintf("TRACE and OPTIONS * are refused to %s: egressd injects into its requests, and the upstream would reflect the injected values", host)
+	case ReasonCredentialScope:
+		return fmt.Sprintf("the request to %s carries a credential placeholder that is not for %s (or not for that part of the request); nothing was sent", host, host)
 	case ReasonCredentialUnavailable:
 		return fmt.Sprintf("the credential for %s is currently unavailable", host)
 	case ReasonDNSFailure:

@@ -252,3 +252,7 @@ func MatchPattern(pattern, host string) bool {
 	_, addr, err := NormalizeHost(host)
 	return err == nil && !addr.IsValid()
 }
+
+// ValidCredentialID reports whether id is a valid credential ID (as an entry's
+// "credential" must be), for the policy's env section.
+func ValidCredentialID(id string) bool { return id != "" && validCredentialID(id) }

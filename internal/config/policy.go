@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -31,6 +32,10 @@ type Policy struct {
 	// Disabled is set for "network": "disabled" or "allowlist": "disabled": the allowlist
 	// is empty and every destination is denied (not_allowlisted).
 	Disabled bool
+	// Env is the environment's "env" section as far as egressd is concerned: variable
+	// name -> credential ID, for {"NAME": {"credential": "id"}}; plain {"value": ...}
+	// variables are the platform's business and left out. Nil when there is none.
+	Env map[string]string
 }
 
 // Disabled is the managed-agent platform's spelling of "no network", as the value of
@@ -122,8 +127,42 @@ func readPolicy(data []byte, file string, opts allowlist.Options) (*Policy, *pro
 	p.Allowlist, p.Entries = compileAllowlist(&entries, prefix, opts, ps)
 	if prefix != "allowlist" {
 		p.HooksJSON = findHooks(d, root, data)
+		p.Env = findEnv(d, root)
 	}
 	return p, ps
+}
+
+// envName is a POSIX environment variable name.
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// findEnv reads the "env" section: {"NAME": {"credential": "id"}} entries; others ignored.
+func findEnv(d *decoder, root *yaml.Node) map[string]string {
+	env, ok := mappingValue(root, "env")
+	if !ok || isNull(env) {
+		return nil
+	}
+	if env = d.deref(env); env.Kind != yaml.MappingNode {
+		d.errorAt("env", env.Line, `expected a mapping of variable name to {"credential": "id"} or {"value": "..."}, got %s`, describe(env))
+		return nil
+	}
+	out := map[string]string{}
+	d.eachKey(env, "env", func(name string, k, v *yaml.Node, kpath string) {
+		cred, ok := mappingValue(d.deref(v), "credential")
+		if !ok {
+			return
+		}
+		id, ok := d.str(cred, kpath+".credential")
+		switch {
+		case !ok:
+		case !envName.MatchString(name):
+			d.errorAt(kpath, k.Line, "%q is not an environment variable name; use letters, digits and _, not starting with a digit", name)
+		case !allowlist.ValidCredentialID(id):
+			d.errorAt(kpath+".credential", cred.Line, `credential ID %q is invalid; use 1-128 characters from A-Z a-z 0-9 . _ / -, starting with a letter or digit`, id)
+		default:
+			out[name] = id
+		}
+	})
+	return out
 }
 
 // findAllowlist finds the allowlist node by the document's shape and

@@ -96,7 +96,7 @@ func (c *conn) refuseConnect(rt *Runtime, t allowlist.Target, why error, rec *Re
 func (c *conn) tunnelPlan(rt *Runtime, t allowlist.Target, d allowlist.Decision) (intercept, ok bool) {
 	hookHost := rt.Hooks != nil && rt.Hooks.Index != nil && rt.Hooks.Index.Intercepts(t.Host, t.Port)
 	if d.Allowed() {
-		return d.Intercept || hookHost, true
+		return d.Intercept || hookHost || rt.Placeholders.Intercepts(t.Host), true
 	}
 	if hookHost && rt.Hooks.FailClosed {
 		c.refuseAll = deny(d.Reason, d.Detail)

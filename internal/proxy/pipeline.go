@@ -10,6 +10,7 @@ import (
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/internal/metrics"
+	"github.com/egressd/egressd/internal/placeholder"
 	"github.com/egressd/egressd/internal/scrub"
 )
 
@@ -83,8 +84,28 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 	}
 	x.rec.Injected, x.rec.Credential, x.rec.CredentialVersion = res.Names, res.Credential, res.Version
 	x.scrub = res.Scrub
+	if err := x.replacePlaceholders(out, d.Rule, res.Names); err != nil {
+		return nil, err
+	}
 	x.body.trailers(x.req, out, res.Names)
 	return out, nil
+}
+
+// replacePlaceholders swaps environment_variable placeholders for their values where
+// their credentials allow it, and refuses the request (credential_scope, with a WARN
+// naming the credential and the host) where a placeholder appears anywhere else.
+func (x *exchange) replacePlaceholders(out *http.Request, rule *allowlist.Rule, injected []string) error {
+	pr, err := x.rt.Placeholders.Apply(out, x.target.Host, rule)
+	var se *placeholder.ScopeError
+	if errors.As(err, &se) {
+		x.srv.log.Warn().Str("req_id", x.rec.ReqID).Str("credential", se.ID).Str("host", se.Host).
+			Str("location", se.Location).Msg("credential placeholder outside its scope refused")
+	}
+	if err != nil || len(pr.IDs) == 0 {
+		return err
+	}
+	x.scrub = x.rt.Placeholders.ScrubSet(out.Header, injected, pr)
+	return nil
 }
 
 // reflectsRequest reports whether the request asks the upstream to send it back:

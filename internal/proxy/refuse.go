@@ -14,6 +14,7 @@ import (
 	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/internal/netguard"
+	"github.com/egressd/egressd/internal/placeholder"
 )
 
 // refusal is a request that ends in an egressd-made response: a denial or a failure.
@@ -61,9 +62,12 @@ func classify(err error) *refusal {
 	var dnsErr *netguard.DNSError
 	var dialErr *dialError
 	var credErr *credential.UnavailableError
+	var scopeErr *placeholder.ScopeError
 	switch {
 	case errors.As(err, &r):
 		return r
+	case errors.As(err, &scopeErr):
+		return &refusal{Reason: allowlist.ReasonCredentialScope, Detail: scopeErr.Location, Err: err}
 	case errors.As(err, &credErr):
 		return &refusal{Reason: allowlist.ReasonCredentialUnavailable, Detail: credErr.Cause, Err: err}
 	case errors.Is(err, inject.ErrNoProcessor):

@@ -15,6 +15,7 @@ import (
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/internal/netguard"
+	"github.com/egressd/egressd/internal/placeholder"
 	mitm "github.com/egressd/egressd/internal/tls"
 )
 
@@ -37,6 +38,9 @@ type Runtime struct {
 	Leaves *mitm.Leaves
 	// Hooks recognises and signs hook calls; nil when there are none.
 	Hooks *Hooks
+	// Placeholders replaces environment_variable placeholders in requests to their
+	// trusted domains and refuses them elsewhere; nil when the policy has none.
+	Placeholders *placeholder.Replacer
 	// DenyInTunnel answers a refused CONNECT inside TLS (tls.deny_in_tunnel):
 	// 200 carrying Egressd-Reason, a leaf for the requested name, the refusal
 	// to the first request. False: the refusal replaces the 200.

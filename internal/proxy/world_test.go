@@ -33,6 +33,7 @@ import (
 	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/netguard"
+	"github.com/egressd/egressd/internal/placeholder"
 	"github.com/egressd/egressd/internal/proxy"
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
 	"github.com/egressd/egressd/internal/testutil/netns"
@@ -82,6 +83,7 @@ type world struct {
 	Signer        *hooks.Signer
 	canaries      []*canary
 	logs          *syncBuffer
+	Env           map[string]string // the sandbox's placeholders (worldOpts.envVars)
 }
 
 // worldOpts changes the default world.
@@ -96,6 +98,9 @@ type worldOpts struct {
 	// credentials are credential ID -> secret JSON, written to a credentials file.
 	credentials map[string]string
 	maxStale    time.Duration // credentials.max_stale; default 5m
+	// envVars is the policy's env section (NAME -> credential ID): placeholders are
+	// replaced (placeholder_test.go); the world's Env has the sandbox's variables.
+	envVars map[string]string
 	// hooksJSON, when set, is the hooks.json egressd recognises hook calls by.
 	hooksJSON     string
 	hookBodyBytes int64 // limits.hook_body_bytes
@@ -215,7 +220,12 @@ func (w *world) startProxy(o worldOpts) {
 	log := zerolog.New(w.logs)
 	rt.Leaves = w.interceptionCA()
 	rt.Hooks = w.hooks(o)
-	rt.Injector = inject.New(pol, w.credentialStore(o, log))
+	store := w.credentialStore(o, log)
+	rt.Injector = inject.New(pol, store)
+	if o.envVars != nil {
+		rt.Placeholders = placeholder.New([]byte("world-test-placeholder-key-32byt"), "env_test", o.envVars, nil, store)
+		w.Env = rt.Placeholders.Env()
+	}
 	rt.Prepare()
 	w.Metrics = metrics.New()
 	w.Server = proxy.New(rt, log, w.Metrics)
