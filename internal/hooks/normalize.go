@@ -42,6 +42,9 @@ func NormalizePath(escaped string) string {
 	if !strings.HasPrefix(p, "/") {
 		p = "/" + p
 	}
+	if !strings.Contains(p, "/.") {
+		return p // no dot segment: already normal (the common case, without an allocation)
+	}
 	u, err := url.Parse("http://h" + p)
 	if err != nil || u.Host != "h" {
 		return p // not a path url.Parse takes: compared as it stands (it matches no hook)
