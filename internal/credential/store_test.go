@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -391,9 +392,21 @@ func TestBackgroundRefreshTiming(t *testing.T) {
 		if len(reads) < 6 || len(reads) > 21 {
 			t.Errorf("%s: %d reads in 600ms, want about 600/40", id, len(reads))
 		}
+		// Every gap must respect the lower bound (a refresh never comes early); a
+		// loaded machine may delay any one timer, so the upper bound holds for the
+		// median gap rather than for each.
+		var gaps []time.Duration
 		for i := 1; i < len(reads); i++ {
-			if gap := reads[i].Sub(reads[i-1]); gap < lower || gap > upper {
-				t.Errorf("%s: read %d came %v after the previous one, want [%v, %v]", id, i, gap, lower, upper)
+			gap := reads[i].Sub(reads[i-1])
+			if gap < lower {
+				t.Errorf("%s: read %d came %v after the previous one, want at least %v", id, i, gap, lower)
+			}
+			gaps = append(gaps, gap)
+		}
+		if len(gaps) > 0 {
+			slices.Sort(gaps)
+			if med := gaps[len(gaps)/2]; med > upper {
+				t.Errorf("%s: median gap between reads %v, want at most %v", id, med, upper)
 			}
 		}
 	}
