@@ -24,7 +24,12 @@ type Reader struct {
 	err  error  // returned once out is drained
 	fill func() // produces out or err
 	ctl  int    // occurrences masked outside st (WebSocket control frames)
+	idle int    // consecutive source reads that returned nothing
 }
+
+// maxIdleReads bounds consecutive (0, nil) reads from a source before Read
+// gives up with io.ErrNoProgress, as bufio does, rather than spin.
+const maxIdleReads = 100
 
 // Reader returns a Reader masking the body r. With an inactive Set it
 // passes r's bytes through untouched.
@@ -72,4 +77,9 @@ func (r *Reader) fillBody() {
 		r.st.drop() // the held bytes may be most of a secret
 	}
 	r.err = err
+	if n > 0 || err != nil {
+		r.idle = 0
+	} else if r.idle++; r.idle >= maxIdleReads {
+		r.err = io.ErrNoProgress
+	}
 }

@@ -191,3 +191,21 @@ func TestReader64MiBBoundedMemory(t *testing.T) {
 		t.Errorf("allocated %d bytes for a 64 MiB body", alloc)
 	}
 }
+
+// stalled returns (0, nil) forever.
+type stalled struct{}
+
+func (stalled) Read([]byte) (int, error) { return 0, nil }
+
+// TestReaderNoProgress: a source that returns nothing forever ends in
+// io.ErrNoProgress instead of a spinning Read.
+func TestReaderNoProgress(t *testing.T) {
+	n, err := Compile(testValues[0]).Reader(stalled{}).Read(make([]byte, 8))
+	if n != 0 || !errors.Is(err, io.ErrNoProgress) {
+		t.Fatalf("%d, %v", n, err)
+	}
+	_, err = Compile(testValues[0]).WebSocket(stalled{}).Read(make([]byte, 8))
+	if !errors.Is(err, io.ErrNoProgress) {
+		t.Fatalf("websocket: %v", err)
+	}
+}

@@ -137,11 +137,11 @@ func (w *wsReader) end() release {
 // EOF before a frame is the clean end of the stream.
 func (w *wsReader) header() ([]byte, error) {
 	h := w.hdr[:2]
-	if _, err := io.ReadFull(w.br, h); err != nil {
+	if err := w.readFull(h); err != nil {
 		if errors.Is(err, io.EOF) && !w.inMsg {
 			return nil, io.EOF
 		}
-		return nil, io.ErrUnexpectedEOF
+		return nil, unexpected(err)
 	}
 	if h[0]&wsRSV != 0 {
 		return nil, ErrWebSocketExtension
@@ -159,8 +159,8 @@ func (w *wsReader) header() ([]byte, error) {
 		n += 4
 	}
 	h = w.hdr[:n]
-	if _, err := io.ReadFull(w.br, h[2:]); err != nil {
-		return nil, io.ErrUnexpectedEOF
+	if err := w.readFull(h[2:]); err != nil {
+		return nil, unexpected(err)
 	}
 	switch ext {
 	case 0:
@@ -189,8 +189,8 @@ func (w *wsReader) control(h []byte) error {
 	w.out = slices.Grow(w.out[:0], need)[:need]
 	copy(w.out, h)
 	p := w.out[len(h):]
-	if _, err := io.ReadFull(w.br, p); err != nil {
-		return io.ErrUnexpectedEOF
+	if err := w.readFull(p); err != nil {
+		return unexpected(err)
 	}
 	w.xor(p, 0)
 	w.rd.ctl += w.rd.set.Bytes(p)
@@ -208,6 +208,13 @@ func (w *wsReader) payload() error {
 		space = space[:w.left]
 	}
 	n, err := w.br.Read(space)
+	if n == 0 && err == nil {
+		if w.rd.idle++; w.rd.idle >= maxIdleReads {
+			return io.ErrNoProgress
+		}
+	} else {
+		w.rd.idle = 0
+	}
 	w.xor(space[:n], w.recv)
 	w.recv += uint64(n)
 	w.left -= uint64(n)
@@ -218,9 +225,31 @@ func (w *wsReader) payload() error {
 	w.release(w.rd.st.scan(n, how))
 	if err != nil && w.left > 0 {
 		w.rd.st.drop() // the held bytes may be most of a secret
-		return io.ErrUnexpectedEOF
+		return unexpected(err)
 	}
 	return nil
+}
+
+// readFull fills p from the buffered source. Unlike io.ReadFull over
+// bufio.Reader.Read, Peek gives up with io.ErrNoProgress on a source that
+// keeps returning nothing. A clean end before the first byte is io.EOF.
+func (w *wsReader) readFull(p []byte) error {
+	b, err := w.br.Peek(len(p))
+	copy(p, b)
+	_, _ = w.br.Discard(len(b))
+	if errors.Is(err, io.EOF) && len(b) > 0 {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// unexpected is a source error inside a frame: EOF there is
+// io.ErrUnexpectedEOF; other errors (a reset, io.ErrNoProgress) pass.
+func unexpected(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // release queues payload bytes, masked again with the frame's key.
