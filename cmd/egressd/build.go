@@ -216,9 +216,11 @@ func preflight(l *loaded) []error {
 	if _, err := newBackend(l, zerolog.Nop()); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := buildRuntime(l, nil, nil, creds, nil); err != nil {
-		errs = append(errs, err)
+	rt, err := buildRuntime(l, nil, nil, creds, nil)
+	if err != nil {
+		return append(errs, err)
 	}
+	rt.Close()
 	return errs
 }
 

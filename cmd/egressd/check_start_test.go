@@ -57,7 +57,7 @@ func keyPEM(t *testing.T, ca *testpki.CA) string {
 // (DIR is the case's directory) that `run` logs and `check` prints.
 var startCases = []struct {
 	name, extra string
-	state       map[string]string // files put in state_dir first
+	state       map[string]string // files put in state_dir first; a "" key makes state_dir a file
 	want        string
 }{
 	{"ca_key missing", "tls: {ca_cert: DIR/ca.pem, ca_key: DIR/missing-key.pem}", nil,
@@ -82,6 +82,8 @@ var startCases = []struct {
 	{"hook signing key file missing", "hooks: {signing_key: {file: DIR/missing-key.pem}}", nil,
 		"hook signing key: open DIR/missing-key.pem: no such file or directory"},
 	{"state dir signing key corrupt", "", map[string]string{hooks.KeyFileName: "junk"}, ""},
+	{"state dir is a file", "", map[string]string{"": "not a directory"},
+		"stat DIR/state/" + mitm.CACertName + ": not a directory"},
 }
 
 // TestCheckFindsWhatRunRefuses: for every config `run` refuses at start, `check`
@@ -134,6 +136,12 @@ func TestCheckWritesNothing(t *testing.T) {
 func writeState(t *testing.T, dir, name, content string) {
 	t.Helper()
 	state := filepath.Join(dir, "state")
+	if name == "" {
+		if err := os.WriteFile(state, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
 	if err := os.MkdirAll(state, 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ const (
 	reasonMalformed      reason = "malformed"      // unparseable, or not exactly one question
 	reasonQClass         reason = "qclass_refused" // not class IN
 	reasonQType          reason = "qtype_refused"  // not A or AAAA
-	reasonBadName        reason = "bad_name"       // NormalizeHost rejects the name
+	reasonBadName        reason = "bad_name"       // NormalizeHost (allowlist.ValidateName) rejects the name
 	reasonIPLiteral      reason = "ip_literal"     // the name is an IP address spelling
 	reasonNoPolicy       reason = "no_policy"      // Options.Policy gave nothing
 	reasonNotAllowlisted        = reason(allowlist.ReasonNotAllowlisted)
