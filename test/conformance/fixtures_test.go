@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/testutil/grpcecho"
 	"github.com/egressd/egressd/internal/testutil/netns"
 	"github.com/egressd/egressd/internal/testutil/testpki"
 )
@@ -91,7 +92,8 @@ func getFixtures(t *testing.T) *fixtures {
 
 func startFixtures(t *testing.T) *fixtures {
 	t.Helper()
-	f := &fixtures{upstreamCA: testpki.New(t), echo: &echoServer{}}
+	f := &fixtures{upstreamCA: testpki.New(t), echo: &echoServer{grpcSvc: &grpcecho.Service{}}}
+	f.echo.grpc = f.echo.grpcSvc.NewServer()
 	var err error
 	if err = f.startEcho(t); err == nil {
 		f.forbidden, err = startSink("forbidden upstream", forbiddenIP, sinkPorts...)
@@ -232,8 +234,12 @@ func snapshotSinks(sinks []*sink) sinkCounts {
 type echoServer struct {
 	requests      atomic.Int64
 	withoutSecret atomic.Int64
-	mu            sync.Mutex
-	seen          []echoed
+	// grpc serves the gRPC calls that reach the echo (grpcecho's service, with
+	// grpc-go's own server code behind net/http's HTTP/2 server).
+	grpc    http.Handler
+	grpcSvc *grpcecho.Service
+	mu      sync.Mutex
+	seen    []echoed
 }
 
 // hookAllowPath is the echo upstream's policy endpoint: it answers every request
@@ -261,6 +267,10 @@ func (e *echoServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if host == h && !hasExactlyCredential(r.Header) {
 			e.withoutSecret.Add(1)
 		}
+	}
+	if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+		e.grpc.ServeHTTP(w, r)
+		return
 	}
 	if to := r.URL.Query().Get("redirect"); to != "" {
 		e.record(echoed{Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto, Header: redactHeader(r.Header)})
