@@ -91,7 +91,11 @@ func parseCodings(v string) ([]string, error) {
 func newDecoder(r io.Reader, coding string) (io.ReadCloser, error) {
 	switch coding {
 	case "gzip", "x-gzip":
-		z, err := gzip.NewReader(r)
+		br := bufio.NewReader(r)
+		if _, err := br.Peek(1); errors.Is(err, io.EOF) {
+			return io.NopCloser(br), nil // an empty body decodes to an empty body
+		}
+		z, err := gzip.NewReader(br)
 		return z, corrupt("gzip", err)
 	case "deflate":
 		return newDeflate(r)
@@ -150,6 +154,9 @@ func (z *zstdReader) Close() error {
 func newDeflate(r io.Reader) (io.ReadCloser, error) {
 	br := bufio.NewReader(r)
 	h, err := br.Peek(2)
+	if len(h) == 0 && errors.Is(err, io.EOF) {
+		return io.NopCloser(br), nil // an empty body decodes to an empty body
+	}
 	if err != nil && len(h) < 2 {
 		return nil, corrupt("deflate", io.ErrUnexpectedEOF)
 	}

@@ -107,6 +107,20 @@ func TestDecodeRefusals(t *testing.T) {
 	}
 }
 
+// TestDecodeEmptyBody: servers send an empty body with a content coding
+// (a 200 with nothing to say); that is an empty body, not a corrupt one.
+func TestDecodeEmptyBody(t *testing.T) {
+	for _, header := range []string{"gzip", "deflate", "gzip, deflate"} {
+		dec, err := (*Set)(nil).DecodeReader(strings.NewReader(""), header)
+		if err != nil {
+			t.Fatalf("%q: %v", header, err)
+		}
+		if b, err := io.ReadAll(dec); err != nil || len(b) != 0 {
+			t.Errorf("%q: %q, %v", header, b, err)
+		}
+	}
+}
+
 var update = flag.Bool("update", false, "rewrite testdata/bomb-32MiB.zst")
 
 // bombPath is a zstd frame of 32 MiB of zeros (7 KiB on the wire), made by
