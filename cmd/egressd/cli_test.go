@@ -390,6 +390,8 @@ func TestExplainUsageErrors(t *testing.T) {
 		{[]string{"explain", "--config", quickstart, "http://a.test/", "http://b.test/"}, "usage: egressd explain"},
 		{[]string{"explain", "--config", filepath.Join(bad, "egressd.yaml"), "http://a.test/"}, "limits.dial"},
 		{[]string{"explain", "--config", filepath.Join(bad, "missing.yaml"), "http://a.test/"}, "missing.yaml"},
+		// No scheme: a usage error naming the fix, not a "deny bad_request" decision.
+		{[]string{"explain", "--config", quickstart, "api.github.com"}, `"api.github.com" has no scheme: give a whole URL, such as https://api.github.com/`},
 	} {
 		res := egressd(t, tc.args...)
 		if res.code != 1 || !strings.Contains(res.stderr, tc.want) || res.stdout != "" {

@@ -25,6 +25,10 @@ func cmdExplain(args []string) int {
 		fmt.Fprintln(stderr, "usage: egressd explain [--config FILE] [--format json] [--hook] URL")
 		return exitUsage
 	}
+	if u := fs.Arg(0); !strings.Contains(u, "://") {
+		fmt.Fprintf(stderr, "egressd explain: %q has no scheme: give a whole URL, such as https://%s/ or http://%s/\n", u, u, u)
+		return exitUsage
+	}
 	l, err := load(*cfgPath)
 	if err != nil {
 		printLoadError(stderr, err)

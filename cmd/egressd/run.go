@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
@@ -149,21 +150,40 @@ func (d *daemon) listen(l *loaded) ([]net.Listener, error) {
 		d.self = append(d.self, dl) // the DNS guard's TCP side is egressd's own too
 	}
 	for i, a := range addrs {
+		name, key := "admin", "admin.address"
+		if i < len(l.cfg.Listeners) {
+			name, key = l.cfg.Listeners[i].Name, fmt.Sprintf("listeners[%d].address", i)
+		}
 		ln, err := net.Listen("tcp", a.String())
 		if err != nil {
 			closeAll(lns)
-			return nil, err
+			return nil, listenError(name, key, d.cfgPath, err)
 		}
 		bound := netip.MustParseAddrPort(ln.Addr().String())
-		name := "admin"
-		if i < len(l.cfg.Listeners) {
-			name = l.cfg.Listeners[i].Name
-		}
 		d.log.Info().Str("listener", name).Str("address", bound.String()).Msg("listening")
 		d.self = append(d.self, bound)
 		lns = append(lns, ln)
 	}
 	return lns, nil
+}
+
+// listenError names the listener that could not listen, the config key of its
+// address, and the fix for the common causes.
+func listenError(name, key, cfgPath string, err error) error {
+	where := key
+	if cfgPath != "" {
+		where += " in " + cfgPath
+	}
+	fix := "change " + where
+	switch {
+	case errors.Is(err, syscall.EADDRINUSE):
+		fix = "another process holds the port (another egressd, or `make run`, still running?); stop it or " + fix
+	case errors.Is(err, syscall.EADDRNOTAVAIL):
+		fix = "no interface has that address (a transparent listener needs the namespace's host-side address up first); " + fix
+	case errors.Is(err, syscall.EACCES):
+		fix = "ports below 1024 need CAP_NET_BIND_SERVICE; " + fix
+	}
+	return fmt.Errorf("listener %q (%s): %w: %s", name, key, err, fix)
 }
 
 func (d *daemon) serveAdmin(ln net.Listener) {

@@ -979,3 +979,26 @@ func TestRunInvalidConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestRunListenErrorNamesTheListener: a port already in use (`make run` still
+// running) names the listener, the config key of its address and the likely cause.
+func TestRunListenErrorNamesTheListener(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	dir := writeFiles(t, map[string]string{"credentials.json": "{}",
+		"egressd.yaml": runConfig(runOpts{listener: held.Addr().String(), ports: []int{80}})})
+	cfg := filepath.Join(dir, "egressd.yaml")
+	res := egressd(t, "run", "--config", cfg)
+	for _, want := range []string{`listener \"sandbox\" (listeners[0].address)`, "address already in use",
+		"another process holds the port", "change listeners[0].address in " + cfg} {
+		if !strings.Contains(res.all(), want) {
+			t.Errorf("run with its port taken lacks %q:\n%s", want, res)
+		}
+	}
+	if res.code != exitRuntime {
+		t.Errorf("exit %d, want %d", res.code, exitRuntime)
+	}
+}

@@ -63,6 +63,7 @@ func TestReasonMessage(t *testing.T) {
 		{ReasonBadRequest, "", 0, "env_demo", "no_sni", "the request is malformed (no_sni)"},
 		{ReasonBadRequest, "", 0, "env_demo", "", "the request is malformed"},
 		{ReasonHostMismatch, "a.test", 443, "env_demo", "sni", "the request names a host other than the connection's destination a.test"},
+		{ReasonHostMismatch, "a.test", 443, "env_demo", "port", "the request's Host names another port than the connection's destination a.test:443 (only the port differs): send it without a port, or with this one"},
 		{ReasonPlaintextCredential, "api.test", 80, "env_demo", "", "refusing to send a credential to api.test over plain HTTP; use https"},
 		{ReasonMethodNotAllowed, "api.test", 443, "env_demo", "trace", "TRACE and OPTIONS * are refused to api.test: egressd injects into its requests, and the upstream would reflect the injected values"},
 		{ReasonCredentialUnavailable, "api.test", 443, "env_demo", "secret/data/x: 403", "the credential for api.test is currently unavailable"},

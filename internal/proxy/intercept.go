@@ -9,7 +9,9 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
@@ -34,8 +36,9 @@ func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHe
 	tc := tls.Server(client, rt.Leaves.ServerConfigFor(c.nc.RemoteAddr(), t.Host, []string{"h2", "http/1.1"}))
 	tc.SetDeadline(time.Now().Add(rt.Limits.ReadHeader))
 	if err := tc.HandshakeContext(c.ctx); err != nil {
-		rec.fail(allowlist.ReasonBadRequest, "client_tls")
-		rec.Error = err.Error()
+		detail, msg := clientTLSFailure(err, client.wrote, t.Host)
+		rec.fail(allowlist.ReasonBadRequest, detail)
+		rec.Error = msg
 		return
 	}
 	tc.SetDeadline(time.Time{})
@@ -51,6 +54,34 @@ func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHe
 		defer c.s.trackConn(inner, false)
 		inner.serve()
 	}
+}
+
+// detailUntrustedCA is the detail of a handshake the client ended because it does
+// not trust egressd's certificate.
+const detailUntrustedCA = "client_untrusted_ca"
+
+// clientTLSFailure is the detail and log error of a failed handshake with the client.
+// A client that rejects egressd's leaf (alert unknown_ca, bad_certificate,
+// certificate_unknown or unsupported_certificate, or a close or an undecryptable
+// record right after egressd's ServerHello) does not trust egressd's CA: the log says
+// so and names the fix, rather than reading as corruption.
+func clientTLSFailure(err error, serverSpoke bool, host string) (detail, msg string) {
+	if !rejectedLeaf(err, serverSpoke) {
+		return "client_tls", err.Error()
+	}
+	return detailUntrustedCA, err.Error() + ": the client rejected egressd's certificate for " + host +
+		"; make the sandbox trust egressd's CA: run `egressd ca env` and export what it prints in the sandbox"
+}
+
+func rejectedLeaf(err error, serverSpoke bool) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "remote error" {
+		msg := op.Err.Error()
+		return strings.Contains(msg, "unknown certificate authority") || strings.Contains(msg, "bad certificate") ||
+			strings.Contains(msg, "certificate unknown") || strings.Contains(msg, "unsupported certificate")
+	}
+	return serverSpoke && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) ||
+		strings.Contains(err.Error(), "bad record MAC"))
 }
 
 // serveH2 serves an intercepted HTTP/2 connection until it ends, with net/http's

@@ -74,7 +74,13 @@ func (c *recordingConn) SetWriteDeadline(time.Time) error { return nil }
 // read again first.
 type replayConn struct {
 	net.Conn
-	r io.Reader
+	r     io.Reader
+	wrote bool // egressd has written to the client (its ServerHello); one goroutine handshakes
 }
 
 func (c *replayConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func (c *replayConn) Write(p []byte) (int, error) {
+	c.wrote = true
+	return c.Conn.Write(p)
+}

@@ -122,6 +122,7 @@ func transparentTarget(req *http.Request, orig netip.AddrPort) (allowlist.Target
 		return t, badHost("host", err)
 	}
 	if t.Port != orig.Port() {
+		t.Port = orig.Port() // the record and the message name the connection's port
 		return t, deny(allowlist.ReasonHostMismatch, "port")
 	}
 	return t, nil

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -212,6 +213,18 @@ func TestTransparentMode(t *testing.T) {
 		defer c2.Close()
 		c2.SetDeadline(time.Now().Add(5 * time.Second))
 		assertRefused(t, get(t, c2, "evil.test", "/"), 403, "not_allowlisted", "")
+	})
+	t.Run("a Host naming another port is host_mismatch, saying only the port differs", func(t *testing.T) {
+		c, err := sb.dial(t, "tcp", w.PublicIP+":80")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		rb := assertRefused(t, get(t, c, "www.allowed.test:8080", "/"), 421, "host_mismatch", "port")
+		if rb.Port != 80 || !strings.Contains(rb.Message, "www.allowed.test:80 (only the port differs)") {
+			t.Errorf("port %d, message %q; want the connection's port 80 and that only the port differs", rb.Port, rb.Message)
+		}
 	})
 	t.Run("a direct connection to another port is dropped", func(t *testing.T) {
 		if c, err := sb.dial(t, "tcp", "93.184.216.250:22"); err == nil {
