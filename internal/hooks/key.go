@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/egressd/egressd/internal/atomicfile"
 )
@@ -108,4 +110,68 @@ func LoadOrCreateKey(stateDir string) (key ed25519.PrivateKey, path string, crea
 		return nil, path, false, fmt.Errorf("hook signing key: %w", err)
 	}
 	return priv, path, true, nil
+}
+
+// FileCheckInterval is how often a file-held signing key is looked at for a change.
+const FileCheckInterval = time.Second
+
+// keyFile is a followed key file: its stat when last read, and when it was last looked at.
+type keyFile struct {
+	path    string
+	mu      sync.Mutex
+	checked time.Time
+	stat    fileStat
+	err     error // of the last read that failed; the key before it stays in use
+}
+
+type fileStat struct {
+	size, mtime int64
+}
+
+func statOf(fi fs.FileInfo) fileStat { return fileStat{fi.Size(), fi.ModTime().UnixNano()} }
+
+// newFileSigner signs with the key in path and follows the file.
+func newFileSigner(path string) (*Signer, error) {
+	k, err := LoadKeyFile(path)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("hook signing key: %w", err)
+	}
+	s, err := NewSigner(k)
+	if err != nil {
+		return nil, err
+	}
+	s.file = &keyFile{path: path, checked: time.Now(), stat: statOf(fi)}
+	return s, nil
+}
+
+// followFile re-reads the key file when its size or mtime changed, at most every
+// FileCheckInterval, and rotates to its key. A file that cannot be read or parsed
+// keeps the current key (it was good, and the file may be mid-replacement).
+func (s *Signer) followFile() error {
+	f := s.file
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now()
+	if now.Sub(f.checked) < FileCheckInterval {
+		return nil
+	}
+	f.checked = now
+	fi, err := os.Stat(f.path)
+	if err != nil || statOf(fi) == f.stat {
+		return nil
+	}
+	priv, err := LoadKeyFile(f.path)
+	if err != nil {
+		f.err = err
+		return nil
+	}
+	if err := s.Rotate(priv); err != nil {
+		return nil
+	}
+	f.stat, f.err = statOf(fi), nil
+	return nil
 }

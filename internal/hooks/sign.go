@@ -29,21 +29,49 @@ type Credentials interface {
 }
 
 // Signer signs hook assertions with an Ed25519 key and publishes the public keys as a
-// JWKS: the current key and the one before it, so that assertions signed just before a
-// rotation still verify. It is safe for concurrent use.
+// JWKS. A rotation leaves no gap for any verifier:
+//   - the new key is published at once and signs from PublishAhead later, so a verifier
+//     holding the old JWKS meets the new kid no sooner than its refetch limit allows it to
+//     fetch again (hookauth.DefaultRefetchInterval), and finds it;
+//   - the replaced key stays published until the last assertion it signed has expired
+//     (hookauth.Lifetime plus RetireSlack after the switch), so a verifier fetching the new
+//     JWKS still accepts assertions signed before the switch.
+//
+// It is safe for concurrent use.
 //
 // A Signer from NewCredentialSigner follows the credential store: whenever the
 // credential's version changes, the next Sign or JWKS parses the new key and rotates to
-// it. A Signer from NewSigner keeps its key until Rotate.
+// it. A Signer from NewSignerFromConfig with a key file (or the generated one) follows
+// the file likewise, looking at it at most every FileCheckInterval. A Signer from
+// NewSigner keeps its key until Rotate.
 type Signer struct {
-	creds Credentials // nil: a fixed key
+	creds Credentials // nil: not credential-held
 	id    string
+	file  *keyFile // nil: not file-held
+	now   func() time.Time
 
-	mu        sync.RWMutex
-	cur, prev *signingKey
-	version   string // of the credential value cur came from
-	badVer    string // a credential version whose key could not be used
-	badErr    error
+	mu      sync.RWMutex
+	cur     *signingKey
+	next    *signingKey // published, signing from nextAt; nil when none
+	nextAt  time.Time
+	retired []retiredKey // replaced keys still published, oldest first
+	version string       // of the credential value cur came from
+	badVer  string       // a credential version whose key could not be used
+	badErr  error
+}
+
+// PublishAhead is how long a new key is published before it signs: a verifier's least
+// time between two JWKS fetches (pkg/hookauth's default).
+const PublishAhead = hookauth.DefaultRefetchInterval
+
+// RetireSlack is how long past hookauth.Lifetime a replaced key stays in the JWKS: the
+// verifiers' clock skew leeway (hookauth.DefaultLeeway) and calls still in flight.
+const RetireSlack = 2 * hookauth.DefaultLeeway
+
+// retiredKey is a replaced key, published until its last assertion has expired.
+type retiredKey struct {
+	k     *signingKey
+	until time.Time
 }
 
 // signingKey is one key with its RFC 7638 thumbprint as kid.
@@ -117,17 +145,13 @@ func NewSignerFromConfig(ref config.SecretRef, stateDir string, creds Credential
 		}
 		return NewCredentialSigner(creds, ref.Credential), nil
 	case ref.File != "":
-		k, err := LoadKeyFile(ref.File)
-		if err != nil {
-			return nil, err
-		}
-		return NewSigner(k)
+		return newFileSigner(ref.File)
 	}
-	k, _, _, err := LoadOrCreateKey(stateDir)
+	_, path, _, err := LoadOrCreateKey(stateDir)
 	if err != nil {
 		return nil, err
 	}
-	return NewSigner(k)
+	return newFileSigner(path)
 }
 
 // CheckSignerConfig returns the error NewSignerFromConfig would return for ref,
@@ -145,8 +169,9 @@ func CheckSignerConfig(ref config.SecretRef, stateDir string, creds Credentials)
 	return err
 }
 
-// Rotate makes key the current key and keeps the current one as previous (both stay in
-// the JWKS). Rotating to the current key changes nothing.
+// Rotate publishes key in the JWKS at once and makes it the signing key PublishAhead
+// later; the key it replaces stays published until its assertions have expired. Rotating
+// to the current (or the pending) key changes nothing.
 func (s *Signer) Rotate(key ed25519.PrivateKey) error {
 	k, err := newSigningKey(key)
 	if err != nil {
@@ -158,11 +183,64 @@ func (s *Signer) Rotate(key ed25519.PrivateKey) error {
 	return nil
 }
 
+// RotateNow makes key the signing key at once (for verifiers that have it already, e.g.
+// as a static key); the replaced key stays published until its assertions have expired.
+func (s *Signer) RotateNow(key ed25519.PrivateKey) error {
+	k, err := newSigningKey(key)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.switchLocked(k)
+	s.mu.Unlock()
+	return nil
+}
+
+// rotateLocked publishes k to sign from PublishAhead on; the first key signs at once.
 func (s *Signer) rotateLocked(k *signingKey) {
+	switch {
+	case s.cur == nil:
+		s.cur = k
+	case s.cur.kid == k.kid:
+		s.next = nil // back to the current key before the switch
+	case s.next == nil || s.next.kid != k.kid:
+		s.next, s.nextAt = k, s.clock().Add(PublishAhead)
+	}
+}
+
+// promoteLocked switches to the published next key once its time has come.
+func (s *Signer) promoteLocked() {
+	if s.next != nil && !s.clock().Before(s.nextAt) {
+		s.switchLocked(s.next)
+	}
+}
+
+// switchLocked makes k the signing key, retiring the current one.
+func (s *Signer) switchLocked(k *signingKey) {
+	if s.next != nil && s.next.kid == k.kid {
+		s.next = nil
+	}
 	if s.cur != nil && s.cur.kid == k.kid {
 		return
 	}
-	s.prev, s.cur = s.cur, k
+	now := s.clock()
+	kept := s.retired[:0]
+	for _, r := range s.retired {
+		if r.k.kid != k.kid && now.Before(r.until) {
+			kept = append(kept, r)
+		}
+	}
+	if s.cur != nil {
+		kept = append(kept, retiredKey{k: s.cur, until: now.Add(hookauth.Lifetime + RetireSlack)})
+	}
+	s.retired, s.cur = kept, k
+}
+
+func (s *Signer) clock() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return time.Now()
 }
 
 // KeyID returns the kid of the current key.
@@ -200,15 +278,23 @@ func (s *Signer) SignCall(m Match, env string, byListener bool, body []byte) (st
 	return s.Sign(NewClaims(m, env, byListener, body, time.Now()))
 }
 
-// JWKS returns the public keys, current first, as a JSON Web Key Set (RFC 7517, keys
-// per RFC 8037: kty OKP, crv Ed25519, with kid, use sig and alg EdDSA), for
-// /.well-known/jwks.json. With no key yet it is {"keys":[]}.
+// JWKS returns the public keys, current first, then the replaced keys whose assertions
+// may still be valid, newest first, as a JSON Web Key Set (RFC 7517, keys per RFC 8037:
+// kty OKP, crv Ed25519, with kid, use sig and alg EdDSA), for /.well-known/jwks.json.
+// With no key yet it is {"keys":[]}.
 func (s *Signer) JWKS() []byte {
-	_, _ = s.current() // follow the credential; the keys known so far are served either way
+	_, _ = s.current() // follow the credential or file; the keys known so far are served either way
+	now := s.clock()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	set := jose.JSONWebKeySet{Keys: []jose.JSONWebKey{}}
-	for _, k := range []*signingKey{s.cur, s.prev} {
+	keys := []*signingKey{s.cur, s.next}
+	for i := len(s.retired) - 1; i >= 0; i-- {
+		if now.Before(s.retired[i].until) {
+			keys = append(keys, s.retired[i].k)
+		}
+	}
+	for _, k := range keys {
 		if k != nil {
 			set.Keys = append(set.Keys, jose.JSONWebKey{Key: k.pub, KeyID: k.kid, Algorithm: string(jose.EdDSA), Use: "sig"})
 		}
@@ -226,6 +312,19 @@ func (s *Signer) current() (*signingKey, error) {
 		if err := s.follow(); err != nil {
 			return nil, err
 		}
+	}
+	if s.file != nil {
+		if err := s.followFile(); err != nil {
+			return nil, err
+		}
+	}
+	s.mu.RLock()
+	due := s.next != nil && !s.clock().Before(s.nextAt)
+	s.mu.RUnlock()
+	if due {
+		s.mu.Lock()
+		s.promoteLocked()
+		s.mu.Unlock()
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()

@@ -7,6 +7,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -130,13 +132,37 @@ func TestSignRefusesIncompleteClaims(t *testing.T) {
 	}
 }
 
+// fakeClock is a Signer clock the test moves.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func withClock(s *Signer) *fakeClock {
+	c := &fakeClock{t: time.Now()}
+	s.now = c.now
+	return c
+}
+
 func TestRotateKeepsPreviousKey(t *testing.T) {
 	s, _ := NewSigner(newKey(t))
+	clock := withClock(s)
 	old, _ := s.SignCall(testMatch, "e", true, nil)
 	oldKid, _ := s.KeyID()
 	if err := s.Rotate(newKey(t)); err != nil {
 		t.Fatal(err)
 	}
+	if k, _ := s.KeyID(); k != oldKid {
+		t.Fatal("the new key signs before it has been published for PublishAhead")
+	}
+	clock.add(PublishAhead)
 	newKid, _ := s.KeyID()
 	if newKid == oldKid {
 		t.Fatal("kid unchanged after rotation")
@@ -147,9 +173,88 @@ func TestRotateKeepsPreviousKey(t *testing.T) {
 	if ids := jwksKids(t, s); strings.Join(ids, ",") != newKid+","+oldKid {
 		t.Errorf("JWKS kids %v, want current then previous", ids)
 	}
-	s.Rotate(newKey(t)) // a third key: the first leaves the JWKS
+	s.RotateNow(newKey(t)) // a third key within the lifetime: the first stays published
+	if _, err := verify(t, s, old, nil); err != nil {
+		t.Errorf("two rotations within the assertion lifetime: %v", err)
+	}
+	clock.add(hookauth.Lifetime + RetireSlack)
 	if _, err := verify(t, s, old, nil); !errors.Is(err, hookauth.ErrUnknownKey) {
-		t.Errorf("two rotations later: %v, want ErrUnknownKey", err)
+		t.Errorf("after every assertion of the first key expired: %v, want ErrUnknownKey", err)
+	}
+	if ids := jwksKids(t, s); len(ids) != 1 {
+		t.Errorf("JWKS %v, want only the current key", ids)
+	}
+}
+
+// TestRotationWithoutGap: across a rotation of a file-held key, a verifier holding the
+// JWKS fetched before it (it refetches on an unknown kid, at most every
+// DefaultRefetchInterval) and one fetching the new JWKS both accept every assertion,
+// those signed before the switch and after. Switching at once (RotateNow) would leave
+// the first verifier a window of ErrUnknownKey: that is the gap PublishAhead closes.
+func TestRotationWithoutGap(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hook.pem")
+	if err := os.WriteFile(path, []byte(keyPEM(t, newKey(t))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSignerFromConfig(config.SecretRef{File: path}, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := withClock(s)
+	jwks := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write(s.JWKS()) }))
+	defer jwks.Close()
+	newVerifier := func() *hookauth.Verifier {
+		v, err := hookauth.NewVerifier(hookauth.Options{Audience: testMatch.Audience, JWKSURL: jwks.URL, Now: clock.now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	sign := func() string {
+		jws, err := s.Sign(NewClaims(testMatch, "e", true, nil, clock.now()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return jws
+	}
+	accept := func(who string, v *hookauth.Verifier, jws string) {
+		t.Helper()
+		if _, err := v.Verify(t.Context(), jws, nil); err != nil {
+			t.Errorf("%s: %v", who, err)
+		}
+	}
+	holder := newVerifier()
+	before := sign()
+	accept("before the rotation", holder, before) // holder now holds the old JWKS
+	oldKid := must(s.KeyID())
+
+	clock.add(time.Second)
+	next := newKey(t)
+	os.WriteFile(path, []byte(keyPEM(t, next)), 0o600)
+	os.Chtimes(path, time.Now().Add(time.Minute), time.Now().Add(time.Minute))
+	s.file.mu.Lock()
+	s.file.checked = time.Time{} // look at the file now rather than FileCheckInterval later
+	s.file.mu.Unlock()
+	published := sign()      // still the old key: the new one is only published
+	fetcher := newVerifier() // fetches the new JWKS: both keys
+	accept("fetcher, signed before", fetcher, before)
+	accept("fetcher, signed while published", fetcher, published)
+
+	clock.add(PublishAhead)
+	after := sign()
+	if must(s.KeyID()) == oldKid {
+		t.Fatal("the file's new key never took over")
+	}
+	accept("holder, signed after the switch", holder, after)
+	accept("fetcher, signed after the switch", fetcher, after)
+	accept("holder, signed before", holder, published)
+
+	// Without publishing ahead: a switch right after the holder's fetch leaves it a gap.
+	gapHolder := newVerifier()
+	accept("gap holder", gapHolder, sign())
+	s.RotateNow(newKey(t))
+	if _, err := gapHolder.Verify(t.Context(), sign(), nil); !errors.Is(err, hookauth.ErrUnknownKey) {
+		t.Errorf("RotateNow within the refetch interval: %v, want the gap (ErrUnknownKey)", err)
 	}
 }
 
@@ -205,7 +310,10 @@ func TestCredentialSignerFollowsTheStore(t *testing.T) {
 	}
 	kid1, _ := s.KeyID()
 
+	clock := withClock(s)
 	creds.set(t, "v2", keyPEM(t, newKey(t))) // rotated in the backend
+	s.KeyID()
+	clock.add(PublishAhead)
 	kid2, _ := s.KeyID()
 	if kid2 == kid1 {
 		t.Fatal("the signer did not follow the rotation")
@@ -375,12 +483,15 @@ func TestCredentialSignerWithFileBackend(t *testing.T) {
 	store.Start(ctx)
 
 	s := NewCredentialSigner(store, "hook-signing-key")
+	clock := withClock(s)
 	want1, _ := NewSigner(k1)
 	if must(s.KeyID()) != must(want1.KeyID()) {
 		t.Fatal("the signer does not use the credential's key")
 	}
 	write(k2)
 	store.RefreshNow(ctx, "hook-signing-key")
+	s.KeyID() // publishes the new key
+	clock.add(PublishAhead)
 	want2, _ := NewSigner(k2)
 	if must(s.KeyID()) != must(want2.KeyID()) {
 		t.Fatal("the signer did not follow the rotated credential")

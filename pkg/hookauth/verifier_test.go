@@ -251,7 +251,7 @@ func TestRotation(t *testing.T) {
 	if _, err := v.Verify(t.Context(), before, body); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.signer.Rotate(newKey(t)); err != nil {
+	if err := w.signer.RotateNow(newKey(t)); err != nil {
 		t.Fatal(err)
 	}
 	newKid := sign(t, w.signer)
