@@ -64,13 +64,13 @@ func FuzzQuery(f *testing.F) {
 	r := New(key, "e", map[string]string{"K": "k"}, nil, creds{"k": {Env: &credential.EnvVar{Value: "V&=", Locations: []string{"query"}, TrustedDomains: []string{"t.test"}}}})
 	f.Fuzz(func(t *testing.T, q string) {
 		req := &http.Request{Header: http.Header{}, URL: &url.URL{RawQuery: q}, Body: http.NoBody}
-		if _, err := r.Apply(req, "t.test", nil); err != nil {
+		if _, err := r.Apply(req, "t.test", nil, false); err != nil {
 			t.Fatal(err)
 		}
 		if dec, _ := url.QueryUnescape(req.URL.RawQuery); strings.Contains(req.URL.RawQuery, ph) || strings.Contains(dec, ph) && !strings.Contains(q, "%25") {
 			t.Fatalf("placeholder kept: %q -> %q", q, req.URL.RawQuery)
 		}
-		if _, err := r.Apply(&http.Request{Header: http.Header{}, URL: &url.URL{RawQuery: q}, Body: http.NoBody}, "other.test", nil); err == nil && strings.Contains(q, ph) {
+		if _, err := r.Apply(&http.Request{Header: http.Header{}, URL: &url.URL{RawQuery: q}, Body: http.NoBody}, "other.test", nil, false); err == nil && strings.Contains(q, ph) {
 			t.Fatalf("placeholder to another host accepted: %q", q)
 		}
 	})

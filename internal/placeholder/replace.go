@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"mime"
 	"net/http"
@@ -40,6 +41,10 @@ func (e *ScopeError) Error() string {
 	return "a placeholder of credential " + e.ID + " in the " + e.Location + " of a request to " + e.Host +
 		", outside its trusted domains or injection locations"
 }
+
+// ErrPlaintext is a placeholder that would be replaced in a plain-HTTP request whose rule
+// does not set allow_plaintext: refused with plaintext_credential, like any credential.
+var ErrPlaintext = errors.New("a credential placeholder would be replaced in a plain-HTTP request")
 
 // Replacer finds and replaces the placeholders of one policy's credentials.
 type Replacer struct {
@@ -113,12 +118,13 @@ type Result struct {
 // query and body (at most MaxBody) with its credential's value, where the credential
 // allows that location for host (its trusted domains; without any, a host whose winning
 // rule names it). A placeholder anywhere else is a *ScopeError; a credential that cannot
-// be served its *credential.UnavailableError. On an error out must not be forwarded.
-func (r *Replacer) Apply(out *http.Request, host string, rule *allowlist.Rule) (Result, error) {
+// be served its *credential.UnavailableError; over plain HTTP (plaintext) a replacement
+// the rule does not allow_plaintext is ErrPlaintext. On an error out must not be forwarded.
+func (r *Replacer) Apply(out *http.Request, host string, rule *allowlist.Rule, plaintext bool) (Result, error) {
 	if r == nil || len(r.phs) == 0 {
 		return Result{}, nil
 	}
-	s := &scope{r: r, host: host, rule: rule}
+	s := &scope{r: r, host: host, rule: rule, plaintext: plaintext}
 	if err := s.headers(out.Header); err != nil {
 		return Result{}, err
 	}
@@ -143,10 +149,11 @@ func (r *Replacer) ScrubSet(h http.Header, injected []string, res Result) *scrub
 
 // scope is one request's replacement.
 type scope struct {
-	r    *Replacer
-	host string
-	rule *allowlist.Rule
-	res  Result
+	r         *Replacer
+	host      string
+	rule      *allowlist.Rule
+	plaintext bool
+	res       Result
 }
 
 // allowed returns the value of id when loc of a request to the host may receive it.
@@ -164,6 +171,9 @@ func (s *scope) allowed(id, loc string) (string, error) {
 	}
 	if !ok {
 		return "", &ScopeError{ID: id, Host: s.host, Location: loc}
+	}
+	if s.plaintext && (s.rule == nil || !s.rule.AllowPlaintext) {
+		return "", ErrPlaintext
 	}
 	return e.Value, nil
 }

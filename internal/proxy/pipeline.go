@@ -95,7 +95,7 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 // their credentials allow it, and refuses the request (credential_scope, with a WARN
 // naming the credential and the host) where a placeholder appears anywhere else.
 func (x *exchange) replacePlaceholders(out *http.Request, rule *allowlist.Rule, injected []string) error {
-	pr, err := x.rt.Placeholders.Apply(out, x.target.Host, rule)
+	pr, err := x.rt.Placeholders.Apply(out, x.target.Host, rule, x.scheme == "http")
 	var se *placeholder.ScopeError
 	if errors.As(err, &se) {
 		x.srv.log.Warn().Str("req_id", x.rec.ReqID).Str("credential", se.ID).Str("host", se.Host).

@@ -187,6 +187,22 @@ func TestPlaceholderOutOfScopeIsRefused(t *testing.T) {
 	w.assertValueNotLogged()
 }
 
+// TestPlaceholderOverPlainHTTPIsRefused: a replacement into a plain-HTTP request is
+// plaintext_credential (the value would cross the network in clear), nothing forwarded.
+func TestPlaceholderOverPlainHTTPIsRefused(t *testing.T) {
+	w := newPlaceholderWorld(t)
+	req, _ := http.NewRequest("GET", "http://api.allowed.test/", nil)
+	req.Header.Set("X-Key", w.ph("EV_KEY"))
+	resp, err := w.client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertRefused(t, resp, 403, "plaintext_credential", "")
+	if n := w.Upstream.requests.Load(); n != 0 {
+		t.Errorf("the upstream got %d requests", n)
+	}
+}
+
 // TestPlaceholderTrustedDomainIsIntercepted: under intercept auto, a CONNECT to a trusted
 // domain whose entry injects nothing is intercepted, so the placeholder is replaced.
 func TestPlaceholderTrustedDomainIsIntercepted(t *testing.T) {

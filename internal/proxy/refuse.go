@@ -66,6 +66,8 @@ func classify(err error) *refusal {
 	switch {
 	case errors.As(err, &r):
 		return r
+	case errors.Is(err, placeholder.ErrPlaintext):
+		return &refusal{Reason: allowlist.ReasonPlaintextCredential, Err: err}
 	case errors.As(err, &scopeErr):
 		return &refusal{Reason: allowlist.ReasonCredentialScope, Detail: scopeErr.Location, Err: err}
 	case errors.As(err, &credErr):
