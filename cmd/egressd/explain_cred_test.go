@@ -70,3 +70,18 @@ credentials: {backend: vault, vault: {address: "http://127.0.0.1:1", auth: {meth
 		}
 	}
 }
+
+// TestExplainBadName: explain refuses a host that is not a DNS name as the proxy does,
+// bad_request with detail bad_name, and says why.
+func TestExplainBadName(t *testing.T) {
+	for _, u := range []string{"https://-a.github.com/", "https://a-.github.com/", "https://a..github.com/"} {
+		res := egressd(t, "explain", "--config", quickstart, "--format", "json", u)
+		var got explain.Result
+		if err := json.Unmarshal([]byte(res.stdout), &got); err != nil {
+			t.Fatalf("explain %s: %v\n%s", u, err, res)
+		}
+		if res.code != 0 || got.Decision != "deny" || got.Reason != "bad_request" || got.Detail != "bad_name" || got.Note == "" {
+			t.Errorf("explain %s: %s\nwant deny, bad_request, detail bad_name and a note", u, res)
+		}
+	}
+}

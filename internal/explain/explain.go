@@ -4,6 +4,7 @@ package explain
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -44,6 +45,12 @@ func URL(p *allowlist.Policy, g *netguard.Guard, env, raw string) Result {
 	res := Result{URL: raw, Inject: []string{}}
 	t, scheme, err := parse(raw)
 	res.Scheme, res.Host, res.Port = scheme, t.Host, t.Port
+	if errors.Is(err, allowlist.ErrBadName) {
+		// The proxy's detail for a host that is not a DNS name; the note says why.
+		res = res.deny(env, allowlist.ReasonBadRequest, "bad_name")
+		res.Note = err.Error()
+		return res
+	}
 	if err != nil {
 		return res.deny(env, allowlist.ReasonBadRequest, err.Error())
 	}
