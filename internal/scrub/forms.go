@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"html"
 	"net/url"
 	"strings"
 	"unicode/utf8"
@@ -88,6 +89,8 @@ func isToken(s string) bool {
 //   - JSON string escapes: encoding/json with and without HTML escaping (\u003c
 //     for <, >, &), \u00XX in upper-case hex (other encoders), "\/" for "/" (PHP
 //     and others), and every non-ASCII rune as \uXXXX (Python's ensure_ascii);
+//   - HTML escapes, as html.EscapeString writes them (&#34; &#39;) and as
+//     other engines do (&quot; &#x27;): a debug page that quotes a request;
 //   - hex, lower and upper case;
 //   - the standard base64 form percent-encoded and with "\/" (a Basic
 //     credential in a query string or a PHP JSON body).
@@ -99,11 +102,15 @@ func forms(v string) []string {
 	add(b64...)
 	add(percentForms(v)...)
 	add(jsonForms(v)...)
+	add(html.EscapeString(v), htmlNamed.Replace(v))
 	add(hex.EncodeToString([]byte(v)), strings.ToUpper(hex.EncodeToString([]byte(v))))
 	std := base64.StdEncoding.EncodeToString([]byte(v))
 	add(url.QueryEscape(std), lowerPercentHex(url.QueryEscape(std)), strings.ReplaceAll(std, "/", `\/`))
 	return out
 }
+
+// htmlNamed escapes like many template engines: named entities for quotes.
+var htmlNamed = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;", "'", "&#x27;")
 
 // base64Forms returns v in both alphabets, padded, unpadded and as the three
 // embedded cores.

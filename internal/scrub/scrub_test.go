@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"html"
+	"html/template"
 	"net/url"
 	"regexp"
 	"strings"
@@ -61,6 +63,9 @@ func encodedCases(v string) []placed {
 		place("json slash escaped", strings.ReplaceAll(jsonRaw, "/", `\/`)),
 		place("json upper \\u", uEsc.ReplaceAllStringFunc(strings.Trim(string(js), `"`), func(e string) string { return `\u` + strings.ToUpper(e[2:]) })),
 		place("json ensure_ascii", ensureASCII(jsonRaw)),
+		place("html.EscapeString", html.EscapeString(v)),
+		place("html/template", template.HTMLEscapeString(v)),
+		place("html named", strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;", "'", "&#x27;").Replace(v)),
 		place("hex lower", hex.EncodeToString([]byte(v))),
 		place("hex upper", fmt.Sprintf("%X", v)),
 	}
