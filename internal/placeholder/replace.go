@@ -270,17 +270,20 @@ func (s *scope) body(out *http.Request) error {
 		return nil
 	}
 	orig := out.Body
-	buf, err := io.ReadAll(io.LimitReader(orig, MaxBody+1))
+	buf, err := readBody(orig, out.ContentLength)
 	if err != nil || len(buf) > MaxBody {
 		// A read error reaches the transport as it would have; a large body goes on unsearched.
 		out.Body = bodyOf(io.MultiReader(bytes.NewReader(buf), errOr(err, orig)), orig)
 		return nil
 	}
-	nb := string(buf)
-	if bytes.Contains(buf, []byte(Prefix)) {
-		if nb, err = s.replace(nb, credential.LocationBody, escaper(out.Header.Get("Content-Type"))); err != nil {
-			return err
-		}
+	if !bytes.Contains(buf, []byte(Prefix)) {
+		out.Body = bodyOf(bytes.NewReader(buf), orig)
+		out.GetBody = nil
+		return nil
+	}
+	nb, err := s.replace(string(buf), credential.LocationBody, escaper(out.Header.Get("Content-Type")))
+	if err != nil {
+		return err
 	}
 	out.Body = bodyOf(strings.NewReader(nb), orig)
 	out.GetBody = nil
@@ -289,6 +292,26 @@ func (s *scope) body(out *http.Request) error {
 	}
 	return nil
 }
+
+// readBody reads at most MaxBody+1 bytes of r, in one allocation when the length is known.
+func readBody(r io.Reader, length int64) ([]byte, error) {
+	if length <= 0 || length > MaxBody {
+		return io.ReadAll(io.LimitReader(r, MaxBody+1))
+	}
+	buf := make([]byte, length, length+1)
+	n, err := io.ReadFull(r, buf)
+	if err != nil {
+		return buf[:n], err
+	}
+	var one [1]byte
+	if m, _ := r.Read(one[:]); m > 0 { // more than announced: the transport finds out
+		return append(buf, one[0]), errBodyTooLong
+	}
+	return buf, nil
+}
+
+// errBodyTooLong: the client sent more than its Content-Length.
+var errBodyTooLong = errors.New("request body longer than its Content-Length")
 
 // escaper is how a value is inserted into a body of the content type.
 func escaper(contentType string) func(string) string {

@@ -96,7 +96,7 @@ func (e *endpoint) log() []url {
 
 // rig is a file-backed Store, the Manager over it and its log.
 type rig struct {
-	t       *testing.T
+	t       testing.TB
 	path    string
 	store   *credential.Store
 	m       *Manager
@@ -106,7 +106,7 @@ type rig struct {
 }
 
 // newRig writes creds (ID -> secret JSON) to a file and starts a Store and a Manager.
-func newRig(t *testing.T, e *endpoint, creds map[string]string, writable bool) *rig {
+func newRig(t testing.TB, e *endpoint, creds map[string]string, writable bool) *rig {
 	t.Helper()
 	r := &rig{t: t, log: &syncbuf.Buffer{}, path: filepath.Join(t.TempDir(), "credentials.json")}
 	var parts []string
@@ -162,7 +162,7 @@ func (r *rig) count(id, result string) int64 {
 
 // testClient is NewClient over a guard that opens loopback (the endpoint's address), with
 // the endpoint's certificate trusted.
-func testClient(t *testing.T, e *endpoint) *http.Client {
+func testClient(t testing.TB, e *endpoint) *http.Client {
 	g, err := netguard.New(netguard.Options{UnsafeAllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
 	if err != nil {
 		t.Fatal(err)
@@ -352,5 +352,24 @@ func TestEndpointDownServesUntilExpiryThenUnavailable(t *testing.T) {
 	}
 	if !strings.Contains(r.log.String(), "oauth2 token refresh failed") || !strings.Contains(r.log.String(), "503 Service Unavailable") {
 		t.Errorf("no failure line:\n%s", r.log)
+	}
+}
+
+// BenchmarkGet is the per-request cost of an oauth2 credential (a cached access token)
+// against a plain credential read from the same store.
+func BenchmarkGet(b *testing.B) {
+	e := &endpoint{lifetime: 3600}
+	e.srv = httptest.NewTLSServer(http.HandlerFunc(e.serve))
+	defer e.srv.Close()
+	r := newRig(b, e, map[string]string{"oa": oauthSecret, "plain": `{"token": "plain-token"}`}, false)
+	for _, id := range []string{"plain", "oa"} {
+		b.Run(id, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := r.m.Get(id); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
