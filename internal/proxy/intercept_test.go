@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
+	"golang.org/x/net/websocket"
 )
 
 // secretToken is the credential the tests inject; it must appear nowhere but in the
@@ -201,34 +202,16 @@ func TestWebSocketUpgradeGetsInjectedHeader(t *testing.T) {
 			http.Error(rw, "want upgrade", 400)
 			return
 		}
-		auth := r.Header.Get("Authorization")
-		conn, brw, err := rw.(http.Hijacker).Hijack()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
-		brw.WriteString(markValues(auth) + "\n")
-		brw.Flush()
-		line, _ := brw.ReadString('\n')
-		brw.WriteString("echo:" + line)
-		brw.Flush()
+		wsEcho(rw, r, markValues(r.Header.Get("Authorization")))
 	})
-	tc, br := w.interceptedH1(t, "api.allowed.test")
-	io.WriteString(tc, "GET /ws HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nAuthorization: Bearer client\r\n\r\n")
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != 101 {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	first, _ := br.ReadString('\n')
-	if first != "Bearer "+secretMark+"\n" {
+	ws := w.websocket(t, http.Header{"Authorization": {"Bearer client"}})
+	defer ws.Close()
+	var first, echo string
+	if websocket.Message.Receive(ws, &first); first != "Bearer "+secretMark {
 		t.Errorf("upgrade request carried Authorization %q", first)
 	}
-	io.WriteString(tc, "hello\n")
-	if echo, _ := br.ReadString('\n'); echo != "echo:hello\n" {
+	websocket.Message.Send(ws, "hello")
+	if websocket.Message.Receive(ws, &echo); echo != "echo:hello" {
 		t.Errorf("echo = %q", echo)
 	}
 }

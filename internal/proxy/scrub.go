@@ -238,7 +238,10 @@ func (sc *scrubber) upgrade(resp *http.Response) error {
 	if !ok {
 		return nil // serveUpgrade refuses it
 	}
-	r := sc.set.Reader(up) // a byte stream for now; frame-aware masking (WebSocket) follows in the engine
+	r := sc.set.Reader(up)
+	if strings.EqualFold(resp.Header.Get("Upgrade"), "websocket") {
+		r = sc.set.WebSocket(up)
+	}
 	sc.body = r.Count
 	resp.Body = &scrubbedConn{ReadWriteCloser: up, r: r, sc: sc}
 	return nil

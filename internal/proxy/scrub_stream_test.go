@@ -78,6 +78,7 @@ func (w *world) stream(t *testing.T, proto, target string) (*http.Response, func
 		return resp, func() { resp.Body.Close() }
 	}
 	tc, br := w.interceptedH1(t, "api.allowed.test")
+	tc.SetDeadline(time.Now().Add(90 * time.Second)) // 64 MiB under -race on a loaded machine
 	if err := req.Write(tc); err != nil {
 		t.Fatal(err)
 	}
@@ -112,25 +113,10 @@ func TestScrubWebSocketMessages(t *testing.T) {
 	var extensions atomic.Value
 	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
 		extensions.Store(r.Header.Values("Sec-Websocket-Extensions"))
-		websocket.Handler(func(ws *websocket.Conn) {
-			value, token := injected(ws.Request())
-			websocket.Message.Send(ws, "token="+token)
-			websocket.Message.Send(ws, []byte("auth:"+base64.StdEncoding.EncodeToString([]byte(value))))
-			var msg string
-			websocket.Message.Receive(ws, &msg)
-			websocket.Message.Send(ws, "echo:"+msg)
-		}).ServeHTTP(rw, r)
+		value, token := injected(r)
+		wsEcho(rw, r, "token="+token, []byte("auth:"+base64.StdEncoding.EncodeToString([]byte(value))))
 	})
-	tc, _ := w.interceptedH1(t, "api.allowed.test")
-	conf, err := websocket.NewConfig("wss://api.allowed.test/ws", "https://api.allowed.test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conf.Header = http.Header{"Sec-Websocket-Extensions": {"permessage-deflate; client_max_window_bits"}}
-	ws, err := websocket.NewClient(conf, tc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ws := w.websocket(t, http.Header{"Sec-Websocket-Extensions": {"permessage-deflate; client_max_window_bits"}})
 	defer ws.Close()
 	var text string
 	var bin []byte
@@ -148,7 +134,42 @@ func TestScrubWebSocketMessages(t *testing.T) {
 	if ext, _ := extensions.Load().([]string); len(ext) != 0 {
 		t.Errorf("the upstream was offered extensions %q on an injected upgrade", ext)
 	}
+	ws.Close()
+	// The upgrade's line is written when the connection ends.
+	w.waitLog(t, func(l map[string]any) bool {
+		n, _ := l["scrubbed"].(float64)
+		return l["status"] == float64(101) && n >= 2
+	})
 	w.assertScrubLogged(t, "api.allowed.test", "api")
+}
+
+// wsEcho serves a WebSocket upstream: it sends each of msgs (a string as a text
+// message, []byte as a binary one), then echoes one message back.
+func wsEcho(rw http.ResponseWriter, r *http.Request, msgs ...any) {
+	websocket.Handler(func(ws *websocket.Conn) {
+		for _, m := range msgs {
+			websocket.Message.Send(ws, m)
+		}
+		var msg string
+		websocket.Message.Receive(ws, &msg)
+		websocket.Message.Send(ws, "echo:"+msg)
+	}).ServeHTTP(rw, r)
+}
+
+// websocket opens a WebSocket to api.allowed.test/ws through an intercepted tunnel.
+func (w *world) websocket(t *testing.T, hdr http.Header) *websocket.Conn {
+	t.Helper()
+	tc, _ := w.interceptedH1(t, "api.allowed.test")
+	conf, err := websocket.NewConfig("wss://api.allowed.test/ws", "https://api.allowed.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf.Header = hdr
+	ws, err := websocket.NewClient(conf, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ws
 }
 
 // bigBody is the size of TestScrubLargeBodyBoundedMemory's response.

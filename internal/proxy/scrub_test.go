@@ -420,3 +420,67 @@ func (w *world) scrubbedTotal(t *testing.T) map[string]float64 {
 	}
 	return out
 }
+
+// TestScrubRefusesWhatItCannotRead: a body in a content coding the scrubber does
+// not decode, and an injected WebSocket upgrade on which the upstream negotiated
+// an extension (frame compression), are refused rather than delivered unscrubbed.
+func TestScrubRefusesWhatItCannotRead(t *testing.T) {
+	w := newScrubWorld(t)
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		value, _ := injected(r)
+		if r.URL.Path == "/ws" {
+			conn, brw, err := rw.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+				"Sec-WebSocket-Accept: x\r\nSec-WebSocket-Extensions: permessage-deflate\r\n\r\n" + value)
+			brw.Flush()
+			return
+		}
+		rw.Header().Set("Content-Encoding", "compress")
+		io.WriteString(rw, value)
+	})
+	for _, proto := range protos {
+		got := w.fetch(t, proto, "api.allowed.test", "/x", nil)
+		if got.resp.StatusCode != http.StatusBadGateway || got.resp.Header.Get("Egressd-Reason") != "upstream_unreachable" {
+			t.Errorf("%s: Content-Encoding compress: %s", proto, got.resp.Status)
+		}
+		assertNoLeak(t, proto+" compress", got.raw)
+	}
+	got := w.fetch(t, "h1", "api.allowed.test", "/ws", http.Header{"Connection": {"Upgrade"}, "Upgrade": {"websocket"},
+		"Sec-Websocket-Version": {"13"}, "Sec-Websocket-Key": {"dGhlIHNhbXBsZSBub25jZQ=="}})
+	if got.resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(got.body), "websocket_extension") {
+		t.Errorf("upgrade with an extension: %s %s", got.resp.Status, got.body)
+	}
+	assertNoLeak(t, "upgrade", got.raw)
+}
+
+// TestScrubHookResponses: a hook call to an entry that injects gets its
+// endpoint's answer masked too, pre-tool (the verdict is read first) and post-tool.
+func TestScrubHookResponses(t *testing.T) {
+	const hookKey = "hook-key-0123456789"
+	w := newWorld(t, worldOpts{hooksJSON: hooksJSON, hookBodyBytes: 4096, credentials: map[string]string{},
+		allowlist: []allowlist.Entry{{Domain: "policy.allowed.test", Transform: []allowlist.Header{{Name: "X-Hook-Key", Value: hookKey}}}}})
+	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("X-Seen", r.Header.Get("X-Hook-Key"))
+		json.NewEncoder(rw).Encode(map[string]string{"decision": "deny", "reason": "bad key " + r.Header.Get("X-Hook-Key")})
+	})
+	for _, path := range []string{"/pre", "/post"} {
+		req, _ := http.NewRequest("POST", "https://policy.allowed.test"+path, strings.NewReader(`{"tool":"code_execution"}`))
+		resp, err := w.interceptingClient().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(body), hookKey) || resp.Header.Get("X-Seen") != stars(len(hookKey)) {
+			t.Errorf("%s: the hook's answer carries the injected value: %v %s", path, resp.Header, body)
+		}
+		if !strings.Contains(string(body), `"decision":"deny"`) {
+			t.Errorf("%s: the verdict did not pass: %s", path, body)
+		}
+	}
+}
