@@ -105,6 +105,9 @@ func (x *exchange) replacePlaceholders(out *http.Request, rule *allowlist.Rule, 
 		return err
 	}
 	x.scrub = x.rt.Placeholders.ScrubSet(out.Header, injected, pr)
+	if x.rec.Credential == "" {
+		x.rec.Credential = pr.IDs[0] // the log line names the credential whose value went out
+	}
 	return nil
 }
 
