@@ -123,6 +123,29 @@ func TestRefusedUpgradeCloses(t *testing.T) {
 	w.assertUpstreamSawNothing(t)
 }
 
+// An upgrade the upstream declines (no 101) ends the connection too: the client
+// may already have sent the other protocol's bytes.
+func TestDeclinedUpgradeCloses(t *testing.T) {
+	w := newWorld(t, worldOpts{})
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) { http.Error(rw, "no upgrade here", http.StatusUpgradeRequired) })
+	c, br := w.dialProxy(t)
+	io.WriteString(c, "GET http://allowed.test/ws HTTP/1.1\r\nHost: allowed.test\r\nConnection: Upgrade\r\n"+
+		"Upgrade: websocket\r\n\r\n"+pipelined)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusUpgradeRequired || !resp.Close {
+		t.Errorf("status %d, close %v; want the upstream's 426 with Connection: close", resp.StatusCode, resp.Close)
+	}
+	assertClosed(t, br)
+	if n := w.Upstream.requests.Load(); n != 1 {
+		t.Errorf("upstream saw %d requests, want 1: the pipelined one was parsed", n)
+	}
+	w.assertNoCanaryHit()
+}
+
 func TestRefusedConnectCloses(t *testing.T) {
 	w := newWorld(t, worldOpts{})
 	hello := clientHelloBytes(t, "evil.test")

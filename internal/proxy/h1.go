@@ -41,6 +41,9 @@ func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 		if bodyErr := x.body.clientError(); bodyErr != nil {
 			err = bodyErr
 		}
+		if switchesProtocol(req) {
+			return c.refuseAndClose(rt, rec, err)
+		}
 		c.writeRefusal(rt, rec, err, 0)
 		return false
 	}
@@ -51,8 +54,12 @@ func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 		c.serveUpgrade(resp, rec)
 		return false
 	}
-	keep, err := writeResponse(c.bw, req.Method, wantClose, resp, rec)
+	upgrade := switchesProtocol(req) // and the upstream declined it
+	keep, err := writeResponse(c.bw, req.Method, wantClose || upgrade, resp, rec)
 	rec.BytesIn = x.body.n.Load()
+	if upgrade && err == nil {
+		c.lingerClose() // what the client sent ahead belongs to the other protocol
+	}
 	return err == nil && keep && x.body.drain()
 }
 
