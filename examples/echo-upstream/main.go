@@ -144,7 +144,9 @@ type received struct {
 	BodyError string              `json:"body_error,omitempty"`
 }
 
-// echo answers with the request it received, as indented JSON.
+// echo answers with the request it received, as indented JSON, and prints the same
+// JSON on its own stdout: through egressd the client's copy has every injected value
+// masked (egressd scrubs what it injected out of responses), the terminal's has them.
 func echo(w http.ResponseWriter, r *http.Request) {
 	n, err := io.Copy(io.Discard, io.LimitReader(r.Body, maxBody))
 	rec := received{
@@ -168,7 +170,7 @@ func echo(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	enc := json.NewEncoder(w)
+	enc := json.NewEncoder(io.MultiWriter(w, os.Stdout))
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
 	_ = enc.Encode(rec)

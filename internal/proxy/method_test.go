@@ -77,3 +77,20 @@ func TestReflectingMethodsRefusedWhereInjected(t *testing.T) {
 		t.Errorf("TRACE to a non-injecting entry: upstream saw %q", got.Method)
 	}
 }
+
+// TestReflectingMethodsRefusedWithPlaceholders: a TRACE into which egressd would
+// replace a placeholder (to a trusted domain whose entry injects nothing) is
+// refused too, and the upstream sees nothing.
+func TestReflectingMethodsRefusedWithPlaceholders(t *testing.T) {
+	w := newPlaceholderWorld(t)
+	tc, br := w.interceptedH1(t, "api.allowed.test")
+	io.WriteString(tc, "TRACE / HTTP/1.1\r\nHost: api.allowed.test\r\nX-Api-Key: "+w.ph("EV_KEY")+"\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertRefused(t, resp, 405, "method_not_allowed", "")
+	if n := w.Upstream.requests.Load(); n != 0 {
+		t.Errorf("the upstream saw %d request(s)", n)
+	}
+}

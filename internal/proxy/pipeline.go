@@ -104,6 +104,10 @@ func (x *exchange) replacePlaceholders(out *http.Request, rule *allowlist.Rule, 
 	if err != nil || len(pr.IDs) == 0 {
 		return err
 	}
+	if reflectsRequest(x.req) {
+		return deny(allowlist.ReasonMethodNotAllowed, strings.ToLower(x.req.Method))
+	}
+	narrowForScrub(out.Header)
 	x.scrub = x.rt.Placeholders.ScrubSet(out.Header, injected, pr)
 	if x.rec.Credential == "" {
 		x.rec.Credential = pr.IDs[0] // the log line names the credential whose value went out
