@@ -156,23 +156,32 @@ cmd_start() {
   local bin pid i timeout addr tok dir d
   bin=$(cmd_build)
   mkdir -p "$RUN"
-  for d in "$RUN"/*/; do # run dirs of servers that are gone
-    [ -d "$d" ] || continue
-    is_vaultdev "$(cat "$d/pid" 2>/dev/null || true)" || rm -rf "$d"
+  # Run dirs of servers that are gone. A concurrent start's dir is start-* until
+  # its pid file is written, and its pid is not vaultdev until the exec, so only
+  # numbered dirs whose process is dead are removed (a recycled pid leaves a
+  # stale dir behind, which is harmless).
+  for d in "$RUN"/[0-9]*/; do
+    [ -f "$d/pid" ] || continue
+    alive "$(cat "$d/pid" 2>/dev/null || true)" || rm -rf "$d"
   done
   dir=$(mktemp -d "$RUN/start-XXXXXX")
   local args=(-addr "${VAULTDEV_ADDR:-127.0.0.1:0}" -log-level "${VAULTDEV_LOG_LEVEL:-warn}")
   [ -n "${VAULTDEV_ROOT_TOKEN:-}" ] && args+=(-root-token "$VAULTDEV_ROOT_TOKEN")
+  # The output files are opened here, before the fork: a redirect in the
+  # background child would race the rename below and, under load, find the
+  # start-* path already gone.
+  exec 3>"$dir/stdout" 4>"$dir/vault.log"
   # setsid: the server outlives this script and a ^C in the caller's shell.
   if command -v setsid >/dev/null 2>&1; then
-    setsid "$bin" "${args[@]}" >"$dir/stdout" 2>"$dir/vault.log" </dev/null &
+    setsid "$bin" "${args[@]}" >&3 2>&4 </dev/null 3>&- 4>&- &
   else
-    "$bin" "${args[@]}" >"$dir/stdout" 2>"$dir/vault.log" </dev/null &
+    "$bin" "${args[@]}" >&3 2>&4 </dev/null 3>&- 4>&- &
   fi
   pid=$!
+  exec 3>&- 4>&-
+  echo "$pid" >"$dir/pid"
   mv "$dir" "$RUN/$pid"
   dir=$RUN/$pid
-  echo "$pid" >"$dir/pid"
   echo "$pid" >"$RUN/last"
   timeout=${VAULTDEV_START_TIMEOUT:-60}
   # Ready when the server has printed its one JSON line.

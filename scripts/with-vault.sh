@@ -4,6 +4,9 @@
 # when the command ends, whatever its result.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-eval "$(scripts/vaultdev.sh start)"
+# An assignment, not eval "$(...)": a failed start must stop here, not run the
+# command without VAULT_ADDR.
+env_lines=$(scripts/vaultdev.sh start)
+eval "$env_lines"
 trap 'scripts/vaultdev.sh stop >/dev/null 2>&1 || true' EXIT
 "$@"
