@@ -1,35 +1,10 @@
 package allowlist
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
 )
-
-// Header is one header an entry injects. Name is in http.CanonicalHeaderKey
-// form. Value may be a secret: String, GoString and MarshalJSON redact it, so
-// printing or logging a Rule or Decision shows header names only.
-type Header struct{ Name, Value string }
-
-// redacted replaces a header value wherever a Header is rendered.
-const redacted = "[redacted]"
-
-// String renders "Name: [redacted]".
-func (h Header) String() string { return h.Name + ": " + redacted }
-
-// GoString renders the header for %#v, value redacted.
-func (h Header) GoString() string {
-	return fmt.Sprintf("allowlist.Header{Name:%q, Value:%q}", h.Name, redacted)
-}
-
-// MarshalJSON renders {"name": ..., "value": "[redacted]"}.
-func (h Header) MarshalJSON() ([]byte, error) {
-	return json.Marshal(struct {
-		Name  string `json:"name"`
-		Value string `json:"value"`
-	}{h.Name, redacted})
-}
 
 // Entry is one allowlist entry as the config loader hands it over: raw,
 // unvalidated strings. Compile turns valid entries into Rules.
@@ -76,15 +51,18 @@ const (
 	InterceptNone InterceptMode = "none"
 )
 
+// InterceptModes are the valid modes, in the order messages list them. The
+// config loader and Compile check tls.intercept against this one list.
+var InterceptModes = []InterceptMode{InterceptAuto, InterceptAll, InterceptNone}
+
+// Valid reports whether m is one of InterceptModes.
+func (m InterceptMode) Valid() bool { return slices.Contains(InterceptModes, m) }
+
 // Options are the operator settings Compile needs besides the entries.
 type Options struct {
 	DefaultPorts []uint16      // network.default_ports; empty means [80, 443]
 	Intercept    InterceptMode // tls.intercept; "" means auto
 }
-
-// defaultPorts are the ports an entry allows when neither it nor
-// Options.DefaultPorts names any: plain HTTP and HTTPS.
-var defaultPorts = []uint16{80, 443}
 
 // EntryError is one problem in one entry, so the config loader can print
 // "network.allowlist[3].domain: ...". Index is the entry's position; Field is
@@ -178,10 +156,10 @@ func (c *compiler) problem(index int, field, format string, args ...any) {
 
 // interceptMode validates tls.intercept; "" is auto.
 func (c *compiler) interceptMode(m InterceptMode) InterceptMode {
-	switch m {
-	case "":
+	switch {
+	case m == "":
 		return InterceptAuto
-	case InterceptAuto, InterceptAll, InterceptNone:
+	case m.Valid():
 		return m
 	}
 	c.problem(-1, "tls.intercept", "unknown mode %q; use auto, all or none", string(m))
@@ -191,7 +169,7 @@ func (c *compiler) interceptMode(m InterceptMode) InterceptMode {
 // optionPorts validates network.default_ports; empty means [80, 443].
 func (c *compiler) optionPorts(ports []uint16) []uint16 {
 	if len(ports) == 0 {
-		return defaultPorts
+		return DefaultPorts()
 	}
 	if slices.Contains(ports, 0) {
 		c.problem(-1, "network.default_ports", "port 0 is not valid; use 1-65535")

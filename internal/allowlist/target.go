@@ -1,8 +1,11 @@
 package allowlist
 
 import (
+	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 )
@@ -96,4 +99,51 @@ func parsePort(raw string) (uint16, error) {
 		return 0, badHost("port %s is out of range 1-65535", quote(raw))
 	}
 	return uint16(n), nil
+}
+
+// The ports a URL means when it names none: the schemes egressd proxies.
+const (
+	PortHTTP  uint16 = 80
+	PortHTTPS uint16 = 443
+)
+
+// DefaultPorts are the ports an allowlist entry allows when neither it nor
+// network.default_ports names any: plain HTTP and HTTPS. The slice is new.
+func DefaultPorts() []uint16 { return []uint16{PortHTTP, PortHTTPS} }
+
+// SchemePort returns the port of a URL of scheme (lower case, as url.Parse
+// leaves it) that names none, and false for a scheme egressd does not proxy.
+func SchemePort(scheme string) (uint16, bool) {
+	switch scheme {
+	case "http":
+		return PortHTTP, true
+	case "https":
+		return PortHTTPS, true
+	}
+	return 0, false
+}
+
+// Errors of URLTarget besides ErrBadHost, for errors.Is.
+var (
+	ErrNotAbsolute = errors.New("not an absolute http:// or https:// URL")
+	ErrUserinfo    = errors.New("userinfo in URL")
+	ErrScheme      = errors.New("unsupported scheme")
+)
+
+// URLTarget returns the normalised target of an absolute http:// or https://
+// URL: the proxy's absolute-form request target and explain's argument are read
+// by this one function. A URL without a host, with userinfo ("allowed.test@evil.test")
+// or of another scheme is refused, as is a host ParseAuthority refuses.
+func URLTarget(u *url.URL) (Target, error) {
+	if !u.IsAbs() || u.Host == "" {
+		return Target{}, ErrNotAbsolute
+	}
+	if u.User != nil {
+		return Target{}, ErrUserinfo
+	}
+	port, ok := SchemePort(u.Scheme)
+	if !ok {
+		return Target{}, fmt.Errorf("%w %s (use http or https)", ErrScheme, quote(u.Scheme))
+	}
+	return ParseAuthority(u.Host, port)
 }

@@ -148,7 +148,7 @@ func headerProblem(h Header) string {
 	if !httpguts.ValidHeaderFieldName(h.Name) {
 		return invalidNameProblem(h.Name)
 	}
-	if why := reservedHeader(h.Name); why != "" {
+	if why := ReservedHeader(h.Name); why != "" {
 		return fmt.Sprintf("header %q cannot be injected: %s", h.Name, why)
 	}
 	if !httpguts.ValidHeaderFieldValue(h.Value) {
@@ -167,28 +167,6 @@ func invalidNameProblem(name string) string {
 	i := strings.IndexFunc(name, func(r rune) bool { return !httpguts.IsTokenRune(r) })
 	return fmt.Sprintf("header name %q is not a valid RFC 9110 token: it continues with %q at byte %d "+
 		"(the rest is not shown)", name[:i], name[i], i)
-}
-
-// reservedHeader says why a canonical header name cannot be injected, or "".
-func reservedHeader(name string) string {
-	switch {
-	case strings.HasPrefix(name, "Egressd-"):
-		return "the Egressd- prefix is reserved for egressd"
-	case strings.HasPrefix(name, "Proxy-"), hopByHop[name]:
-		return "it is a hop-by-hop header that proxies strip"
-	case name == "Host":
-		return "egressd sets Host from the destination"
-	case name == "Content-Length":
-		return "it frames the message body"
-	}
-	return ""
-}
-
-// hopByHop are the RFC 9110 section 7.6.1 connection headers (canonical
-// form) that a proxy removes; Proxy-* is handled by prefix.
-var hopByHop = map[string]bool{
-	"Connection": true, "Keep-Alive": true, "Te": true,
-	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 }
 
 // credential validates a credential ID.

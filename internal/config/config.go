@@ -36,13 +36,6 @@ const (
 	RoleHooks   = "hooks"   // traffic from this listener is hook traffic
 )
 
-// Values of TLS.Intercept.
-const (
-	InterceptAuto = "auto" // terminate TLS only for entries that inject, and hook URLs
-	InterceptAll  = "all"  // terminate every tunnel
-	InterceptNone = "none" // never terminate; injection is then impossible
-)
-
 // Values of TLS.DenyInTunnel: how a refused CONNECT is answered.
 const (
 	DenyInTunnelAuto   = "auto"   // inside TLS wherever tls.intercept is not none
@@ -161,7 +154,7 @@ type DNS struct {
 
 // TLS configures interception and upstream verification.
 type TLS struct {
-	Intercept string // InterceptAuto (default), InterceptAll or InterceptNone
+	Intercept allowlist.InterceptMode // allowlist.InterceptAuto (default), InterceptAll or InterceptNone
 	// CACert and CAKey are PEM files, both set or both empty; when empty the
 	// CA is generated into StateDir.
 	CACert, CAKey string
@@ -184,7 +177,7 @@ func (t TLS) DenyInside() bool {
 	case DenyInTunnelNever:
 		return false
 	default:
-		return t.Intercept != InterceptNone
+		return t.Intercept != allowlist.InterceptNone
 	}
 }
 
@@ -308,7 +301,7 @@ type Log struct {
 func (c *Config) AllowlistOptions() allowlist.Options {
 	return allowlist.Options{
 		DefaultPorts: c.Network.DefaultPorts,
-		Intercept:    allowlist.InterceptMode(c.TLS.Intercept),
+		Intercept:    c.TLS.Intercept,
 	}
 }
 

@@ -1,6 +1,10 @@
 package config
 
-import "time"
+import (
+	"time"
+
+	"github.com/egressd/egressd/internal/allowlist"
+)
 
 // Defaults applied when a key is absent. Each matches the example in
 // DESIGN.md ("Operator config"); change both together.
@@ -29,7 +33,7 @@ const (
 
 	// DefaultIntercept terminates TLS only where egressd must see the
 	// request: entries with a transform or credential, and hook URLs.
-	DefaultIntercept = InterceptAuto
+	DefaultIntercept = allowlist.InterceptAuto
 
 	// DefaultDenyInTunnel answers a refused CONNECT inside TLS wherever
 	// egressd intercepts, so the agent reads the reason (DESIGN.md).
@@ -135,7 +139,7 @@ const (
 // defaultPorts returns the ports an allowlist entry without "ports"
 // allows (network.default_ports), fresh on each call so no caller can
 // change another's.
-func defaultPorts() []uint16 { return []uint16{80, 443} }
+func defaultPorts() []uint16 { return allowlist.DefaultPorts() }
 
 // Limits on input, so that a hostile or broken file cannot exhaust memory.
 const (

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/egressd/egressd/internal/allowlist"
 )
 
 // validator turns raw values into validated ones, recording problems by
@@ -283,7 +285,7 @@ func (v *validator) ports(raws []int, path string) ([]uint16, bool) {
 
 func (v *validator) tls(r rawTLS) TLS {
 	t := TLS{
-		Intercept:      v.oneOf(r.Intercept, "tls.intercept", DefaultIntercept, InterceptAuto, InterceptAll, InterceptNone),
+		Intercept:      v.interceptMode(r.Intercept),
 		CACert:         v.path(r.CACert),
 		CAKey:          v.path(r.CAKey),
 		UpstreamCAFile: v.path(r.UpstreamCAFile),
@@ -488,6 +490,15 @@ func (v *validator) oneOf(s, path, def string, allowed ...string) string {
 		return def
 	}
 	return s
+}
+
+// interceptMode checks tls.intercept against allowlist.InterceptModes.
+func (v *validator) interceptMode(s string) allowlist.InterceptMode {
+	modes := make([]string, len(allowlist.InterceptModes))
+	for i, m := range allowlist.InterceptModes {
+		modes[i] = string(m)
+	}
+	return allowlist.InterceptMode(v.oneOf(s, "tls.intercept", string(DefaultIntercept), modes...))
 }
 
 // duration returns d's value, or def when absent; it must be positive.

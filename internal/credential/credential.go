@@ -13,34 +13,16 @@ import (
 	"strings"
 	"time"
 
+	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/rs/zerolog"
 )
 
 // redacted replaces a secret wherever one would be printed.
 const redacted = "[redacted]"
 
-// Header is one header a credential sets. Value is secret: Header prints as
-// "Name: [redacted]" in every fmt verb, JSON and zerolog.
-type Header struct{ Name, Value string }
-
-// String returns the header name and a redaction marker, never the value.
-func (h Header) String() string { return h.Name + ": " + redacted }
-
-// GoString is String for %#v.
-func (h Header) GoString() string {
-	return fmt.Sprintf("credential.Header{Name:%q, Value:%q}", h.Name, redacted)
-}
-
-// Format implements fmt.Formatter so that no verb (%d, %x, %+v ...) can reach the value.
-func (h Header) Format(f fmt.State, verb rune) { format(f, verb, h.String(), h.GoString()) }
-
-// MarshalJSON writes the name and a redaction marker.
-func (h Header) MarshalJSON() ([]byte, error) {
-	return json.Marshal(struct{ Name, Value string }{h.Name, redacted})
-}
-
-// MarshalZerologObject writes the header name only.
-func (h Header) MarshalZerologObject(e *zerolog.Event) { e.Str("name", h.Name) }
+// Header is one header a credential sets: allowlist.Header, whose Value is secret and
+// which prints as "Name: [redacted]" in every fmt verb, JSON and zerolog.
+type Header = allowlist.Header
 
 // Value is a credential's current secret, as headers. It redacts itself everywhere it
 // could be printed: String, GoString, Format, MarshalJSON and MarshalZerologObject show

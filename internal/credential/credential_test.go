@@ -16,7 +16,7 @@ func secretValue() Value {
 	return Value{
 		ID:      "cred-1",
 		Version: "v7",
-		Headers: []Header{{"Authorization", "Bearer " + planted}, {"X-Api-Key", planted}},
+		Headers: []Header{{Name: "Authorization", Value: "Bearer " + planted}, {Name: "X-Api-Key", Value: planted}},
 		ReadAt:  time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
 	}
 }

@@ -7,19 +7,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/egressd/egressd/internal/allowlist"
 )
 
 // expectedShapes ends every shape error: the fix is in the message.
 const expectedShapes = `(expected {"token": ...}, {"headers": {...}} or {"username": ..., "password": ...})`
-
-// notInjectable are header names a credential may not set: hop-by-hop and framing headers
-// would be stripped or would change how the request is framed or routed, and Egressd-* is
-// egressd's own namespace. Names are canonical (http.CanonicalHeaderKey).
-var notInjectable = map[string]bool{
-	"Connection": true, "Content-Length": true, "Host": true, "Keep-Alive": true,
-	"Proxy-Authenticate": true, "Proxy-Authorization": true, "Proxy-Connection": true,
-	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
-}
 
 // secretError is a bad secret shape. It names the credential ID and, where one is
 // involved, a key or header name; it never holds a value.
@@ -123,7 +116,7 @@ func parseHeaders(id string, v any) ([]Header, error) {
 		switch {
 		case !validName(name):
 			return nil, valueErr(id, "header "+quoteName(name)+": invalid header name")
-		case notInjectable[canon] || strings.HasPrefix(canon, "Egressd-"):
+		case allowlist.ReservedHeader(canon) != "":
 			return nil, valueErr(id, "header "+quoteName(canon)+": cannot be injected (hop-by-hop, framing or Egressd-* header)")
 		}
 		s, ok := val.(string)

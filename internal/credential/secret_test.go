@@ -17,15 +17,15 @@ func TestParseSecretShapes(t *testing.T) {
 		want []Header
 	}{
 		{"token gives Bearer", map[string]any{"token": planted},
-			[]Header{{"Authorization", "Bearer " + planted}}},
+			[]Header{{Name: "Authorization", Value: "Bearer " + planted}}},
 		{"headers canonicalised and sorted", map[string]any{"headers": map[string]any{"x-org-id": "o1", "X-API-KEY": planted}},
-			[]Header{{"X-Api-Key", planted}, {"X-Org-Id", "o1"}}},
+			[]Header{{Name: "X-Api-Key", Value: planted}, {Name: "X-Org-Id", Value: "o1"}}},
 		{"basic (RFC 7617 example)", map[string]any{"username": "Aladdin", "password": "open sesame"},
-			[]Header{{"Authorization", "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ=="}}},
+			[]Header{{Name: "Authorization", Value: "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ=="}}},
 		{"basic with empty password (key as username)", map[string]any{"username": "sk_test", "password": ""},
-			[]Header{{"Authorization", "Basic c2tfdGVzdDo="}}},
+			[]Header{{Name: "Authorization", Value: "Basic c2tfdGVzdDo="}}},
 		{"header value with inner space and tab", map[string]any{"headers": map[string]any{"Authorization": "Token a\tb c"}},
-			[]Header{{"Authorization", "Token a\tb c"}}},
+			[]Header{{Name: "Authorization", Value: "Token a\tb c"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

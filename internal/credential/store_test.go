@@ -57,7 +57,7 @@ func (f *fakeBackend) Read(ctx context.Context, id string) (Secret, string, erro
 	if !ok {
 		return Secret{}, "", fmt.Errorf("fake has no %s: %w", id, ErrNotFound)
 	}
-	return Secret{Headers: []Header{{"Authorization", "Bearer " + tok}}}, "v" + strconv.Itoa(f.versions[id]), nil
+	return Secret{Headers: []Header{{Name: "Authorization", Value: "Bearer " + tok}}}, "v" + strconv.Itoa(f.versions[id]), nil
 }
 
 func (f *fakeBackend) setToken(id, tok string) {

@@ -242,7 +242,7 @@ func parseBearer(id string, raw map[string]any) (Secret, error) {
 	switch {
 	case !validName(name):
 		return Secret{}, valueErr(id, typ+": header_name "+quoteName(name)+" is not a valid header name (e.g. \"X-Api-Key\")")
-	case notInjectable[canon] || strings.HasPrefix(canon, "Egressd-"):
+	case allowlist.ReservedHeader(canon) != "":
 		return Secret{}, valueErr(id, typ+": header_name "+quoteName(canon)+" cannot be injected (hop-by-hop, framing or Egressd-* header); use another header")
 	case strings.ContainsAny(prefix, " \t") || hasControl(prefix):
 		return Secret{}, valueErr(id, typ+`: prefix must be one word such as "Bearer" or "token" (egressd adds the space), or "" for the bare token`)

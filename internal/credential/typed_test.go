@@ -26,11 +26,11 @@ func TestParseTypedShapes(t *testing.T) {
 		want Header
 	}{
 		{"bearer_token defaults", map[string]any{"type": "bearer_token", "token": planted},
-			Header{"Authorization", "Bearer " + planted}},
+			Header{Name: "Authorization", Value: "Bearer " + planted}},
 		{"bearer_token header_name and no prefix", map[string]any{"type": "bearer_token", "token": planted, "header_name": "x-goog-api-key", "prefix": ""},
-			Header{"X-Goog-Api-Key", planted}},
+			Header{Name: "X-Goog-Api-Key", Value: planted}},
 		{"bearer_token other prefix", map[string]any{"type": "bearer_token", "token": planted, "prefix": "token", "status": "active"},
-			Header{"Authorization", "token " + planted}},
+			Header{Name: "Authorization", Value: "token " + planted}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -84,20 +84,13 @@ func (r Result) deny(env string, reason allowlist.Reason, detail string) Result 
 	return r
 }
 
+// parse reads raw as the proxy reads an absolute-form request target.
 func parse(raw string) (allowlist.Target, string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return allowlist.Target{}, "", err
 	}
-	if u.User != nil {
-		return allowlist.Target{}, u.Scheme, fmt.Errorf("userinfo in URL")
-	}
-	ports := map[string]uint16{"http": 80, "https": 443}
-	port, ok := ports[u.Scheme]
-	if !ok {
-		return allowlist.Target{}, u.Scheme, fmt.Errorf("unsupported scheme %q (use http or https)", u.Scheme)
-	}
-	t, err := allowlist.ParseAuthority(u.Host, port)
+	t, err := allowlist.URLTarget(u)
 	return t, u.Scheme, err
 }
 

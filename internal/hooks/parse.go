@@ -250,12 +250,10 @@ func (p *parser) target(h *Hook, path string) {
 	h.Target, h.PPath = t, NormalizePath(u.EscapedPath())
 }
 
-// defaultPort is the scheme's port when a URL names none.
+// defaultPort is the port of an http:// or https:// URL that names none.
 func defaultPort(scheme string) uint16 {
-	if scheme == "https" {
-		return 443
-	}
-	return 80
+	port, _ := allowlist.SchemePort(scheme)
+	return port
 }
 
 // jsonErrorAt renders a JSON error with the line and column it points at.

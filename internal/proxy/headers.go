@@ -5,17 +5,11 @@ import (
 	"net/http"
 	"net/textproto"
 	"strings"
+
+	"github.com/egressd/egressd/internal/allowlist"
 )
 
-// hopByHop are the connection-specific fields of RFC 9110 §7.6.1, plus the legacy
-// Proxy-Connection and HTTP2-Settings (RFC 7540 §3.2.1). Proxy-Authorization is for
-// egressd, never for the upstream.
-var hopByHop = []string{
-	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Http2-Settings",
-}
-
-// removeHopByHop deletes the hop-by-hop fields and every field the Connection header
+// removeHopByHop deletes the hop-by-hop fields (allowlist.HopByHop) and every field the Connection header
 // names. It runs before anything is added, so a client's "Connection: Authorization"
 // can only remove the client's own header, never an injected one.
 func removeHopByHop(h http.Header) {
@@ -26,7 +20,7 @@ func removeHopByHop(h http.Header) {
 			}
 		}
 	}
-	for _, name := range hopByHop {
+	for _, name := range allowlist.HopByHop {
 		delete(h, name)
 	}
 }

@@ -155,25 +155,19 @@ func (x *exchange) resolveTarget() (string, error) {
 
 // forwardTarget reads the destination of an absolute-form request.
 func forwardTarget(req *http.Request) (allowlist.Target, error) {
-	u := req.URL
-	if !u.IsAbs() || u.Host == "" {
-		return allowlist.Target{}, badRequest("not_proxy_request", errors.New("request target is not an absolute URL"))
-	}
-	if u.User != nil {
-		return allowlist.Target{}, badRequest("userinfo", errors.New("userinfo in request URL"))
-	}
-	port, ok := defaultPorts[u.Scheme]
-	if !ok {
-		return allowlist.Target{}, badRequest("scheme", errors.New("unsupported scheme "+u.Scheme))
-	}
-	t, err := allowlist.ParseAuthority(u.Host, port)
-	if err != nil {
+	t, err := allowlist.URLTarget(req.URL)
+	switch {
+	case errors.Is(err, allowlist.ErrNotAbsolute):
+		return t, badRequest("not_proxy_request", err)
+	case errors.Is(err, allowlist.ErrUserinfo):
+		return t, badRequest("userinfo", err)
+	case errors.Is(err, allowlist.ErrScheme):
+		return t, badRequest("scheme", err)
+	case err != nil:
 		return t, badHost("host", err)
 	}
 	return t, nil
 }
-
-var defaultPorts = map[string]uint16{"http": 80, "https": 443}
 
 // checkInnerHost refuses a request inside a tunnel whose Host (HTTP/1.1),
 // :authority (HTTP/2) or absolute-form URL names a host other than the tunnel's
@@ -195,7 +189,7 @@ func checkInnerHost(req *http.Request, t allowlist.Target) error {
 }
 
 func sameHost(authority string, t allowlist.Target) bool {
-	got, err := allowlist.ParseAuthority(authority, 443)
+	got, err := allowlist.ParseAuthority(authority, allowlist.PortHTTPS)
 	return err == nil && got.Host == t.Host && got.Port == t.Port
 }
 
@@ -238,7 +232,7 @@ func (x *exchange) outbound(ctx context.Context, scheme string) *http.Request {
 
 // hostHeader is the Host the upstream sees: the target, without the scheme's default port.
 func hostHeader(t allowlist.Target, scheme string) string {
-	if t.Port != defaultPorts[scheme] {
+	if port, _ := allowlist.SchemePort(scheme); t.Port != port {
 		return t.String()
 	}
 	if t.IsIP() && t.Addr.Is6() {

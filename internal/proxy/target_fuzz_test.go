@@ -40,7 +40,7 @@ func FuzzForwardTarget(f *testing.F) {
 			return
 		}
 		u := req.URL
-		port, ok := defaultPorts[u.Scheme]
+		port, ok := allowlist.SchemePort(u.Scheme)
 		if !ok || u.User != nil {
 			t.Fatalf("%q: accepted scheme %q, userinfo %v", target, u.Scheme, u.User)
 		}
