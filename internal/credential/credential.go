@@ -17,9 +17,6 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// redacted replaces a secret wherever one would be printed.
-const redacted = "[redacted]"
-
 // Header is one header a credential sets: allowlist.Header, whose Value is secret and
 // which prints as "Name: [redacted]" in every fmt verb, JSON and zerolog.
 type Header = allowlist.Header
