@@ -127,7 +127,9 @@ func TestRefusedUpgradeCloses(t *testing.T) {
 // may already have sent the other protocol's bytes.
 func TestDeclinedUpgradeCloses(t *testing.T) {
 	w := newWorld(t, worldOpts{})
-	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) { http.Error(rw, "no upgrade here", http.StatusUpgradeRequired) })
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		http.Error(rw, "no upgrade here", http.StatusUpgradeRequired)
+	})
 	c, br := w.dialProxy(t)
 	io.WriteString(c, "GET http://allowed.test/ws HTTP/1.1\r\nHost: allowed.test\r\nConnection: Upgrade\r\n"+
 		"Upgrade: websocket\r\n\r\n"+pipelined)
