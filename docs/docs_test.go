@@ -44,7 +44,11 @@ func TestEveryEntryKeyDocumented(t *testing.T) {
 }
 
 func TestEveryReasonDocumented(t *testing.T) {
-	named(t, "reasons.md", reasonCodes(t), "reason code")
+	named(t, "reasons.md", reasonCodes(t, "../internal/allowlist", "Reason"), "reason code")
+}
+
+func TestEveryDNSGuardReasonDocumented(t *testing.T) {
+	named(t, "reasons.md", reasonCodes(t, "../internal/dnsguard", "reason"), "DNS guard reason")
 }
 
 func TestEveryMetricDocumented(t *testing.T) {
@@ -63,10 +67,11 @@ func TestEveryLogFieldDocumented(t *testing.T) {
 	named(t, "observability.md", fields, "log field")
 }
 
-// reasonCodes reads the string values of the allowlist.Reason constants.
-func reasonCodes(t *testing.T) []string {
+// reasonCodes reads the string values of the constants of type typ in dir: a
+// constant declared `X typ = "code"` or `X = typ("code")`.
+func reasonCodes(t *testing.T, dir, typ string) []string {
 	t.Helper()
-	files, err := filepath.Glob("../internal/allowlist/*.go")
+	files, err := filepath.Glob(dir + "/*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,21 +85,34 @@ func reasonCodes(t *testing.T) []string {
 			t.Fatal(err)
 		}
 		ast.Inspect(f, func(n ast.Node) bool {
-			vs, ok := n.(*ast.ValueSpec)
-			if !ok || vs.Type == nil || len(vs.Values) != 1 {
-				return true
-			}
-			if id, ok := vs.Type.(*ast.Ident); ok && id.Name == "Reason" {
-				if lit, ok := vs.Values[0].(*ast.BasicLit); ok {
-					if s, _ := strconv.Unquote(lit.Value); s != "" {
-						codes = append(codes, s)
-					}
+			if vs, ok := n.(*ast.ValueSpec); ok && len(vs.Values) == 1 {
+				if s := constOf(vs, typ); s != "" {
+					codes = append(codes, s)
 				}
 			}
 			return true
 		})
 	}
 	return codes
+}
+
+// constOf is the string a constant of type typ is declared with, or "".
+func constOf(vs *ast.ValueSpec, typ string) string {
+	lit, ok := vs.Values[0].(*ast.BasicLit)
+	if id, isIdent := vs.Type.(*ast.Ident); !ok || !isIdent || id.Name != typ {
+		call, isCall := vs.Values[0].(*ast.CallExpr) // typ("code")
+		if !isCall || len(call.Args) != 1 {
+			return ""
+		}
+		if fn, isIdent := call.Fun.(*ast.Ident); !isIdent || fn.Name != typ {
+			return ""
+		}
+		if lit, ok = call.Args[0].(*ast.BasicLit); !ok {
+			return ""
+		}
+	}
+	s, _ := strconv.Unquote(lit.Value)
+	return s
 }
 
 // metricNames are the metric names registered anywhere under root's internal/

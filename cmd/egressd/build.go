@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
 	"github.com/egressd/egressd/internal/config"
@@ -225,6 +226,13 @@ func preflight(l *loaded) []error {
 }
 
 // newLogger builds the process logger from log.level and log.format.
+// colour reports whether console log lines to f may carry ANSI colours: only when f
+// is a terminal, and NO_COLOR (no-color.org) is unset. Redirected to a file or a
+// pipe, the lines stay plain text.
+func colour(f *os.File) bool {
+	return os.Getenv("NO_COLOR") == "" && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
+}
+
 func newLogger(c config.Log) zerolog.Logger {
 	level, err := zerolog.ParseLevel(c.Level)
 	if err != nil {
@@ -233,7 +241,7 @@ func newLogger(c config.Log) zerolog.Logger {
 	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
 	var log zerolog.Logger
 	if c.Format == "console" {
-		log = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr})
+		log = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: !colour(os.Stderr)})
 	} else {
 		log = zerolog.New(os.Stdout)
 	}

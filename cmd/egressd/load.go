@@ -8,7 +8,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
+	"github.com/egressd/egressd/configs"
+	"github.com/egressd/egressd/internal/atomicfile"
 	"github.com/egressd/egressd/internal/config"
 )
 
@@ -19,12 +22,12 @@ type loaded struct {
 }
 
 // load reads the config at path and the policy it names; without a path, the
-// quick-start defaults with configs/environment.json from the working directory.
+// quick-start defaults (loadQuickstart).
 func load(path string) (*loaded, error) {
 	var cfg *config.Config
 	var err error
 	if path == "" {
-		cfg, err = config.LoadDefault()
+		cfg, err = loadQuickstart()
 	} else {
 		cfg, err = config.Load(path)
 	}
@@ -40,6 +43,29 @@ func load(path string) (*loaded, error) {
 		}
 	}
 	return &loaded{cfg: cfg, policy: cfg.Rules}, nil
+}
+
+// loadQuickstart loads the quick-start defaults: from configs/ when the working
+// directory is the repository root, else from the copies of the embedded files in
+// the state dir (written once, never overwritten: edits to them stay).
+func loadQuickstart() (*config.Config, error) {
+	if _, err := os.Stat(config.DefaultPolicyFile); err == nil {
+		return config.LoadDefault()
+	}
+	dir := filepath.Join(config.DefaultStateDir, "quickstart")
+	policy, creds := filepath.Join(dir, "environment.json"), filepath.Join(dir, "credentials.json")
+	for file, data := range map[string][]byte{policy: configs.Environment, creds: configs.Credentials} {
+		if _, err := os.Stat(file); err == nil {
+			continue
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("quick start: %w", err)
+		}
+		if err := atomicfile.Write(file, data, 0o600); err != nil {
+			return nil, fmt.Errorf("quick start: %w", err)
+		}
+	}
+	return config.LoadDefaultFiles(policy, creds)
 }
 
 // newFlags returns a flag set with the flags every command shares.

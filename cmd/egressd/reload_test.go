@@ -247,6 +247,7 @@ func TestReloadAdmin(t *testing.T) {
 		if h := d.configHash(); h != hash0 {
 			t.Errorf("%s: config_hash %s after a rejected reload, want %s", tc.name, h, hash0)
 		}
+		assertLastReload(t, d, "error", pol)
 	}
 	// The watcher saw the broken file too, but the reload that read it was enough.
 	logs := d.cursor()
@@ -270,6 +271,27 @@ func TestReloadAdmin(t *testing.T) {
 	expectDecision(t, d, local, http.StatusForbidden, "not_allowlisted")
 	expectDecision(t, d, ip, http.StatusOK, "")
 	assertReloads(t, d, 1, 4)
+	assertLastReload(t, d, "ok", "")
+}
+
+// assertLastReload checks that /healthz and /readyz show the last reload's result,
+// and for a rejected one its error naming errIn.
+func assertLastReload(t *testing.T, d *runner, result, errIn string) {
+	t.Helper()
+	for _, path := range []string{"/healthz", "/readyz"} {
+		var body struct {
+			LastReload *struct {
+				Result, Source, Error string
+				At                    time.Time
+			} `json:"last_reload"`
+		}
+		d.adminJSON(path, http.StatusOK, &body)
+		lr := body.LastReload
+		if lr == nil || lr.Result != result || lr.Source != reloadAdmin || time.Since(lr.At) > time.Minute ||
+			(errIn == "") != (lr.Error == "") || !strings.Contains(lr.Error, errIn) {
+			t.Errorf("%s last_reload = %+v; want result %s from %s, recent, error naming %q", path, lr, result, reloadAdmin, errIn)
+		}
+	}
 }
 
 // TestReloadConcurrentPosts: reloads are serialised; concurrent callers each get their

@@ -59,10 +59,11 @@ type daemon struct {
 	log     zerolog.Logger
 	metrics *metrics.Metrics
 
-	mu       sync.Mutex
-	current  *loaded
-	loadedAt time.Time
-	self     []netip.AddrPort
+	mu         sync.Mutex
+	current    *loaded
+	loadedAt   time.Time
+	lastReload admin.ReloadStatus // the last reload's outcome
+	self       []netip.AddrPort
 
 	srv   *proxy.Server
 	admin *http.Server

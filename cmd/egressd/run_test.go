@@ -1002,3 +1002,39 @@ func TestRunListenErrorNamesTheListener(t *testing.T) {
 		t.Errorf("exit %d, want %d", res.code, exitRuntime)
 	}
 }
+
+// TestConsoleLogWithoutTerminal: log.format console writes no ANSI colours when
+// stderr is not a terminal (a file, a pipe, a container's log).
+func TestConsoleLogWithoutTerminal(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	cfg := strings.Replace(runConfig(runOpts{listener: held.Addr().String(), ports: []int{80}}),
+		"format: json", "format: console", 1)
+	dir := writeFiles(t, map[string]string{"credentials.json": "{}", "egressd.yaml": cfg})
+	res := egressd(t, "run", "--config", filepath.Join(dir, "egressd.yaml"))
+	if !strings.Contains(res.stderr, "egressd failed to start") || strings.Contains(res.stderr, "\x1b[") {
+		t.Errorf("console log to a pipe: %q; want the line without ANSI escapes", res.stderr)
+	}
+}
+
+// TestQuickstartFromAnyDirectory: without --config the quick-start defaults work
+// outside the repository: the embedded policy and credentials are written to the
+// state dir (0600) and used.
+func TestQuickstartFromAnyDirectory(t *testing.T) {
+	dir := t.TempDir()
+	for _, args := range [][]string{{"check"}, {"explain", "https://api.github.com/"}} {
+		cmd := exec.Command(binary, args...)
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), map[string]string{"check": "ok", "explain": "decision:   allow"}[args[0]]) {
+			t.Errorf("egressd %v in %s: %v\n%s", args, dir, err, out)
+		}
+	}
+	fi, err := os.Stat(filepath.Join(dir, ".egressd/quickstart/credentials.json"))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("quick-start credentials: %v, mode %v; want 0600", err, fi)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"time"
 
+	"github.com/egressd/egressd/internal/admin"
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/proxy"
@@ -19,6 +20,23 @@ func (d *daemon) ConfigInfo() (string, time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.current.cfg.Hash, d.loadedAt
+}
+
+// LastReload is the last reload's outcome, for /healthz and /readyz.
+func (d *daemon) LastReload() admin.ReloadStatus {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lastReload
+}
+
+func (d *daemon) setLastReload(source string, err error) {
+	st := admin.ReloadStatus{Result: "ok", Source: source, At: time.Now().UTC()}
+	if err != nil {
+		st.Result, st.Error = "error", err.Error()
+	}
+	d.mu.Lock()
+	d.lastReload = st
+	d.mu.Unlock()
 }
 
 // Ready reports readiness: the config is loaded and every credential the policy
@@ -85,11 +103,13 @@ func (d *daemon) reloadLocked(source string) (string, error) {
 		d.metrics.ConfigReloads.WithLabelValues("error").Inc()
 		d.log.Error().Str("source", source).Err(verr).Strs("problems", problemStrings(verr)).
 			Msg("reload rejected; the running config stays in force")
+		d.setLastReload(source, verr)
 		return "", verr
 	}
 	old := d.apply(c.l, c.rt)
 	d.watch.reset(d.cfgPath, c.l, read)
 	d.metrics.ConfigReloads.WithLabelValues("ok").Inc()
+	d.setLastReload(source, nil)
 	d.logReloaded(source, c, old)
 	return c.l.cfg.Hash, nil
 }

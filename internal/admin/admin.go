@@ -21,6 +21,8 @@ import (
 type State interface {
 	Runtime() *proxy.Runtime
 	ConfigInfo() (hash string, loaded time.Time)
+	// LastReload is the outcome of the last reload; the zero value before any.
+	LastReload() ReloadStatus
 	Ready() (bool, map[string]any)
 	// JWKS is the hook assertion keys as a JWK Set; nil when there are none.
 	JWKS() []byte
@@ -32,12 +34,31 @@ type State interface {
 	Reload() (hash string, err error)
 }
 
+// ReloadStatus is the outcome of a reload, as /healthz and /readyz show it. A
+// rejected reload leaves the last good config serving, so neither endpoint fails on
+// it (a restart would load the same bad file); they say so instead.
+type ReloadStatus struct {
+	Result string    `json:"result"`          // "ok" or "error"
+	Source string    `json:"source"`          // sighup, admin or file
+	At     time.Time `json:"at"`              // when it finished
+	Error  string    `json:"error,omitempty"` // why it was rejected: paths and messages, never values
+}
+
+// lastReload is the "last_reload" member of the health bodies: null before any.
+func lastReload(st State) any {
+	if r := st.LastReload(); r.Result != "" {
+		return r
+	}
+	return nil
+}
+
 // Handler returns the admin HTTP handler.
 func Handler(st State, m *metrics.Metrics) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		hash, loaded := st.ConfigInfo()
-		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "config_hash": hash, "config_loaded": loaded.UTC()})
+		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "config_hash": hash, "config_loaded": loaded.UTC(),
+			"last_reload": lastReload(st)})
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		ok, detail := st.Ready()
@@ -45,7 +66,7 @@ func Handler(st State, m *metrics.Metrics) http.Handler {
 		if !ok {
 			code = http.StatusServiceUnavailable
 		}
-		body := map[string]any{"ready": ok}
+		body := map[string]any{"ready": ok, "last_reload": lastReload(st)}
 		for k, v := range detail {
 			if k != "ready" {
 				body[k] = v

@@ -43,6 +43,7 @@ type fakeState struct {
 	ready  bool
 	detail map[string]any
 	reload func() (string, error) // nil: a reload that succeeds with hash
+	last   admin.ReloadStatus
 }
 
 func (s *fakeState) Runtime() *proxy.Runtime { return s.rt }
@@ -52,6 +53,8 @@ func (s *fakeState) JWKS() []byte { return []byte(`{"keys":[]}`) }
 func (s *fakeState) CAPEM() []byte { return []byte("-----BEGIN CERTIFICATE-----\n") }
 
 func (s *fakeState) ConfigInfo() (string, time.Time) { return s.hash, s.loaded }
+
+func (s *fakeState) LastReload() admin.ReloadStatus { return s.last }
 
 func (s *fakeState) Ready() (bool, map[string]any) {
 	s.mu.Lock()

@@ -358,8 +358,23 @@ func Default() *Config {
 // LoadDefault returns Default with its policy loaded from the working
 // directory. Its Hash covers the policy file's bytes alone.
 func LoadDefault() (*Config, error) {
-	cfg := Default()
+	return loadDefault(defaultRaw())
+}
+
+// LoadDefaultFiles is LoadDefault with the quick-start policy and credentials
+// read from the given files instead of configs/ in the working directory.
+func LoadDefaultFiles(policyFile, credentialsFile string) (*Config, error) {
+	r := defaultRaw()
+	r.Policy.File, r.Credentials.File = policyFile, credentialsFile
+	return loadDefault(r)
+}
+
+func loadDefault(r *rawConfig) (*Config, error) {
 	ps := newProblems()
+	cfg := validate(r, "", ps)
+	if err := ps.err(); err != nil {
+		return nil, err
+	}
 	policyBytes := cfg.loadPolicy(nil, ps)
 	if err := ps.err(); err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package dnsguard_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"math/rand/v2"
@@ -427,7 +428,7 @@ func TestMalformedPackets(t *testing.T) {
 	wantAddrs(t, w.ask(t, "tcp", "api.example.com.", dns.TypeA), "8.8.4.4")
 }
 
-// TestEveryQueryLogged checks the debug line: name, type and decision.
+// TestEveryQueryLogged checks the query's line: name, type and decision.
 func TestEveryQueryLogged(t *testing.T) {
 	w := newWorld(t, nil)
 	w.ask(t, "udp", "api.example.com.", dns.TypeA)
@@ -447,8 +448,12 @@ func TestEveryQueryLogged(t *testing.T) {
 		if err := json.Unmarshal([]byte(line), &got); err != nil {
 			t.Fatal(err)
 		}
-		if got["level"] != "debug" || got["message"] != "dns" {
-			t.Errorf("line %d: level %v message %v", i, got["level"], got["message"])
+		level := "info" // refusals at info, the rest at debug
+		if got["decision"] == "allow" {
+			level = "debug"
+		}
+		if got["level"] != level || got["message"] != "dns" {
+			t.Errorf("line %d: level %v message %v, want %s dns", i, got["level"], got["message"], level)
 		}
 		for k, v := range want[i] {
 			if got[k] != v {
@@ -516,3 +521,30 @@ func rawExchangeSize(t *testing.T, addr string, b []byte) (*dns.Msg, int) {
 }
 
 type syncBuffer = syncbuf.Buffer
+
+// TestRefusalsLoggedAtInfo: at the default level an operator sees why a sandbox's
+// name did not resolve; an allowed query stays at debug.
+func TestRefusalsLoggedAtInfo(t *testing.T) {
+	w := newWorld(t, func(o *dnsguard.Options) { o.Log = o.Log.Level(zerolog.InfoLevel) })
+	w.ask(t, "udp", "evil.test.", dns.TypeA)
+	w.ask(t, "udp", "api.example.com.", dns.TypeTXT)
+	w.ask(t, "udp", "api.example.com.", dns.TypeA)
+	var lines []map[string]any
+	for deadline := time.Now().Add(2 * time.Second); len(lines) < 2 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		lines = nil
+		for _, l := range bytes.Split(w.logs.Bytes(), []byte("\n")) {
+			var m map[string]any
+			if json.Unmarshal(l, &m) == nil && m["message"] == "dns" {
+				lines = append(lines, m)
+			}
+		}
+	}
+	if len(lines) != 2 {
+		t.Fatalf("%d dns lines at info, want the 2 refusals: %v", len(lines), lines)
+	}
+	for i, want := range []struct{ name, reason string }{{"evil.test.", "not_allowlisted"}, {"api.example.com.", "qtype_refused"}} {
+		if lines[i]["level"] != "info" || lines[i]["decision"] != "deny" || lines[i]["name"] != want.name || lines[i]["reason"] != want.reason {
+			t.Errorf("line %d = %v, want an info deny of %s (%s)", i, lines[i], want.name, want.reason)
+		}
+	}
+}

@@ -199,17 +199,22 @@ func (s *Server) baseContext() context.Context {
 	return s.base
 }
 
-// logQuery writes the query's debug line: what was asked, by whom, and
-// what the guard decided.
+// logQuery writes the query's line: what was asked, by whom, and what the guard
+// decided. A refusal is logged at info, so an operator sees why a sandbox's name did
+// not resolve; the rest at debug, and so are rate-limited refusals, which a flood
+// would otherwise turn into a flood of lines.
 func (s *Server) logQuery(q *query, resp *dns.Msg) {
-	decision := "allow"
+	decision, ev := "allow", s.o.Log.Debug()
 	if q.reason != reasonNone {
 		decision = "deny"
 		if q.reason == reasonDNSFailure {
 			decision = "fail"
 		}
+		if q.reason != reasonRateLimited {
+			ev = s.o.Log.Info()
+		}
 	}
-	s.o.Log.Debug().Str("client", q.client.String()).Str("proto", q.proto).
+	ev.Str("client", q.client.String()).Str("proto", q.proto).
 		Str("name", q.name).Str("qtype", dns.Type(q.qtype).String()).
 		Str("decision", decision).Str("reason", string(q.reason)).Str("rule", q.rule).
 		Str("rcode", dns.RcodeToString[resp.Rcode]).Int("answers", len(resp.Answer)).
