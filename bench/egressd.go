@@ -414,10 +414,13 @@ func writeConfig(dir string, up *upstream, dnsAddr, creds string) (string, error
 	if err := os.WriteFile(caPath, up.caPEM, 0o600); err != nil {
 		return "", err
 	}
+	oauthEntry := "" // the oauth2 path's entry: only the file-backed egressd has its credential
 	if creds == "" {
+		oauthEntry = "    - domain: " + oauthHost + "             # oauth2\n      ports: [{TLS_PORT}]\n      credential: " + oauthCredentialID
 		creds = fileCredentials
 		// The credential path's entry names credentialID; its token is a fake.
-		file := fmt.Sprintf("{%q: {\"token\": %q}}\n", credentialID, credentialToken)
+		file := fmt.Sprintf("{%q: {\"token\": %q},\n %q: {\"type\": \"oauth2\", \"client_id\": \"bench\", \"client_secret\": \"bench-secret\", \"refresh_token\": \"bench-refresh\", \"token_url\": \"https://%s:%s%s\"}}\n",
+			credentialID, credentialToken, oauthCredentialID, credentialHost, tlsPortOf(up), oauthTokenPath)
 		if err := os.WriteFile(filepath.Join(dir, "credentials.json"), []byte(file), 0o600); err != nil {
 			return "", err
 		}
@@ -435,6 +438,7 @@ func writeConfig(dir string, up *upstream, dnsAddr, creds string) (string, error
 		return "", err
 	}
 	cfg := strings.NewReplacer(
+		"{OAUTH_ENTRY}", strings.ReplaceAll(oauthEntry, "{TLS_PORT}", tlsPort),
 		"{HTTP_PORT}", httpPort,
 		"{TLS_PORT}", tlsPort,
 		"{TRANSFORM_HOST}", transformHost,
@@ -453,6 +457,12 @@ func writeConfig(dir string, up *upstream, dnsAddr, creds string) (string, error
 	).Replace(configTemplate)
 	path := filepath.Join(dir, "egressd.yaml")
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
+}
+
+// tlsPortOf is the upstream's HTTPS port ("" when its address has none).
+func tlsPortOf(up *upstream) string {
+	p, _ := portOf(up.tlsAddr)
+	return p
 }
 
 func portOf(addr string) (string, error) {
@@ -497,6 +507,7 @@ policy:
     - domain: {CREDENTIAL_HOST}         # credential
       ports: [{TLS_PORT}]
       credential: {CREDENTIAL_ID}
+{OAUTH_ENTRY}
 {HOOK_ENTRY}
 network:
   resolver: {RESOLVER}       # the bench's DNS stub: answers *.bench.test only, forwards nothing

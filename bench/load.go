@@ -62,6 +62,8 @@ type runResult struct {
 	Credentialed     int64 `json:"upstream_credentialed"`
 	// VaultCredentialed counts those that carried the vault path's token.
 	VaultCredentialed int64 `json:"upstream_vault_credentialed"`
+	// OAuthCredentialed counts those that carried the oauth2 path's access token.
+	OAuthCredentialed int64 `json:"upstream_oauth_credentialed"`
 	// CPUSeconds is egressd's CPU time (user+system) over the window; only
 	// for runs through egressd.
 	CPUSeconds float64 `json:"egressd_cpu_s,omitempty"`
@@ -85,7 +87,7 @@ func runLoad(ctx context.Context, t target, lo loadOptions, up *upstream, cpu fu
 	}
 	d := up.counts().sub(before)
 	r.UpstreamConns, r.UpstreamRequests = d.accepted, d.served
-	r.Transformed, r.Credentialed, r.VaultCredentialed = d.transform, d.credential, d.vaultCred
+	r.Transformed, r.Credentialed, r.VaultCredentialed, r.OAuthCredentialed = d.transform, d.credential, d.vaultCred, d.oauthCred
 	return r, nil
 }
 

@@ -40,7 +40,7 @@ const (
 	defaultClients  = 64
 	defaultSize     = 1024
 	defaultRounds   = 1
-	defaultPaths    = "plain,connect,intercept,intercept-newconn,credential,vault,hook,transparent"
+	defaultPaths    = "plain,connect,intercept,intercept-newconn,credential,oauth2,vault,hook,transparent"
 
 	// maxDuration, maxClients and maxRounds keep a mistyped flag from turning
 	// the bench into a long or huge load.
@@ -349,7 +349,7 @@ func injectionProblems(p pathSpec, round, rounds int, direct, via runResult) []s
 		return run + " run"
 	}
 	counts := func(r runResult) map[injection]int64 {
-		return map[injection]int64{injectTransform: r.Transformed, injectCredential: r.Credentialed, injectVaultCredential: r.VaultCredentialed}
+		return map[injection]int64{injectTransform: r.Transformed, injectCredential: r.Credentialed, injectVaultCredential: r.VaultCredentialed, injectOAuth: r.OAuthCredentialed}
 	}
 	for kind, n := range counts(direct) {
 		if n > 0 {

@@ -44,6 +44,7 @@ const (
 	injectTransform                 // transformHeader: transformValue, from the entry's transform
 	injectCredential                // Authorization: Bearer credentialToken, from credentials.json
 	injectVaultCredential           // Authorization: Bearer vaultCredentialToken, from Vault
+	injectOAuth                     // Authorization: Bearer oauthAccessToken, from the oauth2 token endpoint
 )
 
 func (i injection) String() string {
@@ -54,6 +55,8 @@ func (i injection) String() string {
 		return "Authorization (credential " + credentialID + ")"
 	case injectVaultCredential:
 		return "Authorization (credential " + credentialID + " from Vault)"
+	case injectOAuth:
+		return "Authorization (oauth2 credential " + oauthCredentialID + ")"
 	}
 	return "nothing"
 }
@@ -75,6 +78,7 @@ type world struct {
 const (
 	transformHost  = "inject." + benchZone
 	credentialHost = "cred." + benchZone
+	oauthHost      = "oauth." + benchZone
 )
 
 // target is one side of a path: the URL every request asks for and how the
@@ -130,6 +134,8 @@ var paths = []pathSpec{
 		"as intercept, but a new TCP+TLS connection per request (handshakes/s; egressd's leaf cache warm); direct: a new TLS connection per request"), peersIntercept),
 	interceptPath("credential", credentialHost, injectCredential, false,
 		"as intercept, but the entry names a file-backed credential (Authorization: Bearer) instead of a transform"),
+	interceptPath("oauth2", oauthHost, injectOAuth, false,
+		"as credential, but the entry names a file-backed oauth2 credential: the access token egressd got from the upstream's token endpoint (refresh-token grant, cached for its hour)"),
 	vaultPath(),
 	hookPathSpec(),
 	transparentPathSpec(),

@@ -132,6 +132,7 @@ func combine(runs []runResult) runResult {
 		r.Transformed += x.Transformed
 		r.Credentialed += x.Credentialed
 		r.VaultCredentialed += x.VaultCredentialed
+		r.OAuthCredentialed += x.OAuthCredentialed
 		r.CPUSeconds += x.CPUSeconds
 		if x.CPUError != "" {
 			r.CPUError = x.CPUError
@@ -427,7 +428,7 @@ func (r *report) writeDetails(w io.Writer) error {
 			}
 			fmt.Fprintf(tw, "%-*s\t%-7s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", pw, p.Path, run.name,
 				thousands(float64(run.r.Total)), run.r.Errors, run.r.ClientConns, run.r.UpstreamConns,
-				thousands(float64(run.r.UpstreamRequests)), thousands(float64(run.r.Transformed+run.r.Credentialed+run.r.VaultCredentialed)),
+				thousands(float64(run.r.UpstreamRequests)), thousands(float64(run.r.Transformed+run.r.Credentialed+run.r.VaultCredentialed+run.r.OAuthCredentialed)),
 				dur(run.r.MeanUS), dur(run.r.MaxUS), lines, ok, leaf, dns)
 		}
 	}

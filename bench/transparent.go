@@ -319,7 +319,7 @@ func isSplicedTLS(line string) bool {
 // fillUpstream sets the far side's figures of a run, as runLoad does.
 func (r *runResult) fillUpstream(d upstreamCounts) {
 	r.UpstreamConns, r.UpstreamRequests = d.accepted, d.served
-	r.Transformed, r.Credentialed, r.VaultCredentialed = d.transform, d.credential, d.vaultCred
+	r.Transformed, r.Credentialed, r.VaultCredentialed, r.OAuthCredentialed = d.transform, d.credential, d.vaultCred, d.oauthCred
 }
 
 // allowStandIn lets the transparent path's clients dial the stand-in upstream

@@ -34,6 +34,8 @@ type upstream struct {
 	transform  atomic.Int64 // requests carrying exactly transformHeader: transformValue
 	credential atomic.Int64 // requests carrying exactly Authorization: Bearer credentialToken
 	vaultCred  atomic.Int64 // requests carrying exactly Authorization: Bearer vaultCredentialToken
+	oauthCred  atomic.Int64 // requests carrying exactly Authorization: Bearer oauthAccessToken
+	tokenCalls atomic.Int64 // oauth2 token calls egressd made (oauthTokenPath); not in served
 	servers    []*http.Server
 	// hook is the hook path's policy endpoint (hook.go), when that path runs:
 	// egressd's config then names it in hooks.json and its allowlist.
@@ -59,26 +61,33 @@ const (
 	credentialID         = "bench-cred"
 	credentialToken      = "bench-fake-token-not-a-secret"
 	vaultCredentialToken = "bench-fake-vault-token-not-a-secret"
+	// The oauth2 path's credential: egressd exchanges its fake refresh token at
+	// oauthTokenPath on this upstream for oauthAccessToken, valid for an hour.
+	oauthCredentialID = "bench-oauth"
+	oauthAccessToken  = "bench-fake-access-token-not-a-secret"
+	oauthTokenPath    = "/oauth/token"
 )
 
 var (
 	credentialAuth      = "Bearer " + credentialToken
 	vaultCredentialAuth = "Bearer " + vaultCredentialToken
+	oauthAuth           = "Bearer " + oauthAccessToken
+	oauthTokenResponse  = []byte(`{"access_token": "` + oauthAccessToken + `", "token_type": "Bearer", "expires_in": 3600}`)
 )
 
 // upstreamCounts is a snapshot of the upstream's counters; a run's figures are
 // the difference of two.
 type upstreamCounts struct {
-	accepted, served, transform, credential, vaultCred int64
+	accepted, served, transform, credential, vaultCred, oauthCred int64
 }
 
 func (u *upstream) counts() upstreamCounts {
-	return upstreamCounts{u.accepted.Load(), u.served.Load(), u.transform.Load(), u.credential.Load(), u.vaultCred.Load()}
+	return upstreamCounts{u.accepted.Load(), u.served.Load(), u.transform.Load(), u.credential.Load(), u.vaultCred.Load(), u.oauthCred.Load()}
 }
 
 func (c upstreamCounts) sub(o upstreamCounts) upstreamCounts {
 	return upstreamCounts{c.accepted - o.accepted, c.served - o.served, c.transform - o.transform,
-		c.credential - o.credential, c.vaultCred - o.vaultCred}
+		c.credential - o.credential, c.vaultCred - o.vaultCred, c.oauthCred - o.oauthCred}
 }
 
 func startUpstream(size int) (*upstream, error) {
@@ -149,6 +158,12 @@ func (u *upstream) fixedBody(size int) http.Handler {
 	length := []string{strconv.Itoa(size)}
 	ctype := []string{"application/octet-stream"}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == oauthTokenPath && r.Method == http.MethodPost {
+			u.tokenCalls.Add(1)
+			w.Header()["Content-Type"] = []string{"application/json"}
+			_, _ = w.Write(oauthTokenResponse)
+			return
+		}
 		u.served.Add(1)
 		if v := r.Header[transformHeader]; len(v) == 1 && v[0] == transformValue {
 			u.transform.Add(1)
@@ -159,6 +174,8 @@ func (u *upstream) fixedBody(size int) http.Handler {
 				u.credential.Add(1)
 			case vaultCredentialAuth:
 				u.vaultCred.Add(1)
+			case oauthAuth:
+				u.oauthCred.Add(1)
 			}
 		}
 		hdr := w.Header()
