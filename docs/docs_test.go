@@ -5,6 +5,7 @@
 package docs
 
 import (
+	"encoding/json"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -14,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"gopkg.in/yaml.v3"
 
 	"github.com/egressd/egressd/internal/config"
 )
@@ -171,4 +174,78 @@ func mdPages(t *testing.T) []string {
 		t.Fatalf("no docs pages: %v", err)
 	}
 	return pages
+}
+
+// TestObservabilityNamesRealMetrics: the dashboard and the alert rules in
+// deploy/observability name only metrics egressd exports (a histogram's _bucket,
+// _sum and _count included), parse as JSON and YAML, and cover what an operator
+// must watch.
+func TestObservabilityNamesRealMetrics(t *testing.T) {
+	known := map[string]bool{}
+	for _, n := range metricNames(t, "..") {
+		for _, s := range []string{"", "_bucket", "_sum", "_count"} {
+			known[n+s] = true
+		}
+	}
+	dash := readFile(t, "../deploy/observability/egressd-dashboard.json")
+	var d struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(dash, &d); err != nil || len(d.Panels) == 0 {
+		t.Fatalf("dashboard: %v (%d panels)", err, len(d.Panels))
+	}
+	rules := readFile(t, "../deploy/observability/egressd-alerts.yaml")
+	var r struct {
+		Groups []struct {
+			Rules []struct {
+				Alert, Expr string
+				Labels      map[string]string
+				Annotations map[string]string
+			}
+		}
+	}
+	if err := yaml.Unmarshal(rules, &r); err != nil || len(r.Groups) == 0 {
+		t.Fatalf("alert rules: %v", err)
+	}
+	var exprs []string
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			exprs = append(exprs, tg.Expr)
+		}
+	}
+	for _, g := range r.Groups {
+		for _, rule := range g.Rules {
+			if rule.Alert == "" || rule.Expr == "" || rule.Labels["severity"] == "" || rule.Annotations["summary"] == "" {
+				t.Errorf("alert %q lacks an expr, a severity or a summary", rule.Alert)
+			}
+			exprs = append(exprs, rule.Expr)
+		}
+	}
+	all := strings.Join(exprs, "\n")
+	for _, m := range regexp.MustCompile(`egressd_[a-z0-9_]+`).FindAllString(all, -1) {
+		if !known[m] {
+			t.Errorf("deploy/observability names %s, which egressd does not export", m)
+		}
+	}
+	for _, must := range []string{`egressd_requests_total{decision="deny"`, "egressd_credential_age_seconds",
+		`outcome="failed_closed"`, `egressd_config_reloads_total{result="error"}`, `reason="overloaded"`, "egressd_scrubbed_total"} {
+		if !strings.Contains(all, must) {
+			t.Errorf("deploy/observability does not watch %s", must)
+		}
+	}
+	if !strings.Contains(all, `outcome="failed_closed"`) || !strings.Contains(string(readFile(t, "../internal/proxy/hookcall.go")), `"failed_closed"`) {
+		t.Error(`the fail-closed outcome label is no longer "failed_closed": update the dashboard and the alerts`)
+	}
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
