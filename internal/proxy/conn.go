@@ -36,6 +36,16 @@ type conn struct {
 	lane   bool
 	laneAt time.Time // when an outer lane connection took its slot
 	isCut  atomic.Bool
+	// cutCtx ends when a lane connection is cut (lane.go): a hook call on it then
+	// gets the deny at once. Nil outside the lane.
+	cutCtx context.Context
+	cutFn  context.CancelFunc
+	// laneRoot is the outer lane connection (itself, or the one an intercepted
+	// inner connection runs in); inCall is set on it once a hook call has begun.
+	laneRoot *conn
+	inCall   atomic.Bool
+	// release gives the connection's slot back (once; serveIn).
+	release func()
 	// tunneling is set once the connection carries bytes egressd does not frame
 	// (a tunnel, an upgrade) or is the outside of an intercepted tunnel, whose
 	// requests are counted on the inner connection, or in streams for HTTP/2.

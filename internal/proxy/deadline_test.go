@@ -194,9 +194,9 @@ func TestHookBufferBudget(t *testing.T) {
 		io.WriteString(rw, `{"decision":"allow"}`)
 	})
 	var stalled []net.Conn
-	for i := 0; i < 2; i++ { // 2 x 32 KiB reserved: the budget is full
+	for i := 0; i < 2; i++ { // the first declares (and is reserved) 65,500 of 65,536 bytes; the second does not fit
 		tc, _ := w.interceptedH1(t, "policy.allowed.test")
-		io.WriteString(tc, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Length: 60000\r\n\r\n"+strings.Repeat("x", 30000))
+		io.WriteString(tc, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Length: 65500\r\n\r\n"+strings.Repeat("x", 30000))
 		stalled = append(stalled, tc)
 	}
 	time.Sleep(300 * time.Millisecond) // egressd reads what was sent
@@ -204,7 +204,7 @@ func TestHookBufferBudget(t *testing.T) {
 	if status != 200 || body["decision"] != "deny" || !strings.Contains(body["reason"].(string), "overloaded") {
 		t.Fatalf("pre-tool call with the budget full: %d %v, want the fail-closed deny", status, body)
 	}
-	req, _ := http.NewRequest("POST", "https://policy.allowed.test/post", strings.NewReader(`{}`))
+	req, _ := http.NewRequest("POST", "https://policy.allowed.test/post", strings.NewReader(`{"pad":"`+strings.Repeat("x", 100)+`"}`))
 	resp, err := w.interceptingClient().Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -48,7 +48,7 @@ func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHe
 	}
 	inner := newConn(c.s, c.l, tc)
 	inner.pinned, inner.refuseAll = &t, c.refuseAll
-	inner.slot, inner.lane = c.slot, c.lane
+	inner.slot, inner.lane, inner.cutCtx, inner.laneRoot = c.slot, c.lane, c.cutCtx, c.laneRoot
 	inner.ctx, inner.cancel = context.WithCancel(c.ctx) // the outer's end (or cut) ends it
 	if c.s.trackConn(inner, true) {
 		defer c.s.trackConn(inner, false)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"net"
 	"net/http"
 	"time"
@@ -40,7 +41,7 @@ const (
 	maxAdmitting = 64                     // connections being admitted at once; the oldest is cut
 	admitHead    = 2 * time.Second        // the newcomer's first head must arrive within this
 	laneWait     = 500 * time.Millisecond // a newcomer waits this long for a cut connection's slot
-	cutGrace     = 250 * time.Millisecond // a cut connection is closed after this, answered or not
+	cutGrace     = time.Second            // a cut connection is closed after this, answered or not
 )
 
 // slotKind is what a connection holds.
@@ -100,6 +101,8 @@ func (s *Server) serveLane(l *listener, c *conn, rt *Runtime) {
 		return
 	}
 	c.slot, c.lane, c.laneAt = slotLane, true, time.Now()
+	c.cutCtx, c.cutFn = context.WithCancel(context.Background())
+	c.laneRoot = c
 	time.AfterFunc(laneLife(rt), c.cut)
 	s.serveIn(c, l.lane)
 }
@@ -114,14 +117,16 @@ func laneLife(rt *Runtime) time.Duration {
 	return 2*rt.Limits.ReadHeader + longest + time.Second
 }
 
-// cutOldestLane cuts l's lane connection that took its slot first and reports
-// whether there was one.
+// cutOldestLane cuts one of l's lane connections and reports whether there was
+// one: the oldest of those already in a hook call (a body trickling in, an
+// endpoint slow to answer: the call is answered with the deny at once), else the
+// oldest. A real call that is still in its handshake is the newest arrival, and
+// the last to be cut.
 func (s *Server) cutOldestLane(l *listener) bool {
 	s.mu.Lock()
 	var oldest *conn
 	for c := range s.conns {
-		if c.l == l && c.slot == slotLane && !c.laneAt.IsZero() && !c.isCut.Load() &&
-			(oldest == nil || c.laneAt.Before(oldest.laneAt)) {
+		if c.l == l && c.laneRoot == c && !c.isCut.Load() && cutsBefore(c, oldest) {
 			oldest = c
 		}
 	}
@@ -133,16 +138,30 @@ func (s *Server) cutOldestLane(l *listener) bool {
 	return true
 }
 
-// cut ends what the connection waits for — a hook call in progress is answered
-// with the fail-closed deny — and closes it within cutGrace.
+// cutsBefore reports whether lane connection a is to be cut before b (nil: none).
+func cutsBefore(a, b *conn) bool {
+	if b == nil {
+		return true
+	}
+	if ai, bi := a.inCall.Load(), b.inCall.Load(); ai != bi {
+		return ai
+	}
+	return a.laneAt.Before(b.laneAt)
+}
+
+// cut gives the connection's lane slot to the newcomer at once; its hook call, in
+// progress or still to come within cutGrace, is answered with the fail-closed deny
+// without waiting for the body or the endpoint; after cutGrace it is closed.
 func (c *conn) cut() {
 	if !c.isCut.CompareAndSwap(false, true) {
 		return
 	}
-	c.cancel()
-	c.nc.SetReadDeadline(expiredDeadline)
+	c.release()
+	c.cutFn()
 	time.AfterFunc(cutGrace, c.abort)
 }
+
+var errLaneCut = deny(allowlist.ReasonOverloaded, "hook_lane_cut")
 
 // hookCandidate reports whether the connection's first head may be a pre-tool
 // hook call on this listener. It reads without consuming: the head is parsed

@@ -22,7 +22,9 @@ type exchange struct {
 	rt      *Runtime
 	srv     *Server
 	metrics *metrics.Metrics
-	budget  *hookBudget // buffered hook bodies, process-wide
+	budget  *hookBudget     // buffered hook bodies, process-wide
+	cut     context.Context // a lane connection's cut (lane.go); nil elsewhere
+	lane    *conn           // the outer lane connection; nil elsewhere
 	req     *http.Request
 	rec     *Record
 	body    *requestBody
@@ -37,7 +39,7 @@ type exchange struct {
 
 func newExchange(c *conn, rt *Runtime, req *http.Request, rec *Record, pinned *allowlist.Target) *exchange {
 	rec.Method = req.Method
-	return &exchange{rt: rt, srv: c.s, metrics: c.s.metrics, budget: &c.s.hookBuf, req: req, rec: rec, body: newRequestBody(req), pinned: pinned, orig: c.orig}
+	return &exchange{rt: rt, srv: c.s, metrics: c.s.metrics, budget: &c.s.hookBuf, cut: c.cutCtx, lane: c.laneRoot, req: req, rec: rec, body: newRequestBody(req), pinned: pinned, orig: c.orig}
 }
 
 // locate reads and checks the request's target once.

@@ -142,13 +142,14 @@ func (s *Server) serveConn(l *listener, nc net.Conn) {
 // serveIn serves c, which holds a slot of sem, on a goroutine of its own.
 func (s *Server) serveIn(c *conn, sem chan struct{}) {
 	l := c.l
+	c.release = sync.OnceFunc(func() { <-sem })
 	if !s.trackConn(c, true) {
-		<-sem
+		c.release()
 		c.nc.Close()
 		return
 	}
 	go func() {
-		defer func() { <-sem }()
+		defer c.release()
 		defer s.trackConn(c, false)
 		if l.cfg.Mode == config.ModeTransparent {
 			c.serveTransparent()

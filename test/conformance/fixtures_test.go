@@ -278,6 +278,10 @@ func (e *echoServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusFound)
 		return
 	}
+	if r.URL.Path == bigPath { // a large answer, for clients that never read it
+		writeBig(w)
+		return
+	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 	if path.Clean(r.URL.Path) == hookAllowPath { // as most servers, it resolves dot segments
 		e.record(echoed{Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto, Header: redactHeader(r.Header), Body: string(body)})
