@@ -124,3 +124,24 @@ func BenchmarkDecodeReader(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkWebSocket: a 1 MiB message in 16 KiB frames, server to client.
+func BenchmarkWebSocket(b *testing.B) {
+	s := Compile(benchValues...)
+	body := benchBody(1 << 20)
+	var frames []wsFrame
+	for at := 0; at < len(body); at += 16 << 10 {
+		op := byte(0)
+		if at == 0 {
+			op = 2
+		}
+		frames = append(frames, wsFrame{fin: at+16<<10 >= len(body), op: op, payload: body[at:min(len(body), at+16<<10)]})
+	}
+	wire := wsStream(frames...)
+	buf := make([]byte, 32<<10)
+	loop(b, len(body), func() {
+		if _, err := io.CopyBuffer(io.Discard, s.WebSocket(bytes.NewReader(wire)), buf); err != nil {
+			b.Fatal(err)
+		}
+	})
+}

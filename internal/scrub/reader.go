@@ -15,7 +15,8 @@ import (
 // stays bounded by the longest pattern plus one read, whatever the body size.
 // At EOF the held bytes are released as they are (they matched nothing); on
 // any other source error they are dropped (they may be most of a secret) and
-// the error returned.
+// the error returned. A Reader belongs to one goroutine, like the body it
+// reads.
 type Reader struct {
 	set  *Set
 	src  io.Reader
