@@ -278,6 +278,7 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 		{res: pathResult{Path: hookOtherRow, Description: fmt.Sprintf("the hook row's POSTs to https://%s:<port>%s: the same entry and transform, but no hook URL, so intercepted and forwarded as any request (the hook row's direct runs)", hookHost, hookOtherPath), Injects: injects}},
 	}
 	targets := [2]customTarget{call, other}
+	var lastDirect runResult
 	for round := range o.rounds {
 		hs.sampleNext.Store(true)
 		before := hs.counts()
@@ -287,6 +288,7 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 		}
 		dc := hs.counts().sub(before)
 		d.fillHook(dc)
+		lastDirect = d
 		for _, rb := range rows {
 			rb.res.Problems = append(rb.res.Problems, hookProblems(hookDirect, dc, 0, runLabel("direct", round, o.rounds))...)
 		}
@@ -327,7 +329,11 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 			rows[i].add(d, x)
 		}
 	}
-	return []pathResult{rows[0].finish(e), rows[1].finish(e)}, nil
+	attacked, err := measureHookUnderAttack(ctx, env, call, lo, lastDirect)
+	if err != nil {
+		return nil, err
+	}
+	return []pathResult{rows[0].finish(e), rows[1].finish(e), attacked}, nil
 }
 
 // fillHook sets the far side's figures of a run from the endpoint's counters.
@@ -440,6 +446,10 @@ func (r *report) writeHookNote(w io.Writer) {
 			signedDur(h.Egressd.P99US-b.Egressd.P99US), dur(h.Egressd.P99US), dur(b.Egressd.P99US))
 	}
 	fmt.Fprintf(w, " (a signed pre_tool_execution call vs the same %d-byte POST to a URL of the same entry that is no hook's)\n", hookBodySize)
+	if a := r.path(hookAttackRow); a != nil && a.Egressd.P50US > 0 {
+		fmt.Fprintf(w, "hook under attack (%d connections held): p50 %s, p99 %s, vs %s and %s idle\n", attackConns,
+			dur(a.Egressd.P50US), dur(a.Egressd.P99US), dur(h.Egressd.P50US), dur(h.Egressd.P99US))
+	}
 }
 
 // signedDur is dur with a sign.
