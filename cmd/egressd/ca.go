@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/egressd/egressd/internal/daemon"
 	mitm "github.com/egressd/egressd/internal/tls"
 )
 
@@ -61,7 +62,7 @@ func runCA(name string, args []string, print func(w io.Writer, f caFiles, json b
 		fmt.Fprintf(stderr, "egressd: --format must be text or json, got %q\n", *format)
 		return exitUsage
 	}
-	l, err := load(*cfgPath)
+	l, err := daemon.Load(*cfgPath)
 	if err != nil {
 		printLoadError(stderr, err)
 		return exitUsage
@@ -80,8 +81,8 @@ func runCA(name string, args []string, print func(w io.Writer, f caFiles, json b
 // caSetup loads (or generates) the CA the config names and writes the bundle
 // into the state dir. A CA that exists but cannot be used is a validation
 // error; failing to read or write files is a runtime failure.
-func caSetup(l *loaded) (caFiles, int) {
-	cfg := l.cfg
+func caSetup(l *daemon.Loaded) (caFiles, int) {
+	cfg := l.Cfg
 	ca, created, err := mitm.LoadOrCreateCA(cfg.TLS.CACert, cfg.TLS.CAKey, cfg.StateDir, cfg.Environment)
 	if err != nil {
 		fmt.Fprintf(stderr, "egressd: %v\n", err)

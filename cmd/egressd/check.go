@@ -13,6 +13,7 @@ import (
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/credential/file"
+	"github.com/egressd/egressd/internal/daemon"
 	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/netguard"
 )
@@ -29,7 +30,7 @@ func cmdCheck(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	l, err := load(*cfgPath)
+	l, err := daemon.Load(*cfgPath)
 	rep := checkReport{OK: err == nil, Problems: []config.Problem{}}
 	var verr *config.ValidationError
 	switch {
@@ -38,11 +39,11 @@ func cmdCheck(args []string) int {
 	case err != nil:
 		rep.Problems = []config.Problem{{Msg: err.Error()}}
 	default:
-		for _, err := range preflight(l) {
+		for _, err := range daemon.Preflight(l) {
 			rep.OK = false
 			rep.Problems = append(rep.Problems, config.Problem{Msg: err.Error()})
 		}
-		rep.Problems = append(rep.Problems, l.cfg.Warnings...)
+		rep.Problems = append(rep.Problems, l.Cfg.Warnings...)
 		rep.Problems = append(rep.Problems, lintPolicy(l)...)
 		creds := lintCredentials(l)
 		rep.Problems = append(rep.Problems, creds...)
@@ -87,38 +88,38 @@ func printProblems(rep checkReport) {
 
 // lintHooks lints hooks.json (hooks.file, or the policy's inline .agents/hooks.json)
 // against the policy; findings are located as hooks.json:<JSON path>.
-func lintHooks(l *loaded) []config.Problem {
-	data, file := []byte(l.policy.HooksJSON), l.cfg.Policy.File
-	if l.cfg.Hooks.File != "" {
+func lintHooks(l *daemon.Loaded) []config.Problem {
+	data, file := []byte(l.Policy.HooksJSON), l.Cfg.Policy.File
+	if l.Cfg.Hooks.File != "" {
 		var err error
-		if data, err = os.ReadFile(l.cfg.Hooks.File); err != nil {
+		if data, err = os.ReadFile(l.Cfg.Hooks.File); err != nil {
 			return []config.Problem{{Path: "hooks.file", Msg: "cannot read hooks.json: " + err.Error()}}
 		}
-		file = l.cfg.Hooks.File
+		file = l.Cfg.Hooks.File
 	}
 	if data == nil {
 		return nil
 	}
 	// A bad CIDR is already a config error; without a guard lint judges by class alone.
 	guard, _ := netguard.New(netguard.Options{
-		AllowCIDRs:       l.cfg.Network.AllowCIDRs,
-		UnsafeAllowCIDRs: l.cfg.Network.UnsafeAllowCIDRs,
+		AllowCIDRs:       l.Cfg.Network.AllowCIDRs,
+		UnsafeAllowCIDRs: l.Cfg.Network.UnsafeAllowCIDRs,
 	})
 	findings := hooks.LintJSON(data, hooks.LintOptions{
-		Policy:     l.policy.Allowlist,
+		Policy:     l.Policy.Allowlist,
 		Guard:      guard,
-		FailClosed: l.cfg.Hooks.FailClosed,
+		FailClosed: l.Cfg.Hooks.FailClosed,
 	})
 	return problemsOf(findings, "hooks.json", ":", file)
 }
 
 // lintPolicy warns about credentials and auth transforms on "*" or broad wildcards.
-func lintPolicy(l *loaded) []config.Problem {
+func lintPolicy(l *daemon.Loaded) []config.Problem {
 	prefix := "policy.allowlist"
-	if l.cfg.Policy.File != "" {
-		prefix = allowlistPrefix(l.cfg.Policy.File)
+	if l.Cfg.Policy.File != "" {
+		prefix = allowlistPrefix(l.Cfg.Policy.File)
 	}
-	return problemsOf(hooks.LintPolicy(l.policy.Allowlist.Rules()), prefix, "", l.cfg.Policy.File)
+	return problemsOf(hooks.LintPolicy(l.Policy.Allowlist.Rules()), prefix, "", l.Cfg.Policy.File)
 }
 
 // lintCredentials checks the file backend's credentials file as `run` will read it:
@@ -127,8 +128,8 @@ func lintPolicy(l *loaded) []config.Problem {
 // would get 503), and its mode (readable by every user: a warning, as `run` gives). A
 // file that cannot be read is a warning (it may be mounted only where egressd runs); one
 // that does not parse is an error with its line and column.
-func lintCredentials(l *loaded) []config.Problem {
-	c := l.cfg.Credentials
+func lintCredentials(l *daemon.Loaded) []config.Problem {
+	c := l.Cfg.Credentials
 	if c.Backend != config.BackendFile || c.File == "" {
 		return nil
 	}
@@ -163,18 +164,18 @@ type credentialRef struct{ id, path, file string }
 
 // credentialRefs lists the credential IDs the policy (and the hook signing key) names,
 // each with the path that names it.
-func credentialRefs(l *loaded) []credentialRef {
+func credentialRefs(l *daemon.Loaded) []credentialRef {
 	var refs []credentialRef
-	if id := l.cfg.Hooks.SigningKey.Credential; id != "" {
+	if id := l.Cfg.Hooks.SigningKey.Credential; id != "" {
 		refs = append(refs, credentialRef{id, "hooks.signing_key.credential", ""})
 	}
 	prefix := "policy.allowlist"
-	if l.cfg.Policy.File != "" {
-		prefix = allowlistPrefix(l.cfg.Policy.File)
+	if l.Cfg.Policy.File != "" {
+		prefix = allowlistPrefix(l.Cfg.Policy.File)
 	}
-	for _, r := range l.policy.Allowlist.Rules() {
+	for _, r := range l.Policy.Allowlist.Rules() {
 		if r.Credential != "" {
-			refs = append(refs, credentialRef{r.Credential, fmt.Sprintf("%s[%d].credential", prefix, r.Index), l.cfg.Policy.File})
+			refs = append(refs, credentialRef{r.Credential, fmt.Sprintf("%s[%d].credential", prefix, r.Index), l.Cfg.Policy.File})
 		}
 	}
 	return refs

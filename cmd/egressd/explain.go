@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/daemon"
 	"github.com/egressd/egressd/internal/explain"
 	"github.com/egressd/egressd/internal/netguard"
 )
@@ -29,27 +30,27 @@ func cmdExplain(args []string) int {
 		fmt.Fprintf(stderr, "egressd explain: %q has no scheme: give a whole URL, such as https://%s/ or http://%s/\n", u, u, u)
 		return exitUsage
 	}
-	l, err := load(*cfgPath)
+	l, err := daemon.Load(*cfgPath)
 	if err != nil {
 		printLoadError(stderr, err)
 		return exitUsage
 	}
 	guard, err := netguard.New(netguard.Options{
-		AllowCIDRs: l.cfg.Network.AllowCIDRs, UnsafeAllowCIDRs: l.cfg.Network.UnsafeAllowCIDRs,
+		AllowCIDRs: l.Cfg.Network.AllowCIDRs, UnsafeAllowCIDRs: l.Cfg.Network.UnsafeAllowCIDRs,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "egressd: %v\n", err)
 		return exitUsage
 	}
-	res := explain.URL(l.policy.Allowlist, guard, l.cfg.Environment, fs.Arg(0))
+	res := explain.URL(l.Policy.Allowlist, guard, l.Cfg.Environment, fs.Arg(0))
 	res = explain.Credential(res, offlineHeaderNames(l))
 	if *hook {
-		ix, err := loadHooks(l.cfg)
+		ix, err := daemon.LoadHooks(l.Cfg)
 		if err != nil {
 			fmt.Fprintf(stderr, "egressd: %v\n", err)
 			return exitUsage
 		}
-		if res = explain.Hook(res, fs.Arg(0), ix, l.cfg.Hooks.FailClosed); res.Hook == nil {
+		if res = explain.Hook(res, fs.Arg(0), ix, l.Cfg.Hooks.FailClosed); res.Hook == nil {
 			res.Note = "not a hook URL of an enabled group in hooks.json: treated as ordinary traffic"
 		}
 	}
@@ -98,14 +99,14 @@ func orNone(s string) string {
 
 // offlineHeaderNames reads credential header names where explain can without a
 // connection: from the credentials file. Vault is not contacted offline.
-func offlineHeaderNames(l *loaded) explain.HeaderNames {
-	if l.cfg.Credentials.Backend != config.BackendFile {
+func offlineHeaderNames(l *daemon.Loaded) explain.HeaderNames {
+	if l.Cfg.Credentials.Backend != config.BackendFile {
 		return func(string) ([]string, error) {
-			return nil, errors.New("credentials.backend " + l.cfg.Credentials.Backend +
+			return nil, errors.New("credentials.backend " + l.Cfg.Credentials.Backend +
 				" is not read offline; GET /v1/explain on a running egressd's admin listener lists them")
 		}
 	}
-	b, err := newBackend(l, zerolog.Nop())
+	b, err := daemon.NewBackend(l, zerolog.Nop())
 	if err != nil {
 		return nil
 	}

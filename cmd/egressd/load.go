@@ -1,72 +1,17 @@
 package main
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
-	"github.com/egressd/egressd/configs"
-	"github.com/egressd/egressd/internal/atomicfile"
+	"github.com/mattn/go-isatty"
+	"github.com/rs/zerolog"
+
 	"github.com/egressd/egressd/internal/config"
 )
-
-// loaded is a validated config with its compiled policy.
-type loaded struct {
-	cfg    *config.Config
-	policy *config.Policy
-}
-
-// load reads the config at path and the policy it names; without a path, the
-// quick-start defaults (loadQuickstart).
-func load(path string) (*loaded, error) {
-	var cfg *config.Config
-	var err error
-	if path == "" {
-		cfg, err = loadQuickstart()
-	} else {
-		cfg, err = config.Load(path)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if cfg.Hooks.File != "" {
-		// The active config's hash covers hooks.json too, so /healthz and the reload
-		// log show a change to it. A read failure is reported when hooks are loaded.
-		if data, err := os.ReadFile(cfg.Hooks.File); err == nil {
-			sum := sha256.Sum256(append([]byte(cfg.Hash), data...))
-			cfg.Hash = hex.EncodeToString(sum[:])
-		}
-	}
-	return &loaded{cfg: cfg, policy: cfg.Rules}, nil
-}
-
-// loadQuickstart loads the quick-start defaults: from configs/ when the working
-// directory is the repository root, else from the copies of the embedded files in
-// the state dir (written once, never overwritten: edits to them stay).
-func loadQuickstart() (*config.Config, error) {
-	if _, err := os.Stat(config.DefaultPolicyFile); err == nil {
-		return config.LoadDefault()
-	}
-	dir := filepath.Join(config.DefaultStateDir, "quickstart")
-	policy, creds := filepath.Join(dir, "environment.json"), filepath.Join(dir, "credentials.json")
-	for file, data := range map[string][]byte{policy: configs.Environment, creds: configs.Credentials} {
-		if _, err := os.Stat(file); err == nil {
-			continue
-		}
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, fmt.Errorf("quick start: %w", err)
-		}
-		if err := atomicfile.Write(file, data, 0o600); err != nil {
-			return nil, fmt.Errorf("quick start: %w", err)
-		}
-	}
-	return config.LoadDefaultFiles(policy, creds)
-}
 
 // newFlags returns a flag set with the flags every command shares.
 func newFlags(name string, out io.Writer) (*flag.FlagSet, *string, *string) {
@@ -88,3 +33,26 @@ func printLoadError(w io.Writer, err error) {
 }
 
 var stderr io.Writer = os.Stderr
+
+// newLogger builds the process logger from log.level and log.format.
+// colour reports whether console log lines to f may carry ANSI colours: only when f
+// is a terminal, and NO_COLOR (no-color.org) is unset. Redirected to a file or a
+// pipe, the lines stay plain text.
+func colour(f *os.File) bool {
+	return os.Getenv("NO_COLOR") == "" && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
+}
+
+func newLogger(c config.Log) zerolog.Logger {
+	level, err := zerolog.ParseLevel(c.Level)
+	if err != nil {
+		level = zerolog.InfoLevel
+	}
+	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
+	var log zerolog.Logger
+	if c.Format == "console" {
+		log = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: !colour(os.Stderr)})
+	} else {
+		log = zerolog.New(os.Stdout)
+	}
+	return log.Level(level).With().Timestamp().Logger()
+}

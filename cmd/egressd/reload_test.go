@@ -23,6 +23,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/daemon"
 	"github.com/egressd/egressd/internal/metrics"
 )
 
@@ -238,7 +239,7 @@ func TestReloadAdmin(t *testing.T) {
 		if !hasProblem(r.Problems, tc.path, pol) {
 			t.Errorf("%s: problems %+v; want one at %q in %s", tc.name, r.Problems, tc.path, pol)
 		}
-		l := logs.wait("reload rejected", rejected(reloadAdmin))
+		l := logs.wait("reload rejected", rejected(daemon.ReloadAdmin))
 		if l.str("level") != "error" || !strings.Contains(fmt.Sprint(l["problems"]), pol) {
 			t.Errorf("%s: reload rejected line %v; want level error and the problems naming %s", tc.name, l, pol)
 		}
@@ -261,7 +262,7 @@ func TestReloadAdmin(t *testing.T) {
 		t.Errorf("POST /v1/reload answered config_hash %q; want a new one (not %s), the one /healthz shows (%s)",
 			r.ConfigHash, hash0, d.configHash())
 	}
-	l := logs.wait("config reloaded", reloaded(reloadAdmin))
+	l := logs.wait("config reloaded", reloaded(daemon.ReloadAdmin))
 	if l.str("config_hash") != r.ConfigHash || l.num("rules") != 1 || l.num("hooks") != 0 {
 		t.Errorf("config reloaded line %v; want config_hash %s, rules 1, hooks 0", l, r.ConfigHash)
 	}
@@ -287,9 +288,9 @@ func assertLastReload(t *testing.T, d *runner, result, errIn string) {
 		}
 		d.adminJSON(path, http.StatusOK, &body)
 		lr := body.LastReload
-		if lr == nil || lr.Result != result || lr.Source != reloadAdmin || time.Since(lr.At) > time.Minute ||
+		if lr == nil || lr.Result != result || lr.Source != daemon.ReloadAdmin || time.Since(lr.At) > time.Minute ||
 			(errIn == "") != (lr.Error == "") || !strings.Contains(lr.Error, errIn) {
-			t.Errorf("%s last_reload = %+v; want result %s from %s, recent, error naming %q", path, lr, result, reloadAdmin, errIn)
+			t.Errorf("%s last_reload = %+v; want result %s from %s, recent, error naming %q", path, lr, result, daemon.ReloadAdmin, errIn)
 		}
 	}
 }
@@ -351,7 +352,7 @@ func TestReloadHooksFile(t *testing.T) {
 	}
 
 	writeAtomic(t, hooksPath, `{"gate": {"enabled": true}}`)
-	l := logs.wait("a reload of the fixed hooks.file", reloaded(reloadFile))
+	l := logs.wait("a reload of the fixed hooks.file", reloaded(daemon.ReloadFile))
 	if l.str("config_hash") == hash0 {
 		t.Errorf("config reloaded with config_hash %s unchanged: the hash covers hooks.json", hash0)
 	}
@@ -372,7 +373,7 @@ func TestReloadFileWatch(t *testing.T) {
 	logs := d.cursor()
 	written := time.Now()
 	writeAtomic(t, pol, allowOnly(up.port, "127.0.0.1"))
-	l := logs.wait("a reload of the new policy", reloaded(reloadFile))
+	l := logs.wait("a reload of the new policy", reloaded(daemon.ReloadFile))
 	if took := time.Since(written); took > watchWithin {
 		t.Errorf("the new policy took %v to apply, want at most %v", took, watchWithin)
 	}
@@ -384,7 +385,7 @@ func TestReloadFileWatch(t *testing.T) {
 	expectDecision(t, d, ip, http.StatusOK, "")
 
 	writeAtomic(t, pol, `{"allowlist": [{"domain": "*"}, {"domain": "localhost", "ports": [0]}]}`)
-	l = logs.wait("the broken policy rejected", rejected(reloadFile))
+	l = logs.wait("the broken policy rejected", rejected(daemon.ReloadFile))
 	if !strings.Contains(fmt.Sprint(l["problems"]), "allowlist[1].ports") {
 		t.Errorf("reload rejected line %v; want the problem at allowlist[1].ports", l)
 	}
@@ -398,13 +399,13 @@ func TestReloadFileWatch(t *testing.T) {
 	}
 
 	writeAtomic(t, pol, allowOnly(up.port, "localhost"))
-	logs.wait("a reload of the fixed policy", reloaded(reloadFile))
+	logs.wait("a reload of the fixed policy", reloaded(daemon.ReloadFile))
 	expectDecision(t, d, local, http.StatusOK, "")
 	expectDecision(t, d, ip, http.StatusForbidden, "not_allowlisted")
 
 	// The config file itself: a different limit is a different config.
 	d.rewriteConfig(fileConfig(pol, "limits: {dial: 7s}\n"))
-	l = logs.wait("a reload of the new config file", reloaded(reloadFile))
+	l = logs.wait("a reload of the new config file", reloaded(daemon.ReloadFile))
 	if l.str("config_hash") == hash0 || l.str("config_hash") == hash1 {
 		t.Errorf("config_hash after the config changed = %s, want a new one", l.str("config_hash"))
 	}
@@ -454,7 +455,7 @@ func TestReloadConfigMapSwap(t *testing.T) {
 
 	logs := d.cursor()
 	version("..v2", allowOnly(up.port, "127.0.0.1"))
-	logs.wait("a reload after the ConfigMap swap", reloaded(reloadFile))
+	logs.wait("a reload after the ConfigMap swap", reloaded(daemon.ReloadFile))
 	expectDecision(t, d, local, http.StatusForbidden, "not_allowlisted")
 	expectDecision(t, d, fmt.Sprintf("http://127.0.0.1:%d/cm", up.port), http.StatusOK, "")
 }
@@ -509,7 +510,7 @@ func TestReloadTurnsOnUnsafe(t *testing.T) {
 	d := startRunner(t, safe)
 	target := fmt.Sprintf("http://localhost:%d/unsafe", up.port)
 	expectDecision(t, d, target, http.StatusForbidden, "internal_address")
-	unsafeLine := func(l logLine) bool { return l.str("message") == unsafeWarning && l.str("level") == "warn" }
+	unsafeLine := func(l logLine) bool { return l.str("message") == daemon.UnsafeWarning && l.str("level") == "warn" }
 	if slices.ContainsFunc(d.lines(), unsafeLine) {
 		t.Fatal("the unsafe warning was logged at a start without network.unsafe_allow_cidrs")
 	}
@@ -653,12 +654,12 @@ func TestReloadBrokenUnderLoad(t *testing.T) {
 			if len(r.Problems) == 0 || r.Problems[0].File != pol {
 				t.Errorf("reload %d (POST): problems %+v, want them in %s", i, r.Problems, pol)
 			}
-			logs.wait(fmt.Sprintf("reload %d (POST) rejected", i), rejected(reloadAdmin))
+			logs.wait(fmt.Sprintf("reload %d (POST) rejected", i), rejected(daemon.ReloadAdmin))
 		case 1:
 			d.signal(syscall.SIGHUP)
-			logs.wait(fmt.Sprintf("reload %d (SIGHUP) rejected", i), rejected(reloadSignal))
+			logs.wait(fmt.Sprintf("reload %d (SIGHUP) rejected", i), rejected(daemon.ReloadSignal))
 		case 2:
-			logs.wait(fmt.Sprintf("reload %d (file) rejected", i), rejected(reloadFile))
+			logs.wait(fmt.Sprintf("reload %d (file) rejected", i), rejected(daemon.ReloadFile))
 		}
 	}
 	time.Sleep(time.Until(start.Add(3 * time.Second)))
@@ -835,16 +836,16 @@ func TestReloadConcurrentInProcess(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte(fileConfig(pol, "")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l, err := load(cfgPath)
+	l, err := daemon.Load(cfgPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &daemon{cfgPath: cfgPath, log: zerolog.New(io.Discard), metrics: metrics.New(), sigs: make(chan os.Signal, 1)}
-	if err := d.start(l); err != nil {
+	d := daemon.New(cfgPath, zerolog.New(io.Discard), metrics.New())
+	if err := d.Start(l); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { d.shutdown() })
-	proxyAddr, adminAddr := d.self[0].String(), d.self[1].String()
+	t.Cleanup(d.Close)
+	proxyAddr, adminAddr := d.Self()[0].String(), d.Self()[1].String()
 	proxied := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: proxyAddr})}, Timeout: waitTimeout}
 	plain := &http.Client{Timeout: waitTimeout}
 	policies := []string{
@@ -880,7 +881,7 @@ func TestReloadConcurrentInProcess(t *testing.T) {
 				if g%2 == 0 {
 					d.Reload()
 				} else {
-					d.reload(reloadSignal)
+					d.Hangup()
 				}
 			}
 		})

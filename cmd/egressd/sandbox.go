@@ -6,7 +6,7 @@ import (
 	"os"
 	"slices"
 
-	"github.com/egressd/egressd/internal/placeholder"
+	"github.com/egressd/egressd/internal/daemon"
 )
 
 const sandboxUsage = `usage: egressd sandbox env [--config FILE]
@@ -32,12 +32,12 @@ func cmdSandbox(args []string) int {
 		fmt.Fprintf(stderr, "egressd: sandbox env takes no arguments, got %q\n", fs.Args())
 		return exitUsage
 	}
-	l, err := load(*cfgPath)
+	l, err := daemon.Load(*cfgPath)
 	if err != nil {
 		printLoadError(stderr, err)
 		return exitUsage
 	}
-	r, err := placeholders(l, nil)
+	r, err := daemon.Placeholders(l, nil)
 	if err != nil {
 		fmt.Fprintf(stderr, "egressd: %v\n", err)
 		return exitRuntime
@@ -56,17 +56,4 @@ func printEnv(w io.Writer, env map[string]string) {
 	for _, n := range names {
 		fmt.Fprintf(w, "%s=%s\n", n, env[n])
 	}
-}
-
-// placeholders builds the policy's placeholder replacer (nil when its env section names no
-// credential), loading or creating the derivation key in state_dir.
-func placeholders(l *loaded, creds placeholder.Credentials) (*placeholder.Replacer, error) {
-	if len(l.policy.Env) == 0 {
-		return nil, nil
-	}
-	key, err := placeholder.LoadKey(l.cfg.StateDir)
-	if err != nil {
-		return nil, err
-	}
-	return placeholder.New(key, l.cfg.Environment, l.policy.Env, nil, creds), nil
 }

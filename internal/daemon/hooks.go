@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"fmt"
@@ -9,10 +9,11 @@ import (
 	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/credential/oauth"
 	"github.com/egressd/egressd/internal/hooks"
+	"github.com/egressd/egressd/internal/placeholder"
 	"github.com/egressd/egressd/internal/proxy"
 )
 
-// liveStore hands out the daemon's current credentials (the store, behind the oauth2
+// liveStore hands out the Daemon's current credentials (the store, behind the oauth2
 // token manager): a reload may replace them, and the injectors and the hook signer built
 // before it must follow.
 type liveStore struct {
@@ -24,7 +25,7 @@ func (s *liveStore) Get(id string) (credential.Value, error) { return s.p.Load()
 // loadHooks reads hooks.json (hooks.file, else the policy's inline .agents/hooks.json)
 // and indexes its http hooks; nil when there is none. A hooks.json that cannot be
 // parsed is an error: egressd cannot fail closed on URLs it cannot read.
-func loadHooks(cfg *config.Config) (*hooks.Index, error) {
+func LoadHooks(cfg *config.Config) (*hooks.Index, error) {
 	data := []byte(cfg.Rules.HooksJSON)
 	if cfg.Hooks.File != "" {
 		var err error
@@ -43,14 +44,27 @@ func loadHooks(cfg *config.Config) (*hooks.Index, error) {
 }
 
 // runtimeHooks is the Runtime's view of the hooks of config l.
-func runtimeHooks(l *loaded, signer *hooks.Signer) (*proxy.Hooks, error) {
-	ix, err := loadHooks(l.cfg)
+func runtimeHooks(l *Loaded, signer *hooks.Signer) (*proxy.Hooks, error) {
+	ix, err := LoadHooks(l.Cfg)
 	if err != nil || ix == nil {
 		return nil, err
 	}
 	byListener := false
-	for _, lc := range l.cfg.Listeners {
+	for _, lc := range l.Cfg.Listeners {
 		byListener = byListener || lc.Role == config.RoleHooks
 	}
-	return &proxy.Hooks{Index: ix, Signer: signer, FailClosed: l.cfg.Hooks.FailClosed, ByListener: byListener}, nil
+	return &proxy.Hooks{Index: ix, Signer: signer, FailClosed: l.Cfg.Hooks.FailClosed, ByListener: byListener}, nil
+}
+
+// placeholders builds the policy's placeholder replacer (nil when its env section names no
+// credential), loading or creating the derivation key in state_dir.
+func Placeholders(l *Loaded, creds placeholder.Credentials) (*placeholder.Replacer, error) {
+	if len(l.Policy.Env) == 0 {
+		return nil, nil
+	}
+	key, err := placeholder.LoadKey(l.Cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	return placeholder.New(key, l.Cfg.Environment, l.Policy.Env, nil, creds), nil
 }

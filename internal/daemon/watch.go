@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -107,7 +107,7 @@ type watcher struct {
 }
 
 // newWatcher watches the files of l, the config egressd started with.
-func newWatcher(cfgPath string, l *loaded) *watcher {
+func newWatcher(cfgPath string, l *Loaded) *watcher {
 	w := &watcher{}
 	w.reset(cfgPath, l, nil)
 	return w
@@ -115,9 +115,9 @@ func newWatcher(cfgPath string, l *loaded) *watcher {
 
 // watchedFiles are the files config l is made of: the config file (none for the
 // quick-start defaults), the policy file and hooks.file.
-func watchedFiles(cfgPath string, l *loaded) []string {
+func watchedFiles(cfgPath string, l *Loaded) []string {
 	var paths []string
-	for _, p := range []string{cfgPath, l.cfg.Policy.File, l.cfg.Hooks.File} {
+	for _, p := range []string{cfgPath, l.Cfg.Policy.File, l.Cfg.Hooks.File} {
 		if p != "" && !slices.Contains(paths, p) {
 			paths = append(paths, p)
 		}
@@ -216,9 +216,9 @@ func (w *watcher) observeAll() map[string]fileState {
 }
 
 // reset watches the files of l, the config now in force, with what the reload read
-// (observeAll before it loaded) as their baseline; a file the old config did not name
+// (observeAll before it Loaded) as their baseline; a file the old config did not name
 // is looked at now.
-func (w *watcher) reset(cfgPath string, l *loaded, read map[string]fileState) {
+func (w *watcher) reset(cfgPath string, l *Loaded, read map[string]fileState) {
 	base := make(map[string]fileState)
 	for _, p := range watchedFiles(cfgPath, l) {
 		st, ok := read[p]

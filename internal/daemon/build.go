@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 
-	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
 	"github.com/egressd/egressd/internal/config"
@@ -26,11 +24,11 @@ import (
 	mitm "github.com/egressd/egressd/internal/tls"
 )
 
-// buildRuntime turns a loaded config into the Runtime requests are served with.
+// buildRuntime turns a Loaded config into the Runtime requests are served with.
 // self holds egressd's own bound addresses; the leaves and the credential store
-// outlive reloads and are built by the daemon.
-func buildRuntime(l *loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds inject.Credentials, signer *hooks.Signer) (*proxy.Runtime, error) {
-	cfg := l.cfg
+// outlive reloads and are built by the Daemon.
+func buildRuntime(l *Loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds inject.Credentials, signer *hooks.Signer) (*proxy.Runtime, error) {
+	cfg := l.Cfg
 	hk, err := runtimeHooks(l, signer)
 	if err != nil {
 		return nil, err
@@ -49,12 +47,12 @@ func buildRuntime(l *loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds i
 	}
 	rt := &proxy.Runtime{
 		Env:         cfg.Environment,
-		Policy:      l.policy.Allowlist,
+		Policy:      l.Policy.Allowlist,
 		Guard:       guard,
 		Resolver:    netguard.NewResolver(cfg.Network.Resolver, cfg.Limits.DNS),
 		Limits:      cfg.Limits,
 		UpstreamTLS: upstream,
-		Injector:    inject.New(l.policy.Allowlist, creds),
+		Injector:    inject.New(l.Policy.Allowlist, creds),
 		Leaves:      leaves,
 		Hooks:       hk,
 		// DenyInTunnel: tls.deny_in_tunnel, resolved against tls.intercept.
@@ -106,17 +104,17 @@ func newLeaves(cfg *config.Config, m *metrics.Metrics) (*mitm.Leaves, error) {
 
 // credentialIDs lists the credential IDs the policy (and the hook signing key)
 // references, sorted.
-func credentialIDs(l *loaded) []string {
+func credentialIDs(l *Loaded) []string {
 	var ids []string
-	if id := l.cfg.Hooks.SigningKey.Credential; id != "" {
+	if id := l.Cfg.Hooks.SigningKey.Credential; id != "" {
 		ids = append(ids, id)
 	}
-	for _, r := range l.policy.Allowlist.Rules() {
+	for _, r := range l.Policy.Allowlist.Rules() {
 		if r.Credential != "" && !slices.Contains(ids, r.Credential) {
 			ids = append(ids, r.Credential)
 		}
 	}
-	for _, id := range l.policy.Env {
+	for _, id := range l.Policy.Env {
 		if !slices.Contains(ids, id) {
 			ids = append(ids, id)
 		}
@@ -127,8 +125,8 @@ func credentialIDs(l *loaded) []string {
 
 // storeKey identifies what a credential store was built from: a reload keeps the
 // running store (and its last good values) unless this changes.
-func storeKey(l *loaded) string {
-	c := l.cfg.Credentials
+func storeKey(l *Loaded) string {
+	c := l.Cfg.Credentials
 	// The Vault section is hashed as %#v of its fields, not through VaultAuth's
 	// redacting String, so a changed token rebuilds the store too; the hash never
 	// leaves this process.
@@ -144,9 +142,9 @@ func storeKey(l *loaded) string {
 // token calls, see startOAuth). A Vault that cannot be reached, or refuses the login, is
 // not fatal: its credentials are unavailable (never_read, /readyz not ready) while the
 // backend keeps retrying.
-func newStore(ctx context.Context, l *loaded, log zerolog.Logger, m *metrics.Metrics) (*credential.Store, *oauth.Manager, error) {
-	c := l.cfg.Credentials
-	backend, err := newBackend(l, log)
+func newStore(ctx context.Context, l *Loaded, log zerolog.Logger, m *metrics.Metrics) (*credential.Store, *oauth.Manager, error) {
+	c := l.Cfg.Credentials
+	backend, err := NewBackend(l, log)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -182,13 +180,13 @@ func newStore(ctx context.Context, l *loaded, log zerolog.Logger, m *metrics.Met
 
 // tokenClient is the HTTP client of oauth2 token calls: egressd's own, through rt's
 // address guard and upstream TLS roots, never the sandbox's allowlist.
-func tokenClient(l *loaded, rt *proxy.Runtime) *http.Client {
-	return oauth.NewClient(rt.Guard, rt.Resolver, rt.UpstreamTLS, l.cfg.Limits.Dial)
+func tokenClient(l *Loaded, rt *proxy.Runtime) *http.Client {
+	return oauth.NewClient(rt.Guard, rt.Resolver, rt.UpstreamTLS, l.Cfg.Limits.Dial)
 }
 
-// newBackend builds the credential backend of l without reading from it.
-func newBackend(l *loaded, log zerolog.Logger) (credential.Backend, error) {
-	c := l.cfg.Credentials
+// NewBackend builds the credential backend of l without reading from it.
+func NewBackend(l *Loaded, log zerolog.Logger) (credential.Backend, error) {
+	c := l.Cfg.Credentials
 	switch c.Backend {
 	case config.BackendFile:
 		return file.New(c.File, file.Options{Log: log}), nil
@@ -205,16 +203,16 @@ func newBackend(l *loaded, log zerolog.Logger) (credential.Backend, error) {
 // tls.upstream_ca_file). It writes, listens on and contacts nothing: a CA or a
 // signing key that run would generate in the state dir is left to run, and so
 // are the listen addresses (bound only by run). check reports these errors.
-func preflight(l *loaded) []error {
+func Preflight(l *Loaded) []error {
 	var errs []error
-	if _, err := mitm.LoadExistingCA(l.cfg.TLS.CACert, l.cfg.TLS.CAKey, l.cfg.StateDir); err != nil {
+	if _, err := mitm.LoadExistingCA(l.Cfg.TLS.CACert, l.Cfg.TLS.CAKey, l.Cfg.StateDir); err != nil {
 		errs = append(errs, err)
 	}
 	creds := &liveStore{} // never read: nothing is served
-	if err := hooks.CheckSignerConfig(l.cfg.Hooks.SigningKey, l.cfg.StateDir, creds); err != nil {
+	if err := hooks.CheckSignerConfig(l.Cfg.Hooks.SigningKey, l.Cfg.StateDir, creds); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := newBackend(l, zerolog.Nop()); err != nil {
+	if _, err := NewBackend(l, zerolog.Nop()); err != nil {
 		errs = append(errs, err)
 	}
 	rt, err := buildRuntime(l, nil, nil, creds, nil)
@@ -223,27 +221,4 @@ func preflight(l *loaded) []error {
 	}
 	rt.Close()
 	return errs
-}
-
-// newLogger builds the process logger from log.level and log.format.
-// colour reports whether console log lines to f may carry ANSI colours: only when f
-// is a terminal, and NO_COLOR (no-color.org) is unset. Redirected to a file or a
-// pipe, the lines stay plain text.
-func colour(f *os.File) bool {
-	return os.Getenv("NO_COLOR") == "" && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
-}
-
-func newLogger(c config.Log) zerolog.Logger {
-	level, err := zerolog.ParseLevel(c.Level)
-	if err != nil {
-		level = zerolog.InfoLevel
-	}
-	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
-	var log zerolog.Logger
-	if c.Format == "console" {
-		log = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: !colour(os.Stderr)})
-	} else {
-		log = zerolog.New(os.Stdout)
-	}
-	return log.Level(level).With().Timestamp().Logger()
 }

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"errors"
@@ -12,24 +12,24 @@ import (
 	"github.com/egressd/egressd/internal/proxy"
 )
 
-// Runtime, ConfigInfo, Ready and Reload make the daemon the admin endpoints' State.
+// Runtime, ConfigInfo, Ready and Reload make the Daemon the admin endpoints' State.
 
-func (d *daemon) Runtime() *proxy.Runtime { return d.srv.Runtime() }
+func (d *Daemon) Runtime() *proxy.Runtime { return d.srv.Runtime() }
 
-func (d *daemon) ConfigInfo() (string, time.Time) {
+func (d *Daemon) ConfigInfo() (string, time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.current.cfg.Hash, d.loadedAt
+	return d.current.Cfg.Hash, d.loadedAt
 }
 
 // LastReload is the last reload's outcome, for /healthz and /readyz.
-func (d *daemon) LastReload() admin.ReloadStatus {
+func (d *Daemon) LastReload() admin.ReloadStatus {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.lastReload
 }
 
-func (d *daemon) setLastReload(source string, err error) {
+func (d *Daemon) setLastReload(source string, err error) {
 	st := admin.ReloadStatus{Result: "ok", Source: source, At: time.Now().UTC()}
 	if err != nil {
 		st.Result, st.Error = "error", err.Error()
@@ -39,14 +39,14 @@ func (d *daemon) setLastReload(source string, err error) {
 	d.mu.Unlock()
 }
 
-// Ready reports readiness: the config is loaded and every credential the policy
+// Ready reports readiness: the config is Loaded and every credential the policy
 // references can be served; the body has each credential's state (never a value), and
 // "unrestricted": true when the policy has no "network" (every destination allowed).
-func (d *daemon) Ready() (bool, map[string]any) {
+func (d *Daemon) Ready() (bool, map[string]any) {
 	d.mu.Lock()
-	store, pol := d.store, d.current.policy
+	store, pol := d.store, d.current.Policy
 	d.mu.Unlock()
-	body := map[string]any{"config": "loaded", "credentials": store.Status()}
+	body := map[string]any{"config": "Loaded", "credentials": store.Status()}
 	if pol.Unrestricted {
 		body["unrestricted"] = true
 	}
@@ -55,15 +55,15 @@ func (d *daemon) Ready() (bool, map[string]any) {
 
 // What started a reload, as the reload log lines' source field says.
 const (
-	reloadSignal = "sighup"
-	reloadAdmin  = "admin" // POST /v1/reload
-	reloadFile   = "file"  // the watcher saw a file change
+	ReloadSignal = "sighup"
+	ReloadAdmin  = "admin" // POST /v1/reload
+	ReloadFile   = "file"  // the watcher saw a file change
 )
 
 // Reload is POST /v1/reload: the reload SIGHUP runs, synchronously. It returns the
 // hash of the config now in force, or a *config.ValidationError saying why the new
 // config was rejected; the running config then stays in force.
-func (d *daemon) Reload() (string, error) { return d.reload(reloadAdmin) }
+func (d *Daemon) Reload() (string, error) { return d.reload(ReloadAdmin) }
 
 // reload validates the config, its policy and hooks.json anew and builds the Runtime
 // from them; only when every step succeeds is the Runtime swapped in, atomically.
@@ -76,7 +76,7 @@ func (d *daemon) Reload() (string, error) { return d.reload(reloadAdmin) }
 // keeps the value egressd started with, and applies the rest.
 //
 // Reloads are serialised: a reload waits for the one running to finish.
-func (d *daemon) reload(source string) (string, error) {
+func (d *Daemon) reload(source string) (string, error) {
 	d.reloadMu.Lock()
 	defer d.reloadMu.Unlock()
 	return d.reloadLocked(source)
@@ -85,16 +85,16 @@ func (d *daemon) reload(source string) (string, error) {
 // reloadIfChanged is the watcher's reload: it runs only if a watched file still differs
 // from what the last reload read, since a SIGHUP or POST may have applied the change
 // while the watcher waited for the file to settle.
-func (d *daemon) reloadIfChanged() {
+func (d *Daemon) reloadIfChanged() {
 	d.reloadMu.Lock()
 	defer d.reloadMu.Unlock()
 	if file := d.watch.changed(); file != "" {
 		d.log.Info().Str("file", file).Msg("config file changed; reloading")
-		d.reloadLocked(reloadFile)
+		d.reloadLocked(ReloadFile)
 	}
 }
 
-func (d *daemon) reloadLocked(source string) (string, error) {
+func (d *Daemon) reloadLocked(source string) (string, error) {
 	read := d.watch.observeAll() // before loading: a change after this is seen again
 	c, err := d.prepare()
 	if err != nil {
@@ -111,12 +111,12 @@ func (d *daemon) reloadLocked(source string) (string, error) {
 	d.metrics.ConfigReloads.WithLabelValues("ok").Inc()
 	d.setLastReload(source, nil)
 	d.logReloaded(source, c, old)
-	return c.l.cfg.Hash, nil
+	return c.l.Cfg.Hash, nil
 }
 
-// candidate is a config a reload has loaded, and what it would put in force.
+// candidate is a config a reload has Loaded, and what it would put in force.
 type candidate struct {
-	l        *loaded // nil when the config could not be loaded
+	l        *Loaded // nil when the config could not be Loaded
 	rt       *proxy.Runtime
 	restart  []string // settings kept at their start value (restartKeys)
 	dnsGuard []string // settings the DNS guard keeps (dnsGuardKeys)
@@ -124,14 +124,14 @@ type candidate struct {
 
 // prepare loads and validates the config and builds its Runtime, with the settings
 // that need a restart pinned to the values egressd started with.
-func (d *daemon) prepare() (candidate, error) {
+func (d *Daemon) prepare() (candidate, error) {
 	var c candidate
 	var err error
-	if c.l, err = load(d.cfgPath); err != nil {
+	if c.l, err = Load(d.cfgPath); err != nil {
 		return c, err
 	}
-	c.restart, c.dnsGuard = restartKeys(d.boot, c.l.cfg), dnsGuardKeys(d.boot, c.l.cfg)
-	pinRestartKeys(c.l.cfg, d.boot)
+	c.restart, c.dnsGuard = restartKeys(d.boot, c.l.Cfg), dnsGuardKeys(d.boot, c.l.Cfg)
+	pinRestartKeys(c.l.Cfg, d.boot)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	c.rt, err = d.runtimeFor(c.l)
@@ -140,7 +140,7 @@ func (d *daemon) prepare() (candidate, error) {
 
 // apply swaps rt in and returns the Runtime it replaced, whose idle upstream
 // connections it closes.
-func (d *daemon) apply(l *loaded, rt *proxy.Runtime) *proxy.Runtime {
+func (d *Daemon) apply(l *Loaded, rt *proxy.Runtime) *proxy.Runtime {
 	d.mu.Lock()
 	old := d.srv.Swap(rt)
 	d.current, d.loadedAt = l, time.Now()
@@ -156,10 +156,10 @@ func (d *daemon) apply(l *loaded, rt *proxy.Runtime) *proxy.Runtime {
 // logReloaded logs the reload that put c in force, with a summary of what is now
 // enforced, then its warnings: the settings it could not apply, the unsafe switch
 // turned on, the config's own warnings (as a start logs them).
-func (d *daemon) logReloaded(source string, c candidate, old *proxy.Runtime) {
+func (d *Daemon) logReloaded(source string, c candidate, old *proxy.Runtime) {
 	l, rt := c.l, c.rt
-	d.log.Info().Str("source", source).Str("config_hash", l.cfg.Hash).
-		Int("rules", len(l.policy.Allowlist.Rules())).Int("hooks", hookCount(rt)).
+	d.log.Info().Str("source", source).Str("config_hash", l.Cfg.Hash).
+		Int("rules", len(l.Policy.Allowlist.Rules())).Int("hooks", hookCount(rt)).
 		Strs("credentials", credentialIDs(l)).Msg("config reloaded")
 	for _, k := range c.restart {
 		d.log.Warn().Str("key", k).Msg("needs a restart: the reload keeps the value egressd started with")
@@ -168,9 +168,9 @@ func (d *daemon) logReloaded(source string, c candidate, old *proxy.Runtime) {
 		d.log.Warn().Str("key", k).Msg("needs a restart for the DNS guard: the proxy applies the new value, the DNS guard keeps the old one")
 	}
 	if rt.Guard.Unsafe() && !old.Guard.Unsafe() {
-		d.log.Warn().Msg(unsafeWarning)
+		d.log.Warn().Msg(UnsafeWarning)
 	}
-	for _, w := range l.cfg.Warnings {
+	for _, w := range l.Cfg.Warnings {
 		d.log.Warn().Str("path", w.Path).Msg(w.Msg)
 	}
 }
@@ -183,10 +183,10 @@ func hookCount(rt *proxy.Runtime) int {
 }
 
 // JWKS is the hook signing keys' public half, for /.well-known/jwks.json.
-func (d *daemon) JWKS() []byte { return d.signer.JWKS() }
+func (d *Daemon) JWKS() []byte { return d.signer.JWKS() }
 
 // CAPEM is the interception CA certificate, for /ca.pem.
-func (d *daemon) CAPEM() []byte { return d.leaves.CA().CertPEM }
+func (d *Daemon) CAPEM() []byte { return d.leaves.CA().CertPEM }
 
 // restartKeys names the settings of next that differ from running and that a reload
 // cannot apply, because what they shape is built once at start: the sockets
@@ -254,16 +254,16 @@ func pinRestartKeys(next, running *config.Config) {
 // validation error as it is; a hooks.json error as one problem per finding, located in
 // its file; anything else as one problem, located as well as it can be. Problems hold
 // paths and messages, never a secret's value.
-func rejection(cfgPath string, l *loaded, err error) *config.ValidationError {
+func rejection(cfgPath string, l *Loaded, err error) *config.ValidationError {
 	var verr *config.ValidationError
 	if errors.As(err, &verr) {
 		return verr
 	}
 	var perr *hooks.ParseError
 	if errors.As(err, &perr) && l != nil {
-		file, prefix := l.cfg.Hooks.File, ""
+		file, prefix := l.Cfg.Hooks.File, ""
 		if file == "" {
-			file, prefix = l.cfg.Policy.File, "in "+config.HooksSourcePath+": "
+			file, prefix = l.Cfg.Policy.File, "in "+config.HooksSourcePath+": "
 		}
 		ps := make([]config.Problem, 0, len(perr.Problems))
 		for _, f := range perr.Problems {
@@ -276,7 +276,7 @@ func rejection(cfgPath string, l *loaded, err error) *config.ValidationError {
 	switch {
 	case l == nil: // the config file itself could not be read
 		p.File = cfgPath
-	case errors.As(err, &pathErr) && l.cfg.Hooks.File != "" && pathErr.Path == l.cfg.Hooks.File:
+	case errors.As(err, &pathErr) && l.Cfg.Hooks.File != "" && pathErr.Path == l.Cfg.Hooks.File:
 		p.Path, p.File, p.Msg = "hooks.file", pathErr.Path, "cannot read hooks.json: "+pathErr.Err.Error()
 	}
 	return &config.ValidationError{Problems: []config.Problem{p}}
