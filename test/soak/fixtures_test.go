@@ -1,7 +1,6 @@
 package soak_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -9,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -19,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/atomicfile"
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
 	"github.com/egressd/egressd/internal/testutil/testpki"
 	"github.com/egressd/egressd/pkg/hookauth"
@@ -506,32 +505,11 @@ func writeFiles(dir string, fx *fixtures, cr *credTracker, proxyPort, adminPort 
 		f.creds:      cr.file(),
 		f.config:     f.configYAML(fx.dns.Addr, filepath.Join(dir, "policy.json")),
 	} {
-		if err := writeAtomic(path, data); err != nil {
+		if err := atomicfile.Write(path, data, 0o600); err != nil {
 			return nil, err
 		}
 	}
 	return f, nil
-}
-
-// writeAtomic replaces path with data by a rename, as a deployment tool (or the
-// kubelet's symlink swap) does, so egressd never reads a half-written file.
-func writeAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	_, werr := io.Copy(tmp, bytes.NewReader(data))
-	cerr := tmp.Close()
-	if werr == nil {
-		werr = cerr
-	}
-	if werr == nil {
-		werr = os.Rename(tmp.Name(), path)
-	}
-	if werr != nil {
-		os.Remove(tmp.Name())
-	}
-	return werr
 }
 
 // freePorts returns n ports on 127.0.0.1 that were free a moment ago. egressd's

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"syscall"
 	"time"
+
+	"github.com/egressd/egressd/internal/atomicfile"
 )
 
 // The operator's side of the soak.
@@ -101,7 +103,7 @@ func (o *operator) reload(n int) {
 		fail("%v", err)
 		return
 	}
-	if err := writeAtomic(o.f.policy, data); err != nil {
+	if err := atomicfile.Write(o.f.policy, data, 0o600); err != nil {
 		fail("writing the policy: %v", err)
 		return
 	}
@@ -197,7 +199,7 @@ func (o *operator) waitReload(before map[string]float64) (map[string]float64, er
 // old one once the grace is over.
 func (o *operator) rotate() {
 	o.creds.rotate()
-	if err := writeAtomic(o.f.creds, o.creds.file()); err != nil {
+	if err := atomicfile.Write(o.f.creds, o.creds.file(), 0o600); err != nil {
 		o.tally.violation("rotation", "writing the credentials file: %v", err)
 		return
 	}
