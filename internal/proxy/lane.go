@@ -200,7 +200,7 @@ func (c *conn) transparentCandidate(ix *hooks.Index) bool {
 		return false
 	}
 	if first[0] == 0x16 {
-		hello, err := peekClientHello(c.br)
+		hello, err := peekClientHello(&peekReader{br: c.br}) // kept in c.br for serving
 		return err == nil && hello.serverName != "" && ix.Intercepts(hello.serverName, orig.Port())
 	}
 	req := c.peekHead()
@@ -233,6 +233,23 @@ func (c *conn) peekHead() *http.Request {
 			return nil
 		}
 	}
+}
+
+// peekReader reads what br has buffered, and waits for more, without consuming
+// it; it ends at br's buffer size (a ClientHello larger than that is no candidate).
+type peekReader struct {
+	br  *bufio.Reader
+	off int
+}
+
+func (p *peekReader) Read(b []byte) (int, error) {
+	if _, err := p.br.Peek(p.off + 1); err != nil && p.br.Buffered() <= p.off {
+		return 0, err
+	}
+	buf, _ := p.br.Peek(p.br.Buffered())
+	n := copy(b, buf[p.off:])
+	p.off += n
+	return n, nil
 }
 
 // laneRefusal is the refusal of a request a lane connection may not carry.

@@ -115,3 +115,51 @@ func isTimeoutErr(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
 }
+
+// The hook lane on a transparent listener, where the runtime's hook calls and
+// every other connection from the sandbox arrive on one listener: with every slot
+// held by tunnels, a ClientHello naming the hook host takes a lane slot and the
+// call gets the endpoint's allow; a plain request gets 503 overloaded.
+func TestHookLaneTransparent(t *testing.T) {
+	w := newWorld(t, worldOpts{allowlist: append(hookEntries, defaultEntries...), hooksJSON: hooksJSON,
+		credentials: map[string]string{}, limits: func(l *config.Limits) { l.MaxConnections = 4 }})
+	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(rw, `{"decision":"allow"}`)
+	})
+	sb := newSandbox(t)
+	ln, err := net.Listen("tcp", sb.hostIP+":15002")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go w.Server.Serve(ln, config.Listener{Name: "transparent", Mode: config.ModeTransparent, Role: config.RoleSandbox})
+	for i := 0; i < 4; i++ { // every slot: a spliced tunnel, TLS done with the upstream, then idle
+		if _, err := w.tlsFromSandbox(t, sb, w.PublicIP+":443", "www.allowed.test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := sb.dial(t, "tcp", w.PublicIP+":80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	assertRefusedStatus(t, get(t, c, "www.allowed.test", "/"), 503, "overloaded")
+
+	start := time.Now()
+	tc, err := w.tlsFromSandbox(t, sb, w.PublicIP+":443", "policy.allowed.test")
+	if err != nil {
+		t.Fatalf("hook call's TLS with every slot held: %v", err)
+	}
+	io.WriteString(tc, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Length: 2\r\n\r\n{}")
+	resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"allow"`) || time.Since(start) > 2*time.Second+loadMargin {
+		t.Fatalf("hook call with every slot held: %d %s after %v, want the endpoint's allow", resp.StatusCode, body, time.Since(start))
+	}
+}
