@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/dnsstub"
 )
 
 // The load of the paths whose requests runLoad's client cannot make: POSTs with
@@ -117,7 +119,7 @@ func expectBody(want []byte, refuse ...string) func(*http.Response) error {
 type pathEnv struct {
 	w      *world
 	e      *egressd
-	dns    *dnsStub
+	dns    *dnsstub.Server
 	o      options
 	dir    string
 	stderr io.Writer
@@ -135,10 +137,10 @@ type viaRun struct {
 // measureVia runs load through e (load gets e's CPU sampler) and collects the
 // log lines egressd wrote, how its leaf cache grew and how many queries the
 // DNS stub answered meanwhile.
-func measureVia(e *egressd, dns *dnsStub, load func(cpu func() (time.Duration, error)) (runResult, error)) (viaRun, error) {
+func measureVia(e *egressd, dns *dnsstub.Server, load func(cpu func() (time.Duration, error)) (runResult, error)) (viaRun, error) {
 	var v viaRun
 	leafBefore, leafErr := e.leafCache()
-	dnsBefore := dns.queries.Load()
+	dnsBefore := int64(dns.Total())
 	from := e.logSize()
 	r, err := load(e.cpuTime)
 	if err != nil {
@@ -148,7 +150,7 @@ func measureVia(e *egressd, dns *dnsStub, load func(cpu func() (time.Duration, e
 	if v.log, err = e.scanLog(from); err != nil {
 		return v, fmt.Errorf("egressd log: %w", err)
 	}
-	v.dns = dns.queries.Load() - dnsBefore
+	v.dns = int64(dns.Total()) - dnsBefore
 	if leafErr == nil {
 		var after leafCounts
 		if after, leafErr = e.leafCache(); leafErr == nil {

@@ -21,6 +21,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/dnsstub"
 )
 
 // Exit codes: the report was printed and no request failed; it was printed but
@@ -206,12 +208,12 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("DNS stub: %w", err)
 	}
-	defer dns.close()
+	defer dns.Close()
 	if err := prepareProfiles(&o); err != nil { // before egressd: admin.pprof
 		return nil, err
 	}
 	prepareIdleTunnels(o) // before egressd, which inherits the fd limit
-	e, err := startEgressd(ctx, o.egressd, dir, up, dns.addr, "")
+	e, err := startEgressd(ctx, o.egressd, dir, up, dns.Addr, "")
 	if err != nil {
 		return nil, fmt.Errorf("egressd: %w", err)
 	}
@@ -244,7 +246,7 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 				continue
 			}
 			if vs == nil {
-				if vs, err = startVaultStack(ctx, o, vaultBin, dir, up, dns.addr); err != nil {
+				if vs, err = startVaultStack(ctx, o, vaultBin, dir, up, dns.Addr); err != nil {
 					return nil, fmt.Errorf("%s: %w", p.name, err)
 				}
 				defer vs.stop()
@@ -283,14 +285,14 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 // measurePath runs one path o.rounds times, each round direct then through
 // egressd with the same settings, and checks on every run that the upstream
 // received exactly what egressd had to inject.
-func measurePath(ctx context.Context, w *world, e *egressd, dns *dnsStub, p pathSpec, o options) (pathResult, error) {
+func measurePath(ctx context.Context, w *world, e *egressd, dns *dnsstub.Server, p pathSpec, o options) (pathResult, error) {
 	lo := loadOptions{clients: o.clients, size: o.size, warmup: o.warmup, duration: o.duration}
 	res := pathResult{Path: p.name, Description: p.desc, NewConnPerRequest: p.newConn}
 	if p.inject != injectNone {
 		res.Injects = p.inject.String()
 	}
 	leafBefore, leafErr := e.leafCache()
-	dnsBefore := dns.queries.Load()
+	dnsBefore := int64(dns.Total())
 	pp := w.peers.forPath(p) // nil unless the path has peers
 	var directs, vias []runResult
 	for round := range o.rounds {
@@ -322,7 +324,7 @@ func measurePath(ctx context.Context, w *world, e *egressd, dns *dnsStub, p path
 	res.Direct, res.Egressd = combine(directs), combine(vias)
 	res.finish()
 	res.Peers = pp.finish()
-	res.DNSQueries = dns.queries.Load() - dnsBefore
+	res.DNSQueries = int64(dns.Total()) - dnsBefore
 	if leafErr == nil {
 		var after leafCounts
 		if after, leafErr = e.leafCache(); leafErr == nil {

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/dnsstub"
 )
 
 // Peers: other egress proxies, measured beside egressd in the same run. On
@@ -239,7 +241,7 @@ type peerSet struct {
 	bins    map[string]string
 	// dns is the peers' own DNS stub (the same answers as egressd's), so that
 	// egressd's DNS query counts stay its own.
-	dns *dnsStub
+	dns *dnsstub.Server
 }
 
 // startPeers finds and starts the peers in o.peers when a path needs them.
@@ -279,7 +281,7 @@ func startPeers(ctx context.Context, o options, dir string, up *upstream, stderr
 					continue
 				}
 			}
-			pp, err = startGoproxy(ctx, k, bin, pdir, up, ps.dns.addr)
+			pp, err = startGoproxy(ctx, k, bin, pdir, up, ps.dns.Addr)
 		case "smokescreen":
 			pp, err = startSmokescreen(ctx, k, bin, pdir)
 		}
@@ -319,7 +321,7 @@ func (ps *peerSet) stop() map[string]string {
 	}
 	wg.Wait()
 	if ps.dns != nil {
-		ps.dns.close()
+		ps.dns.Close()
 		ps.dns = nil
 	}
 	return out

@@ -208,8 +208,8 @@ func measureTransparentInside(ctx context.Context, env pathEnv) (rows []pathResu
 		return nil, fmt.Errorf("upstream on %s: %w", standInAddr, err)
 	}
 	defer srv.Close()
-	env.dns.pin(transparentHost, net.ParseIP(standInAddr))
-	te, err := startTransparentEgressd(ctx, env.o.egressd, filepath.Join(env.dir, "transparent"), env.dns.addr, sb.hostIP)
+	env.dns.Set(transparentHost, "A "+standInAddr)
+	te, err := startTransparentEgressd(ctx, env.o.egressd, filepath.Join(env.dir, "transparent"), env.dns.Addr, sb.hostIP)
 	if err != nil {
 		return nil, fmt.Errorf("egressd with a transparent listener: %w", err)
 	}

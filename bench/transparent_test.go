@@ -95,11 +95,11 @@ func TestDNSPin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.close()
-	s.pin("TP.bench.test.", net.ParseIP(standInAddr))
+	defer s.Close()
+	s.Set("TP.bench.test.", "A "+standInAddr)
 	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
 		var d net.Dialer
-		return d.DialContext(ctx, network, s.addr)
+		return d.DialContext(ctx, network, s.Addr)
 	}}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -23,6 +23,8 @@ type Server struct {
 	Addr    string // host:port, UDP and TCP
 	mu      sync.Mutex
 	names   map[string]Answer
+	zones   map[string]Answer // by zone: every name under it without an answer of its own
+	servers []*dns.Server
 	queries map[string]int // per name and type: "name/A"
 	unnamed int            // queries without exactly one question
 }
@@ -30,18 +32,35 @@ type Server struct {
 // Start serves on 127.0.0.1 (UDP and TCP, one port) until the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	s := &Server{names: map[string]Answer{}, queries: map[string]int{}}
-	pc, ln, err := listenBoth()
+	s, err := New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Addr = pc.LocalAddr().String()
-	udp := &dns.Server{PacketConn: pc, Handler: s}
-	tcp := &dns.Server{Listener: ln, Handler: s}
-	go udp.ActivateAndServe()
-	go tcp.ActivateAndServe()
-	t.Cleanup(func() { udp.Shutdown(); tcp.Shutdown() })
+	t.Cleanup(s.Close)
 	return s
+}
+
+// New serves on 127.0.0.1 (UDP and TCP, one port) until Close: for a program
+// (bench) that has no testing.TB.
+func New() (*Server, error) {
+	s := &Server{names: map[string]Answer{}, zones: map[string]Answer{}, queries: map[string]int{}}
+	pc, ln, err := listenBoth()
+	if err != nil {
+		return nil, err
+	}
+	s.Addr = pc.LocalAddr().String()
+	s.servers = []*dns.Server{{PacketConn: pc, Handler: s}, {Listener: ln, Handler: s}}
+	for _, srv := range s.servers {
+		go srv.ActivateAndServe()
+	}
+	return s, nil
+}
+
+// Close stops the server.
+func (s *Server) Close() {
+	for _, srv := range s.servers {
+		srv.Shutdown()
+	}
 }
 
 // Set makes name answer with the fixed records.
@@ -54,6 +73,14 @@ func (s *Server) SetFunc(name string, f Answer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.names[dns.Fqdn(strings.ToLower(name))] = f
+}
+
+// SetZone makes zone and every name under it that has no answer of its own (Set,
+// SetFunc) answer with whatever f returns.
+func (s *Server) SetZone(zone string, f Answer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.zones[dns.Fqdn(strings.ToLower(zone))] = f
 }
 
 // Queries returns how many A and AAAA queries name has received.
@@ -122,6 +149,9 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 func (s *Server) lookup(name string, qtype uint16) ([]string, bool) {
 	s.mu.Lock()
 	f, ok := s.names[name]
+	if !ok {
+		f, ok = s.zoneOf(name)
+	}
 	key := name + "/" + dns.TypeToString[qtype]
 	n := s.queries[key]
 	s.queries[key]++
@@ -131,6 +161,21 @@ func (s *Server) lookup(name string, qtype uint16) ([]string, bool) {
 	}
 	recs := f(n) // the n-th query of this type: A and AAAA each count their own
 	return recs, len(recs) > 0
+}
+
+// zoneOf returns the answer of the zone name is in (the closest), if any. s.mu is held.
+func (s *Server) zoneOf(name string) (Answer, bool) {
+	for zone := name; zone != ""; {
+		if f, ok := s.zones[zone]; ok {
+			return f, true
+		}
+		_, rest, found := strings.Cut(zone, ".")
+		if !found {
+			break
+		}
+		zone = rest
+	}
+	return nil, false
 }
 
 // listenBoth binds UDP on a free port and TCP on the same port, trying again when
