@@ -263,6 +263,7 @@ type logSummary struct {
 	Lines       int64            `json:"lines"`
 	EgressLines int64            `json:"egress_lines"` // one per request or tunnel
 	Allowed200  int64            `json:"allowed_200"`  // egress lines: decision allow, status 200, no error
+	Scrubbed    int64            `json:"scrubbed"`     // egress lines whose response egressd scrubbed (scrubbed > 0)
 	Unexpected  map[string]int64 `json:"unexpected,omitempty"`
 	Examples    []string         `json:"examples,omitempty"` // raw lines, the first few
 }
@@ -272,6 +273,7 @@ func (s *logSummary) merge(o logSummary) {
 	s.Lines += o.Lines
 	s.EgressLines += o.EgressLines
 	s.Allowed200 += o.Allowed200
+	s.Scrubbed += o.Scrubbed
 	for k, n := range o.Unexpected {
 		if s.Unexpected == nil {
 			s.Unexpected = map[string]int64{}
@@ -323,6 +325,8 @@ func (e *egressd) settleLog() {
 
 var (
 	egressMsg = []byte(`"message":"egress"`)
+	scrubbed  = []byte(`"scrubbed":`)
+	unmasked  = []byte(`"scrubbed":0,`)
 	allowed   = []byte(`"decision":"allow"`)
 	status200 = []byte(`"status":200,`)
 	noError   = []byte(`"error":""`)
@@ -333,6 +337,9 @@ func (s *logSummary) add(line []byte) {
 	isEgress := bytes.Contains(line, egressMsg)
 	if isEgress {
 		s.EgressLines++
+		if bytes.Contains(line, scrubbed) && !bytes.Contains(line, unmasked) {
+			s.Scrubbed++
+		}
 		// The fast path: most lines are successes and are not decoded.
 		if bytes.Contains(line, allowed) && bytes.Contains(line, status200) && bytes.Contains(line, noError) {
 			s.Allowed200++
@@ -351,6 +358,10 @@ func (s *logSummary) add(line []byte) {
 		s.Examples = append(s.Examples, truncate(string(line), 600))
 	}
 }
+
+// reflectedWarn begins the WARN egressd logs the first time an upstream reflects
+// an injected value (internal/proxy/scrub.go).
+const reflectedWarn = "an upstream reflected a value egressd injected"
 
 // unexpectedKey groups an egress line that is not a plain success, or a
 // warn/error line; other lines (info, debug) are not unexpected.
@@ -374,6 +385,9 @@ func unexpectedKey(line []byte, isEgress bool) (string, bool) {
 			k += " error=" + normalizeErr(l.Error)
 		}
 		return k, true
+	}
+	if l.Level == "warn" && strings.HasPrefix(l.Message, reflectedWarn) {
+		return "", false // the credential paths' upstream reflects on purpose
 	}
 	if l.Level == "warn" || l.Level == "error" || l.Level == "fatal" || l.Level == "panic" {
 		return l.Level + ": " + l.Message + errSuffix(l.Error), true

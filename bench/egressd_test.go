@@ -11,7 +11,9 @@ import (
 func TestLogSummary(t *testing.T) {
 	lines := []string{
 		`{"level":"info","req_id":"a-1","method":"GET","scheme":"http","decision":"allow","reason":"","status":200,"error":"","message":"egress"}`,
-		`{"level":"info","req_id":"a-2","method":"CONNECT","scheme":"connect","decision":"allow","reason":"","status":200,"error":"","message":"egress"}`,
+		`{"level":"info","req_id":"a-2","method":"CONNECT","scheme":"connect","decision":"allow","reason":"","status":200,"scrubbed":0,"error":"","message":"egress"}`,
+		`{"level":"info","req_id":"a-5","method":"GET","scheme":"https","decision":"allow","reason":"","status":200,"scrubbed":1,"error":"","message":"egress"}`,
+		`{"level":"warn","rule":"cred.bench.test","credential":"bench-cred","message":"an upstream reflected a value egressd injected; it was masked in the response"}`,
 		`{"level":"info","req_id":"a-3","method":"GET","scheme":"http","decision":"error","reason":"upstream_unreachable","status":502,"error":"dial tcp 127.0.0.1:4242: connect: connection refused","message":"egress"}`,
 		`{"level":"info","req_id":"a-4","method":"GET","scheme":"http","decision":"error","reason":"upstream_unreachable","status":502,"error":"dial tcp 127.0.0.1:4343: connect: connection refused","message":"egress"}`,
 		`{"level":"info","message":"draining"}`,
@@ -22,8 +24,8 @@ func TestLogSummary(t *testing.T) {
 	for _, l := range lines {
 		s.add([]byte(l))
 	}
-	if s.Lines != 7 || s.EgressLines != 4 || s.Allowed200 != 2 {
-		t.Errorf("lines %d, egress %d, allowed %d; want 7, 4, 2", s.Lines, s.EgressLines, s.Allowed200)
+	if s.Lines != 9 || s.EgressLines != 5 || s.Allowed200 != 3 || s.Scrubbed != 1 {
+		t.Errorf("lines %d, egress %d, allowed %d, scrubbed %d; want 9, 5, 3, 1", s.Lines, s.EgressLines, s.Allowed200, s.Scrubbed)
 	}
 	want := map[string]int64{
 		"GET http: decision=error status=502 reason=upstream_unreachable error=dial tcp 127.x:port: connect: connection refused": 2,

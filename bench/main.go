@@ -315,6 +315,7 @@ func measurePath(ctx context.Context, w *world, e *egressd, dns *dnsstub.Server,
 		}
 		res.Log.merge(log)
 		res.Problems = append(res.Problems, injectionProblems(p, round, o.rounds, d, x)...)
+		res.Problems = append(res.Problems, scrubProblems(p, x, log)...)
 		res.Rounds = append(res.Rounds, newRound(d, x))
 		directs, vias = append(directs, d), append(vias, x)
 		if err := pp.round(ctx, w, lo, d); err != nil { // after egressd's run, against the same direct run
@@ -337,6 +338,18 @@ func measurePath(ctx context.Context, w *world, e *egressd, dns *dnsstub.Server,
 	}
 	res.PeakRSSBytes, _ = e.peakRSS()
 	return res, nil
+}
+
+// scrubProblems checks that on the credential paths, whose upstream reflects the
+// Authorization it receives, egressd scrubbed the response of every request.
+func scrubProblems(p pathSpec, via runResult, log logSummary) []string {
+	if p.inject != injectCredential && p.inject != injectVaultCredential {
+		return nil
+	}
+	if log.Scrubbed != via.UpstreamRequests {
+		return []string{fmt.Sprintf("egressd run: %d of %d responses reflecting the credential were scrubbed", log.Scrubbed, via.UpstreamRequests)}
+	}
+	return nil
 }
 
 // injectionProblems checks one round's runs against what the path injects: the

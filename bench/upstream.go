@@ -57,6 +57,7 @@ var upstreamNames = []string{"localhost", "bench.test", "*.bench.test"}
 // upstream can tell which backend a request's header came from.
 const (
 	transformHeader      = "X-Bench-Injected"
+	echoHeader           = "X-Bench-Echo" // the upstream's reflection of Authorization
 	transformValue       = "bench-transform-value"
 	credentialID         = "bench-cred"
 	credentialToken      = "bench-fake-token-not-a-secret"
@@ -152,7 +153,8 @@ func (u *upstream) close() {
 // fixedBody answers every request with size bytes and an explicit
 // Content-Length, so neither side pays for chunked framing. It counts the
 // requests, and those that carry the injected headers exactly once with the
-// exact value (two map lookups, a string compare or two, an atomic add or two).
+// exact value (two map lookups, a string compare or two, an atomic add or two),
+// and sends any Authorization back in echoHeader.
 func (u *upstream) fixedBody(size int) http.Handler {
 	body := bytes.Repeat([]byte("x"), size)
 	length := []string{strconv.Itoa(size)}
@@ -168,6 +170,7 @@ func (u *upstream) fixedBody(size int) http.Handler {
 		if v := r.Header[transformHeader]; len(v) == 1 && v[0] == transformValue {
 			u.transform.Add(1)
 		}
+		hdr := w.Header()
 		if v := r.Header["Authorization"]; len(v) == 1 {
 			switch v[0] {
 			case credentialAuth:
@@ -177,8 +180,11 @@ func (u *upstream) fixedBody(size int) http.Handler {
 			case oauthAuth:
 				u.oauthCred.Add(1)
 			}
+			// Reflect it, as an echoing upstream would: egressd masks it in the
+			// response (scrubbing), so the credential paths measure a scrubbed
+			// response, replacement included.
+			hdr[echoHeader] = v
 		}
-		hdr := w.Header()
 		hdr["Content-Length"] = length
 		hdr["Content-Type"] = ctype
 		_, _ = w.Write(body)

@@ -51,8 +51,8 @@ func headerValues(h http.Header, name string) []string {
 type scrubber struct {
 	set   *scrub.Set
 	x     *exchange
-	fixed int        // replacements in the head and the trailers
-	body  func() int // replacements in the body so far
+	fixed int           // replacements in the head and the trailers
+	body  *scrub.Reader // the body's (or switched connection's) masker, once there is one
 }
 
 // scrubbed returns resp masked for the client when the request was injected into,
@@ -63,7 +63,7 @@ func (x *exchange) scrubbed(resp *http.Response) *http.Response {
 	if !x.scrub.Active() {
 		return resp
 	}
-	sc := &scrubber{set: x.scrub, x: x, body: func() int { return 0 }}
+	sc := &scrubber{set: x.scrub, x: x}
 	sc.head(resp)
 	var err error
 	switch {
@@ -90,7 +90,7 @@ func (sc *scrubber) head(resp *http.Response) {
 // fields masks h's names and values in place and returns the replacements.
 func (sc *scrubber) fields(h http.Header) int {
 	total := 0
-	renamed := map[string][]string{}
+	var renamed http.Header
 	for k, values := range h {
 		for i, v := range values {
 			var n int
@@ -100,6 +100,9 @@ func (sc *scrubber) fields(h http.Header) int {
 		if name, n := sc.name(k); n > 0 {
 			total += n
 			delete(h, k)
+			if renamed == nil {
+				renamed = http.Header{}
+			}
 			renamed[name] = append(renamed[name], values...)
 		}
 	}
@@ -113,18 +116,24 @@ func (sc *scrubber) fields(h http.Header) int {
 // (canonical on HTTP/1.1, lower-case on HTTP/2), so a value is looked for in the
 // name as received and lower-cased.
 func (sc *scrubber) name(k string) (string, int) {
-	masked, n := sc.set.String(k)
-	lower, m := sc.set.String(strings.ToLower(masked))
-	if m == 0 || len(lower) != len(masked) {
-		return masked, n
-	}
-	b := []byte(masked)
-	for i := range b {
-		if lower[i] == scrub.Mask {
-			b[i] = scrub.Mask
+	var buf [2][64]byte // names are short: masked on the stack, allocated only when they match
+	raw := append(buf[0][:0], k...)
+	lower := append(buf[1][:0], k...)
+	for i, c := range lower {
+		if 'A' <= c && c <= 'Z' {
+			lower[i] = c + 'a' - 'A'
 		}
 	}
-	return string(b), max(n, m)
+	n, m := sc.set.Bytes(raw), sc.set.Bytes(lower)
+	if n == 0 && m == 0 {
+		return k, 0
+	}
+	for i := range raw {
+		if lower[i] == scrub.Mask {
+			raw[i] = scrub.Mask
+		}
+	}
+	return string(raw), max(n, m)
 }
 
 // add records n more replacements, and warns the first time a (rule, credential)
@@ -137,7 +146,10 @@ func (sc *scrubber) add(n int) {
 func (sc *scrubber) update() {
 	rec := sc.x.rec
 	was := rec.Scrubbed
-	rec.Scrubbed = sc.fixed + sc.body()
+	rec.Scrubbed = sc.fixed
+	if sc.body != nil {
+		rec.Scrubbed += sc.body.Count()
+	}
 	if was == 0 && rec.Scrubbed > 0 && sc.x.srv != nil {
 		sc.x.srv.warnReflected(rec)
 	}
@@ -175,13 +187,16 @@ func (sc *scrubber) scrubBody(resp *http.Response) error {
 		resp.ContentLength = -1
 	}
 	b.r = sc.set.Reader(src)
-	sc.body = b.r.Count
+	sc.body = b.r
 	resp.Body = b
 	return nil
 }
 
 // encoded reports whether a Content-Encoding value names a coding other than identity.
 func encoded(coding string) bool {
+	if coding == "" {
+		return false
+	}
 	for _, c := range strings.Split(coding, ",") {
 		if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
 			return true
@@ -242,7 +257,7 @@ func (sc *scrubber) upgrade(resp *http.Response) error {
 	if strings.EqualFold(resp.Header.Get("Upgrade"), "websocket") {
 		r = sc.set.WebSocket(up)
 	}
-	sc.body = r.Count
+	sc.body = r
 	resp.Body = &scrubbedConn{ReadWriteCloser: up, r: r, sc: sc}
 	return nil
 }
