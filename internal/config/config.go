@@ -101,13 +101,28 @@ type Listener struct {
 	Address netip.AddrPort // an IP literal; port 0 picks a free port (tests)
 	Mode    string         // ModeProxy (default) or ModeTransparent
 	Role    string         // RoleSandbox (default) or RoleHooks
+	// Redirect says where a transparent listener's REDIRECT runs: RedirectLocal
+	// (the same network namespace, a sidecar: loopback is the right address),
+	// RedirectGateway (a DNAT from the sandbox's own namespace: never loopback),
+	// or "" (unsaid: a loopback address is then warned about).
+	Redirect string
 }
+
+// Values of Listener.Redirect.
+const (
+	RedirectLocal   = "local"   // iptables OUTPUT in egressd's own namespace (a pod sidecar)
+	RedirectGateway = "gateway" // DNAT on the host side of the sandbox's veth (deploy/netns)
+)
 
 // Admin is the admin listener: health, metrics, explain, reload, CA, JWKS.
 type Admin struct {
 	// Address is invalid (the zero AddrPort) when the admin listener is off
 	// (admin.address: ""). It never equals a listener's address.
 	Address netip.AddrPort
+	// Exposed (admin.exposed) says an address on every interface is on purpose:
+	// the sandbox is kept off it by other means (deploy/kubernetes' init rules),
+	// so check does not warn about it.
+	Exposed bool
 	// Pprof serves net/http/pprof under /debug/pprof/ on the admin listener
 	// (admin.pprof, default false). Profiles show request paths and timing, not
 	// secrets, but a CPU profile costs CPU while it runs: leave it off unless

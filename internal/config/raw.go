@@ -30,15 +30,17 @@ type rawConfig struct {
 }
 
 type rawListener struct {
-	Name    string `yaml:"name"`
-	Address string `yaml:"address"`
-	Mode    string `yaml:"mode"`
-	Role    string `yaml:"role"`
+	Name     string `yaml:"name"`
+	Address  string `yaml:"address"`
+	Mode     string `yaml:"mode"`
+	Role     string `yaml:"role"`
+	Redirect string `yaml:"redirect"`
 }
 
 type rawAdmin struct {
 	Address *string `yaml:"address"` // nil: default; "": off
 	Pprof   bool    `yaml:"pprof"`
+	Exposed bool    `yaml:"exposed"`
 }
 
 // rawPolicy is policy.file or an inline policy.allowlist.

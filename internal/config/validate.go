@@ -109,9 +109,7 @@ func (v *validator) listener(r rawListener, path string) Listener {
 		return l
 	}
 	l.Address, _ = v.addrPort(r.Address, path+".address", DefaultListenerAddress, true)
-	if l.Mode == ModeTransparent && l.Address.Addr().IsLoopback() {
-		v.ps.warnf(path+".address", "a transparent listener on %s: the REDIRECT target must be reachable from the sandbox (use the sandbox-facing interface)", l.Address.Addr())
-	}
+	l.Redirect = v.redirect(r, l, path)
 	return l
 }
 
@@ -138,10 +136,35 @@ func (v *validator) admin(r rawAdmin, ls []Listener) Admin {
 			return Admin{Address: ap, Pprof: r.Pprof}
 		}
 	}
-	if ap.Addr().IsUnspecified() {
-		v.ps.warnf("admin.address", "%s exposes reload and explain on every interface, the sandbox's included; prefer 127.0.0.1", ap)
+	if ap.Addr().IsUnspecified() && !r.Exposed {
+		v.ps.warnf("admin.address", "%s exposes reload and explain on every interface, the sandbox's included; prefer 127.0.0.1 "+
+			"(or, when rules keep the sandbox off the port as deploy/kubernetes' do, say so with admin.exposed: true)", ap)
 	}
-	return Admin{Address: ap, Pprof: r.Pprof}
+	return Admin{Address: ap, Pprof: r.Pprof, Exposed: r.Exposed}
+}
+
+// redirect checks listeners[].redirect against the listener's mode and address:
+// a REDIRECT in egressd's own namespace delivers to loopback, a gateway's DNAT can
+// never reach it.
+func (v *validator) redirect(r rawListener, l Listener, path string) string {
+	if r.Redirect == "" {
+		if l.Mode == ModeTransparent && l.Address.Addr().IsLoopback() {
+			v.ps.warnf(path+".address", "a transparent listener on %s: a REDIRECT from another namespace can never reach it "+
+				"(use the sandbox-facing interface); when the REDIRECT runs in egressd's own namespace (a pod sidecar), "+
+				"loopback is right: say so with redirect: %s", l.Address.Addr(), RedirectLocal)
+		}
+		return ""
+	}
+	red := v.oneOf(r.Redirect, path+".redirect", "", RedirectLocal, RedirectGateway)
+	switch {
+	case l.Mode != ModeTransparent:
+		v.ps.errorf(path+".redirect", "only for a transparent listener (mode: %s)", ModeTransparent)
+	case red == RedirectLocal && !l.Address.Addr().IsLoopback():
+		v.ps.warnf(path+".address", "redirect: local delivers to 127.0.0.1 or ::1, not %s", l.Address.Addr())
+	case red == RedirectGateway && l.Address.Addr().IsLoopback():
+		v.ps.errorf(path+".address", "redirect: gateway's DNAT can never reach %s: use the sandbox-facing address", l.Address.Addr())
+	}
+	return red
 }
 
 // conflicts reports whether two listen addresses would collide: the same
