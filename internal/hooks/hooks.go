@@ -99,9 +99,10 @@ type Hook struct {
 	PPath  string
 }
 
-// Header is one entry of a hook's "headers". Its value sits in hooks.json, inside the
-// sandbox; Lint refuses the ones that look like secrets, and never prints a value.
-type Header struct{ Name, Value string }
+// Header is one entry of a hook's "headers": allowlist.Header, which redacts its value
+// in every rendering. The value sits in hooks.json, inside the sandbox; Lint refuses the
+// ones that look like secrets, and never prints a value.
+type Header = allowlist.Header
 
 // Rules returns the group's rules for event (EventPre or EventPost).
 func (g *Group) Rules(event string) []Rule {
