@@ -1,11 +1,15 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"runtime"
 	"sync"
 	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/egressd/egressd/internal/allowlist"
 )
@@ -88,15 +92,59 @@ const hookChunk = 32 << 10
 
 // hookBuffer is one hook body read into reserved memory. Release returns the
 // reservation once the bytes are no longer needed.
+//
+// A buffer of mmapMin bytes or more is mapped from the kernel rather than taken
+// from the Go heap, and unmapped on release: its memory leaves the process at
+// once, and it never inflates the collector's heap goal (a heap holding a full
+// budget of hook bodies may otherwise grow to twice that before it collects).
+// Nothing may read it after release: the forwarded request body reads it through
+// reader, which stops at release, and the decision is copied out.
 type hookBuffer struct {
 	b        *hookBudget
 	reserved int64
+	mu       sync.Mutex
+	mapped   []byte // the current mapping, when the buffer is one
+	freed    bool
 }
 
+// mmapMin is the smallest buffer mapped from the kernel; smaller ones (a real
+// runtime's tool calls, about a kilobyte) come from the heap.
+const mmapMin = 64 << 10
+
 func (h *hookBuffer) release() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.freed = true
+	if h.mapped != nil {
+		unix.Munmap(h.mapped)
+		h.b.used.Add(-int64(len(h.mapped))) // returned to the kernel: no garbage
+		h.reserved -= int64(len(h.mapped))
+		h.mapped = nil
+	}
 	h.b.release(h.reserved)
 	h.reserved = 0
 }
+
+// reader reads body, which h holds, until h is released.
+func (h *hookBuffer) reader(body []byte) io.Reader {
+	return &heldReader{h: h, r: bytes.NewReader(body)}
+}
+
+type heldReader struct {
+	h *hookBuffer
+	r *bytes.Reader
+}
+
+func (r *heldReader) Read(p []byte) (int, error) {
+	r.h.mu.Lock()
+	defer r.h.mu.Unlock()
+	if r.h.freed {
+		return 0, errHookBufferReleased
+	}
+	return r.r.Read(p)
+}
+
+var errHookBufferReleased = errors.New("hook body read after the call ended")
 
 // read reads r to its end, or to limit+1 bytes (the caller tells "too large" from
 // the length), reserving every byte of capacity before allocating it. hint is the
@@ -137,7 +185,22 @@ func (h *hookBuffer) grow(buf []byte, size int64) ([]byte, error) {
 		return buf, &refusal{Reason: allowlist.ReasonOverloaded, Detail: detailHookBuffer, Err: errHookBuffer}
 	}
 	h.reserved += more
-	grown := make([]byte, len(buf), size)
+	if size < mmapMin {
+		grown := make([]byte, len(buf), size)
+		copy(grown, buf)
+		return grown, nil
+	}
+	m, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return buf, fmt.Errorf("mapping a hook body buffer: %w", err)
+	}
+	grown := m[:len(buf)]
 	copy(grown, buf)
+	if h.mapped != nil {
+		unix.Munmap(h.mapped)
+		h.b.used.Add(-int64(len(h.mapped)))
+		h.reserved -= int64(len(h.mapped))
+	}
+	h.mapped = m
 	return grown, nil
 }

@@ -141,7 +141,7 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 	if err != nil {
 		return nil, err
 	}
-	out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	out.Body, out.ContentLength = io.NopCloser(reqBuf.reader(body)), int64(len(body))
 	out.TransferEncoding = nil
 	assertion, err := x.rt.Hooks.Signer.SignCall(m, x.rt.Env, x.rt.Hooks.ByListener, body)
 	if err != nil {
@@ -158,6 +158,7 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 	respBuf := &hookBuffer{b: x.budget}
 	defer respBuf.release()
 	rbody, err := respBuf.read(resp.Body, limit, resp.ContentLength)
+	rbody = bytes.Clone(rbody) // written to the client after the buffer is released
 	if rf := (*refusal)(nil); errors.As(err, &rf) {
 		return nil, rf
 	}
