@@ -163,3 +163,43 @@ func TestHookLaneTransparent(t *testing.T) {
 		t.Fatalf("hook call with every slot held: %d %s after %v, want the endpoint's allow", resp.StatusCode, body, time.Since(start))
 	}
 }
+
+// With a hooks listener, only its traffic is hook traffic, and its slots are its
+// own: with every slot of both listeners held by tunnels, a hook call on the hooks
+// listener takes that listener's lane and gets the endpoint's allow, while the
+// same call on the sandbox listener is no hook call and gets 503 overloaded.
+func TestHookLaneOnHooksListener(t *testing.T) {
+	w := newWorld(t, worldOpts{allowlist: append(hookEntries, defaultEntries...), hooksJSON: hooksJSON,
+		credentials: map[string]string{}, limits: func(l *config.Limits) { l.MaxConnections = 4 }})
+	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(rw, `{"decision":"allow"}`)
+	})
+	rt := *w.Server.Runtime()
+	byListener := *rt.Hooks
+	byListener.ByListener = true
+	rt.Hooks = &byListener
+	w.Server.Swap(&rt)
+	hooksLn := listenOn(t, "127.0.0.1:0")
+	go w.Server.Serve(hooksLn, config.Listener{Name: "hooks", Mode: config.ModeProxy, Role: config.RoleHooks})
+	sandboxAddr, hooksAddr := w.ProxyAddr, hooksLn.Addr().String()
+	for _, addr := range []string{sandboxAddr, hooksAddr} {
+		w.ProxyAddr = addr
+		for i := 0; i < 4; i++ {
+			tc := tls.Client(w.connect(t, "allowed.test:443"), &tls.Config{ServerName: "allowed.test", RootCAs: w.UpstreamCA})
+			if err := tc.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	w.ProxyAddr = hooksAddr
+	if status, body, took := w.hookCall(t, "https://policy.allowed.test/pre"); status != 200 || body["decision"] != "allow" || took > 2*time.Second+loadMargin {
+		t.Fatalf("hook call on the full hooks listener: %d %v after %v, want the endpoint's allow", status, body, took)
+	}
+	w.ProxyAddr = sandboxAddr
+	req, _ := http.NewRequest("POST", "https://policy.allowed.test/pre", strings.NewReader(`{}`))
+	if _, err := w.interceptingClient().Do(req); err == nil || !strings.Contains(err.Error(), "Service Unavailable") {
+		t.Fatalf("the same call on the full sandbox listener: %v, want its CONNECT refused 503", err)
+	}
+}
