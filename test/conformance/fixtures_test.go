@@ -2,8 +2,10 @@ package conformance_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"crypto/rand"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -272,6 +274,10 @@ func (e *echoServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.grpc.ServeHTTP(w, r)
 		return
 	}
+	if r.URL.Path == "/reflect" { // an echo that does not redact: what egressd must scrub
+		reflect(w, r)
+		return
+	}
 	if to := r.URL.Query().Get("redirect"); to != "" {
 		e.record(echoed{Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto, Header: redactHeader(r.Header)})
 		w.Header().Set("Location", to)
@@ -312,6 +318,22 @@ func forgeEgressdFields(w http.ResponseWriter) {
 	h.Set(http.TrailerPrefix+"Egressd-Announced", "forged")
 	h.Set(http.TrailerPrefix+"Egressd-Undeclared", "forged")
 	h.Set(http.TrailerPrefix+"X-Undeclared", "kept")
+}
+
+// reflect sends the request's Authorization back as received: in the body, a
+// cookie and, base64-encoded, a header, gzip-compressed when ?gzip is set.
+func reflect(w http.ResponseWriter, r *http.Request) {
+	auth := r.Header.Get("Authorization")
+	w.Header().Set("Set-Cookie", "session="+auth)
+	w.Header().Set("X-Reflect", base64.StdEncoding.EncodeToString([]byte(auth)))
+	body := io.Writer(w)
+	if r.URL.Query().Has("gzip") {
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		defer zw.Close()
+		body = zw
+	}
+	io.WriteString(body, "you sent: "+auth+"\n")
 }
 
 func (e *echoServer) record(got echoed) {
