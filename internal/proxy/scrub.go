@@ -22,12 +22,13 @@ import (
 // extensions (permessage-deflate would compress the frames out of the scrubber's
 // sight). An absent Accept-Encoding stays absent: egressd adds no header.
 //
-// Identity rather than the codings the scrubber can decode: compressed, every byte
-// would be decoded and then either re-encoded (gzip encoding costs several times
-// the decoding, on the request path) or delivered as identity anyway; asking for
-// identity moves that work to nobody, and the leg it makes larger is egressd's
-// upstream connection, not the sandbox's. An upstream that compresses regardless is
-// decoded and delivered as identity (scrubBody).
+// Identity rather than the codings the scrubber can decode: masking an identity body
+// ran at 340 MB per CPU-second, decoding and masking gzip at 120, br at 48, zstd at
+// 318 (BenchmarkReader, BenchmarkDecodeReader in internal/scrub, this 2-core
+// machine, loaded), and re-encoding would cost more again (an encoder is slower than
+// its decoder) for the loopback or veth leg to the sandbox, where size is free. The
+// leg identity makes larger is egressd's to the upstream. An upstream that
+// compresses regardless is decoded and delivered as identity (scrubBody).
 func narrowForScrub(h http.Header) {
 	if values := headerValues(h, "Accept-Encoding"); len(values) > 0 {
 		inject.Remove(h, "Accept-Encoding")
