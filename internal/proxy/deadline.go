@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"net"
 	"sync/atomic"
 	"time"
@@ -79,4 +80,22 @@ func (d *bodyDeadline) expire() {
 	}
 	d.expired.Store(true)
 	d.set(expiredDeadline)
+}
+
+// expireOn runs expire when ctx ends and returns the function that disarms it.
+// That function waits for an expire already under way, so nothing touches the
+// connection or the HTTP/2 stream once the caller has returned: after an HTTP/2
+// handler ends, its stream's deadline setter must never run again (net/http
+// would dereference a released stream and crash the process).
+func (d *bodyDeadline) expireOn(ctx context.Context) (stop func()) {
+	done := make(chan struct{})
+	disarm := context.AfterFunc(ctx, func() {
+		defer close(done)
+		d.expire()
+	})
+	return func() {
+		if !disarm() {
+			<-done
+		}
+	}
 }

@@ -69,7 +69,7 @@ func (x *exchange) serveHook(ctx context.Context, m hooks.Match, prepErr error) 
 	// without end), and a call cut short stops waiting for it at once.
 	if d := x.body.deadline; d != nil {
 		d.until = deadline
-		defer context.AfterFunc(ctx, d.expire)()
+		defer d.expireOn(ctx)()
 	}
 	resp, err := x.forwardHook(ctx, m, prepErr)
 	if err == nil && failClosed {
