@@ -34,7 +34,6 @@ func printLoadError(w io.Writer, err error) {
 
 var stderr io.Writer = os.Stderr
 
-// newLogger builds the process logger from log.level and log.format.
 // colour reports whether console log lines to f may carry ANSI colours: only when f
 // is a terminal, and NO_COLOR (no-color.org) is unset. Redirected to a file or a
 // pipe, the lines stay plain text.
@@ -42,6 +41,7 @@ func colour(f *os.File) bool {
 	return os.Getenv("NO_COLOR") == "" && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
 }
 
+// newLogger builds the process logger from log.level and log.format.
 func newLogger(c config.Log) zerolog.Logger {
 	level, err := zerolog.ParseLevel(c.Level)
 	if err != nil {
