@@ -46,9 +46,10 @@ type egressd struct {
 // startEgressd writes the config into dir, starts egressd on it and returns once
 // /healthz answers. Listeners bind port 0; their addresses come from the
 // "listening" log lines, so no port is ever guessed. creds is the config's
-// credentials section; "" means the file backend (fileCredentials).
-func startEgressd(ctx context.Context, bin, dir string, up *upstream, dnsAddr, creds string) (*egressd, error) {
-	cfgPath, err := writeConfig(dir, up, dnsAddr, creds)
+// credentials section; "" means the file backend (fileCredentials). maxConns
+// is limits.max_connections (benchMaxConnections but for the hook-attack row).
+func startEgressd(ctx context.Context, bin, dir string, up *upstream, dnsAddr, creds string, maxConns int) (*egressd, error) {
+	cfgPath, err := writeConfig(dir, up, dnsAddr, creds, maxConns)
 	if err != nil {
 		return nil, err
 	}
@@ -423,7 +424,7 @@ func truncate(s string, n int) string {
 // the DNS stub (dnsAddr), egressd's own listeners and, with the vault
 // backend, Vault. creds is the credentials section; "" means the file backend:
 // fileCredentials, and a credentials.json beside the config.
-func writeConfig(dir string, up *upstream, dnsAddr, creds string) (string, error) {
+func writeConfig(dir string, up *upstream, dnsAddr, creds string, maxConns int) (string, error) {
 	caPath := filepath.Join(dir, "bench-ca.pem")
 	if err := os.WriteFile(caPath, up.caPEM, 0o600); err != nil {
 		return "", err
@@ -467,7 +468,7 @@ func writeConfig(dir string, up *upstream, dnsAddr, creds string) (string, error
 		"{HOOK_ENTRY}", hookEntry,
 		"{HOOKS}", hooks,
 		"{ADMIN_PPROF}", adminPprofLine(),
-		"{MAX_CONNECTIONS}", strconv.Itoa(benchMaxConnections),
+		"{MAX_CONNECTIONS}", strconv.Itoa(maxConns),
 	).Replace(configTemplate)
 	path := filepath.Join(dir, "egressd.yaml")
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
@@ -532,7 +533,7 @@ tls:
 {CREDENTIALS}
 {HOOKS}
 limits:
-  max_connections: {MAX_CONNECTIONS}            # per listener (default 10,000): above -idle-tunnels' most, so that path measures memory
+  max_connections: {MAX_CONNECTIONS}            # per listener (default 10,000): above -idle-tunnels' most, so that path measures memory (the attack row: below its attackers)
 log:
   level: info                         # the canonical line per request is part of the cost
   format: json

@@ -66,7 +66,7 @@ func TestListening(t *testing.T) {
 func TestConfigNamesOnlyLoopback(t *testing.T) {
 	up := &upstream{httpAddr: "127.0.0.1:1080", tlsAddr: "127.0.0.1:1443", caPEM: []byte("pem")}
 	dir := t.TempDir()
-	path, err := writeConfig(dir, up, "127.0.0.1:5353", "")
+	path, err := writeConfig(dir, up, "127.0.0.1:5353", "", benchMaxConnections)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestConfigNamesOnlyLoopback(t *testing.T) {
 func TestVaultConfig(t *testing.T) {
 	up := &upstream{httpAddr: "127.0.0.1:1080", tlsAddr: "127.0.0.1:1443", caPEM: []byte("pem")}
 	dir := t.TempDir()
-	path, err := writeConfig(dir, up, "127.0.0.1:5353", vaultCredentials("http://127.0.0.1:8200", "/tmp/x/vault-token"))
+	path, err := writeConfig(dir, up, "127.0.0.1:5353", vaultCredentials("http://127.0.0.1:8200", "/tmp/x/vault-token"), benchMaxConnections)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -278,7 +278,6 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 		{res: pathResult{Path: hookOtherRow, Description: fmt.Sprintf("the hook row's POSTs to https://%s:<port>%s: the same entry and transform, but no hook URL, so intercepted and forwarded as any request (the hook row's direct runs)", hookHost, hookOtherPath), Injects: injects}},
 	}
 	targets := [2]customTarget{call, other}
-	var lastDirect runResult
 	for round := range o.rounds {
 		hs.sampleNext.Store(true)
 		before := hs.counts()
@@ -288,7 +287,6 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 		}
 		dc := hs.counts().sub(before)
 		d.fillHook(dc)
-		lastDirect = d
 		for _, rb := range rows {
 			rb.res.Problems = append(rb.res.Problems, hookProblems(hookDirect, dc, 0, runLabel("direct", round, o.rounds))...)
 		}
@@ -329,7 +327,7 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 			rows[i].add(d, x)
 		}
 	}
-	attacked, err := measureHookUnderAttack(ctx, env, call, lo, lastDirect)
+	attacked, err := measureHookUnderAttack(ctx, env, direct, call, lo)
 	if err != nil {
 		return nil, err
 	}
@@ -446,8 +444,10 @@ func (r *report) writeHookNote(w io.Writer) {
 			signedDur(h.Egressd.P99US-b.Egressd.P99US), dur(h.Egressd.P99US), dur(b.Egressd.P99US))
 	}
 	fmt.Fprintf(w, " (a signed pre_tool_execution call vs the same %d-byte POST to a URL of the same entry that is no hook's)\n", hookBodySize)
-	if a := r.path(hookAttackRow); a != nil && a.Egressd.P50US > 0 {
-		fmt.Fprintf(w, "hook under attack (%d connections held): p50 %s, p99 %s, vs %s and %s idle\n", attackConns,
+	if a := r.path(hookAttackRow); a != nil && a.Egressd.P50US > 0 && a.Attack != nil {
+		at := a.Attack
+		fmt.Fprintf(w, "hook under attack (%d attacking connections, %d/%d tunnels held before/after the window, max_connections %d; an ordinary request got %d %s): p50 %s, p99 %s, vs %s and %s idle\n",
+			at.Conns, at.HeldBefore, at.HeldAfter, at.MaxConnections, at.ProbeStatus, at.ProbeReason,
 			dur(a.Egressd.P50US), dur(a.Egressd.P99US), dur(h.Egressd.P50US), dur(h.Egressd.P99US))
 	}
 }

@@ -37,7 +37,7 @@ func TestHookRequestBody(t *testing.T) {
 func TestHookConfig(t *testing.T) {
 	up := &upstream{httpAddr: "127.0.0.1:1080", tlsAddr: "127.0.0.1:1443", caPEM: []byte("pem")}
 	dir := t.TempDir()
-	path, err := writeConfig(dir, up, "127.0.0.1:5353", "")
+	path, err := writeConfig(dir, up, "127.0.0.1:5353", "", benchMaxConnections)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestHookConfig(t *testing.T) {
 
 	up.hook = &hookServer{addr: "127.0.0.1:2443"}
 	dir = t.TempDir()
-	if path, err = writeConfig(dir, up, "127.0.0.1:5353", ""); err != nil {
+	if path, err = writeConfig(dir, up, "127.0.0.1:5353", "", benchMaxConnections); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(path)

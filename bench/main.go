@@ -213,7 +213,7 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 		return nil, err
 	}
 	prepareIdleTunnels(o) // before egressd, which inherits the fd limit
-	e, err := startEgressd(ctx, o.egressd, dir, up, dns.Addr, "")
+	e, err := startEgressd(ctx, o.egressd, dir, up, dns.Addr, "", benchMaxConnections)
 	if err != nil {
 		return nil, fmt.Errorf("egressd: %w", err)
 	}

@@ -123,7 +123,7 @@ func TestAdminPprofConfig(t *testing.T) {
 	up := &upstream{httpAddr: "127.0.0.1:1080", tlsAddr: "127.0.0.1:1443", caPEM: []byte("pem")}
 	for _, on := range []bool{false, true} {
 		adminPprof = on
-		path, err := writeConfig(t.TempDir(), up, "127.0.0.1:5353", "")
+		path, err := writeConfig(t.TempDir(), up, "127.0.0.1:5353", "", benchMaxConnections)
 		adminPprof = false
 		if err != nil {
 			t.Fatal(err)

@@ -80,6 +80,8 @@ type pathResult struct {
 	// Problems are failed injection checks: requests that reached the
 	// upstream without what egressd must inject, or with what it must not.
 	Problems []string `json:"problems,omitempty"`
+	// Attack is what the hook-attack row's attack held (hookattack.go).
+	Attack *attackSummary `json:"attack,omitempty"`
 	// Profile is egressd's profiles of the path, with -profile (profile.go).
 	Profile *profileResult `json:"profile,omitempty"`
 	// Idle is the idle-tunnels row's figures (idle.go); it has no runs.

@@ -226,7 +226,7 @@ func startVaultStack(ctx context.Context, o options, vaultBin, dir string, up *u
 		return nil, err
 	}
 	creds := vaultCredentials(v.addr, tokenFile)
-	if s.e, err = startEgressd(ctx, o.egressd, vdir, up, dnsAddr, creds); err != nil {
+	if s.e, err = startEgressd(ctx, o.egressd, vdir, up, dnsAddr, creds, benchMaxConnections); err != nil {
 		s.stop()
 		return nil, fmt.Errorf("egressd with the vault backend: %w", err)
 	}
