@@ -53,6 +53,11 @@ func startEgressd(ctx context.Context, bin, dir string, up *upstream, dnsAddr, c
 	if err != nil {
 		return nil, err
 	}
+	return launchEgressd(ctx, bin, dir, cfgPath)
+}
+
+// launchEgressd starts egressd on cfgPath in dir and returns once /healthz answers.
+func launchEgressd(ctx context.Context, bin, dir, cfgPath string) (*egressd, error) {
 	e := &egressd{
 		dir:     dir,
 		logPath: filepath.Join(dir, "egressd.log"),

@@ -137,6 +137,7 @@ var paths = []pathSpec{
 	interceptPath("oauth2", oauthHost, injectOAuth, false,
 		"as credential, but the entry names a file-backed oauth2 credential: the access token egressd got from the upstream's token endpoint (refresh-token grant, cached for its hour)"),
 	vaultPath(),
+	placeholderPathSpec(),
 	hookPathSpec(),
 	transparentPathSpec(),
 	idlePathSpec(), // not in defaultPaths: about 20-30 s (make bench-idle)

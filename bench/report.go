@@ -345,6 +345,7 @@ func (r *report) writeNotes(w io.Writer) {
 		fmt.Fprintln(w, " (a second egressd, credentials.backend vault)")
 	}
 	r.writeHookNote(w)
+	r.writePlaceholderNote(w)
 	r.writeTransparentNote(w)
 	switch {
 	case r.LeafCacheError != "":

@@ -167,6 +167,10 @@ func (u *upstream) fixedBody(size int) http.Handler {
 			return
 		}
 		u.served.Add(1)
+		if r.URL.Path == placeholderPath {
+			servePlaceholder(w, r, body)
+			return
+		}
 		if v := r.Header[transformHeader]; len(v) == 1 && v[0] == transformValue {
 			u.transform.Add(1)
 		}
