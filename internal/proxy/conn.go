@@ -56,6 +56,9 @@ type conn struct {
 	// or a ClientHello), in Unix nanoseconds; 0 while it is serving, evicted once
 	// an overloaded listener has taken its slot (share.go).
 	waitSince atomic.Int64
+	// hookKeepAlive is set while the connection's last request was a pre-tool hook
+	// call: waiting for its next request, it is never evicted (share.go).
+	hookKeepAlive atomic.Bool
 
 	// pinned is the CONNECT target when this is the inside of an intercepted tunnel:
 	// every request is decided against it, never against its own Host.

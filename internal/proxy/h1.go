@@ -15,6 +15,7 @@ func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 	x.body.deadline = &bodyDeadline{set: c.nc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
 	wantClose := req.Close || !req.ProtoAtLeast(1, 1)
 	m, ok := x.hookMatch(c.l.cfg.Role)
+	c.hookKeepAlive.Store(ok && m.Event == hooks.EventPre)
 	if c.lane && !(ok && m.Event == hooks.EventPre) {
 		return c.refuseAndClose(rt, rec, laneRefusal())
 	}

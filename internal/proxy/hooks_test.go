@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/pkg/hookauth"
 )
 
@@ -165,3 +166,31 @@ func TestHookAssertionVerifies(t *testing.T) {
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+// TestHookKeepAliveNeverEvicted: at max_connections, a newcomer does not take the
+// slot of the runtime's idle keep-alive connection whose last request was a
+// pre-tool hook call (a close racing the runtime's reuse of it would reach the
+// runtime as a reset, read as allow); the newcomer gets 503 overloaded, and the
+// runtime's next call on its connection is answered.
+func TestHookKeepAliveNeverEvicted(t *testing.T) {
+	w := newWorld(t, worldOpts{allowlist: hookEntries, hooksJSON: hooksJSON, hookBodyBytes: 4096,
+		credentials: map[string]string{}, limits: func(l *config.Limits) { l.MaxConnections = 1 }})
+	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(rw, `{"decision":"allow"}`)
+	})
+	if status, body, _ := w.hookCall(t, "https://policy.allowed.test/pre"); status != 200 || body["decision"] != "allow" {
+		t.Fatalf("first hook call: %d %v, want the endpoint's allow", status, body)
+	}
+	time.Sleep(50 * time.Millisecond) // the hook connection is now idle, waiting for its next call
+	resp := w.raw("GET http://policy.allowed.test/x HTTP/1.1\r\nHost: policy.allowed.test\r\n\r\n")
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Egressd-Reason") != "overloaded" {
+		t.Errorf("newcomer: %d %q, want 503 overloaded (the idle hook connection keeps its slot)",
+			resp.StatusCode, resp.Header.Get("Egressd-Reason"))
+	}
+	if status, body, _ := w.hookCall(t, "https://policy.allowed.test/pre"); status != 200 || body["decision"] != "allow" {
+		t.Errorf("second hook call on the kept connection: %d %v, want the endpoint's allow", status, body)
+	}
+}

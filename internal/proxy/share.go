@@ -48,6 +48,13 @@ func (c *conn) waited() bool {
 // evictWaiting ends the wait of l's connection of the given kind (one holding a
 // main slot, or one being admitted) that has waited longest and reports whether
 // there was one. Its slot is released when its goroutine ends.
+//
+// A keep-alive connection whose last request was a pre-tool hook call is never
+// evicted: the runtime reuses it for its next call, and a close racing that
+// reuse reaches the runtime as a reset, which it reads as "allow". A sandbox
+// that fakes hook calls to keep such connections can therefore hold slots for
+// limits.client_idle; newcomers then get the hook lane or 503 overloaded, which
+// is what holding every slot earns anyway.
 func (s *Server) evictWaiting(l *listener, kind slotKind) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -55,7 +62,8 @@ func (s *Server) evictWaiting(l *listener, kind slotKind) bool {
 		var oldest *conn
 		var since int64
 		for c := range s.conns {
-			if w := c.waitSince.Load(); c.l == l && c.slot == kind && w > 0 && (oldest == nil || w < since) {
+			if w := c.waitSince.Load(); c.l == l && c.slot == kind && w > 0 && !c.hookKeepAlive.Load() &&
+				(oldest == nil || w < since) {
 				oldest, since = c, w
 			}
 		}
