@@ -42,6 +42,13 @@ const (
 	admitHead    = 2 * time.Second        // the newcomer's first head must arrive within this
 	laneWait     = 500 * time.Millisecond // a newcomer waits this long for a cut connection's slot
 	cutGrace     = time.Second            // a cut connection is closed after this, answered or not
+	// A cut connection that has not begun its call yet (still in its TLS
+	// handshake, or sending its head: under load, a real call's) may take up to
+	// cutLinger to send it and get the deny, rather than a close the runtime
+	// would read as allow; at most maxLingering at once per listener, beyond
+	// which cutGrace applies. They hold no slot.
+	cutLinger    = 5 * time.Second
+	maxLingering = 2 * hookLane
 )
 
 // slotKind is what a connection holds.
@@ -158,6 +165,16 @@ func (c *conn) cut() {
 	}
 	c.release()
 	c.cutFn()
+	if !c.inCall.Load() {
+		if c.l.lingering.Add(1) <= maxLingering {
+			time.AfterFunc(cutLinger, func() {
+				c.abort()
+				c.l.lingering.Add(-1)
+			})
+			return
+		}
+		c.l.lingering.Add(-1)
+	}
 	time.AfterFunc(cutGrace, c.abort)
 }
 

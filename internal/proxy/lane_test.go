@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -201,5 +202,51 @@ func TestHookLaneOnHooksListener(t *testing.T) {
 	req, _ := http.NewRequest("POST", "https://policy.allowed.test/pre", strings.NewReader(`{}`))
 	if _, err := w.interceptingClient().Do(req); err == nil || !strings.Contains(err.Error(), "Service Unavailable") {
 		t.Fatalf("the same call on the full sandbox listener: %v, want its CONNECT refused 503", err)
+	}
+}
+
+// TestCutLaneConnectionStillAnswered: a real call slow to send its request (its
+// tunnel and TLS done, the head not yet sent, as under load) whose lane slot is
+// taken by a newcomer is still answered with egressd's deny when the request comes
+// after cutGrace, instead of finding its connection closed: the runtime would read
+// the close as allow.
+func TestCutLaneConnectionStillAnswered(t *testing.T) {
+	w := newWorld(t, worldOpts{allowlist: append(hookEntries, defaultEntries...), hooksJSON: hooksJSON,
+		credentials: map[string]string{}, limits: func(l *config.Limits) { l.MaxConnections = 2 }})
+	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(rw, `{"decision":"allow"}`)
+	})
+	for range 2 { // every slot: an idle tunnel, never evicted
+		tc := tls.Client(w.connect(t, "allowed.test:443"), &tls.Config{ServerName: "allowed.test", RootCAs: w.UpstreamCA})
+		if err := tc.Handshake(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slowHookConn := func() *tls.Conn {
+		tc := tls.Client(w.connect(t, "policy.allowed.test:443"), &tls.Config{ServerName: "policy.allowed.test", RootCAs: w.CAPool})
+		if err := tc.Handshake(); err != nil {
+			t.Fatal(err)
+		}
+		return tc
+	}
+	real := slowHookConn() // the lane's oldest: cut by the lane's 33rd arrival
+	for range 32 {
+		slowHookConn()
+	}
+	time.Sleep(1500 * time.Millisecond) // past cutGrace
+	real.SetDeadline(time.Now().Add(5 * time.Second))
+	body := `{"tool":"code_execution","input":"ls"}`
+	io.WriteString(real, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Type: application/json\r\n"+
+		"Content-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+	resp, err := http.ReadResponse(bufio.NewReader(real), nil)
+	if err != nil {
+		t.Fatalf("the cut call found its connection closed (%v): the runtime would read that as allow", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"decision":"deny"`) || !strings.Contains(string(b), "(fail-closed)") {
+		t.Fatalf("the cut call got %d %s, want egressd's fail-closed deny", resp.StatusCode, b)
 	}
 }
