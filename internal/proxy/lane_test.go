@@ -21,19 +21,8 @@ import (
 // answer (the endpoint's, or egressd's deny) within its timeout: never a 503, a
 // reset or a hang.
 func TestHookLaneUnderFullSlots(t *testing.T) {
-	w := newWorld(t, worldOpts{allowlist: append(hookEntries, defaultEntries...), hooksJSON: hooksJSON,
-		credentials: map[string]string{}, limits: func(l *config.Limits) { l.MaxConnections = 4 }})
-	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
-	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		io.WriteString(rw, `{"decision":"allow"}`)
-	})
-	for i := 0; i < 4; i++ { // every slot: a tunnel, TLS done end to end, then idle
-		tc := tls.Client(w.connect(t, "allowed.test:443"), &tls.Config{ServerName: "allowed.test", RootCAs: w.UpstreamCA})
-		if err := tc.Handshake(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	w := newLaneWorld(t, 4)
+	w.fillSlots(t, 4)
 	resp, err := w.client().Get("http://allowed.test/")
 	if err != nil {
 		t.Fatal(err)
@@ -122,13 +111,7 @@ func isTimeoutErr(err error) bool {
 // held by tunnels, a ClientHello naming the hook host takes a lane slot and the
 // call gets the endpoint's allow; a plain request gets 503 overloaded.
 func TestHookLaneTransparent(t *testing.T) {
-	w := newWorld(t, worldOpts{allowlist: append(hookEntries, defaultEntries...), hooksJSON: hooksJSON,
-		credentials: map[string]string{}, limits: func(l *config.Limits) { l.MaxConnections = 4 }})
-	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
-	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		io.WriteString(rw, `{"decision":"allow"}`)
-	})
+	w := newLaneWorld(t, 4)
 	sb := newSandbox(t)
 	ln, err := net.Listen("tcp", sb.hostIP+":15002")
 	if err != nil {
@@ -170,13 +153,7 @@ func TestHookLaneTransparent(t *testing.T) {
 // listener takes that listener's lane and gets the endpoint's allow, while the
 // same call on the sandbox listener is no hook call and gets 503 overloaded.
 func TestHookLaneOnHooksListener(t *testing.T) {
-	w := newWorld(t, worldOpts{allowlist: append(hookEntries, defaultEntries...), hooksJSON: hooksJSON,
-		credentials: map[string]string{}, limits: func(l *config.Limits) { l.MaxConnections = 4 }})
-	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
-	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		io.WriteString(rw, `{"decision":"allow"}`)
-	})
+	w := newLaneWorld(t, 4)
 	rt := *w.Server.Runtime()
 	byListener := *rt.Hooks
 	byListener.ByListener = true
@@ -211,19 +188,8 @@ func TestHookLaneOnHooksListener(t *testing.T) {
 // after cutGrace, instead of finding its connection closed: the runtime would read
 // the close as allow.
 func TestCutLaneConnectionStillAnswered(t *testing.T) {
-	w := newWorld(t, worldOpts{allowlist: append(hookEntries, defaultEntries...), hooksJSON: hooksJSON,
-		credentials: map[string]string{}, limits: func(l *config.Limits) { l.MaxConnections = 2 }})
-	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
-	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		io.WriteString(rw, `{"decision":"allow"}`)
-	})
-	for range 2 { // every slot: an idle tunnel, never evicted
-		tc := tls.Client(w.connect(t, "allowed.test:443"), &tls.Config{ServerName: "allowed.test", RootCAs: w.UpstreamCA})
-		if err := tc.Handshake(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	w := newLaneWorld(t, 2)
+	w.fillSlots(t, 2)
 	slowHookConn := func() *tls.Conn {
 		tc := tls.Client(w.connect(t, "policy.allowed.test:443"), &tls.Config{ServerName: "policy.allowed.test", RootCAs: w.CAPool})
 		if err := tc.Handshake(); err != nil {
@@ -248,5 +214,29 @@ func TestCutLaneConnectionStillAnswered(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 200 || !strings.Contains(string(b), `"decision":"deny"`) || !strings.Contains(string(b), "(fail-closed)") {
 		t.Fatalf("the cut call got %d %s, want egressd's fail-closed deny", resp.StatusCode, b)
+	}
+}
+
+// newLaneWorld is a world with the hook entries and hooks.json, whose hook endpoint
+// allows every call, at limits.max_connections n.
+func newLaneWorld(t *testing.T, n int) *world {
+	w := newWorld(t, worldOpts{allowlist: append(hookEntries, defaultEntries...), hooksJSON: hooksJSON,
+		credentials: map[string]string{}, limits: func(l *config.Limits) { l.MaxConnections = n }})
+	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(rw, `{"decision":"allow"}`)
+	})
+	return w
+}
+
+// fillSlots holds n connection slots with tunnels, TLS done end to end, then idle:
+// serving connections, which are never evicted.
+func (w *world) fillSlots(t *testing.T, n int) {
+	for range n {
+		tc := tls.Client(w.connect(t, "allowed.test:443"), &tls.Config{ServerName: "allowed.test", RootCAs: w.UpstreamCA})
+		if err := tc.Handshake(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
