@@ -75,6 +75,18 @@ func writeAtomic(t *testing.T, path, content string) {
 
 // startWithPolicy writes policy into a file of its own and starts egressd on a config
 // (fileConfig plus extra) that names it; it returns the runner and the policy's path.
+// startWithHooksFile starts egressd with policy and an empty hooks.file; it returns
+// the runner, the policy file and the hooks file, which tests rewrite to reload.
+func startWithHooksFile(t *testing.T, policy string) (*runner, string, string) {
+	t.Helper()
+	hooksPath := filepath.Join(t.TempDir(), "hooks.json")
+	if err := os.WriteFile(hooksPath, []byte(`{}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, pol := startWithPolicy(t, policy, fmt.Sprintf("hooks: {file: %q}\n", hooksPath))
+	return d, pol, hooksPath
+}
+
 func startWithPolicy(t *testing.T, policy, extra string) (*runner, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "environment.json")
@@ -329,11 +341,7 @@ func TestReloadConcurrentPosts(t *testing.T) {
 func TestReloadHooksFile(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil)
-	hooksPath := filepath.Join(t.TempDir(), "hooks.json")
-	if err := os.WriteFile(hooksPath, []byte(`{}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d, _ := startWithPolicy(t, allowOnly(up.port, "localhost"), fmt.Sprintf("hooks: {file: %q}\n", hooksPath))
+	d, _, hooksPath := startWithHooksFile(t, allowOnly(up.port, "localhost"))
 	local := fmt.Sprintf("http://localhost:%d/hooks", up.port)
 	hash0 := d.configHash()
 
@@ -796,11 +804,7 @@ func TestReloadRejectedKeepsCredentials(t *testing.T) {
 	withCredential := func(id string) string {
 		return fmt.Sprintf(`{"allowlist": [{"domain": "localhost", "ports": [%d], "credential": %q, "allow_plaintext": true}]}`, port, id)
 	}
-	hooksPath := filepath.Join(t.TempDir(), "hooks.json")
-	if err := os.WriteFile(hooksPath, []byte(`{}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d, pol := startWithPolicy(t, withCredential("example-api"), fmt.Sprintf("hooks: {file: %q}\n", hooksPath))
+	d, pol, hooksPath := startWithHooksFile(t, withCredential("example-api"))
 	target := fmt.Sprintf("http://localhost:%d/cred", port)
 	check := func(when string) {
 		t.Helper()
@@ -944,11 +948,7 @@ func TestReloadConcurrentInProcess(t *testing.T) {
 func TestReloadPinsHookLeaves(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil)
-	hooksPath := filepath.Join(t.TempDir(), "hooks.json")
-	if err := os.WriteFile(hooksPath, []byte(`{}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d, _ := startWithPolicy(t, allowOnly(up.port, "localhost"), fmt.Sprintf("hooks: {file: %q}\n", hooksPath))
+	d, _, hooksPath := startWithHooksFile(t, allowOnly(up.port, "localhost"))
 	writeAtomic(t, hooksPath, fmt.Sprintf(`{"gate": {"pre_tool_execution": [{"matcher": "code_execution",
 		"hooks": [{"type": "http", "url": "https://localhost:%d/pre", "timeout": 5}]}]}}`, up.port))
 	d.mustReload(http.StatusOK)
