@@ -302,9 +302,8 @@ func TestRotatedRefreshTokenUsedAndWrittenBack(t *testing.T) {
 	if c := e.log(); c[1].refresh != refresh2 {
 		t.Errorf("second call sent refresh token %q, want the rotated one", c[1].refresh)
 	}
-	if !strings.Contains(r.log.String(), "rotated and written back") {
-		t.Errorf("no write-back line:\n%s", r.log)
-	}
+	// The refresh goroutine writes the file just before it logs the write-back.
+	eventually(t, "the write-back line", func() bool { return strings.Contains(r.log.String(), "rotated and written back") })
 }
 
 func TestRotationWithoutWriterWarns(t *testing.T) {
@@ -350,9 +349,10 @@ func TestEndpointDownServesUntilExpiryThenUnavailable(t *testing.T) {
 			t.Error("the error shows a secret")
 		}
 	}
-	if !strings.Contains(r.log.String(), "oauth2 token refresh failed") || !strings.Contains(r.log.String(), "503 Service Unavailable") {
-		t.Errorf("no failure line:\n%s", r.log)
-	}
+	// The refresh goroutine counts the failure just before it writes the line.
+	eventually(t, "the failure line", func() bool {
+		return strings.Contains(r.log.String(), "oauth2 token refresh failed") && strings.Contains(r.log.String(), "503 Service Unavailable")
+	})
 }
 
 // BenchmarkGet is the per-request cost of an oauth2 credential (a cached access token)
