@@ -54,10 +54,10 @@ type conn struct {
 	streams   atomic.Int32
 	// waitSince is when the connection began waiting for the client (a request head
 	// or a ClientHello), in Unix nanoseconds; 0 while it is serving, evicted once
-	// an overloaded listener has taken its slot (share.go).
+	// an overloaded listener has taken its slot (slots.go).
 	waitSince atomic.Int64
 	// hookKeepAlive is set while the connection's last request was a pre-tool hook
-	// call: waiting for its next request, it is never evicted (share.go).
+	// call: waiting for its next request, it is never evicted (slots.go).
 	hookKeepAlive atomic.Bool
 
 	// pinned is the CONNECT target when this is the inside of an intercepted tunnel:

@@ -115,3 +115,12 @@ func validFieldName(name []byte) bool {
 	}
 	return true
 }
+
+// badRequestFrom turns a request-parsing error into a bad_request refusal.
+func badRequestFrom(err error) error {
+	var rf *refusal
+	if errors.As(err, &rf) {
+		return rf
+	}
+	return badRequest("malformed_request", err)
+}

@@ -6,9 +6,11 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"syscall"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/credential"
@@ -178,4 +180,9 @@ func refusalResponse(rf *refusal, rec *Record, env string) (int, http.Header, []
 		"Cache-Control":  {"no-store"},
 	}
 	return statusFor(rf.Reason), h, body
+}
+
+func isClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET)
 }

@@ -4,13 +4,10 @@ import (
 	"bufio"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 )
 
 // copyBufs holds the buffers responses are streamed through.
@@ -147,120 +144,39 @@ func streamBody(src io.Reader, write func([]byte) error, flush func() error) (in
 	}
 }
 
-// requestBody is the client's request body as the transport reads it. Close does not
-// touch the client connection (net/http's body would drain it without bound); drain,
-// called by the connection loop, reads what is left within a bound.
-type requestBody struct {
-	mu     sync.Mutex
-	r      io.Reader
-	n      atomic.Int64
-	closed bool
-	eof    bool
-	onEOF  func() // runs once, when the body has been read to its end
-	// deadline, when set, is armed before each read of the client's body, so a
-	// client that stops sending its body mid-way cannot hold the connection (and
-	// an upstream one) forever (deadline.go).
-	deadline *bodyDeadline
-	// sendContinue, when set, runs once before the first read: it answers the
-	// client's Expect: 100-continue, so that the client sends the body egressd
-	// is about to read instead of waiting for a 100 first.
-	sendContinue func()
-	readErr      error // the first error reading the client's body, other than EOF
+// writeRefusalRW writes a refusal through an http.ResponseWriter.
+func writeRefusalRW(w http.ResponseWriter, rt *Runtime, rec *Record, err error) {
+	code, hdr, body := refusalFor(rt, rec, err, 0)
+	for k, v := range hdr {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(code)
+	n, _ := w.Write(body)
+	rec.BytesOut += int64(n)
 }
 
-// maxDrain is how much of an unread request body is read to keep the connection.
-const maxDrain = 256 << 10
-
-func newRequestBody(req *http.Request) *requestBody {
-	if req.Body == nil || req.Body == http.NoBody {
-		return &requestBody{r: http.NoBody, eof: true}
+// writeResponseRW streams resp through an http.ResponseWriter (the HTTP/2 side),
+// flushing after every read, then sets every trailer the upstream sent, announced
+// in a Trailer header or not (gRPC never announces grpc-status): net/http fills
+// resp.Trailer when the body ends, and http.TrailerPrefix sends a trailer nobody
+// declared.
+func writeResponseRW(w http.ResponseWriter, resp *http.Response, rec *Record) {
+	rec.Status = resp.StatusCode
+	removeHopByHop(resp.Header)
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
 	}
-	return &requestBody{r: req.Body}
-}
-
-func (b *requestBody) Read(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return 0, http.ErrBodyReadAfterClose
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	n, err := streamBody(resp.Body, func(p []byte) error { _, err := w.Write(p); return err }, rc.Flush)
+	rec.BytesOut += n
+	if err != nil && !errors.Is(err, io.EOF) {
+		rec.Error = err.Error()
+		return
 	}
-	if b.sendContinue != nil {
-		b.sendContinue()
-		b.sendContinue = nil
+	removeEgressdHeaders(resp.Trailer)
+	for k, v := range resp.Trailer {
+		h[http.TrailerPrefix+k] = v
 	}
-	b.deadline.arm()
-	n, err := b.r.Read(p)
-	b.n.Add(int64(n))
-	if err != nil && err != io.EOF && b.readErr == nil {
-		b.readErr = err
-	}
-	if err == io.EOF && !b.eof {
-		b.eof = true
-		if b.onEOF != nil {
-			b.onEOF()
-		}
-	}
-	return n, err
-}
-
-// clientError is the error that reading the client's body ended with, if any: a
-// forward that failed because of it is the client's bad request (a malformed chunk,
-// a body cut short, a stalled upload), not an upstream failure.
-func (b *requestBody) clientError() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.readErr == nil {
-		return nil
-	}
-	if isTimeout(b.readErr) {
-		return badRequest("body_timeout", b.readErr)
-	}
-	return badRequest("malformed_body", b.readErr)
-}
-
-func (b *requestBody) Close() error {
-	b.mu.Lock()
-	b.closed = true
-	b.mu.Unlock()
-	return nil
-}
-
-// reopen undoes a transport's Close when nothing has been read: a request that
-// failed before any of its body was sent may be sent again.
-func (b *requestBody) reopen() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.n.Load() != 0 || b.readErr != nil {
-		return false
-	}
-	b.closed = false
-	return true
-}
-
-// drain reads the rest of the body, up to maxDrain, and reports whether the
-// connection's framing is intact for another request.
-func (b *requestBody) drain() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.closed = true
-	if b.eof {
-		return true
-	}
-	b.deadline.arm()
-	_, err := io.CopyN(io.Discard, b.r, maxDrain)
-	return err == io.EOF
-}
-
-// badRequestFrom turns a request-parsing error into a bad_request refusal.
-func badRequestFrom(err error) error {
-	var rf *refusal
-	if errors.As(err, &rf) {
-		return rf
-	}
-	return badRequest("malformed_request", err)
-}
-
-func isClosed(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET)
 }

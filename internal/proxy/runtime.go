@@ -1,15 +1,8 @@
 package proxy
 
 import (
-	"context"
 	"crypto/tls"
-	"errors"
-	"net"
 	"net/http"
-	"net/http/httptrace"
-	"net/netip"
-	"strconv"
-	"sync/atomic"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
@@ -98,41 +91,6 @@ func (rt *Runtime) newTransport(h2 bool) *http.Transport {
 	return tr
 }
 
-// roundTrip forwards out on the transport that matches the client's protocol. The
-// response's Egressd-* fields are removed here, on every path (plain, intercepted,
-// upgrades, hook calls): only egressd sets them, and an upstream must not be able to
-// fake Egressd-Reason or the fail-closed marker. Trailers, which arrive after the
-// body, are filtered by the response writers.
-func (rt *Runtime) roundTrip(out *http.Request, rec *Record) (*http.Response, error) {
-	resp, err := rt.send(out, rec)
-	if err != nil {
-		return nil, err
-	}
-	removeEgressdHeaders(resp.Header)
-	return resp, nil
-}
-
-func (rt *Runtime) send(out *http.Request, rec *Record) (*http.Response, error) {
-	if out.ProtoMajor >= 2 {
-		return rt.viaTransport(rt.transport, out, rec, nil)
-	}
-	return rt.sendH1(out, rec)
-}
-
-// viaTransport forwards out on tr, recording the upstream address; declined, when
-// not nil, is set if a TLS handshake for it confirmed no ALPN protocol.
-func (rt *Runtime) viaTransport(tr *http.Transport, out *http.Request, rec *Record, declined *atomic.Bool) (*http.Response, error) {
-	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { rec.setResolved(i.Conn.RemoteAddr()) }}
-	if declined != nil {
-		trace.TLSHandshakeDone = func(st tls.ConnectionState, err error) {
-			if err == nil && st.NegotiatedProtocol == "" {
-				declined.Store(true)
-			}
-		}
-	}
-	return tr.RoundTrip(out.WithContext(httptrace.WithClientTrace(out.Context(), trace)))
-}
-
 // Close releases the Runtime's idle upstream connections.
 func (rt *Runtime) Close() {
 	if rt.transport != nil {
@@ -147,64 +105,4 @@ func (rt *Runtime) upstreamTLSConfig() *tls.Config {
 		return rt.UpstreamTLS.Clone()
 	}
 	return &tls.Config{MinVersion: tls.VersionTLS12}
-}
-
-// dialError marks an error that happened while connecting, so that a connect timeout
-// reads as upstream_unreachable rather than upstream_timeout.
-type dialError struct{ err error }
-
-func (e *dialError) Error() string { return e.err.Error() }
-func (e *dialError) Unwrap() error { return e.err }
-
-// resolve turns a decided target into checked addresses: an IP literal is checked as
-// is, a name is resolved once and every answer checked.
-func (rt *Runtime) resolve(ctx context.Context, t allowlist.Target) ([]netip.AddrPort, error) {
-	ctx, cancel := context.WithTimeout(ctx, rt.Limits.DNS)
-	defer cancel()
-	return rt.Guard.Resolve(ctx, rt.Resolver, t.Host, t.Addr, t.Port)
-}
-
-// dialTarget resolves, checks and dials t. The dialer checks each address again in
-// its Control hook, so nothing unchecked is ever connected to.
-func (rt *Runtime) dialTarget(ctx context.Context, t allowlist.Target) (net.Conn, error) {
-	addrs, err := rt.resolve(ctx, t)
-	if err != nil {
-		return nil, err
-	}
-	conn, err := rt.dialer.DialAddrs(ctx, addrs)
-	if err != nil {
-		var blocked *netguard.BlockedError
-		if errors.As(err, &blocked) {
-			return nil, err
-		}
-		return nil, &dialError{err}
-	}
-	return conn, nil
-}
-
-// dialGuarded is the transport's DialContext: addr is the normalised target that the
-// request was decided on.
-func (rt *Runtime) dialGuarded(ctx context.Context, _, addr string) (net.Conn, error) {
-	t, err := targetFromAddr(addr)
-	if err != nil {
-		return nil, err
-	}
-	return rt.dialTarget(ctx, t)
-}
-
-// targetFromAddr turns host:port of a decided, normalised target back into it.
-func targetFromAddr(addr string) (allowlist.Target, error) {
-	host, portStr, err := net.SplitHostPort(addr)
-	if err != nil {
-		return allowlist.Target{}, err
-	}
-	port, err := strconv.ParseUint(portStr, 10, 16)
-	if err != nil {
-		return allowlist.Target{}, err
-	}
-	t := allowlist.Target{Host: host, Port: uint16(port)}
-	if a, err := netip.ParseAddr(host); err == nil {
-		t.Addr = a
-	}
-	return t, nil
 }

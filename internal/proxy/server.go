@@ -1,15 +1,3 @@
-// Package proxy is the only package that knows HTTP proxying: it accepts sandbox
-// connections, decides every request and tunnel on the current Runtime, forwards or
-// refuses, and writes one Record per request or tunnel.
-//
-// The HTTP/1 front end is a small loop over net/http's request parser rather than
-// net/http.Server or goproxy, for three reasons: the framing checks need the request
-// head as sent (net/http silently drops Content-Length when Transfer-Encoding is
-// present); a CONNECT tunnel must be handed the raw connection without a hijack
-// dance; and responses are streamed straight from the upstream response with a
-// flush per read, so server-sent events are never held in a buffer. goproxy in
-// particular would need its environment proxy, default transport, public CA and
-// inner-Host trust each overridden; none of them are used here.
 package proxy
 
 import (
@@ -92,7 +80,7 @@ type listener struct {
 
 // Serve accepts connections on ln until Shutdown. Beyond limits.max_connections
 // concurrent connections, a new connection takes the slot of the one that has
-// waited longest for its client (share.go), or is answered 503 and closed when
+// waited longest for its client (slots.go), or is answered 503 and closed when
 // every connection is serving.
 func (s *Server) Serve(ln net.Listener, cfg config.Listener) error {
 	if !s.trackListener(ln, true) {

@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"errors"
-	"net/http"
-	"net/netip"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/origdst"
@@ -109,21 +107,4 @@ func (c *conn) refuseOverTLS(rt *Runtime, t allowlist.Target, hello *clientHello
 	rec.fail(rf.Reason, rf.Detail)
 	c.refuseAll = why
 	c.serveIntercepted(rt, t, hello, rec)
-}
-
-// transparentTarget is the policy target of a plain-HTTP request on a transparent
-// listener: the Host header's name on the original destination's port.
-func transparentTarget(req *http.Request, orig netip.AddrPort) (allowlist.Target, error) {
-	if req.Host == "" {
-		return allowlist.Target{}, badRequest("missing_host", errors.New("request without Host"))
-	}
-	t, err := allowlist.ParseAuthority(req.Host, orig.Port())
-	if err != nil {
-		return t, badHost("host", err)
-	}
-	if t.Port != orig.Port() {
-		t.Port = orig.Port() // the record and the message name the connection's port
-		return t, deny(allowlist.ReasonHostMismatch, "port")
-	}
-	return t, nil
 }

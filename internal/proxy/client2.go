@@ -1,0 +1,157 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"sync"
+
+	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/hooks"
+)
+
+// serveH2 serves an intercepted HTTP/2 connection until it ends, with net/http's
+// own HTTP/2 server (x/net/http2's server is deprecated in its favour).
+func (c *conn) serveH2(rt *Runtime, tc *tls.Conn, t allowlist.Target) {
+	ln := newOneConnListener(tc)
+	srv := &http.Server{
+		Handler:           &h2Handler{c: c, target: t},
+		ReadHeaderTimeout: rt.Limits.ReadHeader,
+		IdleTimeout:       rt.Limits.ClientIdle,
+		MaxHeaderBytes:    rt.Limits.MaxHeaderBytes,
+		HTTP2:             h2Config(rt),
+		ErrorLog:          log.New(io.Discard, "", 0),
+		// OPTIONS * is the pipeline's to decide (method_not_allowed where injected,
+		// forwarded elsewhere), not net/http's to answer 200.
+		DisableGeneralOptionsHandler: true,
+		BaseContext:                  func(net.Listener) context.Context { return c.ctx },
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed || st == http.StateHijacked {
+				ln.Close()
+			}
+		},
+	}
+	go func() {
+		<-ln.done
+		srv.Close()
+	}()
+	srv.Serve(ln)
+}
+
+// HTTP/2 limits of an intercepted connection, sized so that one connection cannot
+// pin more than a few MiB whatever its client sends:
+//   - h2MaxStreams concurrent streams (RFC 9113 §6.5.2 recommends no fewer than 100),
+//     each a goroutine and a request head of at most limits.max_header_bytes:
+//     100 x (64 KiB + ~8 KiB) ~ 7 MiB at the default limits, in the worst case;
+//   - h2ConnWindow bytes of request body received and not yet read, over all its
+//     streams (flow control: the client may not send more), h2StreamWindow per
+//     stream; hook bodies, which egressd reads itself, are bounded process-wide by
+//     limits.hook_buffer_bytes instead;
+//   - frames of at most h2MaxFrame bytes (the protocol's default and minimum), so
+//     the frame buffer stays small.
+//
+// Writes may wait limits.client_write for the client, reads of a stream's body
+// limits.read_header (h2Handler), a hook body the hook's deadline.
+const (
+	h2MaxStreams   = 100
+	h2ConnWindow   = 1 << 20
+	h2StreamWindow = 256 << 10
+	h2MaxFrame     = 16 << 10
+)
+
+func h2Config(rt *Runtime) *http.HTTP2Config {
+	return &http.HTTP2Config{
+		MaxConcurrentStreams:          h2MaxStreams,
+		MaxReadFrameSize:              h2MaxFrame,
+		MaxReceiveBufferPerConnection: h2ConnWindow,
+		MaxReceiveBufferPerStream:     h2StreamWindow,
+		WriteByteTimeout:              rt.Limits.ClientWrite,
+	}
+}
+
+// oneConnListener hands net/http's server a single, already terminated connection.
+// The connection must stay a *tls.Conn (net/http finds HTTP/2 by that type), so its
+// end is learnt from the server's ConnState.
+type oneConnListener struct {
+	conn chan net.Conn
+	done chan struct{}
+	addr net.Addr
+	once sync.Once
+}
+
+func newOneConnListener(c net.Conn) *oneConnListener {
+	l := &oneConnListener{conn: make(chan net.Conn, 1), done: make(chan struct{}), addr: c.LocalAddr()}
+	l.conn <- c
+	return l
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conn:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *oneConnListener) Close() error   { l.once.Do(func() { close(l.done) }); return nil }
+func (l *oneConnListener) Addr() net.Addr { return l.addr }
+
+// h2Handler serves the streams of one intercepted HTTP/2 connection.
+type h2Handler struct {
+	c      *conn
+	target allowlist.Target
+}
+
+func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.c.streams.Add(1)
+	defer h.c.streams.Add(-1)
+	rt := h.c.s.Runtime()
+	rec := newRecord(h.c.l, h.c.nc.RemoteAddr())
+	defer rec.finish(&h.c.s.log, h.c.s.metrics)
+	x := newExchange(h.c, rt, r, rec, &h.target)
+	defer x.body.Close()
+	rc := http.NewResponseController(w)
+	x.body.deadline = &bodyDeadline{set: rc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
+	m, ok := x.hookMatch(h.c.l.cfg.Role)
+	if h.c.lane && !(ok && m.Event == hooks.EventPre) {
+		writeRefusalRW(w, rt, rec, laneRefusal())
+		return
+	}
+	if ok {
+		resp, err := x.serveHook(r.Context(), m, h.c.refuseAll)
+		rec.BytesIn = x.body.n.Load()
+		if err == nil {
+			writeResponseRW(w, x.scrubbed(resp), rec)
+		} else {
+			writeRefusalRW(w, rt, rec, err)
+		}
+		return
+	}
+	if h.c.refuseAll != nil {
+		rec.Path, rec.Scheme, rec.Intercepted = r.URL.Path, "https", true
+		rec.setTarget(h.target)
+		w.Header().Set("Connection", "close") // net/http: GOAWAY, then close
+		writeRefusalRW(w, rt, rec, h.c.refuseAll)
+		return
+	}
+	out, err := x.prepare(r.Context())
+	if err == nil {
+		var resp *http.Response
+		if resp, err = rt.roundTrip(out, rec); err == nil {
+			resp = x.scrubbed(resp)
+			defer resp.Body.Close()
+			rec.BytesIn = x.body.n.Load()
+			writeResponseRW(w, resp, rec)
+			return
+		}
+	}
+	rec.BytesIn = x.body.n.Load()
+	if bodyErr := x.body.clientError(); bodyErr != nil {
+		err = bodyErr
+	}
+	writeRefusalRW(w, rt, rec, err)
+}

@@ -1,0 +1,44 @@
+// Package proxy is the only package that knows HTTP proxying: it accepts sandbox
+// connections, decides every request and tunnel on the current Runtime, forwards or
+// refuses, and writes one Record per request or tunnel.
+//
+// The HTTP/1 front end is a small loop over net/http's request parser rather than
+// net/http.Server or goproxy, for three reasons: the framing checks need the request
+// head as sent (net/http silently drops Content-Length when Transfer-Encoding is
+// present); a CONNECT tunnel must be handed the raw connection without a hijack
+// dance; and responses are streamed straight from the upstream response with a
+// flush per read, so server-sent events are never held in a buffer. goproxy in
+// particular would need its environment proxy, default transport, public CA and
+// inner-Host trust each overridden; none of them are used here.
+//
+// The files, in the order a request meets them (docs/architecture.md tells the
+// whole path):
+//
+//	server.go       Server, listeners, accept, Swap, Shutdown (drain)
+//	slots.go        connection slots at limits.max_connections: evicting the longest wait
+//	lane.go         the hook lane: slots kept for pre-tool hook calls
+//	conn.go         one client connection: the request loop, handle, refusal writing
+//	head.go         the bounded request head and its framing checks
+//	deadline.go     client read and write deadlines
+//	connect.go      CONNECT: decide, dial, 200, ClientHello check, splice or intercept
+//	transparent.go  the transparent listener: original destination, SNI decision
+//	tlspeek.go      reading the ClientHello without consuming it
+//	intercept.go    terminating the client's TLS in an intercepted tunnel
+//	client1.go      the HTTP/1.x client side of one request
+//	client2.go      the HTTP/2 client side of an intercepted tunnel
+//	pipeline.go     exchange: one request through the stages
+//	target.go       the target stage: the request's target, by connection mode
+//	hookcall.go     hook calls; hookbuf.go: their body budget
+//	prepare.go      decide and prepare the outbound request (strip, inject, placeholders)
+//	body.go         the client's request body as the upstream reads it
+//	forward.go      the round trip to the upstream
+//	upstream1.go    h1Pool, the upstream HTTP/1.1 pool for bodiless GET/HEAD
+//	upstream2.go    an HTTP/1 client's request again over HTTP/2 to an HTTP/2-only upstream
+//	dial.go         resolve, check and dial the decided target
+//	runtime.go      Runtime: one reload's snapshot, its transports
+//	scrub.go        masking injected values in responses
+//	respond.go      writing responses to the client, HTTP/1 and HTTP/2
+//	tunnel.go       splicing tunnels and upgrades; relay.go: the copy loop
+//	refuse.go       the one error -> response function
+//	record.go       Record, the canonical log line
+package proxy

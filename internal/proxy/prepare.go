@@ -1,0 +1,134 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/placeholder"
+)
+
+// prepare runs every stage before forwarding and returns the outbound request, or
+// the refusal that ends the exchange.
+func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
+	if err := x.locate(); err != nil {
+		return nil, err
+	}
+	scheme := x.scheme
+	d := x.rt.Policy.DecideRequest(x.target, scheme)
+	x.rec.setDecision(d)
+	if x.pinned != nil {
+		x.rec.Intercepted = true
+	}
+	if !d.Allowed() {
+		return nil, deny(d.Reason, d.Detail)
+	}
+	if d.Rule != nil && d.Rule.Injects() && reflectsRequest(x.req) {
+		return nil, deny(allowlist.ReasonMethodNotAllowed, strings.ToLower(x.req.Method))
+	}
+	out := x.outbound(ctx, scheme)
+	if d.Rule != nil && d.Rule.Injects() {
+		narrowForScrub(out.Header)
+	}
+	res, err := x.rt.Injector.Apply(d.Rule, out.Header, x.req.Trailer)
+	if err != nil {
+		return nil, err
+	}
+	x.rec.Injected, x.rec.Credential, x.rec.CredentialVersion = res.Names, res.Credential, res.Version
+	x.scrub = res.Scrub
+	if err := x.replacePlaceholders(out, d.Rule, res.Names); err != nil {
+		return nil, err
+	}
+	x.body.trailers(x.req, out, res.Names)
+	return out, nil
+}
+
+// replacePlaceholders swaps environment_variable placeholders for their values where
+// their credentials allow it, and refuses the request (credential_scope, with a WARN
+// naming the credential and the host) where a placeholder appears anywhere else.
+func (x *exchange) replacePlaceholders(out *http.Request, rule *allowlist.Rule, injected []string) error {
+	pr, err := x.rt.Placeholders.Apply(out, x.target.Host, rule, x.scheme == "http")
+	var se *placeholder.ScopeError
+	if errors.As(err, &se) {
+		x.srv.log.Warn().Str("req_id", x.rec.ReqID).Str("credential", se.ID).Str("host", se.Host).
+			Str("location", se.Location).Msg("credential placeholder outside its scope refused")
+	}
+	if err != nil || len(pr.IDs) == 0 {
+		return err
+	}
+	if reflectsRequest(x.req) {
+		return deny(allowlist.ReasonMethodNotAllowed, strings.ToLower(x.req.Method))
+	}
+	narrowForScrub(out.Header)
+	x.scrub = x.rt.Placeholders.ScrubSet(out.Header, injected, pr)
+	if x.rec.Credential == "" {
+		x.rec.Credential = pr.IDs[0] // the log line names the credential whose value went out
+	}
+	return nil
+}
+
+// reflectsRequest reports whether the request asks the upstream to send it back:
+// TRACE (and IIS's TRACK), whatever the case a server might accept it in, and
+// OPTIONS * (asterisk form, which some servers answer with the request echoed).
+// An injecting entry refuses them before anything is injected or forwarded.
+func reflectsRequest(req *http.Request) bool {
+	m := req.Method
+	if strings.EqualFold(m, http.MethodTrace) || strings.EqualFold(m, "TRACK") {
+		return true
+	}
+	return strings.EqualFold(m, http.MethodOptions) && (req.URL.Path == "*" || req.RequestURI == "*")
+}
+
+// outbound turns the client's request into the upstream request, in place: the
+// target is the decided, normalised one; hop-by-hop and Egressd-* headers are gone.
+// Injection comes after, so nothing the client sends can strip what egressd adds.
+func (x *exchange) outbound(ctx context.Context, scheme string) *http.Request {
+	out := x.req.WithContext(ctx)
+	u := *x.req.URL
+	u.Scheme, u.Host, u.User = scheme, x.target.String(), nil
+	out.URL = &u
+	out.Host = hostHeader(x.target, scheme)
+	out.RequestURI = ""
+	out.Close = false
+	out.Body = x.body
+	if x.req.ContentLength == 0 {
+		out.Body = http.NoBody
+	}
+	out.Header = x.req.Header
+	upgrade := upgradeType(out.Header)
+	trailers := acceptsTrailers(out.Header)
+	removeHopByHop(out.Header)
+	if upgrade != "" {
+		out.Header.Set("Connection", "Upgrade")
+		out.Header.Set("Upgrade", upgrade)
+	}
+	if trailers { // gRPC servers may insist on it (RFC 9113 §8.2.2 lets it through)
+		out.Header["Te"] = []string{"trailers"}
+	}
+	out.Header.Del("Expect")
+	removeEgressdHeaders(out.Header)
+	if _, ok := out.Header["User-Agent"]; !ok {
+		// net/http's transports (and Request.Write, which the pool uses) add
+		// "Go-http-client/..." when the key is absent; present and empty, they
+		// send none. egressd adds no header of its own.
+		out.Header["User-Agent"] = nil
+	}
+	return out
+}
+
+// hostHeader is the Host the upstream sees: the target, without the scheme's default port.
+func hostHeader(t allowlist.Target, scheme string) string {
+	if port, _ := allowlist.SchemePort(scheme); t.Port != port {
+		return t.String()
+	}
+	if t.IsIP() && t.Addr.Is6() {
+		return "[" + t.Host + "]"
+	}
+	return t.Host
+}
+
+func expectsContinue(req *http.Request) bool {
+	return strings.EqualFold(req.Header.Get("Expect"), "100-continue") && req.ContentLength != 0
+}

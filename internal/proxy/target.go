@@ -1,0 +1,108 @@
+package proxy
+
+import (
+	"errors"
+	"net/http"
+	"net/netip"
+
+	"github.com/egressd/egressd/internal/allowlist"
+)
+
+// locate reads and checks the request's target once.
+func (x *exchange) locate() error {
+	if !x.located {
+		x.located = true
+		x.scheme, x.locErr = x.readTarget()
+		// bad_request is the first check (DESIGN.md): an h2c upgrade outranks a
+		// host mismatch, not another malformation.
+		if x.locErr == nil || classify(x.locErr).Reason != allowlist.ReasonBadRequest {
+			if err := checkUpgrade(x.req.Header); err != nil {
+				x.locErr = err
+			}
+		}
+	}
+	return x.locErr
+}
+
+// readTarget sets x.target: the absolute URL's host on the explicit listener; the
+// pinned CONNECT target inside a tunnel, where the request may not name another.
+func (x *exchange) readTarget() (string, error) {
+	u := x.req.URL
+	x.rec.Path = u.Path
+	if x.orig.IsValid() && x.pinned == nil {
+		t, err := transparentTarget(x.req, x.orig)
+		x.target, x.rec.Scheme = t, "http"
+		x.rec.setTarget(t)
+		if x.req.Method == http.MethodConnect {
+			err = badRequest("connect_transparent", errors.New("CONNECT on a transparent listener"))
+		}
+		return "http", err
+	}
+	if x.pinned == nil {
+		t, err := forwardTarget(x.req)
+		x.target = t
+		x.rec.Scheme = u.Scheme
+		x.rec.setTarget(t)
+		return u.Scheme, err
+	}
+	x.target, x.rec.Scheme = *x.pinned, "https"
+	x.rec.setTarget(x.target)
+	return "https", checkInnerHost(x.req, x.target)
+}
+
+// forwardTarget reads the destination of an absolute-form request.
+func forwardTarget(req *http.Request) (allowlist.Target, error) {
+	t, err := allowlist.URLTarget(req.URL)
+	switch {
+	case errors.Is(err, allowlist.ErrNotAbsolute):
+		return t, badRequest("not_proxy_request", err)
+	case errors.Is(err, allowlist.ErrUserinfo):
+		return t, badRequest("userinfo", err)
+	case errors.Is(err, allowlist.ErrScheme):
+		return t, badRequest("scheme", err)
+	case err != nil:
+		return t, badHost("host", err)
+	}
+	return t, nil
+}
+
+// checkInnerHost refuses a request inside a tunnel whose Host (HTTP/1.1),
+// :authority (HTTP/2) or absolute-form URL names a host other than the tunnel's
+// target. Hosts compare by normalised name and effective port.
+func checkInnerHost(req *http.Request, t allowlist.Target) error {
+	if req.Method == http.MethodConnect {
+		return badRequest("connect_in_tunnel", errors.New("CONNECT inside a tunnel"))
+	}
+	if req.URL.IsAbs() && !sameHost(req.URL.Host, t) {
+		return deny(allowlist.ReasonHostMismatch, "url")
+	}
+	if req.Host == "" {
+		return badRequest("missing_host", errors.New("request without Host"))
+	}
+	if !sameHost(req.Host, t) {
+		return deny(allowlist.ReasonHostMismatch, "host")
+	}
+	return nil
+}
+
+func sameHost(authority string, t allowlist.Target) bool {
+	got, err := allowlist.ParseAuthority(authority, allowlist.PortHTTPS)
+	return err == nil && got.Host == t.Host && got.Port == t.Port
+}
+
+// transparentTarget is the policy target of a plain-HTTP request on a transparent
+// listener: the Host header's name on the original destination's port.
+func transparentTarget(req *http.Request, orig netip.AddrPort) (allowlist.Target, error) {
+	if req.Host == "" {
+		return allowlist.Target{}, badRequest("missing_host", errors.New("request without Host"))
+	}
+	t, err := allowlist.ParseAuthority(req.Host, orig.Port())
+	if err != nil {
+		return t, badHost("host", err)
+	}
+	if t.Port != orig.Port() {
+		t.Port = orig.Port() // the record and the message name the connection's port
+		return t, deny(allowlist.ReasonHostMismatch, "port")
+	}
+	return t, nil
+}
