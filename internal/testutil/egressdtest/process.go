@@ -1,0 +1,109 @@
+package egressdtest
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Pid is egressd's process ID.
+func (e *Egressd) Pid() int { return e.cmd.Process.Pid }
+
+// Exited is closed once egressd has exited; ExitCode is valid then.
+func (e *Egressd) Exited() <-chan struct{} { return e.exited }
+
+// ExitCode is the exit code once Exited is closed: -1 when killed by a signal.
+func (e *Egressd) ExitCode() int { <-e.exited; return e.exitCode }
+
+// Alive reports whether egressd is still running.
+func (e *Egressd) Alive() bool {
+	select {
+	case <-e.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Signal sends sig once SignalGrace has passed since "egressd started".
+func (e *Egressd) Signal(sig syscall.Signal) error {
+	time.Sleep(time.Until(e.Started.Add(SignalGrace)))
+	return e.SignalNow(sig)
+}
+
+// SignalNow sends sig at once, grace or not.
+func (e *Egressd) SignalNow(sig syscall.Signal) error { return e.cmd.Process.Signal(sig) }
+
+// Wait waits up to within for the exit and returns the exit code.
+func (e *Egressd) Wait(within time.Duration) (int, error) {
+	select {
+	case <-e.exited:
+		return e.exitCode, nil
+	case <-time.After(within):
+		return 0, fmt.Errorf("egressd still running %v later", within)
+	}
+}
+
+// Stop sends SIGTERM (after SignalGrace) and waits up to Options.StopTimeout for
+// the exit, then kills. It returns the exit code, and an error when egressd had
+// exited before or had to be killed. Only the first call stops; later ones
+// return the same code.
+func (e *Egressd) Stop() (code int, err error) {
+	e.stopOnce.Do(func() {
+		if !e.Alive() {
+			err = fmt.Errorf("egressd had exited (%d) before SIGTERM", e.exitCode)
+			return
+		}
+		_ = e.Signal(syscall.SIGTERM)
+		if _, werr := e.Wait(e.opts.StopTimeout); werr != nil {
+			e.Kill()
+			err = fmt.Errorf("egressd still running %v after SIGTERM; killed", e.opts.StopTimeout)
+		}
+	})
+	return e.ExitCode(), err
+}
+
+// Kill kills egressd's process group, if it still runs, and waits for the exit.
+func (e *Egressd) Kill() {
+	if e.Alive() {
+		_ = syscall.Kill(-e.cmd.Process.Pid, syscall.SIGKILL)
+	}
+	<-e.exited
+}
+
+// Stderr is what egressd wrote to stderr so far.
+func (e *Egressd) Stderr() []byte {
+	b, _ := os.ReadFile(e.StderrPath)
+	return b
+}
+
+// Faults lists what egressd must never do, as found in its output so far: a
+// data race report (with a -race build) and a recovered panic.
+func (e *Egressd) Faults() []string {
+	var out []string
+	if stderr := e.Stderr(); bytes.Contains(stderr, []byte("WARNING: DATA RACE")) {
+		out = append(out, fmt.Sprintf("egressd reported a data race:\n%s", stderr))
+	}
+	lines, _ := e.Lines()
+	for _, l := range lines {
+		if strings.Contains(l.Message(), "panic") {
+			out = append(out, fmt.Sprintf("egressd recovered a panic: %v", l))
+		}
+	}
+	return out
+}
+
+// OutputTail is the end (about n bytes) of egressd's stderr and log, for an error.
+func (e *Egressd) OutputTail(n int) string {
+	b := append(e.Stderr(), e.LogBytes()...)
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	if len(b) == 0 {
+		return ""
+	}
+	return "; egressd said:\n" + string(b)
+}
