@@ -348,7 +348,8 @@ func TestMaxConnectionsAnswers503(t *testing.T) {
 }
 
 // TestMaxConnectionsEvictsSlowHead: at limits.max_connections, a connection still
-// sending its request head gives its slot to a new client.
+// sending its request head, past evictAfter (slots.go), gives its slot to a new
+// client.
 func TestMaxConnectionsEvictsSlowHead(t *testing.T) {
 	w := newWorld(t, worldOpts{limits: func(l *config.Limits) { l.MaxConnections = 1 }})
 	slow, err := net.Dial("tcp", w.ProxyAddr)
@@ -357,7 +358,7 @@ func TestMaxConnectionsEvictsSlowHead(t *testing.T) {
 	}
 	defer slow.Close()
 	io.WriteString(slow, "GET http://allowed.test/slow HTTP/1.1\r\nHost: allo")
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(1200 * time.Millisecond) // past evictAfter
 	resp := w.raw("GET http://allowed.test/new HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("newcomer: %d %q, want 200 in the slow client's slot", resp.StatusCode, resp.Header.Get("Egressd-Reason"))

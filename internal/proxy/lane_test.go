@@ -240,3 +240,60 @@ func (w *world) fillSlots(t *testing.T, n int) {
 		}
 	}
 }
+
+// TestRealCallNotEvictedBetweenStages: at max_connections, a newcomer does not
+// take the slot of a connection that has only just begun to wait for its client:
+// a real hook call between the stages of its request — its CONNECT not yet read,
+// its ClientHello or its request head on the way — as the runtime's calls are all
+// the time when the sandbox holds every slot and the machine is loaded. Evicted,
+// the call's connection was closed with no answer (an EOF in the bench's
+// hook-attack row), which the runtime reads as allow. The newcomer gets 503
+// overloaded instead, and the call the endpoint's allow.
+func TestRealCallNotEvictedBetweenStages(t *testing.T) {
+	for stage := range 3 { // waiting for: the CONNECT head, the ClientHello, the POST head
+		t.Run([]string{"connect_head", "client_hello", "request_head"}[stage], func(t *testing.T) {
+			w := newLaneWorld(t, 2)
+			w.fillSlots(t, 1)
+			c, br := w.dialProxy(t) // the last slot
+			var tc *tls.Conn
+			if stage >= 1 {
+				io.WriteString(c, "CONNECT policy.allowed.test:443 HTTP/1.1\r\nHost: policy.allowed.test:443\r\n\r\n")
+				if resp, err := http.ReadResponse(br, &http.Request{Method: "CONNECT"}); err != nil || resp.StatusCode != 200 {
+					t.Fatalf("CONNECT: %v %v", resp, err)
+				}
+				tc = tls.Client(&replayConn{Conn: c, br: br}, &tls.Config{ServerName: "policy.allowed.test", RootCAs: w.CAPool})
+			}
+			if stage == 2 {
+				if err := tc.Handshake(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			time.Sleep(50 * time.Millisecond) // egressd waits for the call's next stage
+			resp := w.raw("GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+			resp.Body.Close()
+			if resp.StatusCode != 503 {
+				t.Errorf("newcomer: %d, want 503 overloaded (not the waiting call's slot)", resp.StatusCode)
+			}
+
+			if stage == 0 {
+				io.WriteString(c, "CONNECT policy.allowed.test:443 HTTP/1.1\r\nHost: policy.allowed.test:443\r\n\r\n")
+				if resp, err := http.ReadResponse(br, &http.Request{Method: "CONNECT"}); err != nil || resp.StatusCode != 200 {
+					t.Fatalf("the call's CONNECT after the newcomer: %v %v (closed: the runtime reads that as allow)", resp, err)
+				}
+				tc = tls.Client(&replayConn{Conn: c, br: br}, &tls.Config{ServerName: "policy.allowed.test", RootCAs: w.CAPool})
+			}
+			body := `{"tool":"code_execution","input":"ls"}`
+			io.WriteString(tc, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Type: application/json\r\n"+
+				"Content-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+			got, err := http.ReadResponse(bufio.NewReader(tc), nil)
+			if err != nil {
+				t.Fatalf("the call after the newcomer found its connection closed (%v): the runtime reads that as allow", err)
+			}
+			defer got.Body.Close()
+			b, _ := io.ReadAll(got.Body)
+			if got.StatusCode != 200 || !strings.Contains(string(b), `"decision":"allow"`) {
+				t.Fatalf("the call after the newcomer: %d %s, want the endpoint's allow", got.StatusCode, b)
+			}
+		})
+	}
+}

@@ -7,11 +7,12 @@ import (
 )
 
 // A listener at limits.max_connections gives a new connection the slot of the
-// connection that has waited longest for its client: an idle keep-alive
-// connection, or one still sending a request head or ClientHello. A slow client
-// (slowloris) can therefore hold connection slots only while nobody else needs
-// them; the newcomer gets 503 overloaded only when every connection is serving.
-// Requests, tunnels and upstream waits are never evicted. When no waiting
+// connection that has waited longest for its client, at least evictAfter: an
+// idle keep-alive connection, or one still sending a request head or
+// ClientHello. A slow client (slowloris) can therefore hold connection slots
+// only while nobody else needs them; the newcomer gets 503 overloaded only when
+// every connection is serving or began its wait within evictAfter. Requests,
+// tunnels and upstream waits are never evicted. When no waiting
 // connection can make room, a pre-tool hook call may still take a slot of the
 // listener's hook lane (lane.go); everything else gets 503.
 
@@ -20,6 +21,16 @@ const evicted = -1
 
 // detailEvicted is the log detail of a connection evicted while it waited.
 const detailEvicted = "evicted_waiting"
+
+// evictAfter is how long a connection must have waited for its client before
+// a newcomer may take its slot. A real client waits between the stages of its
+// request — its CONNECT answered, its ClientHello or request head on the way —
+// and under load, with the sandbox holding every slot, a newcomer arrives at
+// such a moment all the time: the wait of a slow client is what eviction is
+// for, not these. Evicting one closes it with no answer, which the runtime
+// reads as "allow" when it is a hook call. A second is far beyond any stage of
+// a real client's, and well within limits.read_header.
+const evictAfter = time.Second
 
 // slotWait bounds how long a new connection waits for an evicted connection to
 // release its slot; beyond it the newcomer gets 503 after all.
@@ -60,10 +71,10 @@ func (s *Server) evictWaiting(l *listener, kind slotKind) bool {
 	defer s.mu.Unlock()
 	for {
 		var oldest *conn
-		var since int64
+		since := time.Now().Add(-evictAfter).UnixNano()
 		for c := range s.conns {
 			if w := c.waitSince.Load(); c.l == l && c.slot == kind && w > 0 && !c.hookKeepAlive.Load() &&
-				(oldest == nil || w < since) {
+				w <= since {
 				oldest, since = c, w
 			}
 		}

@@ -274,15 +274,16 @@ func TestMaxConnections(t *testing.T) {
 
 // TestSlowClientsYieldSlots: at limits.max_connections, connections that are
 // still sending their request head (slowloris) or idle between requests give
-// their slots to new clients, oldest first; a slow client holds slots only while
-// nobody else needs them.
+// their slots to new clients, oldest first, once they have waited 1 s (a wait
+// shorter than that is a real client's between two stages of its request); a
+// slow client holds slots only while nobody else needs them.
 func TestSlowClientsYieldSlots(t *testing.T) {
 	const max = 4
 	w := limitsWorld(t, fmt.Sprintf("max_connections: %d", max), "read_header: 30s", "client_idle: 30s")
 	t.Run("slowloris at max_connections", func(t *testing.T) {
 		k := w.begin(t)
 		slow := k.slowloris(max)
-		time.Sleep(300 * time.Millisecond) // every slot is held by a slow head
+		time.Sleep(1200 * time.Millisecond) // every slot is held by a slow head, waiting past evictAfter
 		for i := range max {
 			resp := k.raw("GET http://allowed.test/share HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n")
 			if resp.StatusCode != http.StatusOK {
@@ -316,6 +317,7 @@ func TestSlowClientsYieldSlots(t *testing.T) {
 			k.echo(k.response(c, http.MethodGet))
 			idle = append(idle, c)
 		}
+		time.Sleep(1200 * time.Millisecond) // idle past evictAfter
 		resp := k.raw("GET http://allowed.test/newcomer HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n")
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("newcomer at max_connections with %d idle connections: %d %q, want 200", max, resp.StatusCode, resp.Header.Get("Egressd-Reason"))
