@@ -1,17 +1,16 @@
 package hooks
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/url"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
-	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/jsonnode"
 )
 
 // ParseError lists every problem Parse found, each with its JSON path.
@@ -36,9 +35,9 @@ func (e *ParseError) Error() string {
 // are recorded in File.Unknown, not refused, since the runtime's format may grow. A
 // null event is an empty one.
 func Parse(data []byte) (*File, error) {
-	root, err := parseJSON(data)
+	root, err := jsonnode.Parse(data, jsonnode.Options{MaxDepth: maxDepth})
 	if err != nil {
-		return nil, &ParseError{Problems: []Finding{{Severity: SeverityError, Msg: "not a JSON document: " + jsonErrorAt(data, err)}}}
+		return nil, &ParseError{Problems: []Finding{{Severity: SeverityError, Msg: "not a JSON document: " + err.Error()}}}
 	}
 	p := &parser{}
 	f := p.file(root)
@@ -59,33 +58,33 @@ func (p *parser) errorf(path, format string, args ...any) {
 }
 
 // want reports whether n has kind k, recording a problem when it has not.
-func (p *parser) want(n *node, k kind, path, what string) bool {
-	if n.kind == k {
+func (p *parser) want(n *jsonnode.Node, k jsonnode.Kind, path, what string) bool {
+	if n.Kind == k {
 		return true
 	}
-	p.errorf(path, "expected %s, got %s", what, n.kind)
+	p.errorf(path, "expected %s, got %s", what, n.Kind)
 	return false
 }
 
 // fields walks an object's keys, calling known for the keys it handles and recording
 // the others as unknown.
-func (p *parser) fields(n *node, path string, known map[string]func(v *node, path string)) {
-	for _, k := range n.keys {
-		if f, ok := known[k]; ok {
-			f(n.vals[k], keyPath(path, k))
+func (p *parser) fields(n *jsonnode.Node, path string, known map[string]func(v *jsonnode.Node, path string)) {
+	for _, m := range n.Unique() {
+		if k := m.Key.Str; known[k] != nil {
+			known[k](m.Value, keyPath(path, k))
 		} else {
 			p.unknown = append(p.unknown, keyPath(path, k))
 		}
 	}
 }
 
-func (p *parser) file(root *node) *File {
+func (p *parser) file(root *jsonnode.Node) *File {
 	f := &File{}
-	if !p.want(root, kObject, "", `an object of group name -> {"pre_tool_execution": [...], ...}`) {
+	if !p.want(root, jsonnode.Object, "", `an object of group name -> {"pre_tool_execution": [...], ...}`) {
 		return f
 	}
-	for _, name := range root.keys {
-		if g, ok := p.group(name, root.vals[name], keyPath("", name)); ok {
+	for _, m := range root.Unique() {
+		if g, ok := p.group(m.Key.Str, m.Value, keyPath("", m.Key.Str)); ok {
 			f.Groups = append(f.Groups, g)
 		}
 	}
@@ -93,53 +92,53 @@ func (p *parser) file(root *node) *File {
 	return f
 }
 
-func (p *parser) group(name string, n *node, path string) (Group, bool) {
+func (p *parser) group(name string, n *jsonnode.Node, path string) (Group, bool) {
 	g := Group{Name: name, Path: path, Enabled: true}
-	if !p.want(n, kObject, path, `a group {"pre_tool_execution": [...], "post_tool_execution": [...]}`) {
+	if !p.want(n, jsonnode.Object, path, `a group {"pre_tool_execution": [...], "post_tool_execution": [...]}`) {
 		return g, false
 	}
-	known := map[string]func(*node, string){
-		"enabled": func(v *node, vp string) {
-			if p.want(v, kBool, vp, "true or false") {
-				g.Enabled = v.b
+	known := map[string]func(*jsonnode.Node, string){
+		"enabled": func(v *jsonnode.Node, vp string) {
+			if p.want(v, jsonnode.Bool, vp, "true or false") {
+				g.Enabled = v.Bool
 			}
 		},
-		EventPre:  func(v *node, vp string) { g.Pre = p.rules(v, vp) },
-		EventPost: func(v *node, vp string) { g.Post = p.rules(v, vp) },
+		EventPre:  func(v *jsonnode.Node, vp string) { g.Pre = p.rules(v, vp) },
+		EventPost: func(v *jsonnode.Node, vp string) { g.Post = p.rules(v, vp) },
 	}
-	for _, k := range n.keys {
-		kp := keyPath(path, k)
+	for _, m := range n.Unique() {
+		k, kp := m.Key.Str, keyPath(path, m.Key.Str)
 		if f, ok := known[k]; ok {
-			f(n.vals[k], kp)
+			f(m.Value, kp)
 			continue
 		}
 		// Read leniently, for the lint only: its own problems are not the file's.
 		p.unknown = append(p.unknown, kp)
 		stray := &parser{}
-		g.Stray = append(g.Stray, StrayKey{Name: k, Path: kp, Rules: stray.rules(n.vals[k], kp)})
+		g.Stray = append(g.Stray, StrayKey{Name: k, Path: kp, Rules: stray.rules(m.Value, kp)})
 	}
 	return g, true
 }
 
-func (p *parser) rules(n *node, path string) []Rule {
-	if n.kind == kNull || !p.want(n, kArray, path, `a list of {"matcher": ..., "hooks": [...]}`) {
+func (p *parser) rules(n *jsonnode.Node, path string) []Rule {
+	if n.Kind == jsonnode.Null || !p.want(n, jsonnode.Array, path, `a list of {"matcher": ..., "hooks": [...]}`) {
 		return nil
 	}
 	var rules []Rule
-	for i, item := range n.arr {
+	for i, item := range n.Elems {
 		rp := indexPath(path, i)
-		if !p.want(item, kObject, rp, `a rule {"matcher": ..., "hooks": [...]}`) {
+		if !p.want(item, jsonnode.Object, rp, `a rule {"matcher": ..., "hooks": [...]}`) {
 			continue
 		}
 		r := Rule{Path: rp}
 		hasHooks := false
-		p.fields(item, rp, map[string]func(*node, string){
-			"matcher": func(v *node, vp string) {
-				if p.want(v, kString, vp, "a string (an RE2 pattern, or \"*\" for every built-in tool)") {
-					r.Matcher = v.str
+		p.fields(item, rp, map[string]func(*jsonnode.Node, string){
+			"matcher": func(v *jsonnode.Node, vp string) {
+				if p.want(v, jsonnode.String, vp, "a string (an RE2 pattern, or \"*\" for every built-in tool)") {
+					r.Matcher = v.Str
 				}
 			},
-			"hooks": func(v *node, vp string) { hasHooks, r.Hooks = true, p.hooks(v, vp) },
+			"hooks": func(v *jsonnode.Node, vp string) { hasHooks, r.Hooks = true, p.hooks(v, vp) },
 		})
 		if !hasHooks {
 			p.errorf(keyPath(rp, "hooks"), `required: the list of hooks to run, e.g. [{"type": "http", "url": "https://..."}]`)
@@ -149,35 +148,35 @@ func (p *parser) rules(n *node, path string) []Rule {
 	return rules
 }
 
-func (p *parser) hooks(n *node, path string) []Hook {
-	if !p.want(n, kArray, path, `a list of hooks {"type": "http", "url": ...}`) {
+func (p *parser) hooks(n *jsonnode.Node, path string) []Hook {
+	if !p.want(n, jsonnode.Array, path, `a list of hooks {"type": "http", "url": ...}`) {
 		return nil
 	}
 	var hooks []Hook
-	for i, item := range n.arr {
+	for i, item := range n.Elems {
 		hp := indexPath(path, i)
-		if p.want(item, kObject, hp, `a hook {"type": "http", "url": ...} or {"type": "command", "command": ...}`) {
+		if p.want(item, jsonnode.Object, hp, `a hook {"type": "http", "url": ...} or {"type": "command", "command": ...}`) {
 			hooks = append(hooks, p.hook(item, hp))
 		}
 	}
 	return hooks
 }
 
-func (p *parser) hook(n *node, path string) Hook {
+func (p *parser) hook(n *jsonnode.Node, path string) Hook {
 	h := Hook{Path: path, Timeout: DefaultTimeout}
-	str := func(dst *string) func(*node, string) {
-		return func(v *node, vp string) {
-			if p.want(v, kString, vp, "a string") {
-				*dst = v.str
+	str := func(dst *string) func(*jsonnode.Node, string) {
+		return func(v *jsonnode.Node, vp string) {
+			if p.want(v, jsonnode.String, vp, "a string") {
+				*dst = v.Str
 			}
 		}
 	}
-	p.fields(n, path, map[string]func(*node, string){
+	p.fields(n, path, map[string]func(*jsonnode.Node, string){
 		"type":    str(&h.Type),
 		"command": str(&h.Command),
 		"url":     str(&h.URL),
-		"headers": func(v *node, vp string) { h.Headers = p.headers(v, vp) },
-		"timeout": func(v *node, vp string) { h.Timeout, h.TimeoutSet = p.timeout(v, vp), true },
+		"headers": func(v *jsonnode.Node, vp string) { h.Headers = p.headers(v, vp) },
+		"timeout": func(v *jsonnode.Node, vp string) { h.Timeout, h.TimeoutSet = p.timeout(v, vp), true },
 	})
 	switch h.Type {
 	case TypeCommand:
@@ -187,7 +186,7 @@ func (p *parser) hook(n *node, path string) Hook {
 	case TypeHTTP:
 		p.target(&h, keyPath(path, "url"))
 	case "":
-		if _, ok := n.get("type"); !ok {
+		if _, ok := n.Get("type"); !ok {
 			p.errorf(keyPath(path, "type"), `required: "http" or "command"`)
 		}
 	default:
@@ -196,31 +195,31 @@ func (p *parser) hook(n *node, path string) Hook {
 	return h
 }
 
-func (p *parser) headers(n *node, path string) []Header {
-	if !p.want(n, kObject, path, `an object of header name -> value`) {
+func (p *parser) headers(n *jsonnode.Node, path string) []Header {
+	if !p.want(n, jsonnode.Object, path, `an object of header name -> value`) {
 		return nil
 	}
 	var hs []Header
-	for _, k := range n.keys {
-		if v := n.vals[k]; p.want(v, kString, keyPath(path, k), "a string") {
-			hs = append(hs, Header{Name: k, Value: v.str})
+	for _, m := range n.Unique() {
+		if k, v := m.Key.Str, m.Value; p.want(v, jsonnode.String, keyPath(path, k), "a string") {
+			hs = append(hs, Header{Name: k, Value: v.Str})
 		}
 	}
 	return hs
 }
 
 // timeout reads a positive number of seconds.
-func (p *parser) timeout(n *node, path string) time.Duration {
-	if !p.want(n, kNumber, path, "a number of seconds") {
+func (p *parser) timeout(n *jsonnode.Node, path string) time.Duration {
+	if !p.want(n, jsonnode.Number, path, "a number of seconds") {
 		return DefaultTimeout
 	}
-	s, err := n.num.Float64()
+	s, err := n.Num.Float64()
 	switch {
 	case err != nil || math.IsNaN(s) || s <= 0:
-		p.errorf(path, "must be a positive number of seconds, got %s", n.num)
+		p.errorf(path, "must be a positive number of seconds, got %s", n.Num)
 		return DefaultTimeout
 	case s > maxTimeout.Seconds():
-		p.errorf(path, "%s seconds is more than %s; the timeout is in seconds", n.num, maxTimeout)
+		p.errorf(path, "%s seconds is more than %s; the timeout is in seconds", n.Num, maxTimeout)
 		return DefaultTimeout
 	}
 	return time.Duration(s * float64(time.Second))
@@ -256,22 +255,22 @@ func defaultPort(scheme string) uint16 {
 	return port
 }
 
-// jsonErrorAt renders a JSON error with the line and column it points at.
-func jsonErrorAt(data []byte, err error) string {
-	var se *json.SyntaxError
-	var oe *offsetError
-	off := int64(-1)
+// maxDepth bounds nesting; hooks.json needs five levels.
+const maxDepth = 64
+
+// plainKey is a key that needs no quoting in a path.
+var plainKey = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_-]*$`)
+
+// keyPath appends an object key to a JSON path: a.b, or a["odd key"].
+func keyPath(path, key string) string {
 	switch {
-	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
-		err, off = errors.New("unexpected end of JSON input"), int64(len(data))
-	case errors.As(err, &se):
-		off = se.Offset
-	case errors.As(err, &oe):
-		off = oe.off
+	case !plainKey.MatchString(key):
+		return path + "[" + strconv.Quote(key) + "]"
+	case path == "":
+		return key
 	}
-	if off < 0 {
-		return err.Error()
-	}
-	line, col := config.JSONPosition(data, off)
-	return fmt.Sprintf("%v (line %d, column %d)", err, line, col)
+	return path + "." + key
 }
+
+// indexPath appends a list index to a JSON path.
+func indexPath(path string, i int) string { return path + "[" + strconv.Itoa(i) + "]" }

@@ -14,8 +14,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/credential"
+	"github.com/egressd/egressd/internal/jsonnode"
 )
 
 // versionLen is the number of hex digits of the sha256 kept as a version.
@@ -132,7 +132,7 @@ func parse(path string, data []byte) (map[string]entry, error) {
 	if err := json.Unmarshal(data, &top); err != nil {
 		var syn *json.SyntaxError
 		if errors.As(err, &syn) {
-			line, col := config.JSONPosition(data, syn.Offset)
+			line, col := jsonnode.Position(data, syn.Offset)
 			return nil, fmt.Errorf("credentials file %s: not valid JSON (syntax error at line %d, column %d)", path, line, col)
 		}
 		return nil, fmt.Errorf("credentials file %s: not a JSON object of credential ID -> secret", path)
