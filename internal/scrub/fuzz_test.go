@@ -3,33 +3,42 @@ package scrub
 import (
 	"bytes"
 	"io"
+	"strings"
 	"testing"
 )
 
-// FuzzReader holds the streaming Reader to the reference (mask every
-// occurrence with the whole buffer at hand) at every split point of the body
-// into two reads, and at one fuzzed second split: no false negative, no
-// false positive, the same count. The body is the fuzzed bytes with one
-// fuzz-chosen form of the secret inserted, so matches are the common case.
+// FuzzReader holds the streaming Reader and Set.Bytes to the reference (mask
+// every occurrence of every form with bytes.Index, the whole buffer at hand) at
+// every split point of the body into two reads, and at one fuzz-chosen second
+// split: no false negative, no false positive, the same count. The body is the
+// fuzzed bytes with a fuzz-chosen form of the secret inserted, and one of a
+// second value when that is long enough (its forms are in the same Set, so the
+// prefilter's sampling step is the shorter value's and its grams are both
+// values'), so matches are the common case.
 func FuzzReader(f *testing.F) {
-	f.Add("sk-live-0123456789abcdefXYZ/+=", []byte("echo: {} tail"), uint8(0), uint16(6), uint16(3))
-	f.Add("Bearer tok_0123456789abcdef", []byte("data: x\n\ndata: y\n\n"), uint8(7), uint16(9), uint16(1))
-	f.Add("aaaaaaaaab", []byte("aaaaaaaaaaaaaaaaaaaaab"), uint8(1), uint16(0), uint16(5))
-	f.Fuzz(func(t *testing.T, secret string, body []byte, form uint8, at, second uint16) {
-		if len(secret) < MinLen || len(secret) > 128 || len(body) > 512 {
+	f.Add("sk-live-0123456789abcdefXYZ/+=", "", []byte("echo: {} tail"), uint8(0), uint16(6), uint16(0), uint16(3))
+	f.Add("Bearer tok_0123456789abcdef", "pass1234", []byte("data: x\n\ndata: y\n\n"), uint8(7), uint16(9), uint16(2), uint16(1))
+	f.Add("aaaaaaaaab", "aaaaaaaab", []byte("aaaaaaaaaaaaaaaaaaaaab"), uint8(1), uint16(0), uint16(8), uint16(5))
+	f.Add("Basic c3ZjLWRlcGxveTpacTghdlQyI21XeDlAcExyNA==", "AKIA-7f3b9c1e5d2a4f6b8c0e1d3f5a7b9c2e",
+		[]byte(strings.Repeat("x", 300)), uint8(40), uint16(100), uint16(140), uint16(150))
+	f.Fuzz(func(t *testing.T, secret, other string, body []byte, form uint8, at, at2, second uint16) {
+		if len(secret) < MinLen || len(secret) > 128 || len(other) > 128 || len(body) > 512 {
 			return
 		}
-		s := Compile(secret)
+		s := Compile(secret, other)
 		if !s.Active() {
 			t.Fatalf("a %d-byte value gave an inactive Set", len(secret))
 		}
-		fs := forms(secret)
-		ins := fs[int(form)%len(fs)]
-		pos := int(at) % (len(body) + 1)
-		body = append(body[:pos:pos], append([]byte(ins), body[pos:]...)...)
+		body = insert(body, forms(secret), int(form), int(at))
+		if len(other) >= MinLen {
+			body = insert(body, forms(other), int(form)/3, int(at2))
+		}
 		want, wantN := refMask(s, body)
 		if wantN == 0 {
-			t.Fatalf("the reference missed the inserted form %q", ins)
+			t.Fatalf("the reference missed the inserted form")
+		}
+		if got := bytes.Clone(body); s.Bytes(got) != wantN || !bytes.Equal(got, want) {
+			t.Fatalf("Bytes: got %q, want %q (%d)", got, want, wantN)
 		}
 		j := int(second) % (len(body) + 1)
 		for i := 0; i <= len(body); i++ {
@@ -39,6 +48,12 @@ func FuzzReader(f *testing.F) {
 			}
 		}
 	})
+}
+
+// insert returns body with fs[form % len(fs)] inserted at at % (len(body)+1).
+func insert(body []byte, fs []string, form, at int) []byte {
+	pos := at % (len(body) + 1)
+	return append(body[:pos:pos], append([]byte(fs[form%len(fs)]), body[pos:]...)...)
 }
 
 // FuzzWebSocket holds the WebSocket Reader to its documented guarantee on

@@ -16,14 +16,17 @@
 //
 // Matcher. Compile builds one multi-pattern Aho-Corasick DFA
 // (github.com/coregx/ahocorasick, overlapping search) over the first anchorLen
-// bytes of every form, each hit verified against the whole form. Measured with
-// BenchmarkMatcher (3 credentials: 98 forms, the longest 141 bytes; a 1 MiB
-// body) on this project's shared 2-core machine, per CPU second: bytes.Index
-// once per form 30 MB/s (one pass per form: its cost grows with the count), the
-// DFA 430-470 MB/s whatever the count (its loop is one dependent table load per
-// byte, so that is near what one core of this 2.6 GHz Xeon does). The library's
-// prefiltered IsMatch was slower still on text full of base64 and hex
-// characters (8 MB/s), and byte classes off slowed the DFA (360 MB/s).
+// bytes of every form, each hit verified against the whole form, and a gram
+// prefilter in front of it (prefilter.go) that keeps the DFA to the few regions
+// of a body where an anchor can be. Measured with BenchmarkMatcher (3
+// credentials: 98 forms, the longest 141 bytes; a 1 MiB body of text over the
+// base64, hex and percent alphabets) on this project's shared 2-core machine,
+// per CPU second: bytes.Index once per form 30 MB/s (one pass per form: its
+// cost grows with the count); the DFA alone 340-410 MB/s whatever the count
+// (one dependent table load per byte); the prefiltered DFA 1.7-2.0 GB/s (it
+// runs on 1% of the bytes; the samples are the rest). The library's own
+// prefilter (first bytes, via bytes.IndexByte) is only in IsMatch and Find,
+// and barely skips with dozens of first bytes, all common in text.
 //
 // A Set is compiled per set of values and is immutable: get it from a Cache
 // (one per proxy) rather than compiling per request, since building the DFA
@@ -65,6 +68,7 @@ const anchorLen = 32
 // Its String, GoString and MarshalJSON never render a value.
 type Set struct {
 	ac       *ahocorasick.Automaton // over the anchors: each form's first anchorLen bytes
+	pre      *prefilter             // where the anchors may be; nil: everywhere
 	byAnchor [][]int                // anchor pattern ID -> indexes into forms
 	forms    [][]byte               // every form, deduplicated
 	sorted   [][]byte               // forms, sorted, for prefix checks
@@ -87,13 +91,15 @@ func Compile(values ...string) *Set {
 		return s
 	}
 	s.forms = pats
-	ac, err := ahocorasick.NewBuilder().AddPatterns(s.anchors()).Build()
+	anchors := s.anchors()
+	ac, err := ahocorasick.NewBuilder().AddPatterns(anchors).Build()
 	if err != nil {
 		// Build fails only without patterns; fail closed all the same: a
 		// Set that cannot match must not pass for one that scrubs.
 		panic("scrub: building the matcher failed: " + err.Error())
 	}
 	s.ac = ac
+	s.pre = newPrefilter(anchors)
 	s.index(pats)
 	return s
 }
@@ -120,13 +126,25 @@ func (s *Set) anchors() [][]byte {
 type span struct{ start, end int }
 
 // find appends every occurrence of a form in b (overlapping ones included)
-// to out: each anchor hit whose whole form is there.
+// to out: each anchor hit whose whole form is there, the DFA running only on
+// the regions the prefilter leaves.
 func (s *Set) find(b []byte, out []span) []span {
-	for _, m := range s.ac.FindAllOverlapping(b) {
+	if s.pre == nil {
+		return s.findIn(b, 0, len(b), out)
+	}
+	s.pre.regions(b, func(lo, hi int) { out = s.findIn(b, lo, hi, out) })
+	return out
+}
+
+// findIn appends the occurrences whose anchor lies in b[lo:hi]; the rest
+// of the form may run past hi.
+func (s *Set) findIn(b []byte, lo, hi int, out []span) []span {
+	for _, m := range s.ac.FindAllOverlapping(b[lo:hi]) {
+		start, anchorEnd := lo+m.Start, lo+m.End
 		for _, i := range s.byAnchor[m.PatternID] {
 			f := s.forms[i]
-			if end := m.Start + len(f); end <= len(b) && bytes.Equal(b[m.End:end], f[m.End-m.Start:]) {
-				out = append(out, span{m.Start, end})
+			if end := start + len(f); end <= len(b) && bytes.Equal(b[anchorEnd:end], f[m.End-m.Start:]) {
+				out = append(out, span{start, end})
 			}
 		}
 	}
