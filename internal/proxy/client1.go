@@ -6,11 +6,10 @@ import (
 	"github.com/egressd/egressd/internal/hooks"
 )
 
-// serveHTTP1 serves one HTTP/1.x request, on the explicit listener (pinned == nil)
-// or inside an intercepted tunnel, and reports whether the connection may carry
+// serveHTTP1 serves one HTTP/1.x request, in any mode but modeRefused, and reports whether the connection may carry
 // another request.
 func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
-	x := newExchange(c, rt, req, rec, c.pinned)
+	x := newExchange(c, rt, req, rec, c.route)
 	defer x.body.Close()
 	x.body.deadline = &bodyDeadline{set: c.nc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
 	wantClose := req.Close || !req.ProtoAtLeast(1, 1)
@@ -66,7 +65,7 @@ func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 
 // writeHookResponse serves a hook call (see exchange.serveHook) on HTTP/1.1.
 func (c *conn) writeHookResponse(rt *Runtime, x *exchange, m hooks.Match, wantClose bool) bool {
-	resp, err := x.serveHook(c.ctx, m, c.refuseAll)
+	resp, err := x.serveHook(c.ctx, m, c.route.refusal)
 	x.rec.BytesIn = x.body.n.Load()
 	if err != nil {
 		c.writeRefusal(rt, x.rec, err, 0)

@@ -9,16 +9,15 @@ import (
 	"net/http"
 	"sync"
 
-	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/hooks"
 )
 
 // serveH2 serves an intercepted HTTP/2 connection until it ends, with net/http's
 // own HTTP/2 server (x/net/http2's server is deprecated in its favour).
-func (c *conn) serveH2(rt *Runtime, tc *tls.Conn, t allowlist.Target) {
+func (c *conn) serveH2(rt *Runtime, tc *tls.Conn, rtt route) {
 	ln := newOneConnListener(tc)
 	srv := &http.Server{
-		Handler:           &h2Handler{c: c, target: t},
+		Handler:           &h2Handler{c: c, route: rtt},
 		ReadHeaderTimeout: rt.Limits.ReadHeader,
 		IdleTimeout:       rt.Limits.ClientIdle,
 		MaxHeaderBytes:    rt.Limits.MaxHeaderBytes,
@@ -102,8 +101,8 @@ func (l *oneConnListener) Addr() net.Addr { return l.addr }
 
 // h2Handler serves the streams of one intercepted HTTP/2 connection.
 type h2Handler struct {
-	c      *conn
-	target allowlist.Target
+	c     *conn // the outer connection
+	route route // modeTunnel or modeRefused
 }
 
 func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -112,7 +111,7 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt := h.c.s.Runtime()
 	rec := newRecord(h.c.l, h.c.nc.RemoteAddr())
 	defer rec.finish(&h.c.s.log, h.c.s.metrics)
-	x := newExchange(h.c, rt, r, rec, &h.target)
+	x := newExchange(h.c, rt, r, rec, h.route)
 	defer x.body.Close()
 	rc := http.NewResponseController(w)
 	x.body.deadline = &bodyDeadline{set: rc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
@@ -122,7 +121,7 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ok {
-		resp, err := x.serveHook(r.Context(), m, h.c.refuseAll)
+		resp, err := x.serveHook(r.Context(), m, h.route.refusal)
 		rec.BytesIn = x.body.n.Load()
 		if err == nil {
 			writeResponseRW(w, x.scrubbed(resp), rec)
@@ -131,11 +130,11 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	if h.c.refuseAll != nil {
+	if h.route.mode == modeRefused {
 		rec.Path, rec.Scheme, rec.Intercepted = r.URL.Path, "https", true
-		rec.setTarget(h.target)
+		rec.setTarget(h.route.target)
 		w.Header().Set("Connection", "close") // net/http: GOAWAY, then close
-		writeRefusalRW(w, rt, rec, h.c.refuseAll)
+		writeRefusalRW(w, rt, rec, h.route.refusal)
 		return
 	}
 	out, err := x.prepare(r.Context())

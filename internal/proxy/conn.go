@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"runtime/debug"
 	"sync/atomic"
 	"syscall"
@@ -60,15 +59,8 @@ type conn struct {
 	// call: waiting for its next request, it is never evicted (slots.go).
 	hookKeepAlive atomic.Bool
 
-	// pinned is the CONNECT target when this is the inside of an intercepted tunnel:
-	// every request is decided against it, never against its own Host.
-	pinned *allowlist.Target
-
-	// orig is the original destination of a connection on a transparent listener.
-	orig netip.AddrPort
-	// refuseAll, when set, answers every request on the connection with this
-	// refusal: a denied transparent TLS connection is completed only to say why.
-	refuseAll error
+	// route is the connection's mode (mode.go), fixed before its first request.
+	route route
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -143,10 +135,10 @@ func (c *conn) handle(rt *Runtime, req *http.Request) bool {
 	rec := newRecord(c.l, c.nc.RemoteAddr())
 	rec.Method = req.Method
 	defer rec.finish(&c.s.log, c.s.metrics)
-	if c.refuseAll != nil {
+	switch {
+	case c.route.mode == modeRefused:
 		return c.serveRefused(rt, req, rec)
-	}
-	if req.Method == http.MethodConnect && c.pinned == nil && !c.orig.IsValid() {
+	case c.route.mode == modeExplicit && req.Method == http.MethodConnect:
 		return c.serveConnect(rt, req, rec)
 	}
 	return c.serveHTTP1(rt, req, rec)
@@ -182,7 +174,7 @@ func (c *conn) writeRefusal(rt *Runtime, rec *Record, err error, status int) {
 // line's reason phrase names the reason (refusalPhrase).
 func (c *conn) writeRefusalHead(rt *Runtime, rec *Record, err error, status int, closeConn bool) {
 	code, h, body := refusalFor(rt, rec, err, status)
-	writeHeadPhrase(c.bw, code, refusalPhrase(code, rec.Reason), h, closeConn || c.refuseAll != nil)
+	writeHeadPhrase(c.bw, code, refusalPhrase(code, rec.Reason), h, closeConn || c.route.mode == modeRefused)
 	n, _ := c.bw.Write(body)
 	rec.BytesOut += int64(n)
 	c.bw.Flush()
@@ -236,13 +228,13 @@ func (c *conn) rejectOverloaded() {
 // serveRefused answers a request on a connection egressd accepted only to say why it
 // is refused: a hook call gets its fail-closed deny, anything else the refusal.
 func (c *conn) serveRefused(rt *Runtime, req *http.Request, rec *Record) bool {
-	x := newExchange(c, rt, req, rec, c.pinned)
+	x := newExchange(c, rt, req, rec, c.route)
 	defer x.body.Close()
 	if m, ok := x.hookMatch(c.l.cfg.Role); ok {
 		return c.writeHookResponse(rt, x, m, true)
 	}
 	rec.Path, rec.Scheme, rec.Intercepted = req.URL.Path, "https", true
-	rec.setTarget(*c.pinned)
-	c.writeRefusal(rt, rec, c.refuseAll, 0)
+	rec.setTarget(c.route.target)
+	c.writeRefusal(rt, rec, c.route.refusal, 0)
 	return false
 }

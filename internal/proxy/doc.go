@@ -18,6 +18,7 @@
 //	slots.go        connection slots at limits.max_connections: evicting the longest wait
 //	lane.go         the hook lane: slots kept for pre-tool hook calls
 //	conn.go         one client connection: the request loop, handle, refusal writing
+//	mode.go         the connection's mode (route), and planTunnel: what a tunnel becomes
 //	head.go         the bounded request head and its framing checks
 //	deadline.go     client read and write deadlines
 //	connect.go      CONNECT: decide, dial, 200, ClientHello check, splice or intercept

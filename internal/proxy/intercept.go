@@ -17,8 +17,9 @@ import (
 // serveIntercepted terminates the client's TLS with a leaf for the CONNECT target
 // (never for a name the client sends later) and serves the requests inside over
 // HTTP/2 or HTTP/1.1, as ALPN says. Each request is decided again, against the
-// target, on the Runtime current when it arrives.
-func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHello, rec *Record) {
+// target, on the Runtime current when it arrives; or, when the tunnel was refused
+// with why, answered with the refusal (modeRefused).
+func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHello, rec *Record, why error) {
 	rec.Intercepted = true
 	if rt.Leaves == nil {
 		rec.fail(allowlist.ReasonUpstreamTLS, "no_ca")
@@ -39,11 +40,11 @@ func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHe
 	}
 	tc.SetDeadline(time.Time{})
 	if tc.ConnectionState().NegotiatedProtocol == "h2" {
-		c.serveH2(rt, tc, t)
+		c.serveH2(rt, tc, tunnelRoute(t, why))
 		return
 	}
 	inner := newConn(c.s, c.l, tc)
-	inner.pinned, inner.refuseAll = &t, c.refuseAll
+	inner.route = tunnelRoute(t, why)
 	inner.slot, inner.lane, inner.cutCtx, inner.laneRoot = c.slot, c.lane, c.cutCtx, c.laneRoot
 	inner.ctx, inner.cancel = context.WithCancel(c.ctx) // the outer's end (or cut) ends it
 	if c.s.trackConn(inner, true) {

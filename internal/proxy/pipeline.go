@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"net/http"
-	"net/netip"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/metrics"
@@ -24,8 +23,7 @@ type exchange struct {
 	req     *http.Request
 	rec     *Record
 	body    *requestBody
-	pinned  *allowlist.Target // the CONNECT target inside an intercepted tunnel
-	orig    netip.AddrPort    // the original destination on a transparent listener
+	route   route // how the request's target is read (mode.go)
 	target  allowlist.Target
 	scheme  string // set by locate
 	located bool
@@ -33,7 +31,7 @@ type exchange struct {
 	scrub   *scrub.Set // masks what injection set, in the response (scrub.go)
 }
 
-func newExchange(c *conn, rt *Runtime, req *http.Request, rec *Record, pinned *allowlist.Target) *exchange {
+func newExchange(c *conn, rt *Runtime, req *http.Request, rec *Record, rtt route) *exchange {
 	rec.Method = req.Method
-	return &exchange{rt: rt, srv: c.s, metrics: c.s.metrics, budget: &c.s.hookBuf, cut: c.cutCtx, lane: c.laneRoot, req: req, rec: rec, body: newRequestBody(req), pinned: pinned, orig: c.orig}
+	return &exchange{rt: rt, srv: c.s, metrics: c.s.metrics, budget: &c.s.hookBuf, cut: c.cutCtx, lane: c.laneRoot, req: req, rec: rec, body: newRequestBody(req), route: rtt}
 }

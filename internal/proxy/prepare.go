@@ -19,7 +19,7 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 	scheme := x.scheme
 	d := x.rt.Policy.DecideRequest(x.target, scheme)
 	x.rec.setDecision(d)
-	if x.pinned != nil {
+	if x.route.inTunnel() {
 		x.rec.Intercepted = true
 	}
 	if !d.Allowed() {

@@ -24,30 +24,30 @@ func (x *exchange) locate() error {
 	return x.locErr
 }
 
-// readTarget sets x.target: the absolute URL's host on the explicit listener; the
-// pinned CONNECT target inside a tunnel, where the request may not name another.
+// readTarget sets x.target by the connection's mode: the absolute URL's host
+// (explicit); the Host header's name on the original destination's port
+// (transparent); the tunnel's target, which the request may not contradict (tunnel,
+// refused). It only reads: the address is resolved after the decision (dial.go).
 func (x *exchange) readTarget() (string, error) {
-	u := x.req.URL
-	x.rec.Path = u.Path
-	if x.orig.IsValid() && x.pinned == nil {
-		t, err := transparentTarget(x.req, x.orig)
-		x.target, x.rec.Scheme = t, "http"
-		x.rec.setTarget(t)
+	var scheme string
+	var err error
+	switch x.route.mode {
+	case modeExplicit:
+		scheme = x.req.URL.Scheme
+		x.target, err = forwardTarget(x.req)
+	case modeTransparent:
+		scheme = "http"
+		x.target, err = transparentTarget(x.req, x.route.orig)
 		if x.req.Method == http.MethodConnect {
 			err = badRequest("connect_transparent", errors.New("CONNECT on a transparent listener"))
 		}
-		return "http", err
+	default:
+		scheme, x.target = "https", x.route.target
+		err = checkInnerHost(x.req, x.target)
 	}
-	if x.pinned == nil {
-		t, err := forwardTarget(x.req)
-		x.target = t
-		x.rec.Scheme = u.Scheme
-		x.rec.setTarget(t)
-		return u.Scheme, err
-	}
-	x.target, x.rec.Scheme = *x.pinned, "https"
+	x.rec.Path, x.rec.Scheme = x.req.URL.Path, scheme
 	x.rec.setTarget(x.target)
-	return "https", checkInnerHost(x.req, x.target)
+	return scheme, err
 }
 
 // forwardTarget reads the destination of an absolute-form request.

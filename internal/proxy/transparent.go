@@ -24,7 +24,7 @@ func (c *conn) serveTransparent() {
 		c.s.log.Warn().Err(err).Str("listener", c.l.cfg.Name).Msg("no original destination; connection closed")
 		return
 	}
-	c.orig = orig
+	c.route = route{mode: modeTransparent, orig: orig}
 	rt := c.s.Runtime()
 	c.waitFor(rt.Limits.ReadHeader)
 	first, err := c.br.Peek(1)
@@ -43,8 +43,8 @@ func (c *conn) serveTransparent() {
 	c.serveTransparentTLS(rt, rec)
 }
 
-// serveTransparentTLS decides on the ClientHello's SNI and splices, intercepts, or
-// completes the handshake with a leaf for the SNI to answer the refusal over HTTP.
+// serveTransparentTLS decides on the ClientHello's SNI and splices or intercepts
+// (planTunnel); a refused connection is intercepted to answer the refusal over HTTP.
 func (c *conn) serveTransparentTLS(rt *Runtime, rec *Record) {
 	hello, err := peekClientHello(c.br)
 	if !c.waited() {
@@ -58,7 +58,7 @@ func (c *conn) serveTransparentTLS(rt *Runtime, rec *Record) {
 	}
 	t, err := c.transparentTLSTarget(hello)
 	if err != nil {
-		rec.setTarget(allowlist.Target{Host: c.orig.Addr().String(), Addr: c.orig.Addr(), Port: c.orig.Port()})
+		rec.setTarget(allowlist.Target{Host: c.route.orig.Addr().String(), Addr: c.route.orig.Addr(), Port: c.route.orig.Port()})
 		rec.fail(allowlist.ReasonBadRequest, badHost("no_sni", err).Detail)
 		rec.Error = err.Error()
 		c.nc.Write(alertMissingExtension)
@@ -67,22 +67,20 @@ func (c *conn) serveTransparentTLS(rt *Runtime, rec *Record) {
 	rec.setTarget(t)
 	d := rt.Policy.DecideRequest(t, "")
 	rec.setDecision(d)
-	intercept, ok := c.tunnelPlan(rt, t, d)
-	switch {
-	case !ok:
-		c.refuseOverTLS(rt, t, hello, deny(d.Reason, d.Detail), rec)
-	case intercept:
-		c.serveIntercepted(rt, t, hello, rec)
-	default:
+	plan := planTunnel(rt, t, d, true)
+	if plan.kind == tunnelSpliced {
 		up, err := rt.dialTarget(c.ctx, t)
-		if err != nil {
-			rec.fail(classify(err).Reason, classify(err).Detail)
-			c.refuseOverTLS(rt, t, hello, err, rec)
+		if err == nil {
+			rec.setResolved(up.RemoteAddr())
+			c.tunnel(rt, up, hello, rec)
 			return
 		}
-		rec.setResolved(up.RemoteAddr())
-		c.tunnel(rt, up, hello, rec)
+		rec.fail(classify(err).Reason, classify(err).Detail)
+		plan = refusedTunnel(rt, err, true)
 	}
+	// Intercepted, or completed with a leaf for the SNI only to answer every request
+	// with the refusal, so the agent sees why instead of a reset.
+	c.serveIntercepted(rt, t, hello, rec, plan.why)
 }
 
 // transparentTLSTarget is the SNI with the original port; without SNI, the original
@@ -90,21 +88,12 @@ func (c *conn) serveTransparentTLS(rt *Runtime, rec *Record) {
 func (c *conn) transparentTLSTarget(hello *clientHello) (allowlist.Target, error) {
 	if hello.serverName != "" {
 		host, addr, err := allowlist.NormalizeHost(hello.serverName)
-		return allowlist.Target{Host: host, Addr: addr, Port: c.orig.Port()}, err
+		return allowlist.Target{Host: host, Addr: addr, Port: c.route.orig.Port()}, err
 	}
-	ip := c.orig.Addr().Unmap()
-	t := allowlist.Target{Host: ip.String(), Addr: ip, Port: c.orig.Port()}
+	ip := c.route.orig.Addr().Unmap()
+	t := allowlist.Target{Host: ip.String(), Addr: ip, Port: c.route.orig.Port()}
 	if d := c.s.Runtime().Policy.Decide(t); !d.Allowed() || d.Rule.Pattern == "*" {
 		return t, errors.New("ClientHello without SNI to an address no entry names")
 	}
 	return t, nil
-}
-
-// refuseOverTLS completes the client's handshake with a leaf for the SNI and answers
-// every request on it with the refusal, so the agent sees why instead of a reset.
-func (c *conn) refuseOverTLS(rt *Runtime, t allowlist.Target, hello *clientHello, why error, rec *Record) {
-	rf := classify(why)
-	rec.fail(rf.Reason, rf.Detail)
-	c.refuseAll = why
-	c.serveIntercepted(rt, t, hello, rec)
 }

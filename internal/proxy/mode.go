@@ -1,0 +1,92 @@
+package proxy
+
+import (
+	"net/netip"
+
+	"github.com/egressd/egressd/internal/allowlist"
+)
+
+// connMode is how a connection's requests are read and decided. It is fixed when
+// the connection is accepted (explicit, transparent) or when the tunnel it runs in
+// is intercepted (tunnel, refused), and never changes after.
+type connMode uint8
+
+const (
+	// modeExplicit: absolute-form requests and CONNECT, each decided on its own target.
+	modeExplicit connMode = iota
+	// modeTransparent: plain HTTP redirected to a transparent listener, decided on
+	// the Host header's name at the original destination's port.
+	modeTransparent
+	// modeTunnel: inside an intercepted tunnel; every request is decided against the
+	// tunnel's target, never against its own Host.
+	modeTunnel
+	// modeRefused: inside a tunnel accepted only to say why it is refused; a hook
+	// call gets its fail-closed deny, every other request the refusal.
+	modeRefused
+)
+
+// route is a connection's mode with what that mode reads requests against.
+type route struct {
+	mode    connMode
+	target  allowlist.Target // modeTunnel, modeRefused: the CONNECT target or SNI
+	orig    netip.AddrPort   // modeTransparent: the original destination
+	refusal error            // modeRefused: the answer to every request
+}
+
+// tunnelRoute is the route of the requests inside an intercepted tunnel to t:
+// decided again (why == nil) or all refused with why.
+func tunnelRoute(t allowlist.Target, why error) route {
+	if why != nil {
+		return route{mode: modeRefused, target: t, refusal: why}
+	}
+	return route{mode: modeTunnel, target: t}
+}
+
+// inTunnel reports whether the requests arrive inside an intercepted tunnel.
+func (r route) inTunnel() bool { return r.mode == modeTunnel || r.mode == modeRefused }
+
+// tunnelKind is what a tunnel (a CONNECT, or TLS on a transparent listener) becomes.
+type tunnelKind uint8
+
+const (
+	tunnelRefused       tunnelKind = iota // the refusal replaces the CONNECT's 200; the connection closes
+	tunnelSpliced                         // dialled and copied both ways, unread
+	tunnelIntercepted                     // TLS terminated; requests inside in modeTunnel
+	tunnelRefusedInside                   // TLS terminated only to refuse every request (modeRefused)
+)
+
+// tunnelPlan is what a tunnel becomes and, when refused, why.
+type tunnelPlan struct {
+	kind tunnelKind
+	why  error
+}
+
+// planTunnel is the one place that decides whether a tunnel to t is intercepted:
+// when the rule injects or intercept is "all" (d.Intercept), when t serves hook URLs
+// or trusts a placeholder; spliced otherwise. inTLS is set when the client has
+// already sent its ClientHello (a transparent listener), so a refusal can only be
+// answered inside TLS.
+func planTunnel(rt *Runtime, t allowlist.Target, d allowlist.Decision, inTLS bool) tunnelPlan {
+	hookHost := rt.Hooks != nil && rt.Hooks.Index != nil && rt.Hooks.Index.Intercepts(t.Host, t.Port)
+	switch {
+	case d.Allowed() && (d.Intercept || hookHost || rt.Placeholders.Intercepts(t.Host)):
+		return tunnelPlan{kind: tunnelIntercepted}
+	case d.Allowed():
+		return tunnelPlan{kind: tunnelSpliced}
+	}
+	// A denied tunnel to a hook host is still accepted and intercepted when hooks
+	// fail closed: the runtime reads a refused CONNECT as "allow", so egressd answers
+	// the hook call inside with an explicit deny.
+	return refusedTunnel(rt, deny(d.Reason, d.Detail), inTLS || hookHost && rt.Hooks.FailClosed)
+}
+
+// refusedTunnel is the plan of a tunnel refused with why. It is answered inside TLS
+// (a leaf for the requested name, the refusal to the first request; clients show a
+// response body, never a CONNECT's) when inside is set or tls.deny_in_tunnel is in
+// effect with a CA; otherwise the refusal replaces the 200.
+func refusedTunnel(rt *Runtime, why error, inside bool) tunnelPlan {
+	if inside || rt.DenyInTunnel && rt.Leaves != nil {
+		return tunnelPlan{kind: tunnelRefusedInside, why: why}
+	}
+	return tunnelPlan{kind: tunnelRefused, why: why}
+}
