@@ -37,11 +37,16 @@ import (
 // then the endpoint's answer or the deny within its timeout, never a 503; the
 // attacker can at most turn its own tool calls into denies.
 const (
-	hookLane     = 32                     // lane slots per listener
-	maxAdmitting = 64                     // connections being admitted at once; the oldest is cut
-	admitHead    = 2 * time.Second        // the newcomer's first head must arrive within this
-	laneWait     = 500 * time.Millisecond // a newcomer waits this long for a cut connection's slot
-	cutGrace     = time.Second            // a cut connection is closed after this, answered or not
+	hookLane  = 32                     // lane slots per listener
+	admitHead = 2 * time.Second        // the newcomer's first head must arrive within this
+	laneWait  = 500 * time.Millisecond // a newcomer waits this long for a cut connection's slot
+	cutGrace  = time.Second            // a cut connection is closed after this, answered or not
+	// Connections being admitted at once: beyond maxAdmitting, the oldest that
+	// has waited evictAfter for its head is cut (a younger one may be a real
+	// call whose head is on the way); beyond maxAdmittingHard, the oldest
+	// whatever its wait, which bounds what a flood of silent connections holds.
+	maxAdmitting     = 64
+	maxAdmittingHard = 4 * maxAdmitting
 	// A cut connection that has not begun its call yet (still in its TLS
 	// handshake, or sending its head: under load, a real call's) may take up to
 	// cutLinger to send it and get the deny, rather than a close the runtime
@@ -70,8 +75,8 @@ func (s *Server) admit(l *listener, nc net.Conn) {
 		nc.Close()
 		return
 	}
-	if s.admitting(l) > maxAdmitting {
-		s.evictWaiting(l, slotAdmit)
+	if n := s.admitting(l); n > maxAdmitting {
+		s.evictWaiting(l, slotAdmit, admitEvictAfter(n))
 	}
 	c.waitFor(admitHead)
 	candidate := c.hookCandidate(rt)
@@ -85,6 +90,15 @@ func (s *Server) admit(l *listener, nc net.Conn) {
 	default:
 		s.serveLane(l, c, rt)
 	}
+}
+
+// admitEvictAfter is how long the connection cut for the n-th admission must
+// have waited for its head.
+func admitEvictAfter(n int) time.Duration {
+	if n > maxAdmittingHard {
+		return 0
+	}
+	return evictAfter
 }
 
 // admitting counts l's connections being admitted.

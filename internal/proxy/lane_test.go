@@ -202,18 +202,9 @@ func TestCutLaneConnectionStillAnswered(t *testing.T) {
 		slowHookConn()
 	}
 	time.Sleep(1500 * time.Millisecond) // past cutGrace
-	real.SetDeadline(time.Now().Add(5 * time.Second))
-	body := `{"tool":"code_execution","input":"ls"}`
-	io.WriteString(real, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Type: application/json\r\n"+
-		"Content-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
-	resp, err := http.ReadResponse(bufio.NewReader(real), nil)
-	if err != nil {
-		t.Fatalf("the cut call found its connection closed (%v): the runtime would read that as allow", err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || !strings.Contains(string(b), `"decision":"deny"`) || !strings.Contains(string(b), "(fail-closed)") {
-		t.Fatalf("the cut call got %d %s, want egressd's fail-closed deny", resp.StatusCode, b)
+	status, b := postHookCall(t, real)
+	if status != 200 || !strings.Contains(b, `"decision":"deny"`) || !strings.Contains(b, "(fail-closed)") {
+		t.Fatalf("the cut call got %d %s, want egressd's fail-closed deny", status, b)
 	}
 }
 
@@ -282,18 +273,77 @@ func TestRealCallNotEvictedBetweenStages(t *testing.T) {
 				}
 				tc = tls.Client(&replayConn{Conn: c, br: br}, &tls.Config{ServerName: "policy.allowed.test", RootCAs: w.CAPool})
 			}
-			body := `{"tool":"code_execution","input":"ls"}`
-			io.WriteString(tc, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Type: application/json\r\n"+
-				"Content-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
-			got, err := http.ReadResponse(bufio.NewReader(tc), nil)
-			if err != nil {
-				t.Fatalf("the call after the newcomer found its connection closed (%v): the runtime reads that as allow", err)
-			}
-			defer got.Body.Close()
-			b, _ := io.ReadAll(got.Body)
-			if got.StatusCode != 200 || !strings.Contains(string(b), `"decision":"allow"`) {
-				t.Fatalf("the call after the newcomer: %d %s, want the endpoint's allow", got.StatusCode, b)
+			if status, b := postHookCall(t, tc); status != 200 || !strings.Contains(b, `"decision":"allow"`) {
+				t.Fatalf("the call after the newcomer: %d %s, want the endpoint's allow", status, b)
 			}
 		})
 	}
+}
+
+// TestAdmittedCallNotCutByNewerArrivals: with every slot held, a real call being
+// admitted to the hook lane whose head is slow to arrive (as under load) is not
+// cut when more than 64 newer connections are admitted meanwhile: only one that
+// has waited evictAfter for its head is. Cut, it was closed with no answer.
+func TestAdmittedCallNotCutByNewerArrivals(t *testing.T) {
+	w := newLaneWorld(t, 2)
+	w.fillSlots(t, 2)
+	c, br := w.dialProxy(t)
+	time.Sleep(50 * time.Millisecond) // being admitted, its head not yet sent
+	for range 70 {                    // more than maxAdmitting, each silent
+		w.dialProxy(t)
+	}
+	time.Sleep(50 * time.Millisecond)
+	io.WriteString(c, "CONNECT policy.allowed.test:443 HTTP/1.1\r\nHost: policy.allowed.test:443\r\n\r\n")
+	if resp, err := http.ReadResponse(br, &http.Request{Method: "CONNECT"}); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the call's CONNECT after 70 newer arrivals: %v %v (closed: the runtime reads that as allow)", resp, err)
+	}
+	tc := tls.Client(&replayConn{Conn: c, br: br}, &tls.Config{ServerName: "policy.allowed.test", RootCAs: w.CAPool})
+	if status, b := postHookCall(t, tc); status != 200 || !strings.Contains(b, `"decision":"allow"`) {
+		t.Fatalf("the call after 70 newer arrivals: %d %s, want the endpoint's allow", status, b)
+	}
+}
+
+// TestAdmissionBoundedUnderFlood: silent connections flooding a full listener are
+// held at most 256 at a time (maxAdmittingHard) however young: beyond it the oldest
+// is closed at once, so the flood's descriptors and buffers stay bounded.
+func TestAdmissionBoundedUnderFlood(t *testing.T) {
+	w := newLaneWorld(t, 2)
+	w.fillSlots(t, 2)
+	start := time.Now()
+	var flood []net.Conn
+	for range 256 + 24 {
+		c, _ := w.dialProxy(t)
+		flood = append(flood, c)
+	}
+	time.Sleep(200 * time.Millisecond)
+	closed, until := 0, time.Now().Add(50*time.Millisecond)
+	for _, c := range flood[:24] {
+		c.SetReadDeadline(until)
+		if _, err := c.Read(make([]byte, 1)); err != nil && !isTimeoutErr(err) {
+			closed++
+		}
+	}
+	if took := time.Since(start); took > 900*time.Millisecond {
+		t.Skipf("the flood and its check took %v, past evictAfter: age alone may have closed them", took)
+	}
+	if closed < 20 {
+		t.Errorf("%d of the 24 oldest of %d silent connections closed, want them cut to keep 256 at most", closed, len(flood))
+	}
+}
+
+// postHookCall sends a pre-tool hook call on tc and returns the answer's status
+// and body; a connection closed without an answer fails the test.
+func postHookCall(t *testing.T, tc net.Conn) (int, string) {
+	t.Helper()
+	tc.SetDeadline(time.Now().Add(5 * time.Second))
+	body := `{"tool":"code_execution","input":"ls"}`
+	io.WriteString(tc, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Type: application/json\r\n"+
+		"Content-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+	resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
+	if err != nil {
+		t.Fatalf("the hook call found its connection closed (%v): the runtime reads that as allow", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

@@ -57,8 +57,9 @@ func (c *conn) waited() bool {
 }
 
 // evictWaiting ends the wait of l's connection of the given kind (one holding a
-// main slot, or one being admitted) that has waited longest and reports whether
-// there was one. Its slot is released when its goroutine ends.
+// main slot, or one being admitted) that has waited longest, at least minWait,
+// and reports whether there was one. Its slot is released when its goroutine
+// ends.
 //
 // A keep-alive connection whose last request was a pre-tool hook call is never
 // evicted: the runtime reuses it for its next call, and a close racing that
@@ -66,12 +67,12 @@ func (c *conn) waited() bool {
 // that fakes hook calls to keep such connections can therefore hold slots for
 // limits.client_idle; newcomers then get the hook lane or 503 overloaded, which
 // is what holding every slot earns anyway.
-func (s *Server) evictWaiting(l *listener, kind slotKind) bool {
+func (s *Server) evictWaiting(l *listener, kind slotKind, minWait time.Duration) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
 		var oldest *conn
-		since := time.Now().Add(-evictAfter).UnixNano()
+		since := time.Now().Add(-minWait).UnixNano()
 		for c := range s.conns {
 			if w := c.waitSince.Load(); c.l == l && c.slot == kind && w > 0 && !c.hookKeepAlive.Load() &&
 				w <= since {
@@ -93,7 +94,7 @@ func (s *Server) evictWaiting(l *listener, kind slotKind) bool {
 // longest-waiting connection; when every connection is serving, admit decides
 // between the hook lane and 503.
 func (s *Server) acceptOverloaded(l *listener, nc net.Conn) {
-	if s.evictWaiting(l, slotMain) && takeSlot(l.sem, slotWait) {
+	if s.evictWaiting(l, slotMain, evictAfter) && takeSlot(l.sem, slotWait) {
 		s.serveConn(l, nc)
 		return
 	}
