@@ -12,10 +12,9 @@ import (
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
 )
 
-// The load of the paths whose requests runLoad's client cannot make: POSTs with
-// a body (hook), and connections dialled from a sandbox network namespace to an
-// address that is not on loopback (transparent). It keeps runLoad's rules: one
-// transport and so one keep-alive connection per client, HTTP/1.1 only, no
+// The load every path makes: GETs (runLoad), POSTs with a body (hook), and
+// connections dialled from a sandbox network namespace to an address that is not
+// on loopback (transparent). One transport and so one keep-alive connection per client, HTTP/1.1 only, no
 // compression, no environment proxy, a warm-up and then the measured window,
 // every loop bounded by time and by count, every response body read to the end.
 
@@ -30,7 +29,7 @@ type customTarget struct {
 	check func(*http.Response) error
 }
 
-// runCustomLoad is runLoad for a customTarget. The caller reads the far side's
+// runCustomLoad drives t as runLoad does. The caller reads the far side's
 // counters around it (the upstream's, or the hook endpoint's).
 func runCustomLoad(ctx context.Context, t customTarget, lo loadOptions, cpu func() (time.Duration, error)) (runResult, error) {
 	return runClients(ctx, lo, cpu, func(ctx context.Context, dials *atomic.Int64) (*client, error) {
@@ -54,17 +53,21 @@ func newCustomClient(ctx context.Context, t customTarget, dials *atomic.Int64) (
 	return &client{tr: tr, do: func() error { return t.do(tr, req) }}, nil
 }
 
-// do makes one request and has check read the whole body. The request is a
-// shallow copy of the client's, so each one gets a fresh body reader and the
-// transport never sees a reader a previous request may still hold.
+// do makes one request and has check read the whole body. A request with a body
+// is a shallow copy of the client's, so each one gets a fresh body reader and the
+// transport never sees a reader a previous request may still hold; one without
+// is the client's, reused (net/http allows it once the previous response's body
+// is closed), which keeps the client's own allocations out of the measurement.
 func (t customTarget) do(tr *http.Transport, base *http.Request) error {
-	req := *base
+	req := base
 	if t.body != nil {
+		req = new(http.Request)
+		*req = *base
 		body := t.body
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	}
-	resp, err := tr.RoundTrip(&req)
+	resp, err := tr.RoundTrip(req)
 	if err != nil {
 		return err
 	}

@@ -298,13 +298,9 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 			hs.sampleNext.Store(true)
 			allowBefore, allowErr := hookAllows(e)
 			before := hs.counts()
-			prof := startProfile(ctx, e, rows[i].res.Path, o, round) // nil unless -profile, round 0
 			x, err := measureVia(e, env.dns, func(cpu func() (time.Duration, error)) (runResult, error) {
 				return runCustomLoad(ctx, targets[i], lo, cpu)
 			})
-			if prof != nil {
-				rows[i].res.Profile = prof.wait()
-			}
 			if err != nil {
 				return nil, fmt.Errorf("through egressd (%s): %w", rows[i].res.Path, err)
 			}

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -79,20 +78,21 @@ type runResult struct {
 // window's edges.
 func runLoad(ctx context.Context, t target, lo loadOptions, up *upstream, cpu func() (time.Duration, error)) (runResult, error) {
 	before := up.counts()
-	r, err := runClients(ctx, lo, cpu, func(ctx context.Context, dials *atomic.Int64) (*client, error) {
-		return newClient(ctx, t, lo.size, dials)
-	})
+	r, err := runCustomLoad(ctx, customTarget{target: t, method: http.MethodGet, check: expectSize(lo.size)}, lo, cpu)
 	if err != nil {
 		return r, err
 	}
-	d := up.counts().sub(before)
-	r.UpstreamConns, r.UpstreamRequests = d.accepted, d.served
-	r.Transformed, r.Credentialed, r.VaultCredentialed, r.OAuthCredentialed = d.transform, d.credential, d.vaultCred, d.oauthCred
+	r.fillUpstream(up.counts().sub(before))
 	return r, nil
 }
 
-// runClients is the run both load generators share: lo.clients clients made by
-// newC, each looping until the window closes, the CPU sampled at the window's
+// fillUpstream sets the run's upstream figures from the counts it grew by.
+func (r *runResult) fillUpstream(d upstreamCounts) {
+	r.UpstreamConns, r.UpstreamRequests = d.accepted, d.served
+	r.Transformed, r.Credentialed, r.VaultCredentialed, r.OAuthCredentialed = d.transform, d.credential, d.vaultCred, d.oauthCred
+}
+
+// runClients is the run of every load: lo.clients clients made by newC, each looping until the window closes, the CPU sampled at the window's
 // edges when cpu is set, and the window's figures summed.
 func runClients(ctx context.Context, lo loadOptions, cpu func() (time.Duration, error),
 	newC func(context.Context, *atomic.Int64) (*client, error)) (runResult, error) {
@@ -196,29 +196,13 @@ func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsec
 // touches it until the run is over.
 type client struct {
 	tr *http.Transport
-	// do makes one request and reads its whole response (getSized, or a
-	// customTarget's request and check).
+	// do makes one request and reads its whole response (customTarget.do).
 	do func() error
 
 	hist       histogram
 	total      int64
 	errors     int64
 	errorKinds map[string]int64
-}
-
-func newClient(ctx context.Context, t target, size int, dials *atomic.Int64) (*client, error) {
-	tr, err := newTransport(t, dials)
-	if err != nil {
-		return nil, err
-	}
-	// One request, reused: net/http allows it once the previous response's
-	// body is closed, and it keeps the client's own allocations out of the
-	// measurement.
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url, nil)
-	if err != nil {
-		return nil, err
-	}
-	return &client{tr: tr, do: func() error { return getSized(tr, req, int64(size)) }}, nil
 }
 
 // loop issues requests until the window closes (or maxRequestsPerClient),
@@ -241,26 +225,6 @@ func (c *client) loop(ctx context.Context, from, to time.Time) {
 			c.hist.record(t1.Sub(t0))
 		}
 	}
-}
-
-// getSized makes req and reads the whole body, which is what returns the
-// connection to the transport for the next request; the body must be size bytes.
-func getSized(tr *http.Transport, req *http.Request, size int64) error {
-	resp, err := tr.RoundTrip(req)
-	if err != nil {
-		return err
-	}
-	n, err := io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	switch {
-	case resp.StatusCode != http.StatusOK:
-		return statusError{code: resp.StatusCode, reason: resp.Header.Get("Egressd-Reason")}
-	case err != nil:
-		return fmt.Errorf("reading body: %w", err)
-	case n != size:
-		return fmt.Errorf("body of %d bytes, want %d", n, size)
-	}
-	return nil
 }
 
 func (c *client) fail(err error) {

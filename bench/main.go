@@ -5,7 +5,7 @@
 // 127.0.0.0/8 (the transparent path's, in network namespaces of its own:
 // transparent.go), and every load loop is bounded in both time and request count.
 //
-//	go run ./bench -egressd bin/egressd [-duration 4s] [-rounds 1] [-clients 64] [-size 1024] [-paths plain,connect,...] [-vaultdev PATH|off] [-peers goproxy,smokescreen|off] [-profile DIR] [-idle-tunnels N] [-json]
+//	go run ./bench -egressd bin/egressd [-duration 4s] [-rounds 1] [-clients 64] [-size 1024] [-paths plain,connect,...] [-vaultdev PATH|off] [-peers goproxy,smokescreen|off] [-idle-tunnels N] [-json]
 package main
 
 import (
@@ -64,7 +64,6 @@ type options struct {
 	json     bool
 	keep     bool
 	vaultdev string // the Vault dev server binary; "" finds it, vaultdevOff skips
-	profile  string // -profile: where egressd's CPU and allocs profiles go (profile.go); "" for none
 	// idleTunnels is how many tunnels the idle-tunnels path opens (idle.go).
 	idleTunnels int
 	// peers are the peer proxies measured beside egressd (peers.go); nil
@@ -119,7 +118,6 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.rounds, "rounds", defaultRounds, "direct/egressd run pairs per path, alternated; the report gives the median ratio")
 	fs.StringVar(&paths, "paths", defaultPaths, "comma-separated paths to measure: "+strings.Join(pathNames(), ", "))
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON")
-	fs.StringVar(&o.profile, "profile", "", "write egressd's CPU and allocation profiles of each path's first measured window to DIR/<path>.{cpu,allocs}.pprof and report their top functions (turns on admin.pprof)")
 	fs.IntVar(&o.idleTunnels, "idle-tunnels", defaultIdleTunnels, fmt.Sprintf("idle CONNECT tunnels the %s path opens (1 to %d)", idlePathName, maxIdleTunnels))
 	fs.StringVar(&peers, "peers", peersDefault, "peer proxies measured beside egressd on the paths they can carry, each as NAME or NAME=BINARY ("+strings.Join(peerKindNames(), ", ")+"); default binaries: what "+peersScript+" build prints, when run from the repository root; \""+peersOff+"\" measures none")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temp dir (egressd config and log) and print its path")
@@ -209,9 +207,6 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 		return nil, fmt.Errorf("DNS stub: %w", err)
 	}
 	defer dns.Close()
-	if err := prepareProfiles(&o); err != nil { // before egressd: admin.pprof
-		return nil, err
-	}
 	prepareIdleTunnels(o) // before egressd, which inherits the fd limit
 	e, err := startEgressd(ctx, o.egressd, dir, up, dns.Addr, "", benchMaxConnections)
 	if err != nil {
@@ -278,7 +273,6 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 		rep.LeafCache = &lc
 	}
 	rep.EgressdExit = e.stop()
-	summarizeProfiles(ctx, rep, o, stderr)
 	return rep, nil
 }
 
@@ -301,13 +295,9 @@ func measurePath(ctx context.Context, w *world, e *egressd, dns *dnsstub.Server,
 			return res, fmt.Errorf("direct: %w", err)
 		}
 		from := e.logSize()
-		prof := startProfile(ctx, e, p.name, o, round) // nil unless -profile, round 0
 		x, err := runLoad(ctx, p.viaProxy(w), lo, w.up, e.cpuTime)
 		if err != nil {
 			return res, fmt.Errorf("through egressd: %w", err)
-		}
-		if prof != nil {
-			res.Profile = prof.wait()
 		}
 		log, err := e.scanLog(from)
 		if err != nil {

@@ -45,8 +45,6 @@ type settings struct {
 	// LoadAvg is the 1-minute load average when the bench started: other
 	// work on the machine makes every figure noisy, the ratio included.
 	LoadAvg float64 `json:"load_avg_1m"`
-	// ProfileDir is -profile's directory, when given.
-	ProfileDir string `json:"profile_dir,omitempty"`
 }
 
 // pathResult is one path: its direct runs, its runs through egressd, compared.
@@ -82,8 +80,6 @@ type pathResult struct {
 	Problems []string `json:"problems,omitempty"`
 	// Attack is what the hook-attack row's attack held (hookattack.go).
 	Attack *attackSummary `json:"attack,omitempty"`
-	// Profile is egressd's profiles of the path, with -profile (profile.go).
-	Profile *profileResult `json:"profile,omitempty"`
 	// Idle is the idle-tunnels row's figures (idle.go); it has no runs.
 	Idle *idleResult `json:"idle_tunnels,omitempty"`
 	// Peers are the same rounds' runs through each peer proxy that carries
@@ -175,7 +171,6 @@ func newReport(o options) *report {
 		GoVersion:  runtime.Version(),
 		ClockTicks: clockTicks(),
 		LoadAvg:    loadAvg(),
-		ProfileDir: o.profile,
 	}}
 }
 
@@ -252,7 +247,6 @@ func (r *report) writeText(w io.Writer) error {
 	r.writePeers(w)
 	r.writeNotes(w)
 	r.writeIdle(w)
-	r.writeProfiles(w)
 	if err := r.writeDetails(w); err != nil {
 		return err
 	}

@@ -316,12 +316,6 @@ func isSplicedTLS(line string) bool {
 	return key == splicedTLSKey
 }
 
-// fillUpstream sets the far side's figures of a run, as runLoad does.
-func (r *runResult) fillUpstream(d upstreamCounts) {
-	r.UpstreamConns, r.UpstreamRequests = d.accepted, d.served
-	r.Transformed, r.Credentialed, r.VaultCredentialed, r.OAuthCredentialed = d.transform, d.credential, d.vaultCred, d.oauthCred
-}
-
 // allowStandIn lets the transparent path's clients dial the stand-in upstream
 // (on lo, in the bench's own namespace) besides loopback.
 func allowStandIn(addr string) error {
