@@ -10,7 +10,17 @@ import (
 	"time"
 )
 
-// child is a process the bench starts (egressd, a peer): started in its own
+// Bounds on a child's lifecycle, so a broken build cannot hang the bench.
+const (
+	// startTimeout bounds the wait for a child to be ready.
+	startTimeout = 10 * time.Second
+	// stopTimeout bounds the wait after SIGTERM before SIGKILL. Every client
+	// connection is closed by then, so a drain has nothing to wait for.
+	stopTimeout = 10 * time.Second
+)
+
+// child is a process the bench starts (a peer, Vault; egressd is
+// egressdtest's): started in its own
 // process group, so Ctrl-C reaches only the bench, which stops it with SIGTERM;
 // Pdeathsig stops it if the bench dies without cleaning up.
 type child struct {

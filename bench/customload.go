@@ -144,7 +144,7 @@ func measureVia(e *egressd, dns *dnsstub.Server, load func(cpu func() (time.Dura
 	var v viaRun
 	leafBefore, leafErr := e.leafCache()
 	dnsBefore := int64(dns.Total())
-	from := e.logSize()
+	from := e.LogSize()
 	r, err := load(e.cpuTime)
 	if err != nil {
 		return v, err

@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
 )
 
 func TestLogSummary(t *testing.T) {
@@ -45,50 +48,57 @@ func TestLogSummary(t *testing.T) {
 	}
 }
 
-func TestListening(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "log")
-	log := `{"level":"info","listener":"bench","address":"127.0.0.1:40139","message":"listening"}
-{"level":"info","listener":"admin","address":"127.0.0.1:45341","message":"listening"}
-{"level":"info","message":"egressd started"}
-{"level":"info","listener":"adm`
-	if err := os.WriteFile(p, []byte(log), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	got, err := listening(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got["bench"] != "127.0.0.1:40139" || got["admin"] != "127.0.0.1:45341" || len(got) != 2 {
-		t.Errorf("listening = %v", got)
-	}
-}
-
-func TestConfigNamesOnlyLoopback(t *testing.T) {
-	up := &upstream{httpAddr: "127.0.0.1:1080", tlsAddr: "127.0.0.1:1443", caPEM: []byte("pem")}
+// loadConfig writes cfg and files into a temp dir and loads the config as
+// egressd does, so every test of a config is a test that egressd accepts it.
+func loadConfig(t *testing.T, cfg *egressdtest.Config, files map[string]string) (*config.Config, string) {
+	t.Helper()
 	dir := t.TempDir()
-	path, err := writeConfig(dir, up, "127.0.0.1:5353", "", benchMaxConnections)
+	b, err := cfg.YAML()
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{
-		"ports: [1080, 1443]", "address: 127.0.0.1:0", "unsafe_allow_cidrs: [127.0.0.0/8]", "level: info",
-		"resolver: 127.0.0.1:5353", "domain: inject.bench.test", `transform: {"X-Bench-Injected": "bench-transform-value"}`,
-		"domain: cred.bench.test", "credential: bench-cred", "intercept: auto",
-	} {
-		if !strings.Contains(string(b), want) {
-			t.Errorf("config lacks %q:\n%s", want, b)
+	files[egressdtest.ConfigName] = string(b)
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
 		}
 	}
-	creds, err := os.ReadFile(filepath.Join(dir, "credentials.json"))
+	c, err := config.Load(filepath.Join(dir, egressdtest.ConfigName))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("config does not load: %v\n%s", err, b)
+	}
+	return c, string(b)
+}
+
+// testUpstream is an upstream that is not running, for configs.
+func testUpstream() *upstream {
+	return &upstream{httpAddr: "127.0.0.1:1080", tlsAddr: "127.0.0.1:1443", caPEM: testCAPEM}
+}
+
+// testCAPEM is a CA certificate egressd's tls.upstream_ca_file accepts.
+var testCAPEM = func() []byte {
+	ca, _, err := newPKI()
+	if err != nil {
+		panic(err)
+	}
+	return ca.pem
+}()
+
+func TestConfigNamesOnlyLoopback(t *testing.T) {
+	cfg, files := benchConfig(testUpstream(), "127.0.0.1:5353", nil, benchMaxConnections)
+	creds := files[credentialsFile]
+	_, y := loadConfig(t, cfg, files)
+	for _, want := range []string{
+		"ports: [1080, 1443]", "address: 127.0.0.1:0", "unsafe_allow_cidrs: [127.0.0.0/8]", "level: info",
+		"resolver: 127.0.0.1:5353", "domain: inject.bench.test", "X-Bench-Injected: bench-transform-value",
+		"domain: cred.bench.test", "credential: bench-cred", "intercept: auto", "max_connections: 30000",
+	} {
+		if !strings.Contains(y, want) {
+			t.Errorf("config lacks %q:\n%s", want, y)
+		}
 	}
 	var parsed map[string]map[string]string
-	if err := json.Unmarshal(creds, &parsed); err != nil || parsed[credentialID]["token"] != credentialToken {
+	if err := json.Unmarshal([]byte(creds), &parsed); err != nil || parsed[credentialID]["token"] != credentialToken {
 		t.Errorf("credentials.json = %s (%v)", creds, err)
 	}
 }
@@ -97,46 +107,21 @@ func TestConfigNamesOnlyLoopback(t *testing.T) {
 // credentials section, which names the Vault on 127.0.0.1 and a token file, and
 // no credentials.json is written for it.
 func TestVaultConfig(t *testing.T) {
-	up := &upstream{httpAddr: "127.0.0.1:1080", tlsAddr: "127.0.0.1:1443", caPEM: []byte("pem")}
-	dir := t.TempDir()
-	path, err := writeConfig(dir, up, "127.0.0.1:5353", vaultCredentials("http://127.0.0.1:8200", "/tmp/x/vault-token"), benchMaxConnections)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{
-		"domain: cred.bench.test", "credential: bench-cred", "backend: vault", `address: "http://127.0.0.1:8200"`,
-		`auth: {method: token, token_file: "/tmp/x/vault-token"}`, "kv_prefix: egressd/credentials", "refresh: 2s",
-		"\nlog:\n",
-	} {
-		if !strings.Contains(string(b), want) {
-			t.Errorf("config lacks %q:\n%s", want, b)
-		}
-	}
-	if strings.Contains(string(b), "credentials.json") {
-		t.Errorf("the vault config names credentials.json:\n%s", b)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "credentials.json")); err == nil {
+	cfg, files := benchConfig(testUpstream(), "127.0.0.1:5353", vaultCredentials("http://127.0.0.1:8200", "/tmp/x/vault-token"), benchMaxConnections)
+	if _, ok := files[credentialsFile]; ok {
 		t.Error("credentials.json written for the vault egressd")
 	}
-}
-
-func TestParseLeafCache(t *testing.T) {
-	metrics := `# HELP egressd_leaf_cache_total Leaf certificate cache lookups by result (hit, miss).
-# TYPE egressd_leaf_cache_total counter
-egressd_leaf_cache_total{result="hit"} 12345
-egressd_leaf_cache_total{result="miss"} 2
-egressd_leaf_cache_totally_other 7
-`
-	got, err := parseLeafCache([]byte(metrics))
-	if err != nil || got != (leafCounts{Hit: 12345, Miss: 2}) {
-		t.Errorf("parseLeafCache = %+v, %v", got, err)
+	_, y := loadConfig(t, cfg, files)
+	for _, want := range []string{
+		"domain: cred.bench.test", "credential: bench-cred", "backend: vault", "address: http://127.0.0.1:8200",
+		"token_file: /tmp/x/vault-token", "kv_prefix: egressd/credentials", "refresh: 2s",
+	} {
+		if !strings.Contains(y, want) {
+			t.Errorf("config lacks %q:\n%s", want, y)
+		}
 	}
-	if _, err := parseLeafCache([]byte("egressd_requests_total 3\n")); err == nil {
-		t.Error("parseLeafCache without the metric succeeded")
+	if strings.Contains(y, "credentials.json") || strings.Contains(y, oauthHost) {
+		t.Errorf("the vault config names credentials.json or the oauth2 entry:\n%s", y)
 	}
 }
 

@@ -2,20 +2,17 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/egressd/egressd/internal/testutil/echo"
 	"github.com/egressd/egressd/pkg/hookauth"
 )
 
@@ -69,10 +66,9 @@ const hooksJSON = `{"` + hookGroup + `": {"pre_tool_execution": [{"matcher": "co
 // hookServer is the policy endpoint: HTTPS on 127.0.0.1, answering every POST
 // with hookAllowBody after reading its body. It counts what arrived.
 type hookServer struct {
-	addr string // 127.0.0.1:port
-	srv  *http.Server
+	addr string       // 127.0.0.1:port
+	srv  *echo.Server // counts the connections
 
-	accepted  atomic.Int64 // connections
 	served    atomic.Int64 // requests answered
 	badBody   atomic.Int64 // requests that were not a POST of hookBodySize bytes
 	transform atomic.Int64 // requests carrying exactly transformHeader: transformValue
@@ -91,7 +87,7 @@ type hookCounts struct {
 }
 
 func (h *hookServer) counts() hookCounts {
-	return hookCounts{h.accepted.Load(), h.served.Load(), h.badBody.Load(), h.transform.Load(),
+	return hookCounts{h.srv.Conns(), h.served.Load(), h.badBody.Load(), h.transform.Load(),
 		h.asserted.Load(), h.verified.Load(), h.refused.Load()}
 }
 
@@ -103,26 +99,13 @@ func (c hookCounts) sub(o hookCounts) hookCounts {
 // startHookServer serves the hook endpoint with the upstream's certificate
 // (valid for *.bench.test, signed by the bench CA egressd trusts).
 func startHookServer(up *upstream) (*hookServer, error) {
-	certs, err := up.tlsCertificates()
+	h := &hookServer{}
+	h.srv = &echo.Server{Route: func(w http.ResponseWriter, r *http.Request) bool { h.ServeHTTP(w, r); return true }, Forget: true}
+	port, err := h.srv.Listen("127.0.0.1:0", &up.cert)
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	h := &hookServer{addr: ln.Addr().String()}
-	h.srv = &http.Server{
-		Handler:           h,
-		TLSConfig:         &tls.Config{Certificates: certs, NextProtos: []string{"h2", "http/1.1"}, MinVersion: tls.VersionTLS12},
-		ReadHeaderTimeout: 10 * time.Second,
-		ConnState: func(_ net.Conn, s http.ConnState) {
-			if s == http.StateNew {
-				h.accepted.Add(1)
-			}
-		},
-	}
-	go func() { _ = h.srv.ServeTLS(ln, "", "") }()
+	h.addr = "127.0.0.1:" + strconv.Itoa(port)
 	return h, nil
 }
 
@@ -130,15 +113,6 @@ func (h *hookServer) close() {
 	if h != nil {
 		h.srv.Close()
 	}
-}
-
-// tlsCertificates is the upstream's HTTPS certificate, for another server of
-// the same names.
-func (u *upstream) tlsCertificates() ([]tls.Certificate, error) {
-	if len(u.cert.Certificate) == 0 {
-		return nil, errors.New("the upstream has no TLS certificate")
-	}
-	return []tls.Certificate{u.cert}, nil
 }
 
 // url is https://hookHost:<port><path>.
@@ -204,28 +178,6 @@ func (h *hookServer) verify(ctx context.Context, assertion string, body []byte) 
 func (h *hookServer) refuse(why string) {
 	h.refused.Add(1)
 	h.firstErr.CompareAndSwap(nil, &why)
-}
-
-// hookConfig writes dir/hooks.json and returns the allowlist entry and the
-// hooks section for egressd's config, when the hook endpoint runs ("" for
-// both otherwise).
-func hookConfig(dir string, up *upstream) (entry, section string, err error) {
-	if up.hook == nil {
-		return "", "", nil
-	}
-	port, err := portOf(up.hook.addr)
-	if err != nil {
-		return "", "", err
-	}
-	url := up.hook.url(hookURLPath)
-	if err := os.WriteFile(filepath.Join(dir, "hooks.json"), fmt.Appendf(nil, hooksJSON, url, hookTimeout), 0o600); err != nil {
-		return "", "", err
-	}
-	entry = fmt.Sprintf(`    - domain: %s             # hook (POST %s is the hook URL), %s (POST %s is not)
-      ports: [%s]
-      transform: {"%s": "%s"}`, hookHost, hookURLPath, hookOtherRow, hookOtherPath, port, transformHeader, transformValue)
-	section = "hooks:\n  file: hooks.json                      # one pre_tool_execution hook: " + url
-	return entry, section, nil
 }
 
 // hookRequestBody is the tool call every POST sends: hookBodySize bytes of
@@ -389,38 +341,10 @@ func hookProblems(kind int, c hookCounts, allows int64, label string) []string {
 }
 
 // hookAllows reads egressd_hook_requests_total{event="pre_tool_execution",
-// outcome="allow"} from egressd's /metrics.
+// outcome="allow"} from egressd's /metrics; an absent series is 0 (no call yet).
 func hookAllows(e *egressd) (int64, error) {
-	b, err := e.adminGet("/metrics")
-	if err != nil {
-		return 0, err
-	}
-	return parseHookAllows(b)
-}
-
-// parseHookAllows finds the pre-tool allow series in the Prometheus text
-// format; an absent series is 0 (no call yet).
-func parseHookAllows(metrics []byte) (int64, error) {
-	for line := range strings.Lines(string(metrics)) {
-		rest, ok := strings.CutPrefix(line, "egressd_hook_requests_total{")
-		if !ok {
-			continue
-		}
-		labels, value, ok := strings.Cut(rest, "} ")
-		if !ok || !strings.Contains(labels, `event="pre_tool_execution"`) || !strings.Contains(labels, `outcome="allow"`) {
-			continue
-		}
-		f := strings.Fields(value)
-		if len(f) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			return 0, fmt.Errorf("egressd_hook_requests_total: %w", err)
-		}
-		return int64(v), nil
-	}
-	return 0, nil
+	n, err := e.metric(`egressd_hook_requests_total{event="pre_tool_execution",outcome="allow"}`)
+	return max(n, 0), err
 }
 
 // writeHookNote compares the hook row with the intercept-post row: what a

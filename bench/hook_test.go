@@ -9,13 +9,11 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/pkg/hookauth"
 )
@@ -35,44 +33,24 @@ func TestHookRequestBody(t *testing.T) {
 // hooks.json names the endpoint as a pre_tool_execution hook (and the other
 // path is no hook URL), and the config, with its entry, loads.
 func TestHookConfig(t *testing.T) {
-	up := &upstream{httpAddr: "127.0.0.1:1080", tlsAddr: "127.0.0.1:1443", caPEM: []byte("pem")}
-	dir := t.TempDir()
-	path, err := writeConfig(dir, up, "127.0.0.1:5353", "", benchMaxConnections)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b, _ := os.ReadFile(path); strings.Contains(string(b), "hook") {
-		t.Errorf("config without the hook path names hooks:\n%s", b)
-	}
-	if _, err := config.Load(path); err != nil {
-		t.Errorf("config without hooks: %v", err)
+	up := testUpstream()
+	cfg, files := benchConfig(up, "127.0.0.1:5353", nil, benchMaxConnections)
+	if _, y := loadConfig(t, cfg, files); strings.Contains(y, "hook") {
+		t.Errorf("config without the hook path names hooks:\n%s", y)
 	}
 
 	up.hook = &hookServer{addr: "127.0.0.1:2443"}
-	dir = t.TempDir()
-	if path, err = writeConfig(dir, up, "127.0.0.1:5353", "", benchMaxConnections); err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"domain: hook.bench.test", "ports: [2443]", "hooks:\n  file: hooks.json", "\nlog:\n"} {
-		if !strings.Contains(string(b), want) {
-			t.Errorf("config lacks %q:\n%s", want, b)
+	cfg, files = benchConfig(up, "127.0.0.1:5353", nil, benchMaxConnections)
+	loaded, y := loadConfig(t, cfg, files)
+	for _, want := range []string{"domain: hook.bench.test", "ports: [2443]", "hooks:\n    file: hooks.json"} {
+		if !strings.Contains(y, want) {
+			t.Errorf("config lacks %q:\n%s", want, y)
 		}
 	}
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatalf("config with hooks: %v\n%s", err, b)
+	if filepath.Base(loaded.Hooks.File) != "hooks.json" {
+		t.Errorf("hooks.file = %q", loaded.Hooks.File)
 	}
-	if cfg.Hooks.File != filepath.Join(dir, "hooks.json") {
-		t.Errorf("hooks.file = %q", cfg.Hooks.File)
-	}
-	doc, err := os.ReadFile(filepath.Join(dir, "hooks.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	doc := []byte(files["hooks.json"])
 	f, err := hooks.Parse(doc)
 	if err != nil {
 		t.Fatal(err)
@@ -198,20 +176,6 @@ func TestHookProblems(t *testing.T) {
 		if ps := hookProblems(tc.kind, tc.c, tc.allows, "run"); len(ps) == 0 {
 			t.Errorf("%s: no problem found", tc.name)
 		}
-	}
-}
-
-func TestParseHookAllows(t *testing.T) {
-	metrics := []byte(`# TYPE egressd_hook_requests_total counter
-egressd_hook_requests_total{event="post_tool_execution",outcome="allow"} 7
-egressd_hook_requests_total{event="pre_tool_execution",outcome="deny"} 3
-egressd_hook_requests_total{event="pre_tool_execution",outcome="allow"} 1234
-`)
-	if n, err := parseHookAllows(metrics); n != 1234 || err != nil {
-		t.Errorf("parseHookAllows = %d, %v", n, err)
-	}
-	if n, err := parseHookAllows([]byte("egressd_up 1\n")); n != 0 || err != nil {
-		t.Errorf("no series: %d, %v", n, err)
 	}
 }
 

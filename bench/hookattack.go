@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -152,15 +151,12 @@ func (s *attackSummary) problems() []string {
 // first one but for limits.max_connections) in a directory of its own, and
 // points the hook endpoint's verifier at its signing key.
 func startAttackEgressd(ctx context.Context, env pathEnv) (*egressd, *x509.CertPool, error) {
-	dir := filepath.Join(env.dir, hookAttackRow)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, nil, err
-	}
-	ae, err := startEgressd(ctx, env.o.egressd, dir, env.w.up, env.dns.Addr, "", attackMaxConnections)
+	cfg, files := benchConfig(env.w.up, env.dns.Addr, nil, attackMaxConnections)
+	ae, err := startEgressd(ctx, env.o.egressd, filepath.Join(env.dir, hookAttackRow), cfg, files)
 	if err != nil {
 		return nil, nil, fmt.Errorf("egressd: %w", err)
 	}
-	roots, err := ae.caPool()
+	roots, err := ae.CAPool()
 	if err == nil {
 		var jwks []byte
 		if jwks, err = ae.adminGet("/.well-known/jwks.json"); err == nil {

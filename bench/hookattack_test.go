@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"strings"
 	"testing"
 )
@@ -12,14 +11,9 @@ func TestAttackConfigMaxConnections(t *testing.T) {
 	if attackMaxConnections >= attackConns {
 		t.Fatalf("attackMaxConnections %d must be below attackConns %d", attackMaxConnections, attackConns)
 	}
-	up := &upstream{httpAddr: "127.0.0.1:1080", tlsAddr: "127.0.0.1:1443", caPEM: []byte("pem")}
-	path, err := writeConfig(t.TempDir(), up, "127.0.0.1:5353", "", attackMaxConnections)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := os.ReadFile(path)
-	if !strings.Contains(string(b), "max_connections: 128 ") {
-		t.Errorf("config lacks max_connections 128:\n%s", b)
+	cfg, files := benchConfig(testUpstream(), "127.0.0.1:5353", nil, attackMaxConnections)
+	if loaded, _ := loadConfig(t, cfg, files); loaded.Limits.MaxConnections != attackMaxConnections {
+		t.Errorf("max_connections %d, want %d", loaded.Limits.MaxConnections, attackMaxConnections)
 	}
 }
 

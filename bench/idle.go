@@ -182,7 +182,7 @@ func measureIdleTunnels(ctx context.Context, env pathEnv) ([]pathResult, error) 
 	if err := loopbackOnly(proxyAddr); err != nil {
 		return nil, err
 	}
-	pid := e.cmd.Process.Pid
+	pid := e.Pid()
 	ir := &idleResult{Requested: env.o.idleTunnels, FDSetup: idleFDSetup, GoroutinesBefore: -1, GoroutinesIdle: -1, TunnelsActiveIdle: -1, ZeroAfterCloseSeconds: -1}
 	res := pathResult{Path: idlePathName, Description: idlePathSpec().desc, Idle: ir}
 
@@ -210,10 +210,8 @@ func measureIdleTunnels(ctx context.Context, env pathEnv) ([]pathResult, error) 
 	if ir.RSSBeforeBytes, err = procRSS(pid); err != nil {
 		return nil, fmt.Errorf("egressd's VmRSS: %w", err)
 	}
-	if m, err := e.adminGet("/metrics"); err == nil {
-		ir.GoroutinesBefore = gaugeValue(m, "go_goroutines")
-	}
-	from := e.logSize()
+	ir.GoroutinesBefore, _ = e.metric("go_goroutines")
+	from := e.LogSize()
 
 	fmt.Fprintf(env.stderr, "bench: %s: opening %d tunnels, %d at a time\n", idlePathName, ir.Tried, idleOpenConcurrency)
 	tlsConf := &tls.Config{ServerName: "localhost", RootCAs: up.roots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12}
@@ -246,11 +244,10 @@ func measureIdleTunnels(ctx context.Context, env pathEnv) ([]pathResult, error) 
 		return nil, fmt.Errorf("egressd's VmRSS: %w", err)
 	}
 	ir.EgressdFDsIdle = countFDs(pid)
-	if m, err := e.adminGet("/metrics"); err != nil {
+	if m, err := e.Metrics(); err != nil {
 		ir.Problems = append(ir.Problems, "with all tunnels idle: /metrics: "+err.Error())
 	} else {
-		ir.GoroutinesIdle = gaugeValue(m, "go_goroutines")
-		ir.TunnelsActiveIdle = gaugeValue(m, "egressd_tunnels_active")
+		ir.GoroutinesIdle, ir.TunnelsActiveIdle = gauge(m, "go_goroutines"), gauge(m, "egressd_tunnels_active")
 	}
 	if ir.TunnelsActiveIdle >= 0 && ir.TunnelsActiveIdle != int64(ir.Opened) {
 		ir.Problems = append(ir.Problems, fmt.Sprintf("egressd_tunnels_active is %d with %d tunnels open and idle", ir.TunnelsActiveIdle, ir.Opened))
@@ -419,9 +416,9 @@ func waitTunnelsZero(ctx context.Context, e *egressd) (time.Duration, error) {
 	deadline := start.Add(idleDrainTimeout)
 	last := int64(-1)
 	for {
-		m, err := e.adminGet("/metrics")
-		if err == nil {
-			if last = gaugeValue(m, "egressd_tunnels_active"); last == 0 {
+		var err error
+		if last, err = e.metric("egressd_tunnels_active"); err == nil {
+			if last == 0 {
 				return time.Since(start), nil
 			}
 			if last < 0 {
@@ -438,27 +435,6 @@ func waitTunnelsZero(ctx context.Context, e *egressd) (time.Duration, error) {
 			return 0, fmt.Errorf("interrupted: %w", err)
 		}
 	}
-}
-
-// gaugeValue is the value of an unlabelled series name in the Prometheus text
-// format, or -1 when there is none.
-func gaugeValue(metrics []byte, name string) int64 {
-	for line := range strings.Lines(string(metrics)) {
-		rest, ok := strings.CutPrefix(line, name+" ")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			return -1
-		}
-		return int64(v)
-	}
-	return -1
 }
 
 // procFDLimit is the soft "Max open files" of /proc/<pid>/limits.

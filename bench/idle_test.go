@@ -100,21 +100,6 @@ func TestIdleCap(t *testing.T) {
 	}
 }
 
-func TestGaugeValue(t *testing.T) {
-	m := []byte(`# HELP go_goroutines Number of goroutines that currently exist.
-# TYPE go_goroutines gauge
-go_goroutines 20012
-go_goroutines_other 3
-egressd_tunnels_active 1e+04
-egressd_requests_total{decision="allow"} 5
-`)
-	for name, want := range map[string]int64{"go_goroutines": 20012, "egressd_tunnels_active": 10000, "egressd_requests_total": -1, "absent": -1} {
-		if got := gaugeValue(m, name); got != want {
-			t.Errorf("gaugeValue(%s) = %d, want %d", name, got, want)
-		}
-	}
-}
-
 func TestParseFDLimit(t *testing.T) {
 	limits := `Limit                     Soft Limit           Hard Limit           Units
 Max processes             unlimited            unlimited            processes

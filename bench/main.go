@@ -208,14 +208,15 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 	}
 	defer dns.Close()
 	prepareIdleTunnels(o) // before egressd, which inherits the fd limit
-	e, err := startEgressd(ctx, o.egressd, dir, up, dns.Addr, "", benchMaxConnections)
+	cfg, files := benchConfig(up, dns.Addr, nil, benchMaxConnections)
+	e, err := startEgressd(ctx, o.egressd, dir, cfg, files)
 	if err != nil {
 		return nil, fmt.Errorf("egressd: %w", err)
 	}
 	defer e.stop()
 	w := &world{up: up, proxy: e.proxyURL}
 	if intercepts(o.paths) {
-		if w.egressdRoots, err = e.caPool(); err != nil {
+		if w.egressdRoots, err = e.CAPool(); err != nil {
 			return nil, err
 		}
 	}
@@ -294,7 +295,7 @@ func measurePath(ctx context.Context, w *world, e *egressd, dns *dnsstub.Server,
 		if err != nil {
 			return res, fmt.Errorf("direct: %w", err)
 		}
-		from := e.logSize()
+		from := e.LogSize()
 		x, err := runLoad(ctx, p.viaProxy(w), lo, w.up, e.cpuTime)
 		if err != nil {
 			return res, fmt.Errorf("through egressd: %w", err)

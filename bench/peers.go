@@ -442,11 +442,10 @@ func startSmokescreen(ctx context.Context, k peerKind, bin, dir string) (*peerPr
 		if err != nil {
 			return nil, err
 		}
-		port, _ := portOf(addr)
 		p, err := spawnPeer(k, bin, dir, []string{
 			"--config-file", cfg,
 			"--listen-ip", "127.0.0.1",
-			"--listen-port", port,
+			"--listen-port", strconv.Itoa(portNum(addr)),
 			"--allow-range", "127.0.0.0/8",
 		})
 		if err != nil {

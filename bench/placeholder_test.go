@@ -4,12 +4,8 @@ import (
 	"bytes"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/egressd/egressd/internal/config"
 )
 
 // The upstream takes a body only with the value once and no placeholder: a
@@ -40,21 +36,13 @@ func TestServePlaceholder(t *testing.T) {
 // The path's egressd config loads, with its policy file's env section and the
 // environment_variable credential.
 func TestPlaceholderConfig(t *testing.T) {
-	up := &upstream{httpAddr: "127.0.0.1:1080", tlsAddr: "127.0.0.1:1443", caPEM: []byte("pem")}
-	dir := t.TempDir()
-	path, err := writePlaceholderConfig(dir, up, "127.0.0.1:5353")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := config.Load(path); err != nil {
-		t.Errorf("config: %v", err)
-	}
-	pol, _ := os.ReadFile(filepath.Join(dir, "environment.json"))
-	creds, _ := os.ReadFile(filepath.Join(dir, "credentials.json"))
-	if !strings.Contains(string(pol), `"env": {"`+placeholderEnvName+`": {"credential": "`+placeholderCredential+`"}}`) {
+	cfg, files := placeholderConfig(testUpstream(), "127.0.0.1:5353")
+	pol, creds := files["environment.json"], files[credentialsFile]
+	loadConfig(t, cfg, files)
+	if !strings.Contains(pol, `"env": {"`+placeholderEnvName+`": {"credential": "`+placeholderCredential+`"}}`) {
 		t.Errorf("policy lacks the env section:\n%s", pol)
 	}
-	if !strings.Contains(string(creds), `"type": "environment_variable"`) {
+	if !strings.Contains(creds, `"type": "environment_variable"`) {
 		t.Errorf("credentials lack the environment_variable credential:\n%s", creds)
 	}
 }

@@ -4,14 +4,9 @@ import (
 	"bytes"
 	"context"
 	"net"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/egressd/egressd/internal/config"
 )
 
 func TestTransparentPathSpec(t *testing.T) {
@@ -22,26 +17,10 @@ func TestTransparentPathSpec(t *testing.T) {
 }
 
 // TestTransparentConfig: the transparent egressd's config loads, with an
-// explicit listener named bench (waitReady needs it), a transparent one on the
+// explicit listener named bench (startEgressd needs it), a transparent one on the
 // veth's host side and the stand-in's name as its only entry.
 func TestTransparentConfig(t *testing.T) {
-	dir := t.TempDir()
-	cfg := strings.NewReplacer("{HOST_IP}", "10.200.1.1", "{TPROXY_PORT}", strconv.Itoa(tproxyPort), "{DNS_PORT}", strconv.Itoa(dnsPort),
-		"{HOST}", transparentHost, "{PORT}", standInPort, "{STAND_IN}", standInAddr, "{RESOLVER}", "127.0.0.1:5353").Replace(transparentConfig)
-	if strings.Contains(cfg, "{") {
-		t.Fatalf("a placeholder is left:\n%s", cfg)
-	}
-	path := filepath.Join(dir, "egressd.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "credentials.json"), []byte("{}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	c, err := config.Load(path)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, cfg)
-	}
+	c, _ := loadConfig(t, transparentConfig("127.0.0.1:5353", "10.200.1.1"), map[string]string{credentialsFile: "{}\n"})
 	modes := map[string]string{}
 	for _, l := range c.Listeners {
 		modes[l.Name] = l.Mode + " " + l.Address.String()

@@ -16,32 +16,34 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/echo"
 )
 
-// upstream is the in-process origin every path ends at: plain HTTP/1.1 on one
-// loopback port and HTTPS (h2 and http/1.1 by ALPN) on another, both answering
-// every request with the same body of the configured size. It counts the
-// connections it accepts, so a report can tell keep-alive from reconnection on
-// the far side of egressd.
+// upstream is the in-process origin every path ends at: an echo server
+// (internal/testutil/echo) with plain HTTP/1.1 on one loopback port and HTTPS
+// (h2 and http/1.1 by ALPN) on another, whose one route answers every request
+// with the same body of the configured size. The echo counts the connections it
+// accepts, so a report can tell keep-alive from reconnection on the far side of
+// egressd.
 type upstream struct {
+	srv      *echo.Server
 	httpAddr string // 127.0.0.1:port
 	tlsAddr  string // 127.0.0.1:port
 	caPEM    []byte // the throwaway CA that signed the HTTPS leaf
 	roots    *x509.CertPool
 
-	accepted   atomic.Int64 // connections
 	served     atomic.Int64 // requests answered
 	transform  atomic.Int64 // requests carrying exactly transformHeader: transformValue
 	credential atomic.Int64 // requests carrying exactly Authorization: Bearer credentialToken
 	vaultCred  atomic.Int64 // requests carrying exactly Authorization: Bearer vaultCredentialToken
 	oauthCred  atomic.Int64 // requests carrying exactly Authorization: Bearer oauthAccessToken
 	tokenCalls atomic.Int64 // oauth2 token calls egressd made (oauthTokenPath); not in served
-	servers    []*http.Server
 	// hook is the hook path's policy endpoint (hook.go), when that path runs:
 	// egressd's config then names it in hooks.json and its allowlist.
 	hook *hookServer
-	// cert is the HTTPS leaf, for the other servers of the same names
-	// (hook.go, transparent.go), which must not read it from a running server.
+	// cert is the HTTPS leaf, also for the hook endpoint (hook.go) and the
+	// transparent path's stand-in address (transparent.go).
 	cert tls.Certificate
 }
 
@@ -83,7 +85,7 @@ type upstreamCounts struct {
 }
 
 func (u *upstream) counts() upstreamCounts {
-	return upstreamCounts{u.accepted.Load(), u.served.Load(), u.transform.Load(), u.credential.Load(), u.vaultCred.Load(), u.oauthCred.Load()}
+	return upstreamCounts{u.srv.Conns(), u.served.Load(), u.transform.Load(), u.credential.Load(), u.vaultCred.Load(), u.oauthCred.Load()}
 }
 
 func (c upstreamCounts) sub(o upstreamCounts) upstreamCounts {
@@ -99,56 +101,21 @@ func startUpstream(size int) (*upstream, error) {
 	u := &upstream{caPEM: ca.pem, roots: x509.NewCertPool(), cert: leaf}
 	u.roots.AddCert(ca.cert)
 	h := u.fixedBody(size)
-	plain, err := u.serve(h, nil)
+	u.srv = &echo.Server{Route: func(w http.ResponseWriter, r *http.Request) bool { h.ServeHTTP(w, r); return true }, Forget: true}
+	httpPort, err := u.srv.Listen("127.0.0.1:0", nil)
+	tlsPort := 0
+	if err == nil {
+		tlsPort, err = u.srv.Listen("127.0.0.1:0", &u.cert)
+	}
 	if err != nil {
-		return nil, err
-	}
-	u.httpAddr = plain
-	tlsConf := &tls.Config{
-		Certificates: []tls.Certificate{leaf},
-		NextProtos:   []string{"h2", "http/1.1"},
-		MinVersion:   tls.VersionTLS12,
-	}
-	if u.tlsAddr, err = u.serve(h, tlsConf); err != nil {
 		u.close()
 		return nil, err
 	}
+	u.httpAddr, u.tlsAddr = "127.0.0.1:"+strconv.Itoa(httpPort), "127.0.0.1:"+strconv.Itoa(tlsPort)
 	return u, nil
 }
 
-// serve starts one server on 127.0.0.1:0 and returns its address. With a TLS
-// config, net/http serves h2 as well as HTTP/1.1 (ALPN "h2" is in NextProtos).
-func (u *upstream) serve(h http.Handler, tlsConf *tls.Config) (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	srv := &http.Server{
-		Handler:           h,
-		TLSConfig:         tlsConf,
-		ReadHeaderTimeout: 10 * time.Second,
-		ConnState: func(_ net.Conn, s http.ConnState) {
-			if s == http.StateNew {
-				u.accepted.Add(1)
-			}
-		},
-	}
-	u.servers = append(u.servers, srv)
-	// Serve's error is http.ErrServerClosed at close; any other failure shows
-	// up as client errors in the report.
-	if tlsConf != nil {
-		go func() { _ = srv.ServeTLS(ln, "", "") }()
-	} else {
-		go func() { _ = srv.Serve(ln) }()
-	}
-	return ln.Addr().String(), nil
-}
-
-func (u *upstream) close() {
-	for _, s := range u.servers {
-		s.Close()
-	}
-}
+func (u *upstream) close() { u.srv.Close() }
 
 // fixedBody answers every request with size bytes and an explicit
 // Content-Length, so neither side pays for chunked framing. It counts the

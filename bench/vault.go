@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -89,34 +88,22 @@ func lastLine(s string) string {
 
 // vaultServer is the Vault dev server subprocess.
 type vaultServer struct {
-	cmd       *exec.Cmd
+	*child
 	addr      string // http://127.0.0.1:port
 	rootToken string
 	logPath   string
-	exited    chan struct{}
 }
 
 // startVault runs bin on 127.0.0.1:0 with its files in dir and waits until it
 // has written its ready file.
 func startVault(ctx context.Context, bin, dir string) (*vaultServer, error) {
 	ready := filepath.Join(dir, "vault-ready.json")
-	v := &vaultServer{logPath: filepath.Join(dir, "vault.log"), exited: make(chan struct{})}
-	logf, err := os.Create(v.logPath)
-	if err != nil {
+	v := &vaultServer{logPath: filepath.Join(dir, "vault.log")}
+	var err error
+	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-ready-file", ready, "-log-level", "warn")
+	if v.child, err = startChild(cmd, filepath.Join(dir, "vault.stdout"), v.logPath); err != nil {
 		return nil, err
 	}
-	defer logf.Close()
-	v.cmd = exec.Command(bin, "-addr", "127.0.0.1:0", "-ready-file", ready, "-log-level", "warn")
-	v.cmd.Stdout, v.cmd.Stderr = io.Discard, logf
-	// As for egressd: its own process group, and SIGTERM if the bench dies.
-	v.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := v.cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() {
-		_ = v.cmd.Wait()
-		close(v.exited)
-	}()
 	ctx, cancel := context.WithTimeout(ctx, vaultStartTimeout)
 	defer cancel()
 	for {
@@ -133,13 +120,9 @@ func startVault(ctx context.Context, bin, dir string) (*vaultServer, error) {
 			v.addr, v.rootToken = r.Addr, r.RootToken
 			break
 		}
-		select {
-		case <-v.exited:
-			return nil, fmt.Errorf("vault exited before it was ready; its log: %s", v.logTail())
-		case <-ctx.Done():
+		if err := v.pause(ctx, "its ready file"); err != nil {
 			v.stop()
-			return nil, fmt.Errorf("vault not ready: %w; its log: %s", ctx.Err(), v.logTail())
-		case <-time.After(20 * time.Millisecond):
+			return nil, fmt.Errorf("vault: %w; its log: %s", err, v.logTail())
 		}
 	}
 	u, err := url.Parse(v.addr)
@@ -180,22 +163,6 @@ func (v *vaultServer) putKV(ctx context.Context, path string, data map[string]an
 	return nil
 }
 
-// stop ends the server (SIGTERM, then SIGKILL after stopTimeout).
-func (v *vaultServer) stop() {
-	select {
-	case <-v.exited:
-		return
-	default:
-	}
-	_ = v.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-v.exited:
-	case <-time.After(stopTimeout):
-		_ = v.cmd.Process.Kill()
-		<-v.exited
-	}
-}
-
 // vaultStack is what the vault path runs on: the Vault server and the egressd
 // that reads the credential from it.
 type vaultStack struct {
@@ -225,13 +192,13 @@ func startVaultStack(ctx context.Context, o options, vaultBin, dir string, up *u
 		s.stop()
 		return nil, err
 	}
-	creds := vaultCredentials(v.addr, tokenFile)
-	if s.e, err = startEgressd(ctx, o.egressd, vdir, up, dnsAddr, creds, benchMaxConnections); err != nil {
+	cfg, files := benchConfig(up, dnsAddr, vaultCredentials(v.addr, tokenFile), benchMaxConnections)
+	if s.e, err = startEgressd(ctx, o.egressd, vdir, cfg, files); err != nil {
 		s.stop()
 		return nil, fmt.Errorf("egressd with the vault backend: %w", err)
 	}
 	s.w = &world{up: up, proxy: s.e.proxyURL}
-	if s.w.egressdRoots, err = s.e.caPool(); err != nil {
+	if s.w.egressdRoots, err = s.e.CAPool(); err != nil {
 		s.stop()
 		return nil, err
 	}
@@ -250,16 +217,3 @@ func (s *vaultStack) stop() string {
 
 // vaultKVPrefix is credentials.vault.kv_prefix (egressd's default).
 const vaultKVPrefix = "egressd/credentials"
-
-// vaultCredentials is the credentials section of the vault egressd's config.
-func vaultCredentials(addr, tokenFile string) string {
-	return fmt.Sprintf(`credentials:
-  backend: vault
-  vault:
-    address: %q                # the bench's Vault dev server on 127.0.0.1
-    auth: {method: token, token_file: %q}
-    kv_mount: secret
-    kv_prefix: %s
-    refresh: %s                         # background reads only; never on the request path
-`, addr, tokenFile, vaultKVPrefix, vaultRefresh)
-}
