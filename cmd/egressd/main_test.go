@@ -10,36 +10,21 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
 )
 
 // The tests in this package run the egressd binary as a subprocess, the way
 // operators and scripts do: exit codes, stdout and stderr are the contract.
 
-// binary is the egressd binary TestMain builds once for the package.
-var binary string
-
 func TestMain(m *testing.M) {
-	os.Exit(buildAndRun(m))
+	os.Exit(egressdtest.Main(m, egressdtest.BuildOptions{}, (*testing.M).Run))
 }
 
-// buildAndRun builds egressd with a plain `go build` (the subprocess does not
-// need the race detector; the tests that drive it do run under -race) and runs
-// the tests.
-func buildAndRun(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "egressd-cmd-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	binary = filepath.Join(dir, "egressd")
-	build := exec.Command("go", "build", "-o", binary, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build -o %s .: %v\n%s", binary, err, out)
-		return 1
-	}
-	return m.Run()
-}
+// binary is the egressd binary TestMain builds once for the package (a plain
+// build: the subprocess does not need the race detector; the tests that drive it
+// do run under -race).
+func binary() string { return egressdtest.Binary() }
 
 // result is one finished egressd command.
 type result struct {
@@ -59,7 +44,7 @@ func egressd(t *testing.T, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd := exec.CommandContext(ctx, binary(), args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

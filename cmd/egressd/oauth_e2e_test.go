@@ -149,7 +149,7 @@ state_dir: state
 	if v := d.metric(`egressd_oauth_refresh_total{credential="api",result="error"}`); v < 1 {
 		t.Errorf("oauth_refresh_total error = %v", v)
 	}
-	all := d.log.String() + d.stderr.String()
+	all := string(d.LogBytes()) + string(d.Stderr())
 	for _, s := range []string{oauthSecret, oauthRT, "at-PLANTED"} {
 		if strings.Contains(all, s) {
 			t.Errorf("the log shows a secret (%s)", s)

@@ -25,6 +25,7 @@ import (
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/daemon"
 	"github.com/egressd/egressd/internal/metrics"
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
 )
 
 // These tests reload a running `egressd run` (see run_test.go) through POST /v1/reload,
@@ -137,20 +138,15 @@ func (d *runner) mustReload(wantCode int) reloadResponse {
 	return r
 }
 
-// logCursor finds log lines, reading each line once. Under load egressd writes
-// thousands of egress lines, which runner.waitNth would parse all over again on every
-// new line.
+// logCursor finds log lines, reading each line once and passing over the egress
+// lines undecoded: under load egressd writes thousands of them.
 type logCursor struct {
-	d    *runner
-	next int
+	d *runner
+	c *egressdtest.Cursor
 }
 
 // cursor starts at the lines logged so far.
-func (d *runner) cursor() *logCursor {
-	d.log.mu.Lock()
-	defer d.log.mu.Unlock()
-	return &logCursor{d: d, next: len(d.log.lines)}
-}
+func (d *runner) cursor() *logCursor { return &logCursor{d: d, c: d.CursorAtEnd()} }
 
 // wait returns the next line after the cursor that match accepts, or fails the test
 // after waitTimeout. Egress lines are never matched.
@@ -163,44 +159,22 @@ func (c *logCursor) wait(desc string, match func(logLine) bool) logLine {
 	return l
 }
 
-// waitFor is wait that reports a timeout instead of failing.
+// waitFor is wait that reports a timeout (or egressd's exit) instead of failing.
 func (c *logCursor) waitFor(within time.Duration, match func(logLine) bool) (logLine, bool) {
-	timer := time.NewTimer(within)
-	defer timer.Stop()
-	for {
-		c.d.log.mu.Lock()
-		fresh, changed := slices.Clone(c.d.log.lines[c.next:]), c.d.log.changed
-		c.d.log.mu.Unlock()
-		for _, s := range fresh {
-			c.next++
-			if strings.Contains(s, `"message":"egress"`) {
-				continue
-			}
-			var l logLine
-			if json.Unmarshal([]byte(s), &l) == nil && match(l) {
-				return l, true
-			}
-		}
-		select {
-		case <-changed:
-		case <-c.d.exited:
-			return nil, false
-		case <-timer.C:
-			return nil, false
-		}
-	}
+	l, err := c.c.Wait(within, match)
+	return l, err == nil
 }
 
 // reloaded and rejected match the reload log lines from source ("" for any).
 func reloaded(source string) func(logLine) bool {
 	return func(l logLine) bool {
-		return l.str("message") == "config reloaded" && (source == "" || l.str("source") == source)
+		return l.Str("message") == "config reloaded" && (source == "" || l.Str("source") == source)
 	}
 }
 
 func rejected(source string) func(logLine) bool {
 	return func(l logLine) bool {
-		return strings.HasPrefix(l.str("message"), "reload rejected") && (source == "" || l.str("source") == source)
+		return strings.HasPrefix(l.Str("message"), "reload rejected") && (source == "" || l.Str("source") == source)
 	}
 }
 
@@ -252,7 +226,7 @@ func TestReloadAdmin(t *testing.T) {
 			t.Errorf("%s: problems %+v; want one at %q in %s", tc.name, r.Problems, tc.path, pol)
 		}
 		l := logs.wait("reload rejected", rejected(daemon.ReloadAdmin))
-		if l.str("level") != "error" || !strings.Contains(fmt.Sprint(l["problems"]), pol) {
+		if l.Str("level") != "error" || !strings.Contains(fmt.Sprint(l["problems"]), pol) {
 			t.Errorf("%s: reload rejected line %v; want level error and the problems naming %s", tc.name, l, pol)
 		}
 		expectDecision(t, d, local, http.StatusOK, "")
@@ -275,7 +249,7 @@ func TestReloadAdmin(t *testing.T) {
 			r.ConfigHash, hash0, d.configHash())
 	}
 	l := logs.wait("config reloaded", reloaded(daemon.ReloadAdmin))
-	if l.str("config_hash") != r.ConfigHash || l.num("rules") != 1 || l.num("hooks") != 0 {
+	if l.Str("config_hash") != r.ConfigHash || l.Num("rules") != 1 || l.Num("hooks") != 0 {
 		t.Errorf("config reloaded line %v; want config_hash %s, rules 1, hooks 0", l, r.ConfigHash)
 	}
 	if creds, ok := l["credentials"].([]any); !ok || len(creds) != 0 {
@@ -361,7 +335,7 @@ func TestReloadHooksFile(t *testing.T) {
 
 	writeAtomic(t, hooksPath, `{"gate": {"enabled": true}}`)
 	l := logs.wait("a reload of the fixed hooks.file", reloaded(daemon.ReloadFile))
-	if l.str("config_hash") == hash0 {
+	if l.Str("config_hash") == hash0 {
 		t.Errorf("config reloaded with config_hash %s unchanged: the hash covers hooks.json", hash0)
 	}
 	expectDecision(t, d, local, http.StatusOK, "")
@@ -385,7 +359,7 @@ func TestReloadFileWatch(t *testing.T) {
 	if took := time.Since(written); took > watchWithin {
 		t.Errorf("the new policy took %v to apply, want at most %v", took, watchWithin)
 	}
-	hash1 := l.str("config_hash")
+	hash1 := l.Str("config_hash")
 	if hash1 == hash0 || d.configHash() != hash1 {
 		t.Errorf("config_hash after the change %s (healthz %s), want a new one (not %s)", hash1, d.configHash(), hash0)
 	}
@@ -414,8 +388,8 @@ func TestReloadFileWatch(t *testing.T) {
 	// The config file itself: a different limit is a different config.
 	d.rewriteConfig(fileConfig(pol, "limits: {dial: 7s}\n"))
 	l = logs.wait("a reload of the new config file", reloaded(daemon.ReloadFile))
-	if l.str("config_hash") == hash0 || l.str("config_hash") == hash1 {
-		t.Errorf("config_hash after the config changed = %s, want a new one", l.str("config_hash"))
+	if l.Str("config_hash") == hash0 || l.Str("config_hash") == hash1 {
+		t.Errorf("config_hash after the config changed = %s, want a new one", l.Str("config_hash"))
 	}
 
 	// A touch changes the mtime, not the content: no reload.
@@ -491,12 +465,12 @@ func TestReloadNeedsRestart(t *testing.T) {
 	var keys []string
 	for range 3 {
 		l := logs.wait("a needs-a-restart warning", func(l logLine) bool {
-			return strings.HasPrefix(l.str("message"), "needs a restart")
+			return strings.HasPrefix(l.Str("message"), "needs a restart")
 		})
-		if l.str("level") != "warn" {
-			t.Errorf("needs-a-restart line at level %q, want warn", l.str("level"))
+		if l.Str("level") != "warn" {
+			t.Errorf("needs-a-restart line at level %q, want warn", l.Str("level"))
 		}
-		keys = append(keys, l.str("key"))
+		keys = append(keys, l.Str("key"))
 	}
 	if want := []string{"listeners[0]", "admin.address", "log.level"}; !slices.Equal(keys, want) {
 		t.Errorf("needs-a-restart keys %q, want %q", keys, want)
@@ -504,7 +478,7 @@ func TestReloadNeedsRestart(t *testing.T) {
 	// Still on the addresses it started with; the new policy is in force.
 	expectDecision(t, d, fmt.Sprintf("http://127.0.0.1:%d/restart", up.port), http.StatusOK, "")
 	expectDecision(t, d, fmt.Sprintf("http://localhost:%d/restart", up.port), http.StatusForbidden, "not_allowlisted")
-	if _, ok := logs.waitFor(200*time.Millisecond, func(l logLine) bool { return l.str("level") == "debug" }); ok {
+	if _, ok := logs.waitFor(200*time.Millisecond, func(l logLine) bool { return l.Str("level") == "debug" }); ok {
 		t.Error("a debug line after the reload: log.level changed without a restart")
 	}
 }
@@ -518,7 +492,7 @@ func TestReloadTurnsOnUnsafe(t *testing.T) {
 	d := startRunner(t, safe)
 	target := fmt.Sprintf("http://localhost:%d/unsafe", up.port)
 	expectDecision(t, d, target, http.StatusForbidden, "internal_address")
-	unsafeLine := func(l logLine) bool { return l.str("message") == daemon.UnsafeWarning && l.str("level") == "warn" }
+	unsafeLine := func(l logLine) bool { return l.Str("message") == daemon.UnsafeWarning && l.Str("level") == "warn" }
 	if slices.ContainsFunc(d.lines(), unsafeLine) {
 		t.Fatal("the unsafe warning was logged at a start without network.unsafe_allow_cidrs")
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
@@ -23,7 +22,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/explain"
-	"github.com/egressd/egressd/internal/testutil/syncbuf"
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
 	"github.com/egressd/egressd/internal/testutil/testpki"
 )
 
@@ -83,144 +82,45 @@ log: {level: info, format: json}
 }
 
 // logLine is one JSON line egressd wrote to stdout.
-type logLine map[string]any
+type logLine = egressdtest.Line
 
-func (l logLine) str(k string) string { s, _ := l[k].(string); return s }
-
-func (l logLine) num(k string) float64 { f, _ := l[k].(float64); return f }
-
-// lineLog collects the lines a subprocess writes and wakes waiters on each one.
-type lineLog struct {
-	mu      sync.Mutex
-	partial []byte
-	lines   []string
-	changed chan struct{} // closed and replaced when a line arrives
-}
-
-func newLineLog() *lineLog { return &lineLog{changed: make(chan struct{})} }
-
-func (l *lineLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.partial = append(l.partial, p...)
-	for {
-		i := bytes.IndexByte(l.partial, '\n')
-		if i < 0 {
-			break
-		}
-		l.lines = append(l.lines, string(l.partial[:i]))
-		l.partial = l.partial[i+1:]
-		close(l.changed)
-		l.changed = make(chan struct{})
-	}
-	return len(p), nil
-}
-
-func (l *lineLog) snapshot() ([]string, <-chan struct{}) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]string(nil), l.lines...), l.changed
-}
-
-func (l *lineLog) String() string {
-	lines, _ := l.snapshot()
-	return strings.Join(lines, "\n")
-}
-
-type lockedBuffer = syncbuf.Buffer
-
-// runner is one `egressd run` subprocess.
+// runner is one `egressd run` subprocess (internal/testutil/egressdtest), with
+// helpers that fail its test.
 type runner struct {
-	t       *testing.T
-	cmd     *exec.Cmd
-	cfgPath string
-	Proxy   string // the sandbox listener's bound address
-	Admin   string // the admin listener's bound address
-	log     *lineLog
-	stderr  *lockedBuffer
-	started time.Time // when "egressd started" was seen
-
-	exited   chan struct{}
-	exitCode int // set before exited is closed
+	*egressdtest.Egressd
+	t *testing.T
 }
 
 // startRunner writes cfg and a credentials file into a temporary directory, starts
-// `egressd run --config` on it and waits until both listeners are bound. The
-// process is killed at the end of the test if it is still running.
+// `egressd run --config` on it and waits for "egressd started" and both listeners.
+// The process is killed at the end of the test if it is still running.
 func startRunner(t *testing.T, cfg string) *runner {
 	t.Helper()
-	dir := writeFiles(t, map[string]string{
-		"egressd.yaml":     cfg,
-		"credentials.json": `{"example-api": {"token": "` + demoToken + `"}}`,
-	})
-	d := &runner{
-		t: t, cfgPath: filepath.Join(dir, "egressd.yaml"), log: newLineLog(), stderr: &lockedBuffer{},
-		exited: make(chan struct{}),
-	}
-	d.cmd = exec.Command(binary, "run", "--config", d.cfgPath)
-	d.cmd.Dir = dir
-	d.cmd.Stdout, d.cmd.Stderr = d.log, d.stderr
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go d.reap()
-	t.Cleanup(func() {
-		select {
-		case <-d.exited:
-		default:
-			d.cmd.Process.Kill()
-			<-d.exited
-		}
-		if t.Failed() {
-			t.Logf("egressd stdout:\n%s\negressd stderr:\n%s", d.log, d.stderr)
-		}
-	})
-	d.awaitListening()
-	return d
+	return startRunnerWith(t, cfg, map[string]string{"credentials.json": `{"example-api": {"token": "` + demoToken + `"}}`})
 }
 
-// reap waits for the process and records its exit code (-1 when killed by a
-// signal), then closes exited.
-func (d *runner) reap() {
-	err := d.cmd.Wait()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-	case errors.As(err, &exit):
-		d.exitCode = exit.ExitCode()
-	default:
-		d.exitCode = -2
+// startRunnerWith is startRunner with files (name -> content) instead of the
+// credentials file.
+func startRunnerWith(t *testing.T, cfg string, files map[string]string) *runner {
+	t.Helper()
+	e := egressdtest.StartT(t, egressdtest.Options{RawConfig: cfg, Files: files})
+	if e.Admin == "" {
+		t.Fatalf("no \"listening\" line for the admin listener:\n%s", e.LogBytes())
 	}
-	close(d.exited)
-}
-
-// awaitListening waits for "egressd started" and reads the bound addresses of the
-// sandbox and admin listeners from the "listening" lines.
-func (d *runner) awaitListening() {
-	d.waitLog("egressd started", func(l logLine) bool { return l.str("message") == "egressd started" })
-	d.started = time.Now()
-	for _, l := range d.lines() {
-		if l.str("message") != "listening" {
-			continue
-		}
-		switch l.str("listener") {
-		case "sandbox":
-			d.Proxy = l.str("address")
-		case "admin":
-			d.Admin = l.str("address")
-		}
-	}
-	if d.Proxy == "" || d.Admin == "" {
-		d.t.Fatalf("no \"listening\" lines for the sandbox and admin listeners:\n%s", d.log)
-	}
+	return &runner{Egressd: e, t: t}
 }
 
 // lines returns the JSON lines logged so far.
 func (d *runner) lines() []logLine {
-	raw, _ := d.log.snapshot()
-	return parseLines(raw)
+	d.t.Helper()
+	lines, err := d.Lines()
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return lines
 }
 
+// parseLines decodes the JSON lines among raw.
 func parseLines(raw []string) []logLine {
 	out := make([]logLine, 0, len(raw))
 	for _, s := range raw {
@@ -235,51 +135,26 @@ func parseLines(raw []string) []logLine {
 // waitLog waits for a log line that match accepts and returns it.
 func (d *runner) waitLog(desc string, match func(logLine) bool) logLine {
 	d.t.Helper()
-	return d.waitNth(desc, 1, match)
+	return d.WaitLineT(d.t, desc, match)
 }
 
 // waitNth waits for the nth log line that match accepts and returns it.
 func (d *runner) waitNth(desc string, n int, match func(logLine) bool) logLine {
 	d.t.Helper()
-	timer := time.NewTimer(waitTimeout)
-	defer timer.Stop()
-	for {
-		raw, changed := d.log.snapshot()
-		seen := 0
-		for _, l := range parseLines(raw) {
-			if match(l) {
-				if seen++; seen == n {
-					return l
-				}
-			}
-		}
-		select {
-		case <-changed:
-		case <-d.exited:
-			d.t.Fatalf("egressd exited (%d) before logging %s:\n%s\n%s", d.exitCode, desc, d.log, d.stderr)
-		case <-timer.C:
-			d.t.Fatalf("egressd did not log %s within %v:\n%s", desc, waitTimeout, d.log)
-		}
-	}
+	return d.WaitNthT(d.t, desc, n, match)
 }
 
 // egressLine waits for the canonical log line of the request with this ID.
 func (d *runner) egressLine(reqID string) logLine {
 	d.t.Helper()
-	return d.waitLog("egress line of "+reqID, func(l logLine) bool {
-		return l.str("message") == "egress" && l.str("req_id") == reqID
-	})
+	return d.EgressLine(d.t, reqID)
 }
 
-// signalGrace is how long after "egressd started" signal waits before it sends a
-// signal. egressd installs its signal handlers only after it has logged that line,
-// and a signal before then kills it (see TestRunSignalRightAfterStart).
-const signalGrace = 250 * time.Millisecond
-
-func (d *runner) signal(sig os.Signal) {
+// signal sends sig once egressd's signal handlers are installed
+// (egressdtest.SignalGrace after "egressd started"; see TestRunSignalRightAfterStart).
+func (d *runner) signal(sig syscall.Signal) {
 	d.t.Helper()
-	time.Sleep(time.Until(d.started.Add(signalGrace)))
-	if err := d.cmd.Process.Signal(sig); err != nil {
+	if err := d.Signal(sig); err != nil {
 		d.t.Fatalf("signal %v: %v", sig, err)
 	}
 }
@@ -287,40 +162,28 @@ func (d *runner) signal(sig os.Signal) {
 // waitExit waits for the process to exit and returns its exit code.
 func (d *runner) waitExit(within time.Duration) int {
 	d.t.Helper()
-	select {
-	case <-d.exited:
-		return d.exitCode
-	case <-time.After(within):
-		d.t.Fatalf("egressd still running %v later:\n%s", within, d.log)
-		return 0
+	code, err := d.Wait(within)
+	if err != nil {
+		d.t.Fatalf("%v:\n%s", err, d.LogBytes())
 	}
+	return code
 }
 
 // adminGet fetches path from the admin listener.
 func (d *runner) adminGet(path string) (int, string) {
 	d.t.Helper()
-	c := &http.Client{Timeout: waitTimeout}
-	res, err := c.Get("http://" + d.Admin + path)
+	code, body, err := d.AdminGet(path)
 	if err != nil {
 		d.t.Fatalf("admin GET %s: %v", path, err)
 	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
-	if err != nil {
-		d.t.Fatalf("admin GET %s: %v", path, err)
-	}
-	return res.StatusCode, string(body)
+	return code, string(body)
 }
 
 // adminJSON fetches path from the admin listener and decodes its JSON body into v.
 func (d *runner) adminJSON(path string, wantCode int, v any) {
 	d.t.Helper()
-	code, body := d.adminGet(path)
-	if code != wantCode {
-		d.t.Fatalf("admin GET %s: %d, want %d\n%s", path, code, wantCode, body)
-	}
-	if err := json.Unmarshal([]byte(body), v); err != nil {
-		d.t.Fatalf("admin GET %s: not JSON: %v\n%s", path, err, body)
+	if err := d.AdminJSON(path, wantCode, v); err != nil {
+		d.t.Fatalf("admin %v", err)
 	}
 }
 
@@ -328,29 +191,16 @@ func (d *runner) adminJSON(path string, wantCode int, v any) {
 // it (labels in name order), or fails the test if the series is not exported.
 func (d *runner) metric(series string) float64 {
 	d.t.Helper()
-	v, ok := d.lookupMetric(series)
-	if !ok {
-		d.t.Fatalf("/metrics does not export %s", series)
-	}
-	return v
+	return d.MetricT(d.t, series)
 }
 
 func (d *runner) lookupMetric(series string) (float64, bool) {
 	d.t.Helper()
-	code, body := d.adminGet("/metrics")
-	if code != http.StatusOK {
-		d.t.Fatalf("admin GET /metrics: %d\n%s", code, body)
+	v, ok, err := d.Metric(series)
+	if err != nil {
+		d.t.Fatal(err)
 	}
-	for _, line := range strings.Split(body, "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				d.t.Fatalf("/metrics: %q: %v", line, err)
-			}
-			return f, true
-		}
-	}
-	return 0, false
+	return v, ok
 }
 
 // waitListenerMetrics waits until the sandbox listener's series are exported.
@@ -371,17 +221,17 @@ func (d *runner) waitListenerMetrics() {
 
 func (d *runner) configHash() string {
 	d.t.Helper()
-	var h struct {
-		ConfigHash string `json:"config_hash"`
+	h, err := d.Healthz()
+	if err != nil {
+		d.t.Fatalf("admin %v", err)
 	}
-	d.adminJSON("/healthz", http.StatusOK, &h)
 	return h.ConfigHash
 }
 
 // rewriteConfig replaces the config file the runner was started with.
 func (d *runner) rewriteConfig(cfg string) {
 	d.t.Helper()
-	if err := os.WriteFile(d.cfgPath, []byte(cfg), 0o600); err != nil {
+	if err := os.WriteFile(d.ConfigPath, []byte(cfg), 0o600); err != nil {
 		d.t.Fatal(err)
 	}
 }
@@ -543,18 +393,18 @@ func TestRunServes(t *testing.T) {
 		t.Errorf("upstream received %q, want [/hello?token=q]", got)
 	}
 	allowed := d.waitLog("egress line of the allowed request", func(l logLine) bool {
-		return l.str("message") == "egress" && l.str("decision") == "allow"
+		return l.Str("message") == "egress" && l.Str("decision") == "allow"
 	})
 	assertEgressLine(t, allowed, map[string]any{
 		"listener": "sandbox", "role": "sandbox", "method": "GET", "scheme": "http", "host": "localhost",
 		"port": float64(up.port), "path": "/hello", "decision": "allow", "reason": "", "rule": "localhost",
 		"intercepted": false, "credential": "", "status": float64(http.StatusOK), "resolved_ip": "127.0.0.1",
 	})
-	if n := allowed.num("bytes_out"); n < float64(len(body)) {
+	if n := allowed.Num("bytes_out"); n < float64(len(body)) {
 		t.Errorf("bytes_out = %v, want at least the body's %d bytes", n, len(body))
 	}
-	if !strings.HasPrefix(allowed.str("client"), "127.0.0.1:") {
-		t.Errorf("client = %q, want 127.0.0.1:port", allowed.str("client"))
+	if !strings.HasPrefix(allowed.Str("client"), "127.0.0.1:") {
+		t.Errorf("client = %q, want 127.0.0.1:port", allowed.Str("client"))
 	}
 
 	res, body = get(t, c, "http://evil.test/x?y=z")
@@ -584,10 +434,10 @@ func TestRunServes(t *testing.T) {
 		ConfigLoaded time.Time `json:"config_loaded"`
 	}
 	d.adminJSON("/healthz", http.StatusOK, &health)
-	started := d.waitLog("egressd started", func(l logLine) bool { return l.str("message") == "egressd started" })
-	if health.Status != "ok" || health.ConfigHash == "" || health.ConfigHash != started.str("config_hash") ||
+	started := d.waitLog("egressd started", func(l logLine) bool { return l.Str("message") == "egressd started" })
+	if health.Status != "ok" || health.ConfigHash == "" || health.ConfigHash != started.Str("config_hash") ||
 		time.Since(health.ConfigLoaded) > time.Minute {
-		t.Errorf("/healthz = %+v, want status ok, the config_hash logged at start (%s), a recent load time", health, started.str("config_hash"))
+		t.Errorf("/healthz = %+v, want status ok, the config_hash logged at start (%s), a recent load time", health, started.Str("config_hash"))
 	}
 	var ready map[string]any
 	d.adminJSON("/readyz", http.StatusOK, &ready)
@@ -643,7 +493,7 @@ func assertEgressLine(t *testing.T, l logLine, want map[string]any) {
 	if inj, ok := l["injected"].([]any); !ok || len(inj) != 0 {
 		t.Errorf("egress line injected = %v, want []", l["injected"])
 	}
-	if l.str("req_id") == "" {
+	if l.Str("req_id") == "" {
 		t.Errorf("egress line without req_id: %v", l)
 	}
 	if _, ok := l["dur_ms"].(float64); !ok {
@@ -693,11 +543,11 @@ func TestRunSignalRightAfterStart(t *testing.T) {
 	t.Parallel()
 	for range 20 {
 		d := startRunner(t, runConfig(runOpts{ports: []int{80}}))
-		if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		if err := d.SignalNow(syscall.SIGHUP); err != nil {
 			t.Fatal(err)
 		}
-		d.waitLog("config reloaded", func(l logLine) bool { return l.str("message") == "config reloaded" })
-		if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		d.waitLog("config reloaded", func(l logLine) bool { return l.Str("message") == "config reloaded" })
+		if err := d.SignalNow(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
 		if code := d.waitExit(waitTimeout); code != 0 {
@@ -724,13 +574,13 @@ func TestRunTunnel(t *testing.T) {
 	}
 	c.CloseIdleConnections() // ends the tunnel, which logs at close
 	l := d.waitLog("egress line of the tunnel", func(l logLine) bool {
-		return l.str("message") == "egress" && l.str("method") == "CONNECT"
+		return l.Str("message") == "egress" && l.Str("method") == "CONNECT"
 	})
 	assertEgressLine(t, l, map[string]any{
 		"host": "localhost", "port": float64(up.port), "decision": "allow", "reason": "", "rule": "localhost",
 		"intercepted": false, "resolved_ip": "127.0.0.1",
 	})
-	if l.num("bytes_in") == 0 || l.num("bytes_out") == 0 {
+	if l.Num("bytes_in") == 0 || l.Num("bytes_out") == 0 {
 		t.Errorf("tunnel line bytes_in %v, bytes_out %v; want both counted", l["bytes_in"], l["bytes_out"])
 	}
 }
@@ -777,7 +627,7 @@ func TestRunNeverReachesItself(t *testing.T) {
 	cfg.extra = "limits: {dial: 5s}\n" // a different config, so the reload is a real one
 	d.rewriteConfig(runConfig(cfg))
 	d.signal(syscall.SIGHUP)
-	d.waitLog("config reloaded", func(l logLine) bool { return l.str("message") == "config reloaded" })
+	d.waitLog("config reloaded", func(l logLine) bool { return l.Str("message") == "config reloaded" })
 	check("after a reload")
 }
 
@@ -799,10 +649,10 @@ func TestRunReload(t *testing.T) {
 	d.rewriteConfig(runConfig(runOpts{ports: []int{up.port}, extra: "limits: {dial: forever}\n"}))
 	d.signal(syscall.SIGHUP)
 	rejected := d.waitLog("reload rejected", func(l logLine) bool {
-		return strings.HasPrefix(l.str("message"), "reload rejected")
+		return strings.HasPrefix(l.Str("message"), "reload rejected")
 	})
-	if l := rejected.str("level"); l != "error" || !strings.Contains(rejected.str("error"), "limits.dial") {
-		t.Errorf("reload rejected line: level %q, error %q; want error naming limits.dial", l, rejected.str("error"))
+	if l := rejected.Str("level"); l != "error" || !strings.Contains(rejected.Str("error"), "limits.dial") {
+		t.Errorf("reload rejected line: level %q, error %q; want error naming limits.dial", l, rejected.Str("error"))
 	}
 	if res, body := get(t, c, target); res.StatusCode != http.StatusOK {
 		t.Errorf("GET %s after a rejected reload: %d %s, want 200 (the old policy)", target, res.StatusCode, body)
@@ -815,14 +665,14 @@ func TestRunReload(t *testing.T) {
 	// A valid config that no longer allows localhost.
 	d.rewriteConfig(runConfig(runOpts{allow: "other.test", ports: []int{up.port}}))
 	d.signal(syscall.SIGHUP)
-	reloaded := d.waitLog("config reloaded", func(l logLine) bool { return l.str("message") == "config reloaded" })
+	reloaded := d.waitLog("config reloaded", func(l logLine) bool { return l.Str("message") == "config reloaded" })
 	res, body := get(t, c, target) // on the same keep-alive connection, if the client kept one
 	assertDenied(t, res, body, http.StatusForbidden, "not_allowlisted", "localhost", up.port)
 	res, body = get(t, d.proxyClient(), target) // and on a new one
 	assertDenied(t, res, body, http.StatusForbidden, "not_allowlisted", "localhost", up.port)
 	hash1 := d.configHash()
-	if hash1 == hash0 || hash1 != reloaded.str("config_hash") {
-		t.Errorf("config_hash after the reload = %s; want new (not %s) and as logged (%s)", hash1, hash0, reloaded.str("config_hash"))
+	if hash1 == hash0 || hash1 != reloaded.Str("config_hash") {
+		t.Errorf("config_hash after the reload = %s; want new (not %s) and as logged (%s)", hash1, hash0, reloaded.Str("config_hash"))
 	}
 	assertReloads(t, d, 1, 1)
 	var ex explain.Result
@@ -835,7 +685,7 @@ func TestRunReload(t *testing.T) {
 	d.rewriteConfig(runConfig(runOpts{ports: []int{up.port}, extra: "limits: {dial: forever}\n"}))
 	d.signal(syscall.SIGHUP)
 	d.waitNth("a second reload rejected", 2, func(l logLine) bool {
-		return strings.HasPrefix(l.str("message"), "reload rejected")
+		return strings.HasPrefix(l.Str("message"), "reload rejected")
 	})
 	assertReloads(t, d, 1, 2)
 	res, body = get(t, c, target)
@@ -889,7 +739,7 @@ func TestRunDrain(t *testing.T) {
 	}
 
 	d.signal(syscall.SIGTERM)
-	d.waitLog("draining", func(l logLine) bool { return l.str("message") == "draining" })
+	d.waitLog("draining", func(l logLine) bool { return l.Str("message") == "draining" })
 	refusedAt := waitRefused(t, d.Proxy)
 	select {
 	case o := <-done:
@@ -911,7 +761,7 @@ func TestRunDrain(t *testing.T) {
 	if code := d.waitExit(5 * time.Second); code != 0 {
 		t.Errorf("egressd exited %d after SIGTERM, want 0", code)
 	}
-	d.waitLog("egressd stopped", func(l logLine) bool { return l.str("message") == "egressd stopped" })
+	d.waitLog("egressd stopped", func(l logLine) bool { return l.Str("message") == "egressd stopped" })
 	if _, err := net.DialTimeout("tcp", d.Proxy, time.Second); err == nil {
 		t.Error("the proxy address accepts connections after egressd exited")
 	}
@@ -956,11 +806,11 @@ func TestRunAddressInUse(t *testing.T) {
 		}
 		var failed logLine
 		for _, l := range parseLines(strings.Split(res.stdout, "\n")) {
-			if l.str("message") == "egressd failed to start" {
+			if l.Str("message") == "egressd failed to start" {
 				failed = l
 			}
 		}
-		if failed == nil || !strings.Contains(failed.str("error"), "address already in use") || failed.str("level") != "error" {
+		if failed == nil || !strings.Contains(failed.Str("error"), "address already in use") || failed.Str("level") != "error" {
 			t.Errorf("run with %s in use: no error line \"egressd failed to start\" naming the cause\n%s", busy.Addr(), res)
 		}
 	}
@@ -1026,7 +876,7 @@ func TestConsoleLogWithoutTerminal(t *testing.T) {
 func TestQuickstartFromAnyDirectory(t *testing.T) {
 	dir := t.TempDir()
 	for _, args := range [][]string{{"check"}, {"explain", "https://api.github.com/"}} {
-		cmd := exec.Command(binary, args...)
+		cmd := exec.Command(binary(), args...)
 		cmd.Dir = dir
 		out, err := cmd.CombinedOutput()
 		if err != nil || !strings.Contains(string(out), map[string]string{"check": "ok", "explain": "decision:   allow"}[args[0]]) {

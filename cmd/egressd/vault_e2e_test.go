@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
+	"github.com/egressd/egressd/internal/testutil/syncbuf"
 	"github.com/egressd/egressd/internal/testutil/testpki"
 )
 
@@ -134,7 +135,7 @@ type vaultServer struct {
 	t                          *testing.T
 	addr, rootToken, unsealKey string
 	hc                         *http.Client
-	stderr                     *lockedBuffer
+	stderr                     *syncbuf.Buffer
 }
 
 // startVault runs the vaultdev binary on 127.0.0.1:0 and waits for its ready file. The
@@ -143,7 +144,7 @@ func startVault(t *testing.T) *vaultServer {
 	t.Helper()
 	bin := vaultdevBinary(t)
 	ready := filepath.Join(t.TempDir(), "ready.json")
-	v := &vaultServer{t: t, stderr: &lockedBuffer{},
+	v := &vaultServer{t: t, stderr: &syncbuf.Buffer{},
 		hc: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{Proxy: nil}}}
 	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-ready-file", ready, "-log-level", "error")
 	cmd.Stdout, cmd.Stderr = io.Discard, v.stderr
@@ -405,77 +406,17 @@ state_dir: state
 	return e
 }
 
-// startFileLoggedRunner is startRunner, but egressd's stdout is a file that a goroutine
-// tails into the runner's log, rather than a pipe this process drains. Under load egressd
-// logs a line per request, megabytes a second; through a pipe, a stall of this process
-// (seen up to a second under -race on a busy 2-CPU machine) would stall egressd's
-// logging, and with it its request path and its credential refresh loop, which would
-// measure the test rather than egressd. On failure only the lines that are not
-// per-request "egress" lines are shown, and the last few of those.
+// startFileLoggedRunner is startRunner without the credentials file. Like every
+// egressdtest run, egressd's stdout is a file, not a pipe this process drains:
+// under load egressd logs a line per request, megabytes a second, and through a
+// pipe a stall of this process (seen up to a second under -race on a busy 2-CPU
+// machine) would stall egressd's logging, and with it its request path and its
+// credential refresh loop, which would measure the test rather than egressd. On
+// failure only the lines that are not per-request "egress" lines are shown, and
+// the last few of those (egressdtest.Egressd.Summary).
 func startFileLoggedRunner(t *testing.T, cfg string) *runner {
 	t.Helper()
-	dir := writeFiles(t, map[string]string{"egressd.yaml": cfg})
-	d := &runner{
-		t: t, cfgPath: filepath.Join(dir, "egressd.yaml"), log: newLineLog(), stderr: &lockedBuffer{},
-		exited: make(chan struct{}),
-	}
-	out, err := os.Create(filepath.Join(dir, "stdout.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close() // the child has its own descriptor
-	d.cmd = exec.Command(binary, "run", "--config", d.cfgPath)
-	d.cmd.Dir = dir
-	d.cmd.Stdout, d.cmd.Stderr = out, d.stderr
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	tailed := make(chan struct{})
-	go func() {
-		defer close(tailed)
-		f, err := os.Open(out.Name())
-		if err != nil {
-			return
-		}
-		defer f.Close()
-		for done := false; !done; {
-			select {
-			case <-d.exited:
-				done = true // one last read below
-			case <-time.After(10 * time.Millisecond):
-			}
-			io.Copy(d.log, f)
-		}
-	}()
-	go d.reap()
-	t.Cleanup(func() {
-		select {
-		case <-d.exited:
-		default:
-			d.cmd.Process.Kill()
-			<-d.exited
-		}
-		<-tailed
-		if t.Failed() {
-			raw, _ := d.log.snapshot()
-			var shown []string
-			var egress []string
-			for _, l := range raw {
-				if strings.Contains(l, `"message":"egress"`) {
-					egress = append(egress, l)
-				} else {
-					shown = append(shown, l)
-				}
-			}
-			if len(egress) > 20 {
-				egress = egress[len(egress)-20:]
-			}
-			t.Logf("egressd stdout, without its %d per-request lines:\n%s\nthe last per-request lines:\n%s\negressd stderr:\n%s",
-				len(raw)-len(shown), strings.Join(shown, "\n"), strings.Join(egress, "\n"), d.stderr)
-		}
-	})
-	d.awaitListening()
-	return d
+	return startRunnerWith(t, cfg, nil)
 }
 
 // newSecret returns prefix and a random part, a value to write to Vault, and remembers
@@ -718,7 +659,7 @@ func (p *readyPoller) finish() []readyPoll {
 // checkLogsHoldNoSecret: no line egressd wrote, on stdout or stderr, holds a value the
 // test wrote to Vault.
 func (e *vaultE2E) checkLogsHoldNoSecret() {
-	all := e.d.log.String() + e.d.stderr.String()
+	all := string(e.d.LogBytes()) + string(e.d.Stderr())
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, s := range e.secrets {
@@ -818,8 +759,8 @@ func TestVaultE2ERotationUnderLoad(t *testing.T) {
 	if !firstV2.After(written) {
 		t.Errorf("version 2 reached the upstream before it was written")
 	}
-	rotated := e.d.waitLog("credential rotated", func(l logLine) bool { return l.str("message") == "credential rotated" })
-	if rotated.str("credential") != vaultCredID || rotated.str("version") != "2" || rotated.str("previous_version") != "1" {
+	rotated := e.d.waitLog("credential rotated", func(l logLine) bool { return l.Str("message") == "credential rotated" })
+	if rotated.Str("credential") != vaultCredID || rotated.Str("version") != "2" || rotated.Str("previous_version") != "1" {
 		t.Errorf("rotation line: %v, want credential %s, version 2, previous_version 1", rotated, vaultCredID)
 	}
 }
@@ -980,7 +921,7 @@ func TestVaultE2EOutage(t *testing.T) {
 		t.Errorf("/readyz after the recovery: %+v, want 200, ready, version 1", final)
 	}
 	if rec := e.d.lines(); !slices.ContainsFunc(rec, func(l logLine) bool {
-		return l.str("message") == "credential recovered" && l.str("credential") == vaultCredID
+		return l.Str("message") == "credential recovered" && l.Str("credential") == vaultCredID
 	}) {
 		t.Errorf("no \"credential recovered\" log line for %s", vaultCredID)
 	}
@@ -1034,18 +975,18 @@ func TestVaultE2EWrongShapeAndDeleted(t *testing.T) {
 		t.Errorf("wrong shape: 503 %v after the write, want within refresh+jitter+slack %v", took, limit)
 	}
 	failed := e.d.waitLog("credential read failed (invalid)", func(l logLine) bool {
-		return l.str("message") == "credential read failed" && l.str("result") == "invalid"
+		return l.Str("message") == "credential read failed" && l.Str("result") == "invalid"
 	})
-	t.Logf("wrong shape: egressd logged %q credential=%s error=%q", failed.str("message"), failed.str("credential"), failed.str("error"))
-	if failed.str("credential") != vaultCredID || !strings.Contains(failed.str("error"), "credential "+vaultCredID) ||
-		!strings.Contains(failed.str("error"), "tokn") {
+	t.Logf("wrong shape: egressd logged %q credential=%s error=%q", failed.Str("message"), failed.Str("credential"), failed.Str("error"))
+	if failed.Str("credential") != vaultCredID || !strings.Contains(failed.Str("error"), "credential "+vaultCredID) ||
+		!strings.Contains(failed.Str("error"), "tokn") {
 		t.Errorf("the wrong-shape line does not name the credential ID %s and the bad key: %v", vaultCredID, failed)
 	}
 	var ready readyPoll
 	if ready = pollReady(&http.Client{Timeout: 5 * time.Second}, e.d.Admin); ready.code != http.StatusServiceUnavailable || ready.credOK || !strings.HasPrefix(ready.credErr, "invalid") {
 		t.Errorf("/readyz with the wrong shape: %+v, want 503, credential not ready (invalid)", ready)
 	}
-	if strings.Contains(e.d.log.String()+e.d.stderr.String()+ready.credErr, planted) {
+	if strings.Contains(string(e.d.LogBytes())+string(e.d.Stderr())+ready.credErr, planted) {
 		t.Error("the wrong-shape value appears in egressd's log or /readyz")
 	}
 

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
 	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
@@ -42,12 +43,12 @@ const (
 
 // memoryWorkers send the large stalled hook bodies: 160 MiB at once without the
 // budget; fewer under a race build, whose every byte costs far more CPU.
-var memoryWorkers = 160 - 124*boolInt(raceEnabled)
+var memoryWorkers = 160 - 124*boolInt(egressdtest.RaceEnabled)
 
 // raceSlack is added to the hook timeout in a race build: the attack's every byte
 // costs egressd (and the machine's other tests) many times the CPU, and on a small
 // machine the client measuring the answer is starved too.
-var raceSlack = time.Duration(boolInt(raceEnabled)) * time.Second
+var raceSlack = time.Duration(boolInt(egressdtest.RaceEnabled)) * time.Second
 
 // bigPath is the echo upstream's large answer (writeBig).
 const bigPath = "/attack/big"
@@ -58,7 +59,7 @@ const bigPath = "/attack/big"
 // scales it: the race detector's shadow memory grows with the heap. Figures in
 // the issue 12 note come from the build an operator runs.
 func rssLimit() int64 {
-	return int64(rssBound) * int64(1+3*boolInt(raceEnabled))
+	return int64(rssBound) * int64(1+3*boolInt(egressdtest.RaceEnabled))
 }
 
 // writeBig writes up to 16 MiB, until the client stops taking it.
@@ -73,7 +74,7 @@ func writeBig(w http.ResponseWriter) {
 
 type attackCase struct {
 	name   string
-	limits []string
+	limits *egressdtest.Limits
 	slots  bool // the attack holds connection slots (vs fills memory)
 	// contested: the attack poses as hook calls, so the lane is contested and the
 	// real call may get egressd's deny rather than the endpoint's allow.
@@ -86,7 +87,7 @@ type attackCase struct {
 }
 
 func TestHookUnderAttack(t *testing.T) {
-	slots := []string{fmt.Sprintf("max_connections: %d", attackSlots)}
+	slots := &egressdtest.Limits{MaxConnections: attackSlots}
 	for _, tc := range []attackCase{
 		{name: "slots held by trickled hook bodies", limits: slots, slots: true, contested: true, one: trickleHookBody},
 		{name: "slots held by clients that pipeline and never read", limits: slots, slots: true, one: pipelineNeverRead},
@@ -414,7 +415,7 @@ func h2StalledStreams(k *kase, stop <-chan struct{}, wg *sync.WaitGroup) {
 const h2Streams = 200
 
 // rssOf is egressd's RSS, for goroutines (no *testing.T).
-func rssOf(w *world) (int64, error) { return procfs.RSS(w.cmd.Process.Pid) }
+func rssOf(w *world) (int64, error) { return procfs.RSS(w.Pid()) }
 
 // idleTunnels is how many idle tunnels are open when TestSIGTERMWithIdleTunnels
 // sends SIGTERM.
@@ -444,15 +445,14 @@ func TestSIGTERMWithIdleTunnels(t *testing.T) {
 		}
 	}
 	start := time.Now()
-	w.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-w.exited:
-	case <-time.After(20 * time.Second):
-		t.Fatal("egressd still running 20 s after SIGTERM")
+	w.SignalNow(syscall.SIGTERM)
+	code, err := w.Wait(20 * time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
 	took := time.Since(start)
-	if w.exitErr != nil {
-		t.Errorf("exit after SIGTERM: %v, want 0", w.exitErr)
+	if code != 0 {
+		t.Errorf("exit after SIGTERM: %d, want 0", code)
 	}
 	if took > 10*time.Second {
 		t.Errorf("exit %v after SIGTERM with idle tunnels, past limits.drain (10 s)", took)

@@ -3,20 +3,60 @@ package conformance_test
 import (
 	"bytes"
 	"crypto/x509"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/egressd/egressd/internal/testutil/syncbuf"
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
 )
+
+// egressd is one run of the real binary (internal/testutil/egressdtest) on a
+// world's config, with the credentials file the credential cases damage.
+type egressd struct {
+	*egressdtest.Egressd
+	t         *testing.T
+	credPath  string
+	ProxyAddr string // the sandbox listener; a case may aim at another address of it
+	AdminAddr string
+}
+
+// config is what a world's egressd.yaml says beyond the fixed parts.
+type config struct {
+	allowlist []egressdtest.Entry // policy.allowlist
+	resolver  string              // network.resolver
+	unsafe    []string            // network.unsafe_allow_cidrs
+	listener  string              // the sandbox listener's address; default 127.0.0.1:0
+	admin     string              // the admin address; default 127.0.0.1:0
+	limits    *egressdtest.Limits // limits; nil: egressd's defaults
+	maxStale  string              // credentials.max_stale; default 5m
+	hooks     string              // hooks.json, written beside the config and named by hooks.file
+	dnsListen string              // dns.listen; "" = no DNS guard (see world.dnsAddr)
+	// denyInTunnel is tls.deny_in_tunnel; default never, so a refused CONNECT's
+	// own status carries the verdict the attack cases assert.
+	denyInTunnel string
+}
+
+// startEgressd writes the config, the credentials file (with the planted secret) and
+// the upstream CA into a temporary directory, starts egressd on them inside this
+// loopback-only namespace and waits until it serves and its credential backend has
+// answered. The test's end stops it (see stop).
+func startEgressd(t *testing.T, fx *fixtures, c config) *egressd {
+	t.Helper()
+	dir := t.TempDir()
+	files := map[string]string{"upstream-ca.pem": string(fx.upstreamCA.PEM()), "credentials.json": goodCredentials()}
+	if c.hooks != "" {
+		files["hooks.json"] = c.hooks
+	}
+	e := &egressd{t: t, credPath: filepath.Join(dir, "credentials.json")}
+	e.Egressd = egressdtest.StartT(t, egressdtest.Options{
+		Dir: dir, Config: c.egressdConfig(), Files: files, LoopbackOnly: true,
+		Wait: egressdtest.WaitReady, StartTimeout: startTimeout, StopTimeout: stopTimeout,
+	})
+	e.ProxyAddr, e.AdminAddr = e.Proxy, e.Admin
+	t.Cleanup(e.stop)
+	return e
+}
 
 // Bounds on egressd's lifecycle, so that a broken build cannot hang the suite.
 const (
@@ -24,280 +64,87 @@ const (
 	stopTimeout  = 10 * time.Second // SIGTERM to exit; then SIGKILL
 )
 
-// egressd is one run of the real binary on a generated config.
-type egressd struct {
-	t         *testing.T
-	dir       string
-	cfgPath   string
-	credPath  string
-	cmd       *exec.Cmd
-	stdout    syncBuffer // the JSON log
-	stderr    syncBuffer // load errors, race reports
-	exited    chan struct{}
-	exitErr   error
-	ProxyAddr string
-	AdminAddr string
-}
-
-// config is what a world's egressd.yaml says beyond the fixed parts.
-type config struct {
-	allowlist string   // YAML sequence items under policy.allowlist, indented 4
-	resolver  string   // network.resolver
-	unsafe    []string // network.unsafe_allow_cidrs
-	listener  string   // the sandbox listener's address; default 127.0.0.1:0
-	admin     string   // the admin address; default 127.0.0.1:0
-	limits    []string // "key: value" lines under limits
-	maxStale  string   // credentials.max_stale; default 5m
-	hooks     string   // hooks.json, written beside the config and named by hooks.file
-	hooksPath string   // set by writeFiles
-	dnsListen string   // dns.listen; "" = no DNS guard (see egressd.dnsAddr)
-	// denyInTunnel is tls.deny_in_tunnel; default never, so a refused CONNECT's
-	// own status carries the verdict the attack cases assert.
-	denyInTunnel string
-}
-
-// startEgressd writes the config, the credentials file (with the planted secret) and
-// the upstream CA into a temporary directory, starts egressd on them and waits
-// until it serves and its credential backend has answered.
-func startEgressd(t *testing.T, fx *fixtures, c config) *egressd {
-	t.Helper()
-	bin := os.Getenv(envBinary)
-	if bin == "" {
-		t.Fatalf("%s is not set: TestMain builds egressd before any test runs", envBinary)
-	}
-	e := &egressd{t: t, dir: t.TempDir(), exited: make(chan struct{})}
-	e.writeFiles(t, fx, c)
-	e.cmd = exec.Command(bin, "run", "--config", e.cfgPath)
-	e.cmd.Dir = e.dir
-	e.cmd.Stdout, e.cmd.Stderr = &e.stdout, &e.stderr
-	// Pdeathsig: egressd never outlives the test binary.
-	e.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := e.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { e.exitErr = e.cmd.Wait(); close(e.exited) }()
-	t.Cleanup(e.stop)
-	if err := e.waitReady(); err != nil {
-		t.Fatalf("egressd did not start: %v\nstderr:\n%s\nstdout:\n%s", err, e.stderr.Bytes(), e.stdout.Bytes())
-	}
-	return e
-}
-
-func (e *egressd) writeFiles(t *testing.T, fx *fixtures, c config) {
-	t.Helper()
-	caPath := filepath.Join(e.dir, "upstream-ca.pem")
-	e.credPath = filepath.Join(e.dir, "credentials.json")
-	e.cfgPath = filepath.Join(e.dir, "egressd.yaml")
-	if c.hooks != "" {
-		c.hooksPath = filepath.Join(e.dir, "hooks.json")
-	}
-	files := map[string]string{
-		caPath:     string(fx.upstreamCA.PEM()),
-		e.credPath: goodCredentials(),
-		e.cfgPath:  c.yaml(caPath, e.credPath, filepath.Join(e.dir, "state")),
-	}
-	if c.hooks != "" {
-		files[c.hooksPath] = c.hooks
-	}
-	for path, data := range files {
-		if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // goodCredentials is the credentials file with the planted secret.
 func goodCredentials() string { return fmt.Sprintf("{\"api\": {\"token\": %q}}\n", secret) }
 
-func (c config) yaml(caPath, credPath, stateDir string) string {
-	def := func(s, d string) string {
-		if s == "" {
-			return d
-		}
-		return s
+// egressdConfig is the world's egressd.yaml. Paths are relative to its directory.
+func (c config) egressdConfig() *egressdtest.Config {
+	cfg := &egressdtest.Config{
+		Version: 1, Environment: "env_conformance",
+		Listeners: []egressdtest.Listener{{Name: "sandbox", Address: or(c.listener, "127.0.0.1:0"), Mode: "proxy", Role: "sandbox"}},
+		Admin:     &egressdtest.Admin{Address: or(c.admin, "127.0.0.1:0")},
+		Policy:    egressdtest.Policy{Allowlist: c.allowlist},
+		Network:   egressdtest.Network{Resolver: c.resolver, UnsafeAllowCIDRs: c.unsafe},
+		TLS: &egressdtest.TLS{Intercept: "auto", DenyInTunnel: or(c.denyInTunnel, "never"),
+			UpstreamCAFile: "upstream-ca.pem"},
+		Credentials: &egressdtest.Credentials{Backend: "file", File: "credentials.json", MaxStale: or(c.maxStale, "5m")},
+		Limits:      c.limits,
+		Log:         &egressdtest.Log{Level: "debug", Format: "json"},
+		StateDir:    "state",
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, `# Generated by egressd's conformance suite; removed with its temp dir.
-version: 1
-environment: env_conformance
-listeners:
-  - {name: sandbox, address: %q, mode: proxy, role: sandbox}
-admin: {address: %q}
-policy:
-  allowlist:
-%s
-network:
-  resolver: %q
-`, def(c.listener, "127.0.0.1:0"), def(c.admin, "127.0.0.1:0"), c.allowlist, c.resolver)
-	if len(c.unsafe) > 0 {
-		fmt.Fprintf(&b, "  unsafe_allow_cidrs: [%s]\n", quoteAll(c.unsafe))
-	}
-	fmt.Fprintf(&b, `tls:
-  intercept: auto
-  deny_in_tunnel: %s
-  upstream_ca_file: %q
-credentials:
-  backend: file
-  file: %q
-  max_stale: %s
-log: {level: debug, format: json}
-state_dir: %q
-`, def(c.denyInTunnel, "never"), caPath, credPath, def(c.maxStale, "5m"), stateDir)
 	if c.dnsListen != "" {
-		fmt.Fprintf(&b, "dns: {listen: %q}\n", c.dnsListen)
+		cfg.DNS = &egressdtest.DNS{Listen: c.dnsListen}
 	}
-	if c.hooksPath != "" {
-		fmt.Fprintf(&b, "hooks: {file: %q}\n", c.hooksPath)
+	if c.hooks != "" {
+		cfg.Hooks = &egressdtest.Hooks{File: "hooks.json"}
 	}
-	if len(c.limits) > 0 {
-		b.WriteString("limits:\n")
-		for _, l := range c.limits {
-			b.WriteString("  " + l + "\n")
-		}
-	}
-	return b.String()
+	return cfg
 }
 
-func quoteAll(ss []string) string {
-	q := make([]string, len(ss))
-	for i, s := range ss {
-		q[i] = fmt.Sprintf("%q", s)
+func or(s, def string) string {
+	if s == "" {
+		return def
 	}
-	return strings.Join(q, ", ")
+	return s
 }
 
-// waitReady waits for the "listening" lines of the sandbox and admin listeners,
-// then for /healthz and /readyz to answer 200.
-func (e *egressd) waitReady() error {
-	deadline := time.Now().Add(startTimeout)
-	for e.ProxyAddr == "" || e.AdminAddr == "" {
-		if err := e.pause(deadline, "the listening lines"); err != nil {
-			return err
-		}
-		for _, l := range e.logLines() {
-			if l["message"] == "listening" {
-				switch l["listener"] {
-				case "sandbox":
-					e.ProxyAddr, _ = l["address"].(string)
-				case "admin":
-					e.AdminAddr, _ = l["address"].(string)
-				}
-			}
-		}
-	}
-	for _, path := range []string{"/healthz", "/readyz"} {
-		for {
-			if code, _, err := e.adminGet(path); err == nil && code == http.StatusOK {
-				break
-			}
-			if err := e.pause(deadline, path); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-func (e *egressd) pause(deadline time.Time, what string) error {
-	select {
-	case <-e.exited:
-		return fmt.Errorf("exited while waiting for %s: %v", what, e.exitErr)
-	case <-time.After(20 * time.Millisecond):
-	}
-	if time.Now().After(deadline) {
-		return fmt.Errorf("no %s within %s", what, startTimeout)
-	}
-	return nil
-}
-
-// adminGet fetches path from the admin listener, directly (never through a proxy).
-func (e *egressd) adminGet(path string) (int, []byte, error) {
-	hc := &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: 2 * time.Second}
-	defer hc.CloseIdleConnections()
-	resp, err := hc.Get("http://" + e.AdminAddr + path)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	return resp.StatusCode, b, err
-}
-
-// caPool returns egressd's interception CA, generated into state_dir at start.
+// caPool returns egressd's interception CA.
 func (e *egressd) caPool() *x509.CertPool {
 	e.t.Helper()
-	b, err := os.ReadFile(filepath.Join(e.dir, "state", "ca.pem"))
+	pool, err := e.CAPool()
 	if err != nil {
 		e.t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		e.t.Fatal("state/ca.pem holds no certificate")
 	}
 	return pool
 }
 
-// stop ends egressd with SIGTERM (SIGKILL after stopTimeout) and fails the test on
-// anything egressd must never do: exit uncleanly, report a data race, recover a
-// panic, or write the secret.
+// adminGet fetches path from the admin listener, directly (never through a proxy).
+func (e *egressd) adminGet(path string) (int, []byte, error) { return e.AdminGet(path) }
+
+// stop ends egressd with SIGTERM (SIGKILL after the harness's stop timeout) unless
+// a case already stopped it, and fails the test on anything egressd must never do:
+// exit uncleanly, report a data race, recover a panic, or write the secret.
 func (e *egressd) stop() {
 	t := e.t
-	_ = e.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-e.exited:
-		if e.exitErr != nil {
-			t.Errorf("egressd exited after SIGTERM with %v", e.exitErr)
-		}
-	case <-time.After(stopTimeout):
-		_ = e.cmd.Process.Kill()
-		<-e.exited
-		t.Errorf("egressd still running %s after SIGTERM; killed", stopTimeout)
-	}
-	out, errOut := e.stdout.Bytes(), e.stderr.Bytes()
-	if bytes.Contains(errOut, []byte("WARNING: DATA RACE")) {
-		t.Errorf("egressd reported a data race:\n%s", errOut)
-	}
-	for _, l := range e.logLines() {
-		if msg, _ := l["message"].(string); strings.Contains(msg, "panic") {
-			t.Errorf("egressd recovered a panic: %v", l)
+	if e.Alive() {
+		if _, err := e.Stop(); err != nil {
+			t.Error(err)
 		}
 	}
-	if bytes.Contains(out, []byte(secret)) || bytes.Contains(errOut, []byte(secret)) {
+	if code := e.ExitCode(); code != 0 {
+		t.Errorf("egressd exited with %d, want 0", code)
+	}
+	for _, f := range e.Faults() {
+		t.Error(f)
+	}
+	if e.leaked() {
 		t.Errorf("the secret appears in egressd's output")
 	}
-	if t.Failed() {
-		t.Logf("egressd stderr:\n%s", tail(errOut, 4000))
-	}
+}
+
+// leaked reports whether the secret appears in egressd's log or stderr.
+func (e *egressd) leaked() bool {
+	return bytes.Contains(e.LogBytes(), []byte(secret)) || bytes.Contains(e.Stderr(), []byte(secret))
 }
 
 // logLines returns egressd's JSON log lines so far.
-func (e *egressd) logLines() []map[string]any {
-	var out []map[string]any
-	for line := range bytes.Lines(e.stdout.Bytes()) {
-		var m map[string]any
-		if json.Unmarshal(line, &m) == nil {
-			out = append(out, m)
-		}
+func (e *egressd) logLines() []egressdtest.Line {
+	lines, err := e.Lines()
+	if err != nil {
+		e.t.Fatal(err)
 	}
-	return out
+	return lines
 }
 
 // egressLines returns the canonical "egress" lines so far.
-func (e *egressd) egressLines() []map[string]any {
-	var out []map[string]any
-	for _, l := range e.logLines() {
-		if l["message"] == "egress" {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
-func tail(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[len(b)-n:]
-	}
-	return b
-}
-
-type syncBuffer = syncbuf.Buffer
+func (e *egressd) egressLines() []egressdtest.Line { return e.EgressLines() }

@@ -4,17 +4,13 @@ import (
 	"bytes"
 	"compress/gzip"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -25,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/testutil/echo"
 	"github.com/egressd/egressd/internal/testutil/grpcecho"
 	"github.com/egressd/egressd/internal/testutil/netns"
 	"github.com/egressd/egressd/internal/testutil/testpki"
@@ -94,8 +91,7 @@ func getFixtures(t *testing.T) *fixtures {
 
 func startFixtures(t *testing.T) *fixtures {
 	t.Helper()
-	f := &fixtures{upstreamCA: testpki.New(t), echo: &echoServer{grpcSvc: &grpcecho.Service{}}}
-	f.echo.grpc = f.echo.grpcSvc.NewServer()
+	f := &fixtures{upstreamCA: testpki.New(t), echo: newEchoServer()}
 	var err error
 	if err = f.startEcho(t); err == nil {
 		f.forbidden, err = startSink("forbidden upstream", forbiddenIP, sinkPorts...)
@@ -122,19 +118,13 @@ func (f *fixtures) startEcho(t *testing.T) error {
 	if err != nil {
 		return err
 	}
-	go (&http.Server{Handler: f.echo, ReadHeaderTimeout: 10 * time.Second}).Serve(plain)
+	f.echo.Serve(plain, nil)
 	cert := f.upstreamCA.Leaf(t, "allowed.test", "*.allowed.test", "xn--bcher-kva.test", "ports.test", publicIP)
 	tlsLn, err := listenOn(net.JoinHostPort(publicIP, "443"))
 	if err != nil {
 		return err
 	}
-	srv := httptest.NewUnstartedServer(f.echo)
-	srv.Listener.Close()
-	srv.Listener = tlsLn
-	srv.EnableHTTP2 = true
-	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // tunnels closed before a ClientHello are expected
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
-	srv.StartTLS()
+	f.echo.Serve(tlsLn, &cert)
 	return nil
 }
 
@@ -228,20 +218,25 @@ func snapshotSinks(sinks []*sink) sinkCounts {
 	return c
 }
 
-// echoServer is the allowlisted upstream. It answers with what it received, as
-// JSON, with the planted secret replaced by secretMark, so that a secret in a
-// response the sandbox reads can only have come from egressd itself. It also
-// counts the requests to a credential host that arrived without exactly the
-// injected credential.
+// echoServer is the allowlisted upstream: internal/testutil/echo with the
+// suite's routes. It answers with what it received, as JSON, with the planted
+// secret replaced by secretMark, so that a secret in a response the sandbox reads
+// can only have come from egressd itself. It also counts the requests to a
+// credential host that arrived without exactly the injected credential.
 type echoServer struct {
-	requests      atomic.Int64
+	*echo.Server
 	withoutSecret atomic.Int64
 	// grpc serves the gRPC calls that reach the echo (grpcecho's service, with
 	// grpc-go's own server code behind net/http's HTTP/2 server).
 	grpc    http.Handler
 	grpcSvc *grpcecho.Service
-	mu      sync.Mutex
-	seen    []echoed
+}
+
+func newEchoServer() *echoServer {
+	e := &echoServer{grpcSvc: &grpcecho.Service{}}
+	e.grpc = e.grpcSvc.NewServer()
+	e.Server = &echo.Server{Route: e.route, Redact: redact}
+	return e
 }
 
 // hookAllowPath is the echo upstream's policy endpoint: it answers every request
@@ -252,15 +247,11 @@ const hookAllowPath = "/hooks/allow"
 const secretMark = "<SECRET>"
 
 // echoed is what the echo upstream received.
-type echoed struct {
-	Method, Host, Path, Proto string
-	Header, Trailer           http.Header
-	Body                      string
-	BodyErr                   string
-}
+type echoed = echo.Request
 
-func (e *echoServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	e.requests.Add(1)
+// route counts a credential host's request without the credential, and answers
+// the suite's special paths itself; every other request is echoed.
+func (e *echoServer) route(w http.ResponseWriter, r *http.Request) bool {
 	host, _, err := net.SplitHostPort(r.Host)
 	if err != nil {
 		host = r.Host
@@ -270,42 +261,28 @@ func (e *echoServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			e.withoutSecret.Add(1)
 		}
 	}
-	if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+	switch {
+	case r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc"):
 		e.grpc.ServeHTTP(w, r)
-		return
-	}
-	if r.URL.Path == "/reflect" { // an echo that does not redact: what egressd must scrub
+	case r.URL.Path == "/reflect": // an echo that does not redact: what egressd must scrub
 		reflect(w, r)
-		return
-	}
-	if to := r.URL.Query().Get("redirect"); to != "" {
-		e.record(echoed{Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto, Header: redactHeader(r.Header)})
-		w.Header().Set("Location", to)
+	case r.URL.Query().Get("redirect") != "":
+		e.Record(e.Read(r))
+		w.Header().Set("Location", r.URL.Query().Get("redirect"))
 		w.WriteHeader(http.StatusFound)
-		return
-	}
-	if r.URL.Path == bigPath { // a large answer, for clients that never read it
+	case r.URL.Path == bigPath: // a large answer, for clients that never read it
 		writeBig(w)
-		return
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-	if path.Clean(r.URL.Path) == hookAllowPath { // as most servers, it resolves dot segments
-		e.record(echoed{Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto, Header: redactHeader(r.Header), Body: string(body)})
+	case path.Clean(r.URL.Path) == hookAllowPath: // as most servers, it resolves dot segments
+		e.Record(e.Read(r))
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"decision": "allow"}`)
-		return
+	default:
+		if r.URL.Query().Get("forge") != "" {
+			forgeEgressdFields(w)
+		}
+		return false
 	}
-	if r.URL.Query().Get("forge") != "" {
-		forgeEgressdFields(w)
-	}
-	got := echoed{Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto,
-		Header: redactHeader(r.Header), Trailer: redactHeader(r.Trailer), Body: redact(string(body))}
-	if err != nil {
-		got.BodyErr = err.Error()
-	}
-	e.record(got)
-	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(got)
+	return true
 }
 
 // forgeEgressdFields makes the echo's answer carry Egressd-* fields only egressd
@@ -336,28 +313,6 @@ func reflect(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(body, "you sent: "+auth+"\n")
 }
 
-func (e *echoServer) record(got echoed) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.seen = append(e.seen, got)
-}
-
-// since returns the requests the echo upstream received after the n-th.
-func (e *echoServer) since(n int) []echoed {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if n > len(e.seen) {
-		return nil
-	}
-	return append([]echoed(nil), e.seen[n:]...)
-}
-
-func (e *echoServer) count() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.seen)
-}
-
 func hasExactlyCredential(h http.Header) bool {
 	v := h.Values("Authorization")
 	return len(v) == 1 && v[0] == "Bearer "+secret
@@ -369,19 +324,6 @@ const staticMark = "<STATIC>"
 
 func redact(s string) string {
 	return strings.NewReplacer(secret, secretMark, staticValue, staticMark).Replace(s)
-}
-
-func redactHeader(h http.Header) http.Header {
-	if h == nil {
-		return nil
-	}
-	out := make(http.Header, len(h))
-	for k, vs := range h {
-		for _, v := range vs {
-			out[k] = append(out[k], redact(v))
-		}
-	}
-	return out
 }
 
 // listenOn listens on addr after adding its IP to lo (inside the namespace only).

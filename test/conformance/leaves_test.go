@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
 	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
@@ -30,9 +31,8 @@ const (
 )
 
 // floodAllowlist is the strict allowlist with the flood's entry.
-const floodAllowlist = strictAllowlist + `
-    - domain: "*.flood.test"
-      transform: {X-Flood: "1"}`
+var floodAllowlist = append(slices.Clone(strictAllowlist),
+	egressdtest.Entry{Domain: "*.flood.test", Transform: map[string]string{"X-Flood": "1"}})
 
 // TestHookUnderTLSFlood: while a flood of new TLS names runs (each a leaf mint,
 // together far more than limits.leaf_mints can mint at once), a pre-tool hook call
@@ -149,7 +149,7 @@ func (w *world) handshake(host string) error {
 // rss is egressd's resident set now.
 func (w *world) rss(t *testing.T) int64 {
 	t.Helper()
-	n, err := procfs.RSS(w.cmd.Process.Pid)
+	n, err := procfs.RSS(w.Pid())
 	if err != nil {
 		t.Fatal(err)
 	}

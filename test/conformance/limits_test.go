@@ -4,11 +4,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
 )
 
 // The limits of the limits world: small, so that the cases run in seconds.
@@ -19,19 +20,13 @@ const (
 	closeSlack = 2 * time.Second
 )
 
-// limitsWorld is a world with the limits above; extra lines are added to the
-// limits section, and replace the lines above whose key they name.
-func limitsWorld(t *testing.T, extra ...string) *world {
-	lines := []string{
-		"read_header: " + readHeader.String(),
-		"client_idle: " + clientIdle.String(),
-		"response_header: 2s",
+// limitsWorld is a world with the limits above; set changes them or adds others.
+func limitsWorld(t *testing.T, set ...func(*egressdtest.Limits)) *world {
+	l := &egressdtest.Limits{ReadHeader: readHeader.String(), ClientIdle: clientIdle.String(), ResponseHeader: "2s"}
+	for _, f := range set {
+		f(l)
 	}
-	for _, e := range extra {
-		key, _, _ := strings.Cut(e, ":")
-		lines = slices.DeleteFunc(lines, func(l string) bool { return strings.HasPrefix(l, key+":") })
-	}
-	return newWorld(t, config{limits: append(lines, extra...)})
+	return newWorld(t, config{limits: l})
 }
 
 // TestOversizedAndSlowInput: a head beyond limits.max_header_bytes gets 431, a
@@ -212,7 +207,7 @@ func readResponseWithin(c *conn, d time.Duration) (*http.Response, error) {
 // served again.
 func TestMaxConnections(t *testing.T) {
 	const max = 4
-	w := limitsWorld(t, fmt.Sprintf("max_connections: %d", max))
+	w := limitsWorld(t, func(l *egressdtest.Limits) { l.MaxConnections = max })
 	k := w.begin(t)
 	var held []io.Closer
 	for range max {
@@ -279,7 +274,7 @@ func TestMaxConnections(t *testing.T) {
 // slow client holds slots only while nobody else needs them.
 func TestSlowClientsYieldSlots(t *testing.T) {
 	const max = 4
-	w := limitsWorld(t, fmt.Sprintf("max_connections: %d", max), "read_header: 30s", "client_idle: 30s")
+	w := limitsWorld(t, func(l *egressdtest.Limits) { l.MaxConnections, l.ReadHeader, l.ClientIdle = max, "30s", "30s" })
 	t.Run("slowloris at max_connections", func(t *testing.T) {
 		k := w.begin(t)
 		slow := k.slowloris(max)

@@ -2,7 +2,10 @@ package conformance_test
 
 import (
 	"net"
+	"strconv"
 	"testing"
+
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
 )
 
 // Fixed ports for the self-loop worlds: the namespace is the suite's own, so
@@ -24,11 +27,10 @@ const (
 // self check and not the loopback class.
 func TestProxySelfLoop(t *testing.T) {
 	w := newWorld(t, config{
-		allowlist: `    - domain: "*"
-      ports: [` + selfListenerPort + `, ` + selfAdminPort + `, ` + freeLoopbackPort + `]`,
-		unsafe:   []string{"127.0.0.0/8"},
-		listener: "127.0.0.1:" + selfListenerPort,
-		admin:    "127.0.0.1:" + selfAdminPort,
+		allowlist: []egressdtest.Entry{{Domain: "*", Ports: ports(selfListenerPort, selfAdminPort, freeLoopbackPort)}},
+		unsafe:    []string{"127.0.0.0/8"},
+		listener:  "127.0.0.1:" + selfListenerPort,
+		admin:     "127.0.0.1:" + selfAdminPort,
 	})
 	cases := []struct{ name, authority, detail string }{
 		{"own listener", "127.0.0.1:" + selfListenerPort, "self"},
@@ -64,11 +66,10 @@ func TestProxySelfLoop(t *testing.T) {
 // each of them on its port is egressd itself.
 func TestProxySelfLoopWildcard(t *testing.T) {
 	w := newWorld(t, config{
-		allowlist: `    - domain: "*"
-      ports: [` + wildListenerPort + `, ` + wildAdminPort + `]`,
-		unsafe:   []string{"127.0.0.0/8"},
-		listener: "0.0.0.0:" + wildListenerPort,
-		admin:    "127.0.0.1:" + wildAdminPort,
+		allowlist: []egressdtest.Entry{{Domain: "*", Ports: ports(wildListenerPort, wildAdminPort)}},
+		unsafe:    []string{"127.0.0.0/8"},
+		listener:  "0.0.0.0:" + wildListenerPort,
+		admin:     "127.0.0.1:" + wildAdminPort,
 	})
 	w.ProxyAddr = net.JoinHostPort("127.0.0.1", wildListenerPort)
 	for _, a := range []string{"127.0.0.1", "127.0.0.2", "0.0.0.0", publicIP, "[::ffff:127.0.0.9]", "self.test"} {
@@ -79,4 +80,17 @@ func TestProxySelfLoopWildcard(t *testing.T) {
 			k.refused(k.raw("CONNECT "+authority+" HTTP/1.1\r\nHost: "+authority+"\r\n\r\n"), 403, "internal_address", "self")
 		})
 	}
+}
+
+// ports converts port numbers written as strings.
+func ports(ss ...string) []int {
+	out := make([]int, len(ss))
+	for i, s := range ss {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			panic(err)
+		}
+		out[i] = n
+	}
+	return out
 }

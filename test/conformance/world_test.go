@@ -19,6 +19,8 @@ import (
 	"golang.org/x/net/idna"
 
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
+	"github.com/egressd/egressd/internal/testutil/syncbuf"
 )
 
 // ioTimeout bounds every client read and write of a case.
@@ -36,23 +38,20 @@ type world struct {
 }
 
 // strictAllowlist is the main policy: names only, one entry per way to match.
-// {STATIC} becomes staticValue.
-const strictAllowlist = `    - domain: allowed.test
-    - domain: "*.allowed.test"
-    - domain: api.allowed.test          # intercepted: credential and transform
-      credential: api
-      transform: {X-Injected: "{STATIC}"}
-    - domain: plain.allowed.test        # the same over plain http, on purpose
-      credential: api
-      transform: {X-Injected: "{STATIC}"}
-      allow_plaintext: true
-    - domain: ports.test
-      ports: [8443]
-    - domain: bücher.test               # an IDN, written in Unicode`
+var strictAllowlist = []egressdtest.Entry{
+	{Domain: "allowed.test"},
+	{Domain: "*.allowed.test"},
+	{Domain: "api.allowed.test", Credential: "api", // intercepted: credential and transform
+		Transform: map[string]string{"X-Injected": staticValue}},
+	{Domain: "plain.allowed.test", Credential: "api", // the same over plain http, on purpose
+		Transform: map[string]string{"X-Injected": staticValue}, AllowPlaintext: true},
+	{Domain: "ports.test", Ports: []int{8443}},
+	{Domain: "bücher.test"}, // an IDN, written in Unicode
+}
 
 // starAllowlist matches every host, IP literals included: only the address guard
 // stands between a request and an internal address.
-const starAllowlist = `    - domain: "*"`
+var starAllowlist = []egressdtest.Entry{{Domain: "*"}}
 
 // newWorld starts a world whose egressd runs on c; c.allowlist defaults to the
 // strict allowlist and c.resolver to the world's DNS stub.
@@ -61,10 +60,9 @@ func newWorld(t *testing.T, c config) *world {
 	fx := getFixtures(t)
 	w := &world{fx: fx, DNS: dnsstub.Start(t)}
 	w.setNames()
-	if c.allowlist == "" {
+	if c.allowlist == nil {
 		c.allowlist = strictAllowlist
 	}
-	c.allowlist = strings.ReplaceAll(c.allowlist, "{STATIC}", staticValue)
 	if c.resolver == "" {
 		c.resolver = w.DNS.Addr
 	}
@@ -133,12 +131,12 @@ type kase struct {
 	sinks      sinkCounts
 	echoSeen   int
 	echoNoCred int64
-	seen       syncBuffer // every byte the client read from egressd, TLS decrypted
+	seen       syncbuf.Buffer // every byte the client read from egressd, TLS decrypted
 }
 
 func (w *world) begin(t *testing.T) *kase {
 	t.Helper()
-	k := &kase{t: t, w: w, sinks: snapshotSinks(w.fx.allSinks()), echoSeen: w.fx.echo.count(),
+	k := &kase{t: t, w: w, sinks: snapshotSinks(w.fx.allSinks()), echoSeen: w.fx.echo.Count(),
 		echoNoCred: w.fx.echo.withoutSecret.Load()}
 	t.Cleanup(k.finish)
 	return k
@@ -162,13 +160,13 @@ func (k *kase) finish() {
 	if bytes.Contains(k.seen.Bytes(), []byte(secret)) {
 		t.Errorf("the client read the secret from egressd")
 	}
-	if bytes.Contains(k.w.stdout.Bytes(), []byte(secret)) || bytes.Contains(k.w.stderr.Bytes(), []byte(secret)) {
+	if k.w.leaked() {
 		t.Errorf("the secret appears in egressd's output")
 	}
 }
 
 // upstreamSaw returns the requests the echo upstream received during the case.
-func (k *kase) upstreamSaw() []echoed { return k.w.fx.echo.since(k.echoSeen) }
+func (k *kase) upstreamSaw() []echoed { return k.w.fx.echo.Since(k.echoSeen) }
 
 // assertUpstreamSaw fails unless the echo upstream received exactly n requests.
 func (k *kase) assertUpstreamSaw(n int) []echoed {

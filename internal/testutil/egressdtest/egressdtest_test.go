@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/egressd/egressd/internal/testutil/echo"
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
@@ -93,4 +94,27 @@ func getThrough(t *testing.T, e *egressdtest.Egressd, rawURL string) echo.Reques
 		t.Fatalf("not an echo: %s", b)
 	}
 	return got
+}
+
+// TestCursorKeepsTheRest: a Wait that matches one line of several read at once
+// leaves the rest for the next Wait.
+func TestCursorKeepsTheRest(t *testing.T) {
+	dir := t.TempDir()
+	log := `{"message":"a","n":1}` + "\n" + `{"message":"a","n":2}` + "\n" + `{"message":"egress","req_id":"x"}` + "\n" + `{"message":"a","n":3}`
+	if err := os.WriteFile(dir+"/"+egressdtest.LogName, []byte(log), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := egressdtest.Open(dir)
+	c := e.Cursor(0)
+	for _, want := range []float64{1, 2} {
+		if l, err := c.Wait(time.Second, egressdtest.IsMessage("a")); err != nil || l.Num("n") != want {
+			t.Fatalf("Wait = %v, %v; want line %v", l, err, want)
+		}
+	}
+	if l, err := c.Wait(100*time.Millisecond, egressdtest.IsMessage("a")); err == nil {
+		t.Fatalf("Wait returned the unfinished line %v", l)
+	}
+	if l, err := e.WaitNth(time.Second, 1, egressdtest.IsEgress("x")); err != nil || l.Str("req_id") != "x" {
+		t.Fatalf("WaitNth = %v, %v", l, err)
+	}
 }

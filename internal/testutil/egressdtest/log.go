@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -57,9 +58,10 @@ func (e *Egressd) EgressLines() []Line {
 // Cursor reads egressd's log from byte offset on (0: the start; LogSize: from
 // now), each complete line once.
 type Cursor struct {
-	e    *Egressd
-	off  int64
-	Skip func([]byte) bool // lines it accepts are passed over undecoded
+	e       *Egressd
+	off     int64
+	pending []Line            // read, not yet returned: the lines after a Wait's match
+	Skip    func([]byte) bool // lines it accepts are passed over undecoded
 }
 
 // Cursor starts a cursor at byte offset off of the log.
@@ -80,8 +82,16 @@ func (e *Egressd) LogSize() int64 {
 	return fi.Size()
 }
 
-// Next returns the complete lines logged since the last call.
+// Next returns the complete lines logged since the last call (or the last
+// line a Wait returned).
 func (c *Cursor) Next() ([]Line, error) {
+	lines, err := c.read()
+	lines, c.pending = append(c.pending, lines...), nil
+	return lines, err
+}
+
+// read decodes the complete lines past off.
+func (c *Cursor) read() ([]Line, error) {
 	f, err := os.Open(c.e.LogPath)
 	if err != nil {
 		return nil, err
@@ -122,8 +132,9 @@ func (c *Cursor) WaitContext(ctx context.Context, match func(Line) bool) (Line, 
 		if err != nil {
 			return nil, err
 		}
-		for _, l := range lines {
+		for i, l := range lines {
 			if match(l) {
+				c.pending = lines[i+1:]
 				return l, nil
 			}
 		}
@@ -148,4 +159,13 @@ func (e *Egressd) WaitNth(within time.Duration, n int, match func(Line) bool) (L
 		}
 		return seen == n
 	})
+}
+
+// Open is a finished run's files in dir, its log and stderr, for reading only
+// (Lines, Cursor, Stderr, Summary); it has no process.
+func Open(dir string) *Egressd {
+	e := &Egressd{Dir: dir, LogPath: filepath.Join(dir, LogName), StderrPath: filepath.Join(dir, StderrName),
+		exited: make(chan struct{})}
+	close(e.exited)
+	return e
 }

@@ -1,6 +1,0 @@
-//go:build !race
-
-package conformance_test
-
-// raceEnabled: the suite was built without -race.
-const raceEnabled = false
