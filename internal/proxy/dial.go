@@ -3,9 +3,9 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/netguard"
@@ -44,29 +44,38 @@ func (rt *Runtime) dialTarget(ctx context.Context, t allowlist.Target) (net.Conn
 	return conn, nil
 }
 
-// dialGuarded is the transport's DialContext: addr is the normalised target that the
-// request was decided on.
+// targetKey is the request-context key of the target a request was decided on.
+type targetKey struct{}
+
+// withTarget returns ctx carrying t, the decided target: the only one the
+// transports' dialers will connect to for the request (dialGuarded).
+func withTarget(ctx context.Context, t allowlist.Target) context.Context {
+	return context.WithValue(ctx, targetKey{}, t)
+}
+
+// errNoTarget is a dial whose context carries no decided target: refused, never
+// dialled by its address alone.
+var errNoTarget = errors.New("dial without a decided target")
+
+// decidedTarget is the target in ctx, which must be the one addr (the URL's
+// host:port, from which the transports key their connections) was written from.
+func decidedTarget(ctx context.Context, addr string) (allowlist.Target, error) {
+	t, ok := ctx.Value(targetKey{}).(allowlist.Target)
+	if !ok {
+		return allowlist.Target{}, errNoTarget
+	}
+	if t.String() != addr {
+		return allowlist.Target{}, fmt.Errorf("dial of %s for a request decided on %s", addr, t)
+	}
+	return t, nil
+}
+
+// dialGuarded is the transports' DialContext: it dials the decided target that the
+// request's context carries (withTarget), resolved and checked, and nothing else.
 func (rt *Runtime) dialGuarded(ctx context.Context, _, addr string) (net.Conn, error) {
-	t, err := targetFromAddr(addr)
+	t, err := decidedTarget(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
 	return rt.dialTarget(ctx, t)
-}
-
-// targetFromAddr turns host:port of a decided, normalised target back into it.
-func targetFromAddr(addr string) (allowlist.Target, error) {
-	host, portStr, err := net.SplitHostPort(addr)
-	if err != nil {
-		return allowlist.Target{}, err
-	}
-	port, err := strconv.ParseUint(portStr, 10, 16)
-	if err != nil {
-		return allowlist.Target{}, err
-	}
-	t := allowlist.Target{Host: host, Port: uint16(port)}
-	if a, err := netip.ParseAddr(host); err == nil {
-		t.Addr = a
-	}
-	return t, nil
 }

@@ -82,10 +82,11 @@ func reflectsRequest(req *http.Request) bool {
 }
 
 // outbound turns the client's request into the upstream request, in place: the
-// target is the decided, normalised one; hop-by-hop and Egressd-* headers are gone.
+// target is the decided, normalised one (in the URL, and as a value in the context
+// for the dialer: dial.go); hop-by-hop and Egressd-* headers are gone.
 // Injection comes after, so nothing the client sends can strip what egressd adds.
 func (x *exchange) outbound(ctx context.Context, scheme string) *http.Request {
-	out := x.req.WithContext(ctx)
+	out := x.req.WithContext(withTarget(ctx, x.target))
 	u := *x.req.URL
 	u.Scheme, u.Host, u.User = scheme, x.target.String(), nil
 	out.URL = &u

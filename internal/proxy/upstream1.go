@@ -281,10 +281,10 @@ func (p *h1Pool) sweepLocked(now time.Time) []*h1Conn {
 	return stale
 }
 
-// dial connects to the decided target through the guarded dialer and, for https,
+// dial connects to the decided target (in ctx) through the guarded dialer and, for https,
 // verifies the upstream with the upstream TLS policy for serverName.
 func (p *h1Pool) dial(ctx context.Context, key h1Key, serverName string) (*h1Conn, error) {
-	t, err := targetFromAddr(key.addr)
+	t, err := decidedTarget(ctx, key.addr)
 	if err != nil {
 		return nil, err
 	}
