@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
 // Bounds on a child's lifecycle, so a broken build cannot hang the bench.
@@ -92,4 +94,4 @@ func (c *child) stop() string {
 func (c *child) pid() int { return c.cmd.Process.Pid }
 
 // cpuTime is the process's CPU time so far (user + system).
-func (c *child) cpuTime() (time.Duration, error) { return procCPU(c.pid()) }
+func (c *child) cpuTime() (time.Duration, error) { return procfs.CPU(c.pid()) }

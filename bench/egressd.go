@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
+	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
 const (
@@ -67,11 +68,11 @@ func (e *egressd) stop() string {
 }
 
 // cpuTime is egressd's CPU time so far (user + system).
-func (e *egressd) cpuTime() (time.Duration, error) { return procCPU(e.Pid()) }
+func (e *egressd) cpuTime() (time.Duration, error) { return procfs.CPU(e.Pid()) }
 
 // peakRSS is VmHWM, the resident set's high-water mark over the whole run.
 func (e *egressd) peakRSS() (int64, string) {
-	n, err := procPeakRSS(e.Pid())
+	n, err := procfs.PeakRSS(e.Pid())
 	if err != nil {
 		return 0, err.Error()
 	}

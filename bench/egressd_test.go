@@ -9,6 +9,7 @@ import (
 
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
+	"github.com/egressd/egressd/internal/testutil/testpki"
 )
 
 func TestLogSummary(t *testing.T) {
@@ -77,11 +78,11 @@ func testUpstream() *upstream {
 
 // testCAPEM is a CA certificate egressd's tls.upstream_ca_file accepts.
 var testCAPEM = func() []byte {
-	ca, _, err := newPKI()
+	ca, err := testpki.NewCA("bench test CA")
 	if err != nil {
 		panic(err)
 	}
-	return ca.pem
+	return ca.PEM()
 }()
 
 func TestConfigNamesOnlyLoopback(t *testing.T) {

@@ -192,7 +192,7 @@ func measureIdleTunnels(ctx context.Context, env pathEnv) ([]pathResult, error) 
 		return nil, fmt.Errorf("getrlimit: %w", err)
 	}
 	ir.BenchFDLimit = lim.Cur
-	elim, err := procFDLimit(pid)
+	elim, err := procfs.FDLimit(pid)
 	if err != nil {
 		return nil, fmt.Errorf("egressd's fd limit: %w", err)
 	}
@@ -207,7 +207,7 @@ func measureIdleTunnels(ctx context.Context, env pathEnv) ([]pathResult, error) 
 	if _, err := waitTunnelsZero(ctx, e); err != nil {
 		ir.Problems = append(ir.Problems, "before opening: "+err.Error())
 	}
-	if ir.RSSBeforeBytes, err = procRSS(pid); err != nil {
+	if ir.RSSBeforeBytes, err = procfs.RSS(pid); err != nil {
 		return nil, fmt.Errorf("egressd's VmRSS: %w", err)
 	}
 	ir.GoroutinesBefore, _ = e.metric("go_goroutines")
@@ -240,7 +240,7 @@ func measureIdleTunnels(ctx context.Context, env pathEnv) ([]pathResult, error) 
 		return nil, fmt.Errorf("interrupted: %w", err)
 	}
 	ir.HoldSeconds = time.Since(hold).Seconds()
-	if ir.RSSIdleBytes, err = procRSS(pid); err != nil {
+	if ir.RSSIdleBytes, err = procfs.RSS(pid); err != nil {
 		return nil, fmt.Errorf("egressd's VmRSS: %w", err)
 	}
 	ir.EgressdFDsIdle = countFDs(pid)
@@ -264,7 +264,7 @@ func measureIdleTunnels(ctx context.Context, env pathEnv) ([]pathResult, error) 
 	} else {
 		ir.ZeroAfterCloseSeconds = time.Since(t1).Seconds() // closing included
 	}
-	ir.RSSClosedBytes, _ = procRSS(pid)
+	ir.RSSClosedBytes, _ = procfs.RSS(pid)
 	if res.Log, err = e.scanLog(from); err != nil {
 		return nil, fmt.Errorf("egressd log: %w", err)
 	}
@@ -435,33 +435,6 @@ func waitTunnelsZero(ctx context.Context, e *egressd) (time.Duration, error) {
 			return 0, fmt.Errorf("interrupted: %w", err)
 		}
 	}
-}
-
-// procFDLimit is the soft "Max open files" of /proc/<pid>/limits.
-func procFDLimit(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid))
-	if err != nil {
-		return 0, err
-	}
-	return parseFDLimit(string(b))
-}
-
-func parseFDLimit(limits string) (uint64, error) {
-	for line := range strings.Lines(limits) {
-		rest, ok := strings.CutPrefix(line, "Max open files")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) == 0 {
-			break
-		}
-		if f[0] == "unlimited" {
-			return 1 << 62, nil
-		}
-		return strconv.ParseUint(f[0], 10, 64)
-	}
-	return 0, errors.New("no \"Max open files\" in /proc/pid/limits")
 }
 
 // countFDs is how many fds pid has open, or -1 when /proc/<pid>/fd cannot be

@@ -99,17 +99,3 @@ func TestIdleCap(t *testing.T) {
 		}
 	}
 }
-
-func TestParseFDLimit(t *testing.T) {
-	limits := `Limit                     Soft Limit           Hard Limit           Units
-Max processes             unlimited            unlimited            processes
-Max open files            20000                65536                files
-Max locked memory         8388608              8388608              bytes
-`
-	if n, err := parseFDLimit(limits); err != nil || n != 20000 {
-		t.Errorf("parseFDLimit = %d, %v", n, err)
-	}
-	if _, err := parseFDLimit("Max processes 5 5 processes\n"); err == nil {
-		t.Error("parseFDLimit without the line succeeded")
-	}
-}

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
+	"github.com/egressd/egressd/internal/testutil/procfs"
+	"github.com/egressd/egressd/internal/testutil/testpki"
 )
 
 // Peers: other egress proxies, measured beside egressd in the same run. On
@@ -502,7 +504,7 @@ func (p *peerProc) logTail() string {
 }
 
 func (p *peerProc) peakRSS() int64 {
-	n, _ := procPeakRSS(p.cmd.Process.Pid)
+	n, _ := procfs.PeakRSS(p.cmd.Process.Pid)
 	return n
 }
 
@@ -510,24 +512,22 @@ func (p *peerProc) peakRSS() int64 {
 // goproxybare's interception, writes its certificate and key into dir, and
 // returns their paths and a pool with it for the clients.
 func writePeerCA(dir string) (certPath, keyPath string, roots *x509.CertPool, err error) {
-	cert, key, der, err := newCA("egressd bench peer CA (goproxy)")
+	ca, err := testpki.NewCA("egressd bench peer CA (goproxy)")
 	if err != nil {
 		return "", "", nil, err
 	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
+	keyDER, err := x509.MarshalECPrivateKey(ca.Key)
 	if err != nil {
 		return "", "", nil, err
 	}
 	certPath, keyPath = filepath.Join(dir, "goproxy-ca.pem"), filepath.Join(dir, "goproxy-ca-key.pem")
-	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+	if err := os.WriteFile(certPath, ca.PEM(), 0o600); err != nil {
 		return "", "", nil, err
 	}
 	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
 		return "", "", nil, err
 	}
-	roots = x509.NewCertPool()
-	roots.AddCert(cert)
-	return certPath, keyPath, roots, nil
+	return certPath, keyPath, ca.Pool, nil
 }
 
 // peerResult is one peer on one path: its runs, one per round, each right

@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
 // report is everything one bench run found, printed as a table or as JSON.
@@ -169,7 +172,7 @@ func newReport(o options) *report {
 		Rounds:     o.rounds,
 		CPUs:       runtime.NumCPU(),
 		GoVersion:  runtime.Version(),
-		ClockTicks: clockTicks(),
+		ClockTicks: procfs.ClockTicks(),
 		LoadAvg:    loadAvg(),
 	}}
 }
@@ -513,4 +516,18 @@ func thousands(v float64) string {
 		b.WriteRune(c)
 	}
 	return b.String()
+}
+
+// loadAvg is the 1-minute load average, or 0 if /proc/loadavg cannot be read.
+func loadAvg() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
 }

@@ -2,22 +2,14 @@ package main
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"errors"
-	"math/big"
-	"net"
 	"net/http"
 	"strconv"
 	"sync/atomic"
-	"time"
 
 	"github.com/egressd/egressd/internal/testutil/echo"
+	"github.com/egressd/egressd/internal/testutil/testpki"
 )
 
 // upstream is the in-process origin every path ends at: an echo server
@@ -49,8 +41,9 @@ type upstream struct {
 
 // upstreamNames are the names the HTTPS leaf is valid for: "localhost" for the
 // plain and connect paths, and the hosts in benchZone (answered by the DNS
-// stub) for the intercepted ones, which need an allowlist entry each.
-var upstreamNames = []string{"localhost", "bench.test", "*.bench.test"}
+// stub) for the intercepted ones, which need an allowlist entry each; and
+// 127.0.0.1.
+var upstreamNames = []string{"localhost", "bench.test", "*.bench.test", "127.0.0.1"}
 
 // What egressd injects on the intercepted paths, and the upstream checks on
 // every request: a transform sets transformHeader, the credential (a fake
@@ -94,12 +87,15 @@ func (c upstreamCounts) sub(o upstreamCounts) upstreamCounts {
 }
 
 func startUpstream(size int) (*upstream, error) {
-	ca, leaf, err := newPKI()
+	ca, err := testpki.NewCA("egressd bench CA")
 	if err != nil {
 		return nil, err
 	}
-	u := &upstream{caPEM: ca.pem, roots: x509.NewCertPool(), cert: leaf}
-	u.roots.AddCert(ca.cert)
+	leaf, err := ca.NewLeaf(upstreamNames...)
+	if err != nil {
+		return nil, err
+	}
+	u := &upstream{caPEM: ca.PEM(), roots: ca.Pool, cert: leaf}
 	h := u.fixedBody(size)
 	u.srv = &echo.Server{Route: func(w http.ResponseWriter, r *http.Request) bool { h.ServeHTTP(w, r); return true }, Forget: true}
 	httpPort, err := u.srv.Listen("127.0.0.1:0", nil)
@@ -160,69 +156,4 @@ func (u *upstream) fixedBody(size int) http.Handler {
 		hdr["Content-Type"] = ctype
 		_, _ = w.Write(body)
 	})
-}
-
-// ca is the bench's throwaway certificate authority: made in memory for one run,
-// written to the temp dir only as the PEM egressd's tls.upstream_ca_file reads.
-type ca struct {
-	cert *x509.Certificate
-	pem  []byte
-}
-
-// newCA makes a throwaway self-signed CA, ECDSA P-256, valid for a day.
-func newCA(name string) (*x509.Certificate, *ecdsa.PrivateKey, []byte, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	cert, err := x509.ParseCertificate(der)
-	return cert, key, der, err
-}
-
-// newPKI makes a CA and a leaf for upstreamNames and 127.0.0.1, both ECDSA
-// P-256 (cheap handshakes, like a modern public site).
-func newPKI() (ca, tls.Certificate, error) {
-	caCert, caKey, caDER, err := newCA("egressd bench CA")
-	if err != nil {
-		return ca{}, tls.Certificate{}, err
-	}
-	now := time.Now()
-	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return ca{}, tls.Certificate{}, err
-	}
-	leafTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: upstreamNames[0]},
-		DNSNames:     upstreamNames,
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, caCert, &leafKey.PublicKey, caKey)
-	if err != nil {
-		return ca{}, tls.Certificate{}, err
-	}
-	leaf := tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: leafKey}
-	if leaf.Leaf, err = x509.ParseCertificate(leafDER); err != nil {
-		return ca{}, tls.Certificate{}, errors.New("parsing the bench leaf: " + err.Error())
-	}
-	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	return ca{cert: caCert, pem: caPEM}, leaf, nil
 }

@@ -1,4 +1,4 @@
-// Package testpki makes a throwaway CA and server certificates for test upstreams.
+// Package testpki makes a throwaway CA and server certificates for test upstreams (and the bench's).
 package testpki
 
 import (
@@ -25,13 +25,23 @@ type CA struct {
 // New makes a CA valid for one day.
 func New(t testing.TB) *CA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := NewCA("egressd test upstream CA")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ca
+}
+
+// NewCA is New for a program (the bench): a CA named name, ECDSA P-256, valid
+// for one day.
+func NewCA(name string) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(time.Now().UnixNano()),
-		Subject:               pkix.Name{CommonName: "egressd test upstream CA"},
+		Subject:               pkix.Name{CommonName: name},
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().Add(24 * time.Hour),
 		IsCA:                  true,
@@ -40,20 +50,32 @@ func New(t testing.TB) *CA {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	cert, _ := x509.ParseCertificate(der)
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
-	return &CA{Cert: cert, Key: key, Pool: pool}
+	return &CA{Cert: cert, Key: key, Pool: pool}, nil
 }
 
 // Leaf issues a server certificate for the given DNS names and IP addresses.
 func (ca *CA) Leaf(t testing.TB, names ...string) tls.Certificate {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leaf, err := ca.NewLeaf(names...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return leaf
+}
+
+// NewLeaf is Leaf for a program: ECDSA P-256, valid for one day, chained to ca.
+func (ca *CA) NewLeaf(names ...string) (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()),
@@ -72,9 +94,9 @@ func (ca *CA) Leaf(t testing.TB, names ...string) tls.Certificate {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
 	if err != nil {
-		t.Fatal(err)
+		return tls.Certificate{}, err
 	}
-	return tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key}
+	return tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key}, nil
 }
 
 // PEM returns the CA certificate in PEM form.
