@@ -19,6 +19,8 @@ import (
 
 	"github.com/egressd/egressd/internal/atomicfile"
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
+	"github.com/egressd/egressd/internal/testutil/echo"
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
 	"github.com/egressd/egressd/internal/testutil/testpki"
 	"github.com/egressd/egressd/pkg/hookauth"
 )
@@ -82,10 +84,11 @@ func startFixtures(t *testing.T, tl *tally, cr *credTracker, adminAddr string) *
 	}
 	fx.dns.Set(hostMeta, "A "+literalMeta)
 	fx.dns.Set(hostPrivate, "A 10.0.0.5")
-	fx.up = &upstream{tally: tl, creds: cr, hooks: &hookEndpoint{tally: tl}}
+	fx.up = newUpstream(tl, cr)
+	t.Cleanup(fx.up.Close)
 	leaf := fx.ca.Leaf(t, "*.soak.test", "soak.test")
 	fx.httpPort = fx.up.serve(t, nil)
-	fx.tlsPort = fx.up.serve(t, &tls.Config{Certificates: []tls.Certificate{leaf}, NextProtos: []string{"h2", "http/1.1"}})
+	fx.tlsPort = fx.up.serve(t, &leaf)
 	aud, err := hookauth.Origin(fmt.Sprintf("https://%s:%d", hostPolicy, fx.tlsPort))
 	if err != nil {
 		t.Fatal(err)
@@ -101,76 +104,81 @@ func startFixtures(t *testing.T, tl *tally, cr *credTracker, adminAddr string) *
 	return fx
 }
 
-// upstream answers every allowed request with an echo of what it received, and
-// serves the hook policy endpoint on hostPolicy. It records a violation itself for
-// what only it can see: a request for a host that egressd must have denied, and a
-// credential that is stale after the rotation grace.
+// upstream is internal/testutil/echo on two ports, answering every allowed request
+// with what it received, and serving the hook policy endpoint on hostPolicy. It
+// records a violation itself for what only it can see: a request for a host that
+// egressd must have denied, and a credential that is stale after the rotation grace.
 type upstream struct {
-	tally   *tally
-	creds   *credTracker
-	hooks   *hookEndpoint
-	servers []*http.Server
+	*echo.Server
+	tally *tally
+	creds *credTracker
+	hooks *hookEndpoint
 }
 
-// echo is the upstream's answer: what it saw of the request.
-type echo struct {
-	ID        string   `json:"id"`
-	Host      string   `json:"host"`
-	Path      string   `json:"path"`
-	TLS       bool     `json:"tls"`
-	Proto     string   `json:"proto"`
-	Transform []string `json:"transform"`
-	Auth      []string `json:"auth"`
-	Egressd   []string `json:"egressd"` // names of Egressd-* headers
-	Cred      string   `json:"cred"`    // the credential's class, on hostCred (credTracker.classify)
+func newUpstream(tl *tally, cr *credTracker) *upstream {
+	u := &upstream{tally: tl, creds: cr, hooks: &hookEndpoint{tally: tl}}
+	// Forget: the soak sends hundreds of requests a second for minutes.
+	u.Server = &echo.Server{Route: u.route, Redact: mark, Inspect: u.classify, Forget: true}
+	return u
 }
 
-func (u *upstream) serve(t *testing.T, tlsConf *tls.Config) int {
+// seen is what the upstream saw of a request, as the load checks it.
+type seen struct {
+	ID        string
+	Host      string
+	TLS       bool
+	Proto     string
+	Transform []string
+	Auth      []string
+	Egressd   []string // names of Egressd-* headers
+	Cred      string   // the credential's class, on hostCred (credTracker.classify)
+}
+
+// seenOf reads the echo's answer.
+func seenOf(r echo.Request) seen {
+	return seen{ID: r.Header.Get(idHeader), Host: hostOf(r.Host), TLS: r.TLS, Proto: r.Proto,
+		Transform: r.Header.Values(transformHeader), Auth: r.Header.Values("Authorization"),
+		Egressd: egressdHeaders(r.Header), Cred: r.Note}
+}
+
+func (u *upstream) serve(t *testing.T, cert *tls.Certificate) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := u.Listen("127.0.0.1:0", cert)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: u, TLSConfig: tlsConf, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	u.servers = append(u.servers, srv)
-	go func() {
-		if tlsConf != nil {
-			_ = srv.ServeTLS(ln, "", "")
-		} else {
-			_ = srv.Serve(ln)
-		}
-	}()
-	t.Cleanup(func() { srv.Close() })
-	return ln.Addr().(*net.TCPAddr).Port
+	return port
 }
 
-func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	host := r.Host
+// hostOf is r.Host's name, lower-cased, without a port.
+func hostOf(host string) string {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	host = strings.ToLower(host)
-	switch host {
+	return strings.ToLower(host)
+}
+
+// route serves the policy endpoint and refuses the hosts egressd must have denied;
+// the allowed hosts are echoed.
+func (u *upstream) route(w http.ResponseWriter, r *http.Request) bool {
+	switch hostOf(r.Host) {
 	case hostPolicy:
 		u.hooks.serve(w, r)
-		return
 	case hostPlain, hostSplice, hostTransform, hostCred:
+		return false
 	default:
 		u.tally.violation("upstream reached for a denied host", "%s %s%s (%s)", r.Method, r.Host, r.URL.Path, r.Header.Get(idHeader))
 		http.Error(w, "soak upstream: this host must have been denied", http.StatusTeapot)
-		return
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
-	e := echo{
-		ID: r.Header.Get(idHeader), Host: host, Path: r.URL.Path, TLS: r.TLS != nil, Proto: r.Proto,
-		Transform: marked(r.Header.Values(transformHeader)), Auth: marked(r.Header.Values("Authorization")),
-		Egressd: egressdHeaders(r.Header),
+	return true
+}
+
+// classify notes the class of the credential a hostCred request carried, judged on
+// the token as received (the echo's answer carries it masked).
+func (u *upstream) classify(r *http.Request, got *echo.Request) {
+	if hostOf(r.Host) == hostCred {
+		got.Note = u.creds.classify(r.Header.Values("Authorization"), r.Header.Get(idHeader))
 	}
-	if host == hostCred {
-		e.Cred = u.creds.classify(e.Auth, e.ID)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(e)
 }
 
 // egressdHeaders lists the names of the Egressd-* headers in h.
@@ -348,21 +356,15 @@ const (
 	tokenMark     = "<soak-token>"
 )
 
-func marked(vals []string) []string {
-	if vals == nil {
-		return nil
+// mark is the echo's Redact: an injected value becomes its mark.
+func mark(v string) string {
+	switch {
+	case v == transformValue:
+		return transformMark
+	case strings.HasPrefix(v, "Bearer "+tokenPrefix):
+		return "Bearer " + tokenMark
 	}
-	out := make([]string, len(vals))
-	for i, v := range vals {
-		switch {
-		case v == transformValue:
-			v = transformMark
-		case strings.HasPrefix(v, "Bearer "+tokenPrefix):
-			v = "Bearer " + tokenMark
-		}
-		out[i] = v
-	}
-	return out
+	return v
 }
 
 func redactTokens(vals []string) string {
@@ -463,29 +465,27 @@ func (f *files) hooksJSON() []byte {
 
 // configYAML is egressd.yaml naming policyPath as the policy file.
 func (f *files) configYAML(resolver, policyPath string) []byte {
-	return fmt.Appendf(nil, `# Generated by egressd's soak test (test/soak); removed with its temp dir.
-version: 1
-environment: %s
-listeners:
-  - {name: sandbox, address: "127.0.0.1:%d", mode: proxy, role: sandbox}
-admin: {address: "127.0.0.1:%d"}
-policy: {file: %q}
-network:
-  resolver: %q                      # the soak's stub: answers *.soak.test only, forwards nothing
-  unsafe_allow_cidrs: [127.0.0.0/8] # the upstream is on loopback; development and tests only
-tls:
-  intercept: auto
-  deny_in_tunnel: never             # the denied-CONNECT load checks the CONNECT's own 403
-  upstream_ca_file: %q
-credentials:
-  backend: file
-  file: %q
-hooks:
-  file: %q
-  fail_closed: true
-log: {level: info, format: json}
-state_dir: %q
-`, environment, f.proxyPort, f.adminPort, policyPath, resolver, f.upstreamCA, f.creds, f.hooks, f.stateDir)
+	failClosed := true
+	cfg := &egressdtest.Config{
+		Version: 1, Environment: environment,
+		Listeners: []egressdtest.Listener{{Name: "sandbox", Address: fmt.Sprintf("127.0.0.1:%d", f.proxyPort), Mode: "proxy", Role: "sandbox"}},
+		Admin:     &egressdtest.Admin{Address: fmt.Sprintf("127.0.0.1:%d", f.adminPort)},
+		Policy:    egressdtest.Policy{File: policyPath},
+		// resolver: the soak's stub (answers *.soak.test only, forwards nothing);
+		// 127.0.0.0/8 opened: the upstream is on loopback (development and tests only).
+		Network: egressdtest.Network{Resolver: resolver, UnsafeAllowCIDRs: []string{"127.0.0.0/8"}},
+		// deny_in_tunnel never: the denied-CONNECT load checks the CONNECT's own 403.
+		TLS:         &egressdtest.TLS{Intercept: "auto", DenyInTunnel: "never", UpstreamCAFile: f.upstreamCA},
+		Credentials: &egressdtest.Credentials{Backend: "file", File: f.creds},
+		Hooks:       &egressdtest.Hooks{File: f.hooks, FailClosed: &failClosed},
+		Log:         &egressdtest.Log{Level: "info", Format: "json"},
+		StateDir:    f.stateDir,
+	}
+	b, err := cfg.YAML()
+	if err != nil {
+		panic(err) // plain structs always marshal
+	}
+	return b
 }
 
 // writeFiles writes every file egressd's config names into dir; egressd will
@@ -495,7 +495,7 @@ func writeFiles(dir string, fx *fixtures, cr *credTracker, proxyPort, adminPort 
 		dir: dir, config: filepath.Join(dir, "egressd.yaml"), policy: filepath.Join(dir, "policy.json"),
 		hooks: filepath.Join(dir, "hooks.json"), creds: filepath.Join(dir, "credentials.json"),
 		upstreamCA: filepath.Join(dir, "upstream-ca.pem"), stateDir: filepath.Join(dir, "state"),
-		log: filepath.Join(dir, "egressd.log"), stderr: filepath.Join(dir, "egressd.stderr"),
+		log: filepath.Join(dir, egressdtest.LogName), stderr: filepath.Join(dir, egressdtest.StderrName),
 		proxyPort: proxyPort, adminPort: adminPort, httpPort: fx.httpPort, tlsPort: fx.tlsPort,
 	}
 	for path, data := range map[string][]byte{

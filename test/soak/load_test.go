@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/echo"
 )
 
 const (
@@ -110,7 +112,7 @@ type client struct {
 }
 
 func (l *loader) newClient(id int) *client {
-	proxyURL := &url.URL{Scheme: "http", Host: l.e.proxy}
+	proxyURL := &url.URL{Scheme: "http", Host: l.e.Proxy}
 	h2 := id%2 == 1 // odd clients speak HTTP/2 inside their TLS tunnels
 	transport := func(roots *x509.CertPool) *http.Transport {
 		return &http.Transport{
@@ -237,33 +239,33 @@ func (c *client) allowed(k kind, id string) (string, error) {
 		rawURL, host string
 		hc           *http.Client
 		hdr          = http.Header{idHeader: {id}}
-		want         echo // what the upstream must have seen (Cred checked apart)
+		want         seen // what the upstream must have seen (Cred checked apart)
 	)
 	switch k {
 	case kindPlain:
 		rawURL, host, hc = fmt.Sprintf("http://%s:%d/plain?q=%s", hostPlain, f.httpPort, id), hostPlain, c.plain
 		hdr.Set("Authorization", "Bearer client-plain") // no credential on this entry: passes as sent
 		hdr.Set("Egressd-Forged", "1")                  // Egressd-* from the sandbox: always stripped
-		want = echo{Auth: []string{"Bearer client-plain"}}
+		want = seen{Auth: []string{"Bearer client-plain"}}
 	case kindSplice:
 		rawURL, host, hc = fmt.Sprintf("https://%s:%d/splice", hostSplice, f.tlsPort), hostSplice, c.splice
 		// Spliced: egressd sees only TLS bytes, so everything arrives as sent.
 		hdr.Set("Authorization", "Bearer client-splice")
 		hdr.Set(transformHeader, "client-splice")
-		want = echo{TLS: true, Auth: []string{"Bearer client-splice"}, Transform: []string{"client-splice"}}
+		want = seen{TLS: true, Auth: []string{"Bearer client-splice"}, Transform: []string{"client-splice"}}
 	case kindTransform:
 		rawURL, host, hc = fmt.Sprintf("https://%s:%d/xform", hostTransform, f.tlsPort), hostTransform, c.intercept
 		hdr[transformHeader] = []string{"forged-1", "forged-2"} // replaced by the transform
 		hdr["x-soak-transform"] = []string{"forged-lower"}      // in any case
 		hdr.Set("Authorization", "Bearer client-xform")         // the transform does not set it
 		hdr.Set("Egressd-Forged", "1")
-		want = echo{TLS: true, Auth: []string{"Bearer client-xform"}, Transform: []string{transformMark}}
+		want = seen{TLS: true, Auth: []string{"Bearer client-xform"}, Transform: []string{transformMark}}
 	case kindCred:
 		rawURL, host, hc = fmt.Sprintf("https://%s:%d/cred", hostCred, f.tlsPort), hostCred, c.intercept
 		hdr.Set("Authorization", "Bearer forged-by-the-sandbox") // replaced by the credential
 		hdr["authorization"] = []string{"Bearer forged-lower"}
 		hdr.Set("Egressd-Forged", "1")
-		want = echo{TLS: true}
+		want = seen{TLS: true}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
@@ -279,8 +281,9 @@ func (c *client) allowed(k kind, id string) (string, error) {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Sprintf("status %d (Egressd-Reason %q), want 200: %s", resp.StatusCode, resp.Header.Get("Egressd-Reason"), snippet(body, 200)), nil
 	}
-	var got echo
-	if err := json.Unmarshal(body, &got); err != nil {
+	echoed, err := echo.Decode(body)
+	got := seenOf(echoed)
+	if err != nil {
 		return fmt.Sprintf("200 but not the upstream's echo: %s", snippet(body, 200)), nil
 	}
 	var bad []string
@@ -382,7 +385,7 @@ func (c *client) denyHTTP(id string, d denial) (string, error) {
 // denyConnect sends a CONNECT egressd must refuse, on a connection of its own, and
 // checks the refusal.
 func (c *client) denyConnect(id string, d denial) (string, error) {
-	nc, err := net.DialTimeout("tcp", c.l.e.proxy, requestTimeout)
+	nc, err := net.DialTimeout("tcp", c.l.e.Proxy, requestTimeout)
 	if err != nil {
 		return "", err
 	}

@@ -93,7 +93,7 @@ func (o *operator) reload(n int) {
 	fail := func(format string, args ...any) {
 		o.tally.violation("reload", "%s: %s", label, fmt.Sprintf(format, args...))
 	}
-	before, err := o.e.metrics()
+	before, err := o.e.Metrics()
 	if err != nil {
 		fail("metrics before: %v", err)
 		return
@@ -183,7 +183,7 @@ func reloadPlan(n int, adminReload bool) (valid bool, trigger string) {
 func (o *operator) waitReload(before map[string]float64) (map[string]float64, error) {
 	deadline := time.Now().Add(reloadTimeout)
 	for {
-		m, err := o.e.metrics()
+		m, err := o.e.Metrics()
 		if err == nil && m[seriesReloadOK]+m[seriesReloadErr] > before[seriesReloadOK]+before[seriesReloadErr] {
 			return m, nil
 		}

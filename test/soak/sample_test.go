@@ -48,7 +48,7 @@ type sample struct {
 // files and resident set from /proc.
 func takeSample(e *egressd, at time.Duration) (sample, error) {
 	s := sample{at: at}
-	m, err := e.metrics()
+	m, err := e.Metrics()
 	if err != nil {
 		return s, err
 	}
@@ -58,10 +58,10 @@ func takeSample(e *egressd, at time.Duration) (sample, error) {
 		return s, fmt.Errorf("/metrics lacks %s or %s", seriesGoroutines, seriesTunnels)
 	}
 	s.goroutines, s.tunnels = int64(g), int64(tu)
-	if s.fds, err = procFDs(e.pid()); err != nil {
+	if s.fds, err = procFDs(e.Pid()); err != nil {
 		return s, err
 	}
-	s.rss, err = procRSS(e.pid())
+	s.rss, err = procRSS(e.Pid())
 	return s, err
 }
 

@@ -3,7 +3,6 @@ package soak_test
 import (
 	"bufio"
 	"bytes"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -41,7 +40,7 @@ func TestSoak(t *testing.T) {
 	var running atomic.Pointer[egressd]
 	watchdog := time.AfterFunc(s.duration+hardSlack, func() {
 		if e := running.Load(); e != nil {
-			e.kill()
+			e.Kill()
 		}
 		panic(fmt.Sprintf("soak: still running %v after the start of a %v load; goroutines follow", s.duration+hardSlack, s.duration))
 	})
@@ -77,19 +76,15 @@ func TestSoak(t *testing.T) {
 		t.Fatalf("starting egressd: %v", err)
 	}
 	running.Store(e)
-	defer e.kill()
+	defer e.Kill()
 
 	adminReload, err := e.hasAdminReload()
 	if err != nil {
 		t.Fatal(err)
 	}
-	caPEM, err := os.ReadFile(filepath.Join(f.stateDir, "ca.pem"))
+	egressdRoots, err := e.CAPool()
 	if err != nil {
 		t.Fatalf("egressd's CA: %v", err)
-	}
-	egressdRoots := x509.NewCertPool()
-	if !egressdRoots.AppendCertsFromPEM(caPEM) {
-		t.Fatalf("egressd's CA %s holds no certificate", filepath.Join(f.stateDir, "ca.pem"))
 	}
 	op := &operator{e: e, f: f, tally: tl, creds: creds, adminReload: adminReload, broken: f.brokenPolicies()}
 	rep := &report{s: s, tally: tl, creds: creds, hooks: fx.up.hooks, adminRel: adminReload}
@@ -111,7 +106,7 @@ func TestSoak(t *testing.T) {
 	}
 	evs := op.schedule(s.duration)
 	t.Logf("soaking egressd (pid %d) for %v: %d clients at %d req/s, %d reloads and rotations scheduled, POST /v1/reload served: %v; dir %s",
-		e.pid(), s.duration, s.clients, s.rate, len(evs), adminReload, dir)
+		e.Pid(), s.duration, s.clients, s.rate, len(evs), adminReload, dir)
 
 	rep.loadAvgStart = loadAvg()
 	l.start = time.Now()
@@ -132,8 +127,8 @@ func TestSoak(t *testing.T) {
 			break
 		}
 		time.Sleep(time.Until(l.start.Add(at)))
-		if !e.alive() {
-			t.Errorf("egressd exited (%d) during the load%s", e.exitCode, e.outputTail())
+		if !e.Alive() {
+			t.Errorf("egressd exited (%d) during the load%s", e.ExitCode(), e.OutputTail(3000))
 			break
 		}
 		smp, err := takeSample(e, at)
@@ -165,7 +160,7 @@ func TestSoak(t *testing.T) {
 		sampleErrs = append(sampleErrs, fmt.Sprintf("sample after the load: %v", err))
 	}
 
-	code, stopErr := e.stop()
+	code, stopErr := e.Stop()
 	rep.exitCode = code
 	rep.logSummary = scanLog(f)
 	rep.growth = checkGrowth(rep.samples)
@@ -226,7 +221,7 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 func waitTunnels(e *egressd, within time.Duration) error {
 	deadline := time.Now().Add(within)
 	for {
-		m, err := e.metrics()
+		m, err := e.Metrics()
 		if err == nil && m[seriesTunnels] == 0 {
 			return nil
 		}

@@ -15,7 +15,7 @@ import (
 )
 
 // adminTimeout bounds one request to the admin listener.
-const adminTimeout = 10 * time.Second
+const adminTimeout = 15 * time.Second
 
 // adminClient talks to the admin listener directly, never through a proxy.
 var adminClient = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: adminTimeout}
