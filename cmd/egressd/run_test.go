@@ -263,15 +263,7 @@ func get(t *testing.T, c *http.Client, rawURL string) (*http.Response, string) {
 }
 
 // denial is the JSON body of a response egressd makes itself.
-type denial struct {
-	Error     string `json:"error"`
-	Reason    string `json:"reason"`
-	Detail    string `json:"detail"`
-	Host      string `json:"host"`
-	Port      int    `json:"port"`
-	Message   string `json:"message"`
-	RequestID string `json:"request_id"`
-}
+type denial = egressdtest.Refusal
 
 // assertDenied checks a response egressd made itself: status, Egressd-Reason, and a
 // JSON body that agrees with them. It returns the body.

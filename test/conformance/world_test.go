@@ -343,11 +343,7 @@ func (k *kase) body(resp *http.Response) []byte {
 }
 
 // refusalBody is the JSON body of an egressd-made response.
-type refusalBody struct {
-	Error, Reason, Detail, Host, Message string
-	Port                                 int
-	RequestID                            string `json:"request_id"`
-}
+type refusalBody = egressdtest.Refusal
 
 // refused asserts an egressd-made refusal: the status, Egressd-Reason, and the
 // JSON body's reason (and detail, when not empty).

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/echo"
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
 )
 
 const (
@@ -422,15 +423,7 @@ func denialLabel(d denial) string {
 // checkDenial checks a refusal: status, Egressd-Reason, and the JSON body that
 // DESIGN.md ("Decisions and errors") prescribes.
 func checkDenial(resp *http.Response, body []byte, d denial) string {
-	var got struct {
-		Error     string `json:"error"`
-		Reason    string `json:"reason"`
-		Detail    string `json:"detail"`
-		Host      string `json:"host"`
-		Port      int    `json:"port"`
-		Message   string `json:"message"`
-		RequestID string `json:"request_id"`
-	}
+	var got egressdtest.Refusal
 	if resp.StatusCode != d.status || resp.Header.Get("Egressd-Reason") != d.reason {
 		return fmt.Sprintf("%d with Egressd-Reason %q, want %d %q: %s", resp.StatusCode, resp.Header.Get("Egressd-Reason"),
 			d.status, d.reason, snippet(body, 200))
