@@ -189,24 +189,15 @@ func probeOrdinary(proxyAddr, authority string) (int, string) {
 }
 
 // attackTunnel opens a CONNECT tunnel to authority through egressd and
-// completes TLS with sni inside it.
+// completes TLS with sni inside it; the connection then has a minute.
 func attackTunnel(proxyAddr, authority, sni string, roots *x509.CertPool) (net.Conn, error) {
-	nc, err := net.DialTimeout("tcp", proxyAddr, 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tc, err := openTunnel(ctx, proxyAddr, authority, &tls.Config{ServerName: sni, RootCAs: roots, NextProtos: []string{"http/1.1"}})
 	if err != nil {
 		return nil, err
 	}
-	nc.SetDeadline(time.Now().Add(time.Minute))
-	fmt.Fprintf(nc, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", authority, authority)
-	resp, err := http.ReadResponse(bufio.NewReader(nc), &http.Request{Method: http.MethodConnect})
-	if err != nil || resp.StatusCode != http.StatusOK {
-		nc.Close()
-		return nil, fmt.Errorf("CONNECT %s: %v", authority, err)
-	}
-	tc := tls.Client(nc, &tls.Config{ServerName: sni, RootCAs: roots, NextProtos: []string{"http/1.1"}})
-	if err := tc.Handshake(); err != nil {
-		nc.Close()
-		return nil, err
-	}
+	_ = tc.SetDeadline(time.Now().Add(time.Minute))
 	return tc, nil
 }
 

@@ -342,6 +342,49 @@ func closeConns(cs []net.Conn) {
 func openIdleTunnel(ctx context.Context, proxyAddr, target string, tlsConf *tls.Config, size int) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, idleTunnelTimeout)
 	defer cancel()
+	tc, err := openTunnel(ctx, proxyAddr, target, tlsConf)
+	if err != nil {
+		return nil, err
+	}
+	if err := getThrough(ctx, tc, target, size); err != nil {
+		tc.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
+// getThrough makes one GET / on tc, within ctx, and reads the response to its end.
+func getThrough(ctx context.Context, tc net.Conn, target string, size int) error {
+	stop := context.AfterFunc(ctx, func() { _ = tc.SetDeadline(time.Now()) })
+	defer stop()
+	if _, err := fmt.Fprintf(tc, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", target); err != nil {
+		return err
+	}
+	tbr := bufio.NewReaderSize(tc, 1024)
+	get, err := http.ReadResponse(tbr, nil)
+	if err != nil {
+		return fmt.Errorf("GET through the tunnel: %w", err)
+	}
+	got, err := io.Copy(io.Discard, get.Body)
+	get.Body.Close()
+	switch {
+	case err != nil:
+		return fmt.Errorf("GET through the tunnel: reading body: %w", err)
+	case get.StatusCode != http.StatusOK:
+		return fmt.Errorf("GET through the tunnel: status %d", get.StatusCode)
+	case got != int64(size):
+		return fmt.Errorf("GET through the tunnel: body of %d bytes, want %d", got, size)
+	case tbr.Buffered() > 0:
+		return errors.New("GET through the tunnel: bytes after the response")
+	case !stop():
+		return fmt.Errorf("opening the tunnel: %w", ctx.Err())
+	}
+	return nil
+}
+
+// openTunnel sends CONNECT target to egressd at proxyAddr and completes TLS
+// with tlsConf inside the tunnel, within ctx.
+func openTunnel(ctx context.Context, proxyAddr, target string, tlsConf *tls.Config) (*tls.Conn, error) {
 	if err := loopbackOnly(proxyAddr); err != nil {
 		return nil, err
 	}
@@ -350,62 +393,37 @@ func openIdleTunnel(ctx context.Context, proxyAddr, target string, tlsConf *tls.
 	if err != nil {
 		return nil, err
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			raw.Close()
-		}
-	}()
-	deadline, _ := ctx.Deadline()
-	_ = raw.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { _ = raw.SetDeadline(time.Now()) })
-	defer stop()
+	tc, err := connectTLS(ctx, raw, target, tlsConf)
+	if !stop() && err == nil {
+		err = fmt.Errorf("opening the tunnel: %w", ctx.Err())
+	}
+	if err != nil {
+		raw.Close()
+		return nil, err
+	}
+	return tc, nil
+}
 
+// connectTLS is openTunnel's exchange on raw: the CONNECT, its 200, the handshake.
+func connectTLS(ctx context.Context, raw net.Conn, target string, tlsConf *tls.Config) (*tls.Conn, error) {
 	if _, err := fmt.Fprintf(raw, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target); err != nil {
 		return nil, err
 	}
 	br := bufio.NewReaderSize(raw, 1024)
 	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
-	if err != nil {
+	switch {
+	case err != nil:
 		return nil, fmt.Errorf("CONNECT: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
+	case resp.StatusCode != http.StatusOK:
 		return nil, fmt.Errorf("CONNECT: %w", statusError{code: resp.StatusCode, reason: resp.Header.Get("Egressd-Reason")})
-	}
-	if br.Buffered() > 0 {
+	case br.Buffered() > 0:
 		return nil, errors.New("CONNECT: bytes after the 200 before the TLS handshake")
 	}
 	tc := tls.Client(raw, tlsConf)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		return nil, fmt.Errorf("TLS handshake through the tunnel: %w", err)
 	}
-	if _, err := fmt.Fprintf(tc, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", target); err != nil {
-		return nil, err
-	}
-	tbr := bufio.NewReaderSize(tc, 1024)
-	get, err := http.ReadResponse(tbr, nil)
-	if err != nil {
-		return nil, fmt.Errorf("GET through the tunnel: %w", err)
-	}
-	got, err := io.Copy(io.Discard, get.Body)
-	get.Body.Close()
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("GET through the tunnel: reading body: %w", err)
-	case get.StatusCode != http.StatusOK:
-		return nil, fmt.Errorf("GET through the tunnel: status %d", get.StatusCode)
-	case got != int64(size):
-		return nil, fmt.Errorf("GET through the tunnel: body of %d bytes, want %d", got, size)
-	case tbr.Buffered() > 0:
-		return nil, errors.New("GET through the tunnel: bytes after the response")
-	}
-	if !stop() {
-		return nil, fmt.Errorf("opening the tunnel: %w", ctx.Err())
-	}
-	if err := raw.SetDeadline(time.Time{}); err != nil {
-		return nil, err
-	}
-	ok = true
 	return tc, nil
 }
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/pem"
@@ -155,12 +154,9 @@ func findPeers(ctx context.Context, specs []peerSpec, stderr io.Writer) (bins, s
 			build = append(build, s.kind.name)
 			continue
 		}
-		abs, err := filepath.Abs(s.bin)
+		abs, err := executable(s.bin)
 		if err != nil {
-			return nil, nil, fmt.Errorf("-peers %s=: %w", s.kind.name, err)
-		}
-		if fi, err := os.Stat(abs); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-			return nil, nil, fmt.Errorf("-peers %s=%s: not an executable (%v); build one with %s build, or -peers %s", s.kind.name, s.bin, err, peersScript, peersOff)
+			return nil, nil, fmt.Errorf("-peers %s=%s: %v; build one with %s build, or -peers %s", s.kind.name, s.bin, err, peersScript, peersOff)
 		}
 		bins[s.kind.name] = abs
 	}
@@ -174,12 +170,7 @@ func findPeers(ctx context.Context, specs []peerSpec, stderr io.Writer) (bins, s
 		return bins, skips, nil
 	}
 	fmt.Fprintf(stderr, "bench: peers: %s build %s (cached: instant; cold: under a minute each; -peers %s skips them)\n", peersScript, strings.Join(build, " "), peersOff)
-	bctx, cancel := context.WithTimeout(ctx, peerBuildTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(bctx, peersScript, append([]string{"build"}, build...)...)
-	var errOut bytes.Buffer
-	cmd.Stderr = &errOut
-	out, runErr := cmd.Output() // a failed peer prints no line; the others still do
+	out, errOut, runErr := runBuild(ctx, peerBuildTimeout, peersScript, build...) // a failed peer prints no line; the others still do
 	if err := ctx.Err(); err != nil {
 		return nil, nil, fmt.Errorf("peers: %w", err)
 	}
@@ -189,7 +180,7 @@ func findPeers(ctx context.Context, specs []peerSpec, stderr io.Writer) (bins, s
 			bins[n] = p
 			continue
 		}
-		why := lastLine(peerErrorLine(errOut.String(), n))
+		why := lastLine(peerErrorLine(errOut, n))
 		if why == "" {
 			why = "printed no " + n + "= line"
 		}

@@ -49,12 +49,9 @@ func findVaultdev(ctx context.Context, flag string, stderr io.Writer) (bin, skip
 		return "", "-vaultdev " + vaultdevOff, nil
 	case "":
 	default:
-		abs, err := filepath.Abs(flag)
+		abs, err := executable(flag)
 		if err != nil {
-			return "", "", fmt.Errorf("-vaultdev: %w", err)
-		}
-		if fi, err := os.Stat(abs); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-			return "", "", fmt.Errorf("-vaultdev %s: not an executable (%v); build one with scripts/vaultdev.sh build, or -vaultdev %s", flag, err, vaultdevOff)
+			return "", "", fmt.Errorf("-vaultdev %s: %v; build one with scripts/vaultdev.sh build, or -vaultdev %s", flag, err, vaultdevOff)
 		}
 		return abs, "", nil
 	}
@@ -62,20 +59,39 @@ func findVaultdev(ctx context.Context, flag string, stderr io.Writer) (bin, skip
 		return "", "no -vaultdev and no " + vaultdevScript + " in the working directory (run from the repository root, or pass -vaultdev PATH)", nil
 	}
 	fmt.Fprintf(stderr, "bench: vault path: %s build (cached: instant; a cold build takes about 5 minutes; -vaultdev %s skips the path)\n", vaultdevScript, vaultdevOff)
-	ctx, cancel := context.WithTimeout(ctx, vaultBuildTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, vaultdevScript, "build")
-	var errOut bytes.Buffer
-	cmd.Stderr = &errOut
-	out, err := cmd.Output()
+	out, errOut, err := runBuild(ctx, vaultBuildTimeout, vaultdevScript)
 	if err != nil {
-		return "", fmt.Sprintf("%s build failed (%v): %s", vaultdevScript, err, lastLine(errOut.String())), nil
+		return "", fmt.Sprintf("%s build failed (%v): %s", vaultdevScript, err, lastLine(errOut)), nil
 	}
 	f := strings.Fields(string(out))
 	if len(f) == 0 {
 		return "", vaultdevScript + " build printed no path", nil
 	}
 	return f[len(f)-1], "", nil
+}
+
+// executable is path, absolute, when it names an executable file.
+func executable(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	if fi, err := os.Stat(abs); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("not an executable (%v)", err)
+	}
+	return abs, nil
+}
+
+// runBuild runs `script build names...` (scripts/vaultdev.sh, scripts/peers.sh)
+// within timeout: its stdout, its stderr and how it failed.
+func runBuild(ctx context.Context, timeout time.Duration, script string, names ...string) ([]byte, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, script, append([]string{"build"}, names...)...)
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	out, err := cmd.Output()
+	return out, errOut.String(), err
 }
 
 func lastLine(s string) string {
