@@ -116,6 +116,12 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	x.body.deadline = &bodyDeadline{set: rc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
 	m, ok := x.hookMatch(h.c.l.cfg.Role)
+	if h.c.lane {
+		// A lane connection carries one call (lane.go); net/http answers this
+		// with a GOAWAY, so the runtime's next call takes a new connection
+		// rather than racing the lane's cut of this one.
+		w.Header().Set("Connection", "close")
+	}
 	if h.c.lane && !(ok && m.Event == hooks.EventPre) {
 		writeRefusalRW(w, rt, rec, laneRefusal())
 		return

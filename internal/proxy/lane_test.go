@@ -347,3 +347,31 @@ func postHookCall(t *testing.T, tc net.Conn) (int, string) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+// TestHookLaneH2ServesOneCall: an HTTP/2 connection in the hook lane, like an
+// HTTP/1.1 one, carries one call: its answer comes with a GOAWAY, so the runtime
+// opens a new connection for its next call instead of sending it on one the lane
+// is about to cut and close (a close racing the call reaches the runtime as a
+// reset, which it reads as allow).
+func TestHookLaneH2ServesOneCall(t *testing.T) {
+	w := newLaneWorld(t, 2)
+	w.fillSlots(t, 2)
+	cc := w.h2ClientConn(t, "policy.allowed.test:443")
+	req, _ := http.NewRequest("POST", "https://policy.allowed.test/pre", strings.NewReader(`{"tool":"code_execution","input":"ls"}`))
+	resp, err := cc.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"decision":"allow"`) {
+		t.Fatalf("hook call on an HTTP/2 lane connection: %d %s, want the endpoint's allow", resp.StatusCode, b)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for cc.Available() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := cc.Available(); n > 0 {
+		t.Errorf("the lane connection still takes %d more streams after its call, want a GOAWAY", n)
+	}
+}
