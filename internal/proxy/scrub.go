@@ -54,6 +54,7 @@ type scrubber struct {
 	x     *exchange
 	fixed int           // replacements in the head and the trailers
 	body  *scrub.Reader // the body's (or switched connection's) masker, once there is one
+	rb    scrubbedBody  // the body scrubBody hands out (allocated with the scrubber)
 }
 
 // scrubbed returns resp masked for the client when the request was injected into,
@@ -175,7 +176,8 @@ var errUndecodable = errors.New("the upstream's content-encoding cannot be scrub
 // Content-Length go, and the writers re-frame it, chunked on HTTP/1.1), and masks
 // the trailers once the body has ended.
 func (sc *scrubber) scrubBody(resp *http.Response) error {
-	b := &scrubbedBody{sc: sc, resp: resp, raw: resp.Body}
+	b := &sc.rb
+	*b = scrubbedBody{sc: sc, resp: resp, raw: resp.Body}
 	src := io.Reader(resp.Body)
 	if coding := strings.Join(headerValues(resp.Header, "Content-Encoding"), ","); encoded(coding) && resp.ContentLength != 0 {
 		dec, err := sc.set.DecodeReader(resp.Body, coding)

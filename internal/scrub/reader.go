@@ -23,7 +23,7 @@ type Reader struct {
 	st   stream
 	out  []byte // masked bytes ready for Read
 	err  error  // returned once out is drained
-	fill func() // produces out or err
+	fill func() // produces out or err; nil: fillBody
 	ctl  int    // occurrences masked outside st (WebSocket control frames)
 	idle int    // consecutive source reads that returned nothing
 }
@@ -35,9 +35,7 @@ const maxIdleReads = 100
 // Reader returns a Reader masking the body r. With an inactive Set it
 // passes r's bytes through untouched.
 func (s *Set) Reader(r io.Reader) *Reader {
-	rd := &Reader{set: s, src: r, st: stream{set: s}}
-	rd.fill = rd.fillBody
-	return rd
+	return &Reader{set: s, src: r, st: stream{set: s}}
 }
 
 // Count returns the number of occurrences replaced so far.
@@ -61,7 +59,11 @@ func (r *Reader) Read(p []byte) (int, error) {
 		if len(p) == 0 {
 			return 0, nil
 		}
-		r.fill()
+		if r.fill != nil {
+			r.fill()
+		} else {
+			r.fillBody() // no method value: it would cost an allocation per Reader
+		}
 	}
 }
 

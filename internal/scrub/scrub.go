@@ -75,6 +75,7 @@ type Set struct {
 	first    [256]bool              // first bytes of patterns
 	pair     *[1 << 16 / 64]uint64  // first two bytes of patterns, as a bitmap
 	maxLen   int
+	minLen   int // the shortest pattern: nothing shorter can hold a match
 	skipped  int
 	patterns int
 }
@@ -129,6 +130,9 @@ type span struct{ start, end int }
 // to out: each anchor hit whose whole form is there, the DFA running only on
 // the regions the prefilter leaves.
 func (s *Set) find(b []byte, out []span) []span {
+	if len(b) < s.minLen { // most header names and values
+		return out
+	}
 	if s.pre == nil {
 		return s.findIn(b, 0, len(b), out)
 	}
@@ -178,8 +182,9 @@ func (s *Set) index(pats [][]byte) {
 	s.sorted = slices.Clone(pats)
 	slices.SortFunc(s.sorted, bytes.Compare)
 	s.pair = new([1 << 16 / 64]uint64)
+	s.minLen = len(pats[0])
 	for _, p := range pats {
-		s.maxLen = max(s.maxLen, len(p))
+		s.maxLen, s.minLen = max(s.maxLen, len(p)), min(s.minLen, len(p))
 		s.first[p[0]] = true
 		if len(p) > 1 {
 			k := int(p[0])<<8 | int(p[1])

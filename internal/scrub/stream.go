@@ -35,9 +35,10 @@ const (
 type stream struct {
 	set  *Set
 	buf  []byte
-	raw  []byte // unmasked copy of the kept suffix (masking is in place)
-	hm   []bool // hm[i]: kept byte i belongs to an occurrence already found
-	hm2  []bool // scratch for the next hm
+	pbuf *[]byte // buf's pool entry
+	raw  []byte  // unmasked copy of the kept suffix (masking is in place)
+	hm   []bool  // hm[i]: kept byte i belongs to an occurrence already found
+	hm2  []bool  // scratch for the next hm
 	keep int
 	sent int
 	end  int
@@ -50,13 +51,11 @@ type stream struct {
 // the output of the last scan is invalid from here on.
 func (st *stream) space() []byte {
 	if st.buf == nil {
-		st.buf = getBuf(minRead + st.set.maxLen)
-		st.hm = make([]bool, 0, st.set.maxLen)
-		st.hm2 = make([]bool, 0, st.set.maxLen)
+		st.getBuf(minRead + st.set.maxLen)
 	}
 	if st.full && len(st.buf) < maxRead+st.set.maxLen {
-		putBuf(st.buf)
-		st.buf = getBuf(min(2*(len(st.buf)-st.set.maxLen), maxRead) + st.set.maxLen)
+		putBuf(st.pbuf)
+		st.getBuf(min(2*(len(st.buf)-st.set.maxLen), maxRead) + st.set.maxLen)
 	}
 	st.end = copy(st.buf, st.raw[:st.keep])
 	return st.buf[st.end:]
@@ -80,6 +79,12 @@ func (st *stream) scan(n int, how release) []byte {
 	}
 	emit = max(emit, st.sent) // the hold may start inside released context
 	st.raw = append(st.raw[:0], win[from:]...)
+	if hold > cap(st.hm2) {
+		// Most bodies end outside any prefix: the marks are made on first need.
+		marks := make([]bool, 2*st.set.maxLen)
+		st.hm2 = marks[:0:st.set.maxLen]
+		st.hm = append(marks[st.set.maxLen:st.set.maxLen], st.hm...)
+	}
 	next := st.hm2[:hold]
 	clear(next)
 	mark := func(i int) {
@@ -120,25 +125,29 @@ func (st *stream) scan(n int, how release) []byte {
 // output consumed.
 func (st *stream) free() {
 	if st.buf != nil {
-		putBuf(st.buf)
-		st.buf = nil
+		putBuf(st.pbuf)
+		st.buf, st.pbuf = nil, nil
 	}
 }
 
 // bufPool recycles stream buffers: most scrubbed bodies are small, and a
-// fresh 4 KiB buffer per response is most of a small body's cost.
+// fresh 4 KiB buffer per response is most of a small body's cost. The pool
+// holds the *[]byte each buffer came with, so putting one back allocates
+// nothing.
 var bufPool sync.Pool // of *[]byte
 
-// getBuf returns a buffer of at least n bytes (all of a pooled one's
+// getBuf sets buf to a buffer of at least n bytes (all of a pooled one's
 // capacity, so a pooled large buffer is used whole).
-func getBuf(n int) []byte {
-	if p, ok := bufPool.Get().(*[]byte); ok && cap(*p) >= n {
-		return (*p)[:cap(*p)]
+func (st *stream) getBuf(n int) {
+	p, ok := bufPool.Get().(*[]byte)
+	if !ok || cap(*p) < n {
+		b := make([]byte, n)
+		p = &b
 	}
-	return make([]byte, n)
+	st.pbuf, st.buf = p, (*p)[:cap(*p)]
 }
 
-func putBuf(b []byte) { bufPool.Put(&b) }
+func putBuf(p *[]byte) { bufPool.Put(p) }
 
 // drop forgets the kept bytes: on a source error (they are never
 // released) and before a new WebSocket message (no context from the last).
