@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -22,6 +21,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/explain"
+	"github.com/egressd/egressd/internal/testutil/echo"
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
 	"github.com/egressd/egressd/internal/testutil/testpki"
 )
@@ -285,55 +285,62 @@ func assertDenied(t *testing.T, res *http.Response, body string, status int, rea
 	return d
 }
 
-// upstream is an HTTP server on 127.0.0.1. GET /slow answers only when release is
-// closed (or after waitTimeout), so a test controls how long a request is in flight.
+// upstream is the echo (internal/testutil/echo) on 127.0.0.1. GET /slow answers
+// only when release is closed (or after waitTimeout), so a test controls how long a
+// request is in flight.
 type upstream struct {
-	*httptest.Server
+	*echo.Server
 	port        int
 	slowStarted chan struct{}
 	release     chan struct{} // closed by releaseSlow
 	releaseOnce sync.Once
-
-	mu   sync.Mutex
-	seen []string // request URIs as received
 }
 
 func startUpstream(t *testing.T, tlsCert *tls.Certificate) *upstream {
 	t.Helper()
 	u := &upstream{slowStarted: make(chan struct{}, 1), release: make(chan struct{})}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u.mu.Lock()
-		u.seen = append(u.seen, r.RequestURI)
-		u.mu.Unlock()
-		if r.URL.Path == "/slow" {
-			u.slowStarted <- struct{}{}
-			select {
-			case <-u.release:
-			case <-time.After(waitTimeout):
-			}
-		}
-		fmt.Fprintf(w, "hello from upstream %s", r.URL.Path)
-	}))
-	if tlsCert != nil {
-		srv.TLS = &tls.Config{Certificates: []tls.Certificate{*tlsCert}}
-		srv.StartTLS()
-	} else {
-		srv.Start()
+	u.Server = &echo.Server{Inspect: u.holdSlow, HTTP1Only: true}
+	port, err := u.Listen("127.0.0.1:0", tlsCert)
+	if err != nil {
+		t.Fatal(err)
 	}
-	// Release a held request before Close, which waits for it.
-	t.Cleanup(func() { u.releaseSlow(); srv.Close() })
-	u.Server = srv
-	u.port = srv.Listener.Addr().(*net.TCPAddr).Port
+	// Release a held request before Close.
+	t.Cleanup(func() { u.releaseSlow(); u.Close() })
+	u.port = port
 	return u
+}
+
+// holdSlow holds GET /slow until releaseSlow.
+func (u *upstream) holdSlow(r *http.Request, _ *echo.Request) {
+	if r.URL.Path != "/slow" {
+		return
+	}
+	u.slowStarted <- struct{}{}
+	select {
+	case <-u.release:
+	case <-time.After(waitTimeout):
+	}
 }
 
 // releaseSlow lets held /slow requests answer.
 func (u *upstream) releaseSlow() { u.releaseOnce.Do(func() { close(u.release) }) }
 
+// requests are the request URIs the upstream answered, as received.
 func (u *upstream) requests() []string {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return append([]string(nil), u.seen...)
+	var out []string
+	for _, r := range u.Requests() {
+		out = append(out, r.URI)
+	}
+	return out
+}
+
+// echoedPath is the path the echo answered in body, or "" when body is not its answer.
+func echoedPath(body string) string {
+	got, err := echo.Decode([]byte(body))
+	if err != nil {
+		return ""
+	}
+	return got.Path
 }
 
 // zeroSeries are series DESIGN.md says exist from the start, with zero values.
@@ -378,7 +385,7 @@ func TestRunServes(t *testing.T) {
 	c := d.proxyClient()
 	target := fmt.Sprintf("http://localhost:%d/hello?token=q", up.port)
 	res, body := get(t, c, target)
-	if res.StatusCode != http.StatusOK || body != "hello from upstream /hello" {
+	if res.StatusCode != http.StatusOK || echoedPath(body) != "/hello" {
 		t.Fatalf("GET %s: %d %q, want 200 from the upstream", target, res.StatusCode, body)
 	}
 	if got := up.requests(); len(got) != 1 || got[0] != "/hello?token=q" {
@@ -561,7 +568,7 @@ func TestRunTunnel(t *testing.T) {
 	c.Transport.(*http.Transport).TLSClientConfig = &tls.Config{RootCAs: ca.Pool}
 	target := fmt.Sprintf("https://localhost:%d/tls", up.port)
 	res, body := get(t, c, target)
-	if res.StatusCode != http.StatusOK || body != "hello from upstream /tls" {
+	if res.StatusCode != http.StatusOK || echoedPath(body) != "/tls" {
 		t.Fatalf("GET %s: %d %q, want 200 from the upstream", target, res.StatusCode, body)
 	}
 	c.CloseIdleConnections() // ends the tunnel, which logs at close
@@ -744,7 +751,7 @@ func TestRunDrain(t *testing.T) {
 	up.releaseSlow()
 	select {
 	case o := <-done:
-		if o.err != nil || o.code != http.StatusOK || o.body != "hello from upstream /slow" {
+		if o.err != nil || o.code != http.StatusOK || echoedPath(o.body) != "/slow" {
 			t.Errorf("request in flight during SIGTERM: %+v, want 200 from the upstream", o)
 		}
 	case <-time.After(waitTimeout):

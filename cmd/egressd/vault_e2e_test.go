@@ -10,9 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -25,6 +23,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
+	"github.com/egressd/egressd/internal/testutil/echo"
 	"github.com/egressd/egressd/internal/testutil/syncbuf"
 	"github.com/egressd/egressd/internal/testutil/testpki"
 )
@@ -303,13 +302,13 @@ type seenRequest struct {
 	auth []string // every Authorization header value
 }
 
-// recordingUpstream is an HTTPS server on 127.0.0.1 with a leaf for vaultHost that
-// answers 200 and records the Authorization of every request, in arrival order.
+// recordingUpstream is the echo (internal/testutil/echo), HTTPS on 127.0.0.1 with a
+// leaf for vaultHost, that answers 200 "ok" (never the credential back) and records
+// the Authorization of every request, in arrival order.
 type recordingUpstream struct {
+	*echo.Server
 	port   int
 	caFile string // the PEM of the CA that signed its leaf: egressd's tls.upstream_ca_file
-	mu     sync.Mutex
-	seen   []seenRequest
 }
 
 func startRecordingUpstream(t *testing.T) *recordingUpstream {
@@ -319,23 +318,27 @@ func startRecordingUpstream(t *testing.T) *recordingUpstream {
 	if err := os.WriteFile(u.caFile, ca.PEM(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u.mu.Lock()
-		u.seen = append(u.seen, seenRequest{at: time.Now(), auth: r.Header.Values("Authorization")})
-		u.mu.Unlock()
+	u.Server = &echo.Server{HTTP1Only: true, Route: func(w http.ResponseWriter, r *http.Request) bool {
+		u.Record(u.Read(r))
 		io.WriteString(w, "ok")
-	}))
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Leaf(t, vaultHost)}}
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	u.port = srv.Listener.Addr().(*net.TCPAddr).Port
+		return true
+	}}
+	leaf := ca.Leaf(t, vaultHost)
+	port, err := u.Listen("127.0.0.1:0", &leaf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(u.Close)
+	u.port = port
 	return u
 }
 
 func (u *recordingUpstream) requests() []seenRequest {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return slices.Clone(u.seen)
+	var out []seenRequest
+	for _, r := range u.Requests() {
+		out = append(out, seenRequest{at: r.At, auth: r.Header.Values("Authorization")})
+	}
+	return out
 }
 
 // vaultE2E is one test's world: its Vault, upstream, DNS stub and egressd.

@@ -26,7 +26,9 @@ const maxBody = 1 << 20
 // Request is what the echo received, as it answers it.
 type Request struct {
 	Method, Host, Path, Proto string
+	URI                       string // the request target as received, query included
 	TLS                       bool
+	At                        time.Time // when the echo read it
 	Header, Trailer           http.Header
 	Body                      string
 	BodyErr                   string `json:",omitempty"` // reading the body failed
@@ -46,6 +48,9 @@ type Server struct {
 	Inspect func(r *http.Request, got *Request)
 	// Forget records nothing (for long runs); the counters still count.
 	Forget bool
+	// HTTP1Only makes HTTPS offer http/1.1 alone, as httptest's TLS server does,
+	// so that egressd's upstream side speaks HTTP/1.1.
+	HTTP1Only bool
 	// ErrorLog is the servers' error log; nil discards (a tunnel closed before its
 	// ClientHello is a normal event in these tests).
 	ErrorLog *log.Logger
@@ -74,7 +79,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Read reads r's body and returns what the echo makes of r, redacted.
 func (s *Server) Read(r *http.Request) Request {
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
-	got := Request{Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto, TLS: r.TLS != nil,
+	got := Request{Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto, URI: s.redact(r.RequestURI),
+		TLS: r.TLS != nil, At: time.Now(),
 		Header: s.redactHeader(r.Header), Trailer: s.redactHeader(r.Trailer), Body: s.redact(string(body))}
 	if err != nil {
 		got.BodyErr = err.Error()
@@ -138,7 +144,7 @@ func (s *Server) Conns() int64  { return s.conns.Load() }
 func (s *Server) Served() int64 { return s.requests.Load() }
 
 // Serve serves ln in the background: plain HTTP when cert is nil, else HTTPS
-// with HTTP/2 and HTTP/1.1 by ALPN.
+// with HTTP/2 and HTTP/1.1 by ALPN (HTTP/1.1 alone with HTTP1Only).
 func (s *Server) Serve(ln net.Listener, cert *tls.Certificate) {
 	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: s.ErrorLog, ConnState: s.countConn}
@@ -153,6 +159,10 @@ func (s *Server) Serve(ln net.Listener, cert *tls.Certificate) {
 		return
 	}
 	srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{*cert}, NextProtos: []string{"h2", "http/1.1"}}
+	if s.HTTP1Only {
+		srv.TLSConfig.NextProtos = []string{"http/1.1"}
+		srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){} // no h2
+	}
 	go srv.ServeTLS(ln, "", "")
 }
 
