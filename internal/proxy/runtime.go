@@ -74,14 +74,15 @@ func (rt *Runtime) newTransport(h2 bool) *http.Transport {
 		DialContext: rt.dialGuarded,
 		// Compression is the client's business: asking for gzip and decompressing
 		// would change what the sandbox receives.
-		DisableCompression:    true,
-		TLSClientConfig:       tlsConf,
-		ForceAttemptHTTP2:     h2,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       rt.Limits.UpstreamIdle,
-		TLSHandshakeTimeout:   rt.Limits.Dial,
-		ResponseHeaderTimeout: rt.Limits.ResponseHeader,
+		DisableCompression:     true,
+		TLSClientConfig:        tlsConf,
+		ForceAttemptHTTP2:      h2,
+		MaxIdleConns:           1024,
+		MaxIdleConnsPerHost:    256,
+		IdleConnTimeout:        rt.Limits.UpstreamIdle,
+		TLSHandshakeTimeout:    rt.Limits.Dial,
+		ResponseHeaderTimeout:  rt.Limits.ResponseHeader,
+		MaxResponseHeaderBytes: maxResponseHeaderBytes,
 	}
 	if !h2 {
 		tlsConf.NextProtos = []string{"http/1.1"}

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -73,15 +72,12 @@ func closeWrite(c net.Conn) {
 
 // recentlyActive reports whether c received data within d, from TCP_INFO.
 func recentlyActive(c net.Conn, d time.Duration) bool {
-	sc, ok := c.(syscall.Conn)
+	raw, ok := rawConn(c)
 	if !ok {
 		return false
 	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
 	var info *unix.TCPInfo
+	var err error
 	raw.Control(func(fd uintptr) { info, err = unix.GetsockoptTCPInfo(int(fd), unix.SOL_TCP, unix.TCP_INFO) })
 	if err != nil || info == nil {
 		return false

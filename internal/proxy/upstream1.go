@@ -7,12 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+	"golang.org/x/sys/unix"
 )
 
 // h1Pool sends the commonest request, an HTTP/1.1 GET or HEAD without a body, to
@@ -29,7 +32,9 @@ import (
 //
 // Connections are keyed by scheme and decided target, dialled through the
 // Runtime's guarded dialer, verified with the upstream TLS policy, and reused only
-// when the previous response was read to its end and neither side asked to close.
+// when the previous response was read to its end, neither side asked to close, and
+// nothing arrived on the connection while it was idle (quiet). Where it behaves
+// as the Transport does and where not, and why, is upstream1_diff_test.go's table.
 type h1Pool struct {
 	rt *Runtime
 
@@ -45,7 +50,8 @@ type h1Key struct{ scheme, addr string }
 type h1Conn struct {
 	key    h1Key
 	nc     net.Conn
-	br     *bufio.Reader
+	lr     io.LimitedReader // nc, bounded to maxResponseHeaderBytes while a head is read
+	br     *bufio.Reader    // over lr
 	bw     *bufio.Writer
 	idleAt time.Time
 	// alpnDeclined: the TLS handshake confirmed no ALPN protocol.
@@ -55,6 +61,11 @@ type h1Conn struct {
 // maxIdlePerTarget bounds the idle connections kept per upstream, as the
 // Transport's MaxIdleConnsPerHost does.
 const maxIdlePerTarget = 256
+
+// maxResponseHeaderBytes bounds an upstream's response head, its 1xx responses
+// included: net/http's default, set on the Transports too (runtime.go) so that
+// both paths refuse the same heads.
+const maxResponseHeaderBytes = 10 << 20
 
 // h1Eligible reports whether out may take the pool's path: an HTTP/1.x client's
 // GET or HEAD with no body, no trailers and no upgrade, so that writing it never
@@ -66,7 +77,8 @@ func h1Eligible(out *http.Request) bool {
 
 // roundTrip sends out and returns the response, whose Body returns the connection
 // to the pool once read to its end (or closes it). A reused connection that fails
-// before any response byte (the upstream closed it while idle) is replaced once.
+// before any response byte (the upstream closed it after the quiet check) is
+// replaced, as the Transport replaces it: by the next idle one, else a new one.
 // Cancelling out's context ends every wait on the connection, body reads included.
 func (p *h1Pool) roundTrip(out *http.Request, rec *Record) (*http.Response, error) {
 	if err := validHeader(out.Header); err != nil {
@@ -74,16 +86,13 @@ func (p *h1Pool) roundTrip(out *http.Request, rec *Record) (*http.Response, erro
 	}
 	key := h1Key{out.URL.Scheme, out.URL.Host}
 	ctx := out.Context()
-	for attempt := 0; ; attempt++ {
-		pc, reused := p.get(key)
-		if pc == nil {
-			var err error
-			if pc, err = p.dial(ctx, key, out.URL.Hostname()); err != nil {
-				return nil, err
-			}
+	for {
+		pc, reused, err := p.conn(ctx, key, out.URL.Hostname())
+		if err != nil {
+			return nil, err
 		}
 		rec.setResolved(pc.nc.RemoteAddr())
-		stop := context.AfterFunc(ctx, func() { pc.nc.SetDeadline(time.Unix(1, 0)) })
+		stop := context.AfterFunc(ctx, func() { pc.nc.SetDeadline(expiredDeadline) })
 		resp, err := pc.exchange(out, p.rt.Limits.ResponseHeader)
 		if err == nil && ctx.Err() == nil {
 			resp.Body = p.track(pc, resp, out, stop)
@@ -97,10 +106,19 @@ func (p *h1Pool) roundTrip(out *http.Request, rec *Record) (*http.Response, erro
 		if !reused && pc.alpnDeclined && errors.Is(err, errNothingRead) {
 			return nil, fmt.Errorf("%w: %w", errUnanswered, err) // perhaps HTTP/2 only (upstream2.go)
 		}
-		if !reused || attempt > 0 || !errors.Is(err, errNothingRead) {
+		if !reused || !errors.Is(err, errNothingRead) {
 			return nil, err
 		}
 	}
+}
+
+// conn takes an idle connection for key, or dials one; reused tells which.
+func (p *h1Pool) conn(ctx context.Context, key h1Key, serverName string) (pc *h1Conn, reused bool, err error) {
+	if pc = p.get(key); pc != nil {
+		return pc, true, nil
+	}
+	pc, err = p.dial(ctx, key, serverName)
+	return pc, false, err
 }
 
 // validHeader refuses what net/http's Transport refuses before it sends anything:
@@ -126,8 +144,12 @@ func validHeader(h http.Header) error {
 // errNothingRead marks a failure before any byte of a response arrived.
 var errNothingRead = errors.New("upstream closed the connection before answering")
 
-// exchange writes out and reads the response head within headerTimeout, skipping
-// 1xx interim responses.
+// errSwitched is a 101 to a request that named no protocol in an Upgrade (the pool
+// carries none): RFC 9110 §15.2.2 lets a server switch only to one it named.
+var errSwitched = errors.New("upstream switched protocols on a request without Upgrade")
+
+// exchange writes out and reads the response head within headerTimeout and
+// maxResponseHeaderBytes, skipping 1xx interim responses.
 func (pc *h1Conn) exchange(out *http.Request, headerTimeout time.Duration) (*http.Response, error) {
 	if err := out.Write(pc.bw); err != nil {
 		return nil, fmt.Errorf("%w: %w", errNothingRead, err)
@@ -137,25 +159,31 @@ func (pc *h1Conn) exchange(out *http.Request, headerTimeout time.Duration) (*htt
 	}
 	pc.nc.SetReadDeadline(time.Now().Add(headerTimeout))
 	defer pc.nc.SetReadDeadline(time.Time{})
+	pc.lr.N = maxResponseHeaderBytes
+	defer func() { pc.lr.N = math.MaxInt64 }()
 	if _, err := pc.br.Peek(1); err != nil {
 		if isTimeout(err) {
 			return nil, &timeoutError{err}
 		}
 		return nil, fmt.Errorf("%w: %w", errNothingRead, err)
 	}
-	for range 8 {
+	for {
 		resp, err := http.ReadResponse(pc.br, out)
-		if err != nil {
-			if isTimeout(err) {
-				return nil, &timeoutError{err}
-			}
+		switch {
+		case err != nil && pc.lr.N <= 0:
+			return nil, fmt.Errorf("upstream response headers exceeded %d bytes", maxResponseHeaderBytes)
+		case err != nil && isTimeout(err):
+			return nil, &timeoutError{err}
+		case err != nil:
 			return nil, err
-		}
-		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+		case resp.StatusCode == http.StatusSwitchingProtocols:
+			return nil, errSwitched
+		case resp.StatusCode < 100: // no status line a client could be sent
+			return nil, fmt.Errorf("upstream sent status code %03d", resp.StatusCode)
+		case resp.StatusCode >= 200:
 			return resp, nil
 		}
 	}
-	return nil, errors.New("upstream sent too many 1xx responses")
 }
 
 // timeoutError is an upstream that did not answer within limits.response_header.
@@ -236,22 +264,76 @@ func (p *h1Pool) release(pc *h1Conn, reusable bool) {
 }
 
 // get takes the most recently used idle connection for key that has not idled
-// past limits.upstream_idle.
-func (p *h1Pool) get(key h1Key) (pc *h1Conn, reused bool) {
+// past limits.upstream_idle and is quiet.
+func (p *h1Pool) get(key h1Key) *h1Conn {
+	for {
+		pc := p.pop(key)
+		if pc == nil || pc.quiet() {
+			return pc
+		}
+		pc.nc.Close()
+	}
+}
+
+func (p *h1Pool) pop(key h1Key) *h1Conn {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	conns := p.idle[key]
 	for len(conns) > 0 {
-		pc = conns[len(conns)-1]
+		pc := conns[len(conns)-1]
 		conns = conns[:len(conns)-1]
 		if time.Since(pc.idleAt) < p.rt.Limits.UpstreamIdle {
 			p.idle[key] = conns
-			return pc, true
+			return pc
 		}
 		pc.nc.Close()
 	}
 	delete(p.idle, key)
-	return nil, false
+	return nil
+}
+
+// quiet reports whether nothing arrived on an idle connection: neither the
+// upstream's close nor bytes no request asked for (a body sent after a 204 or a
+// HEAD's head, a 408), which would be read as the next request's response. The
+// Transport learns the same from the reader it keeps on every idle connection;
+// the pool looks once, when it takes one: what TLS has buffered, then the socket.
+func (pc *h1Conn) quiet() bool {
+	pc.nc.SetReadDeadline(expiredDeadline)
+	_, err := pc.br.Peek(1)
+	pc.nc.SetReadDeadline(time.Time{})
+	return isTimeout(err) && socketQuiet(pc.nc)
+}
+
+// rawConn is c's socket, for the calls net.Conn has no method for.
+func rawConn(c net.Conn) (syscall.RawConn, bool) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil, false
+	}
+	raw, err := sc.SyscallConn()
+	return raw, err == nil
+}
+
+// socketQuiet reports whether nc's socket has nothing to read and is not closed,
+// without reading: one non-blocking MSG_PEEK.
+func socketQuiet(nc net.Conn) bool {
+	raw := nc
+	if tc, ok := raw.(*tls.Conn); ok {
+		raw = tc.NetConn()
+	}
+	rc, ok := rawConn(raw)
+	if !ok {
+		return true // nothing to look at: a failure before any answer is retried
+	}
+	var peekErr error
+	var b [1]byte
+	if err := rc.Read(func(fd uintptr) bool {
+		_, _, peekErr = unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		return true
+	}); err != nil {
+		return false
+	}
+	return errors.Is(peekErr, unix.EAGAIN)
 }
 
 // sweepLocked takes the connections that idled past limits.upstream_idle out of the pool,
@@ -299,8 +381,10 @@ func (p *h1Pool) dial(ctx context.Context, key h1Key, serverName string) (*h1Con
 		}
 		declined = nc.(*tls.Conn).ConnectionState().NegotiatedProtocol == ""
 	}
-	return &h1Conn{key: key, nc: nc, br: bufio.NewReaderSize(nc, 4096), bw: bufio.NewWriterSize(nc, 4096),
-		alpnDeclined: declined}, nil
+	pc := &h1Conn{key: key, nc: nc, lr: io.LimitedReader{R: nc, N: math.MaxInt64}, bw: bufio.NewWriterSize(nc, 4096),
+		alpnDeclined: declined}
+	pc.br = bufio.NewReaderSize(&pc.lr, 4096)
+	return pc, nil
 }
 
 func (p *h1Pool) handshake(ctx context.Context, nc net.Conn, serverName string) (net.Conn, error) {
