@@ -12,16 +12,7 @@ import (
 // TestRunCustomLoad drives the upstream with GETs and the hook endpoint with
 // POSTs for a moment, direct, and checks what both sides counted.
 func TestRunCustomLoad(t *testing.T) {
-	up, err := startUpstream(64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer up.close()
-	hs, err := startHookServer(up)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hs.close()
+	up, hs := startServers(t, 64)
 	lo := loadOptions{clients: 2, warmup: 50 * time.Millisecond, duration: 200 * time.Millisecond}
 
 	before := up.counts()

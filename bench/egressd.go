@@ -144,12 +144,7 @@ func (s *logSummary) merge(o logSummary) {
 	s.EgressLines += o.EgressLines
 	s.Allowed200 += o.Allowed200
 	s.Scrubbed += o.Scrubbed
-	for k, n := range o.Unexpected {
-		if s.Unexpected == nil {
-			s.Unexpected = map[string]int64{}
-		}
-		s.Unexpected[k] += n
-	}
+	addCounts(&s.Unexpected, o.Unexpected)
 	for _, ex := range o.Examples {
 		if len(s.Examples) < maxExamples {
 			s.Examples = append(s.Examples, ex)
@@ -220,13 +215,25 @@ func (s *logSummary) add(line []byte) {
 	if !ok {
 		return
 	}
-	if s.Unexpected == nil {
-		s.Unexpected = map[string]int64{}
-	}
-	s.Unexpected[key]++
+	addCount(&s.Unexpected, key, 1)
 	if len(s.Examples) < maxExamples {
 		s.Examples = append(s.Examples, truncate(string(line), 600))
 	}
+}
+
+// addCounts adds every count of src to *dst, making it when needed.
+func addCounts(dst *map[string]int64, src map[string]int64) {
+	for k, n := range src {
+		addCount(dst, k, n)
+	}
+}
+
+// addCount adds n to (*dst)[k], making *dst when needed.
+func addCount(dst *map[string]int64, k string, n int64) {
+	if *dst == nil {
+		*dst = map[string]int64{}
+	}
+	(*dst)[k] += n
 }
 
 // reflectedWarn begins the WARN egressd logs the first time an upstream reflects

@@ -18,6 +18,23 @@ import (
 	"github.com/egressd/egressd/pkg/hookauth"
 )
 
+// startServers starts the upstream, with size-byte answers, and the hook
+// endpoint, both closed at the test's end.
+func startServers(t *testing.T, size int) (*upstream, *hookServer) {
+	t.Helper()
+	up, err := startUpstream(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(up.close)
+	hs, err := startHookServer(up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(hs.close)
+	return up, hs
+}
+
 func TestHookRequestBody(t *testing.T) {
 	b := hookRequestBody()
 	var call struct {
@@ -72,16 +89,7 @@ func TestHookConfig(t *testing.T) {
 // assertion and transform, and verifies the sampled assertions with
 // pkg/hookauth: egressd's own signature passes, a forged one does not.
 func TestHookServer(t *testing.T) {
-	up, err := startUpstream(16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer up.close()
-	hs, err := startHookServer(up)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hs.close()
+	up, hs := startServers(t, 16)
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)

@@ -60,10 +60,7 @@ var attackLine = regexp.MustCompile(`reason=overloaded|detail=body_timeout`)
 func (s *attackSummary) takeAttackLines(log *logSummary) {
 	for k, n := range log.Unexpected {
 		if attackLine.MatchString(k) {
-			if s.Refused == nil {
-				s.Refused = map[string]int64{}
-			}
-			s.Refused[k] += n
+			addCount(&s.Refused, k, n)
 			delete(log.Unexpected, k)
 		}
 	}

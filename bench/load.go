@@ -168,12 +168,7 @@ func summarise(clients []*client, window time.Duration) runResult {
 		r.hist.merge(&c.hist)
 		r.Total += c.total
 		r.Errors += c.errors
-		for k, n := range c.errorKinds {
-			if r.ErrorKinds == nil {
-				r.ErrorKinds = map[string]int64{}
-			}
-			r.ErrorKinds[k] += n
-		}
+		addCounts(&r.ErrorKinds, c.errorKinds)
 	}
 	r.Requests = int64(r.hist.n)
 	r.ReqPerSec = float64(r.hist.n) / window.Seconds()
@@ -229,10 +224,7 @@ func (c *client) loop(ctx context.Context, from, to time.Time) {
 
 func (c *client) fail(err error) {
 	c.errors++
-	if c.errorKinds == nil {
-		c.errorKinds = map[string]int64{}
-	}
-	c.errorKinds[normalizeErr(err.Error())]++
+	addCount(&c.errorKinds, normalizeErr(err.Error()), 1)
 }
 
 type statusError struct {

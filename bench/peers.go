@@ -552,13 +552,7 @@ func (r *peerResult) skipped() bool { return r.Skipped != "" }
 
 // ratioRange is the lowest and highest ratio over the rounds.
 func (r *peerResult) ratioRange() (lo, hi float64) {
-	for i, rd := range r.Rounds {
-		if i == 0 || rd.Ratio < lo {
-			lo = rd.Ratio
-		}
-		hi = max(hi, rd.Ratio)
-	}
-	return lo, hi
+	return minMax(r.Rounds, func(rd peerRound) float64 { return rd.Ratio })
 }
 
 // pathPeers collects one path's peer runs over its rounds.

@@ -121,12 +121,7 @@ func combine(runs []runResult) runResult {
 		r.Seconds += x.Seconds
 		r.Total += x.Total
 		r.Errors += x.Errors
-		for k, n := range x.ErrorKinds {
-			if r.ErrorKinds == nil {
-				r.ErrorKinds = map[string]int64{}
-			}
-			r.ErrorKinds[k] += n
-		}
+		addCounts(&r.ErrorKinds, x.ErrorKinds)
 		r.ClientConns += x.ClientConns
 		r.UpstreamConns += x.UpstreamConns
 		r.UpstreamRequests += x.UpstreamRequests
@@ -205,11 +200,17 @@ func roundMedians[R any](rounds []R, figures func(R) (ratio, cpuPerReq float64, 
 
 // ratioRange is the lowest and highest ratio over the rounds.
 func (p *pathResult) ratioRange() (lo, hi float64) {
-	for i, r := range p.Rounds {
-		if i == 0 || r.Ratio < lo {
-			lo = r.Ratio
+	return minMax(p.Rounds, func(r roundResult) float64 { return r.Ratio })
+}
+
+// minMax is the lowest and highest of f over rs (0, 0 for none).
+func minMax[R any](rs []R, f func(R) float64) (lo, hi float64) {
+	for i, r := range rs {
+		v := f(r)
+		if i == 0 || v < lo {
+			lo = v
 		}
-		hi = max(hi, r.Ratio)
+		hi = max(hi, v)
 	}
 	return lo, hi
 }
