@@ -587,14 +587,9 @@ func TestRunTunnel(t *testing.T) {
 // freePorts returns n ports on 127.0.0.1 that were free a moment ago.
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	ports, err := egressdtest.FreePorts(n)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return ports
 }

@@ -511,19 +511,3 @@ func writeFiles(dir string, fx *fixtures, cr *credTracker, proxyPort, adminPort 
 	}
 	return f, nil
 }
-
-// freePorts returns n ports on 127.0.0.1 that were free a moment ago. egressd's
-// listener and admin ports must be known before it starts: the policy allowlists
-// them on 127.0.0.1, so that only the self guard refuses a request to them.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		defer ln.Close()
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}

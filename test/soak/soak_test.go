@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
 )
 
 const (
@@ -58,7 +60,7 @@ func TestSoak(t *testing.T) {
 		os.RemoveAll(dir)
 	}()
 
-	ports, err := freePorts(2)
+	ports, err := egressdtest.FreePorts(2) // the policy allowlists them on 127.0.0.1: only the self guard refuses them
 	if err != nil {
 		t.Fatal(err)
 	}
