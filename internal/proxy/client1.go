@@ -2,78 +2,57 @@ package proxy
 
 import (
 	"net/http"
-
-	"github.com/egressd/egressd/internal/hooks"
 )
 
-// serveHTTP1 serves one HTTP/1.x request, in any mode but modeRefused, and reports whether the connection may carry
-// another request.
+// serveHTTP1 serves one HTTP/1.x request, in any mode, and reports whether the
+// connection may carry another request.
 func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 	x := newExchange(c, rt, req, rec, c.route)
-	defer x.body.Close()
 	x.body.deadline = &bodyDeadline{set: c.nc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
-	wantClose := req.Close || !req.ProtoAtLeast(1, 1)
-	m, ok := x.hookMatch(c.l.cfg.Role)
-	c.hookKeepAlive.Store(ok && m.Event == hooks.EventPre)
-	if c.lane && !(ok && m.Event == hooks.EventPre) {
-		return c.refuseAndClose(rt, rec, laneRefusal())
-	}
-	if ok {
-		if expectsContinue(req) {
-			x.body.sendContinue = c.writeContinue
-		}
-		return c.writeHookResponse(rt, x, m, wantClose || c.lane) // a lane connection serves one call
-	}
-	out, err := x.prepare(c.ctx)
-	if err != nil {
-		if switchesProtocol(req) {
-			return c.refuseAndClose(rt, rec, err)
-		}
-		c.writeRefusal(rt, rec, err, 0)
-		return !wantClose && x.body.drain()
-	}
-	if expectsContinue(req) {
-		c.writeContinue()
-	}
-	resp, err := rt.roundTrip(out, rec)
-	if err != nil {
-		rec.BytesIn = x.body.n.Load()
-		if bodyErr := x.body.clientError(); bodyErr != nil {
-			err = bodyErr
-		}
-		if switchesProtocol(req) {
-			return c.refuseAndClose(rt, rec, err)
-		}
-		c.writeRefusal(rt, rec, err, 0)
-		return false
-	}
-	resp = x.scrubbed(resp)
-	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusSwitchingProtocols {
-		rec.BytesIn = x.body.n.Load()
-		c.serveUpgrade(resp, rec)
-		return false
-	}
-	upgrade := switchesProtocol(req) // and the upstream declined it
-	keep, err := writeResponse(c.bw, req.Method, wantClose || upgrade, resp, rec)
-	rec.BytesIn = x.body.n.Load()
-	if upgrade && err == nil {
-		c.lingerClose() // what the client sent ahead belongs to the other protocol
-	}
-	return err == nil && keep && x.body.drain()
+	keep := serveRequest(c.ctx, x, h1Side{c: c, wantClose: req.Close || !req.ProtoAtLeast(1, 1)})
+	c.hookKeepAlive.Store(x.preHook)
+	return keep
 }
 
-// writeHookResponse serves a hook call (see exchange.serveHook) on HTTP/1.1.
-func (c *conn) writeHookResponse(rt *Runtime, x *exchange, m hooks.Match, wantClose bool) bool {
-	resp, err := x.serveHook(c.ctx, m, c.route.refusal)
-	x.rec.BytesIn = x.body.n.Load()
-	if err != nil {
-		c.writeRefusal(rt, x.rec, err, 0)
+// h1Side is the tail's client side on an HTTP/1.x connection.
+type h1Side struct {
+	c         *conn
+	wantClose bool // the client asked to close, or speaks HTTP/1.0
+}
+
+// sendContinue answers the client's Expect: 100-continue.
+func (s h1Side) sendContinue() { s.c.writeContinue() }
+
+// refuse writes the refusal. Only a request refused before anything was forwarded
+// leaves the framing intact, once its body is drained; a refused CONNECT or Upgrade
+// (or anything on a lane connection) closes at once: what the client sent after it
+// belongs to another protocol and is never parsed.
+func (s h1Side) refuse(x *exchange, err error) bool {
+	if x.stage == stageLane || x.stage >= stagePrepare && switchesProtocol(x.req) {
+		return s.c.refuseAndClose(x.rt, x.rec, err)
+	}
+	s.c.writeRefusal(x.rt, x.rec, err, 0)
+	return x.stage == stagePrepare && !s.wantClose && x.body.drain()
+}
+
+// respond writes resp. A 101 switches the connection (serveUpgrade); a hook call's
+// answer closes a lane or refused connection (it serves one call).
+func (s h1Side) respond(x *exchange, resp *http.Response) bool {
+	wantClose := s.wantClose
+	switch {
+	case x.stage == stageHook:
+		wantClose = wantClose || x.lane != nil || x.route.mode == modeRefused
+	case resp.StatusCode == http.StatusSwitchingProtocols:
+		x.rec.BytesIn = x.body.n.Load()
+		s.c.serveUpgrade(resp, x.rec)
 		return false
 	}
-	resp = x.scrubbed(resp)
-	defer resp.Body.Close()
-	keep, err := writeResponse(c.bw, x.req.Method, wantClose, resp, x.rec)
+	upgrade := x.stage != stageHook && switchesProtocol(x.req) // and the upstream declined it
+	keep, err := writeResponse(s.c.bw, x.req.Method, wantClose || upgrade, resp, x.rec)
+	x.rec.BytesIn = x.body.n.Load()
+	if upgrade && err == nil {
+		s.c.lingerClose() // what the client sent ahead belongs to the other protocol
+	}
 	return err == nil && keep && x.body.drain()
 }
 

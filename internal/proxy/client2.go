@@ -8,8 +8,6 @@ import (
 	"net"
 	"net/http"
 	"sync"
-
-	"github.com/egressd/egressd/internal/hooks"
 )
 
 // serveH2 serves an intercepted HTTP/2 connection until it ends, with net/http's
@@ -112,51 +110,35 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := newRecord(h.c.l, h.c.nc.RemoteAddr())
 	defer rec.finish(&h.c.s.log, h.c.s.metrics)
 	x := newExchange(h.c, rt, r, rec, h.route)
-	defer x.body.Close()
 	rc := http.NewResponseController(w)
 	x.body.deadline = &bodyDeadline{set: rc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
-	m, ok := x.hookMatch(h.c.l.cfg.Role)
 	if h.c.lane {
 		// A lane connection carries one call (lane.go); net/http answers this
 		// with a GOAWAY, so the runtime's next call takes a new connection
 		// rather than racing the lane's cut of this one.
 		w.Header().Set("Connection", "close")
 	}
-	if h.c.lane && !(ok && m.Event == hooks.EventPre) {
-		writeRefusalRW(w, rt, rec, laneRefusal())
-		return
+	serveRequest(r.Context(), x, h2Side{w})
+}
+
+// h2Side is the tail's client side on an HTTP/2 stream. net/http answers Expect:
+// 100-continue itself, when the body is first read.
+type h2Side struct{ w http.ResponseWriter }
+
+func (h2Side) sendContinue() {}
+
+// refuse writes the refusal; in a refused tunnel it ends the connection (net/http:
+// GOAWAY, then close).
+func (s h2Side) refuse(x *exchange, err error) bool {
+	if x.stage == stageRefused {
+		s.w.Header().Set("Connection", "close")
 	}
-	if ok {
-		resp, err := x.serveHook(r.Context(), m, h.route.refusal)
-		rec.BytesIn = x.body.n.Load()
-		if err == nil {
-			writeResponseRW(w, x.scrubbed(resp), rec)
-		} else {
-			writeRefusalRW(w, rt, rec, err)
-		}
-		return
-	}
-	if h.route.mode == modeRefused {
-		rec.Path, rec.Scheme, rec.Intercepted = r.URL.Path, "https", true
-		rec.setTarget(h.route.target)
-		w.Header().Set("Connection", "close") // net/http: GOAWAY, then close
-		writeRefusalRW(w, rt, rec, h.route.refusal)
-		return
-	}
-	out, err := x.prepare(r.Context())
-	if err == nil {
-		var resp *http.Response
-		if resp, err = rt.roundTrip(out, rec); err == nil {
-			resp = x.scrubbed(resp)
-			defer resp.Body.Close()
-			rec.BytesIn = x.body.n.Load()
-			writeResponseRW(w, resp, rec)
-			return
-		}
-	}
-	rec.BytesIn = x.body.n.Load()
-	if bodyErr := x.body.clientError(); bodyErr != nil {
-		err = bodyErr
-	}
-	writeRefusalRW(w, rt, rec, err)
+	writeRefusalRW(s.w, x.rt, x.rec, err)
+	return false
+}
+
+func (s h2Side) respond(x *exchange, resp *http.Response) bool {
+	writeResponseRW(s.w, resp, x.rec)
+	x.rec.BytesIn = x.body.n.Load()
+	return false
 }

@@ -135,10 +135,7 @@ func (c *conn) handle(rt *Runtime, req *http.Request) bool {
 	rec := newRecord(c.l, c.nc.RemoteAddr())
 	rec.Method = req.Method
 	defer rec.finish(&c.s.log, c.s.metrics)
-	switch {
-	case c.route.mode == modeRefused:
-		return c.serveRefused(rt, req, rec)
-	case c.route.mode == modeExplicit && req.Method == http.MethodConnect:
+	if c.route.mode == modeExplicit && req.Method == http.MethodConnect {
 		return c.serveConnect(rt, req, rec)
 	}
 	return c.serveHTTP1(rt, req, rec)
@@ -223,18 +220,4 @@ func (c *conn) rejectOverloaded() {
 	defer c.abort()
 	c.nc.SetDeadline(time.Now().Add(time.Second))
 	c.rejectOverloadedResponse()
-}
-
-// serveRefused answers a request on a connection egressd accepted only to say why it
-// is refused: a hook call gets its fail-closed deny, anything else the refusal.
-func (c *conn) serveRefused(rt *Runtime, req *http.Request, rec *Record) bool {
-	x := newExchange(c, rt, req, rec, c.route)
-	defer x.body.Close()
-	if m, ok := x.hookMatch(c.l.cfg.Role); ok {
-		return c.writeHookResponse(rt, x, m, true)
-	}
-	rec.Path, rec.Scheme, rec.Intercepted = req.URL.Path, "https", true
-	rec.setTarget(c.route.target)
-	c.writeRefusal(rt, rec, c.route.refusal, 0)
-	return false
 }

@@ -25,9 +25,9 @@
 //	transparent.go  the transparent listener: original destination, SNI decision
 //	tlspeek.go      reading the ClientHello without consuming it
 //	intercept.go    terminating the client's TLS in an intercepted tunnel
-//	client1.go      the HTTP/1.x client side of one request
-//	client2.go      the HTTP/2 client side of an intercepted tunnel
-//	pipeline.go     exchange: one request through the stages
+//	client1.go      the HTTP/1.x client side of a request (h1Side)
+//	client2.go      HTTP/2 inside an intercepted tunnel, its client side (h2Side)
+//	pipeline.go     the request path in one screen, and the one request tail
 //	target.go       the target stage: the request's target, by connection mode
 //	hookcall.go     hook calls; hookbuf.go: their body budget
 //	prepare.go      decide and prepare the outbound request (strip, inject, placeholders)

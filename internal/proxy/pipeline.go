@@ -5,14 +5,31 @@ import (
 	"net/http"
 
 	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/scrub"
 )
 
+// The request path, every mode and both protocols (docs/architecture.md has it at
+// length):
+//
+//	accept    Server.Serve -> accept: a slot (slots.go, lane.go), a conn (conn.go)
+//	mode      conn.route, fixed before the first request (mode.go)
+//	head      conn.serveLoop -> readRequest (head.go); HTTP/2: serveH2 (client2.go)
+//	tunnel    conn.handle -> serveConnect (connect.go) or serveTransparentTLS
+//	          (transparent.go) -> planTunnel: splice (tunnel.go) or intercept.go
+//	request   serveHTTP1 (client1.go) or h2Handler (client2.go) -> serveRequest:
+//	  target    exchange.locate (target.go)
+//	  hook?     exchange.hookMatch -> serveHook (hookcall.go)
+//	  decide    exchange.prepare: Policy.DecideRequest, outbound, inject (prepare.go)
+//	  forward   Runtime.roundTrip (forward.go) -> dialGuarded (dial.go)
+//	  scrub     exchange.scrubbed (scrub.go)
+//	  respond   clientSide.respond or .refuse (client1.go, client2.go; refuse.go)
+//	record    Record.finish, deferred where the Record was made (record.go)
+
 // exchange is one request on its way through the pipeline: parse and normalise the
 // target, decide, prepare the outbound request (strip, inject), forward. The same
-// stages serve the explicit listener and the requests inside an intercepted tunnel,
-// whether they arrive over HTTP/1.1 or HTTP/2.
+// stages serve every connection mode, over HTTP/1.1 or HTTP/2.
 type exchange struct {
 	rt      *Runtime
 	srv     *Server
@@ -20,6 +37,7 @@ type exchange struct {
 	budget  *hookBudget     // buffered hook bodies, process-wide
 	cut     context.Context // a lane connection's cut (lane.go); nil elsewhere
 	lane    *conn           // the outer lane connection; nil elsewhere
+	role    string          // the listener's role
 	req     *http.Request
 	rec     *Record
 	body    *requestBody
@@ -29,9 +47,101 @@ type exchange struct {
 	located bool
 	locErr  error
 	scrub   *scrub.Set // masks what injection set, in the response (scrub.go)
+	stage   stage      // how far serve got
+	preHook bool       // the request is a pre-tool hook call
 }
 
 func newExchange(c *conn, rt *Runtime, req *http.Request, rec *Record, rtt route) *exchange {
 	rec.Method = req.Method
-	return &exchange{rt: rt, srv: c.s, metrics: c.s.metrics, budget: &c.s.hookBuf, cut: c.cutCtx, lane: c.laneRoot, req: req, rec: rec, body: newRequestBody(req), route: rtt}
+	return &exchange{rt: rt, srv: c.s, metrics: c.s.metrics, budget: &c.s.hookBuf, cut: c.cutCtx, lane: c.laneRoot,
+		role: c.l.cfg.Role, req: req, rec: rec, body: newRequestBody(req), route: rtt}
+}
+
+// stage is how far serve got with a request. The HTTP/1 side reads it to know
+// whether the connection can carry another request after a refusal.
+type stage uint8
+
+const (
+	stageTarget  stage = iota // reading the target
+	stageLane                 // refused: a lane connection carries only a pre-tool hook call
+	stageHook                 // a hook call, answered by egressd (hookcall.go)
+	stageRefused              // refused: inside a tunnel accepted only to say why (modeRefused)
+	stagePrepare              // deciding and preparing: nothing forwarded, the body unread
+	stageForward              // forwarded, or forwarding
+)
+
+// clientSide is the client's protocol, as the tail needs it: HTTP/1.x (h1Side,
+// client1.go) or HTTP/2 (h2Side, client2.go). respond and refuse report whether the
+// connection may carry another request.
+type clientSide interface {
+	sendContinue() // answers Expect: 100-continue before the body is read
+	respond(x *exchange, resp *http.Response) bool
+	refuse(x *exchange, err error) bool
+}
+
+// serveRequest serves one request through the tail and writes what it returns on
+// the client's side.
+func serveRequest(ctx context.Context, x *exchange, cs clientSide) bool {
+	defer x.body.Close()
+	resp, err := x.serve(ctx, cs)
+	if err != nil {
+		x.rec.BytesIn = x.body.n.Load()
+		return cs.refuse(x, err)
+	}
+	defer resp.Body.Close()
+	return cs.respond(x, resp)
+}
+
+// serve is the one request tail of every mode and both protocols: hook check,
+// refused check, decide and prepare, round trip, scrub. It returns the response for
+// the client, or the error that refuses the request (refuse.go).
+func (x *exchange) serve(ctx context.Context, cs clientSide) (*http.Response, error) {
+	m, hook := x.hookMatch(x.role)
+	x.preHook = hook && m.Event == hooks.EventPre
+	switch {
+	case x.lane != nil && !x.preHook:
+		x.stage = stageLane
+		return nil, laneRefusal()
+	case hook:
+		x.stage = stageHook
+		return x.callHook(ctx, m, cs)
+	case x.route.mode == modeRefused:
+		x.stage = stageRefused
+		return nil, x.refusedInTunnel()
+	}
+	x.stage = stagePrepare
+	out, err := x.prepare(ctx)
+	if err == nil {
+		if expectsContinue(x.req) {
+			cs.sendContinue()
+		}
+		x.stage = stageForward
+		var resp *http.Response
+		if resp, err = x.rt.roundTrip(out, x.rec); err == nil {
+			return x.scrubbed(resp), nil
+		}
+	}
+	if bodyErr := x.body.clientError(); bodyErr != nil {
+		err = bodyErr // the client's body failed, not the upstream
+	}
+	return nil, err
+}
+
+// callHook serves a hook call (exchange.serveHook), which reads the body itself.
+func (x *exchange) callHook(ctx context.Context, m hooks.Match, cs clientSide) (*http.Response, error) {
+	if expectsContinue(x.req) {
+		x.body.sendContinue = cs.sendContinue
+	}
+	resp, err := x.serveHook(ctx, m, x.route.refusal)
+	if err != nil {
+		return nil, err
+	}
+	return x.scrubbed(resp), nil
+}
+
+// refusedInTunnel records a request inside a refused tunnel and returns its refusal.
+func (x *exchange) refusedInTunnel() error {
+	x.rec.Path, x.rec.Scheme, x.rec.Intercepted = x.req.URL.Path, "https", true
+	x.rec.setTarget(x.route.target)
+	return x.route.refusal
 }
