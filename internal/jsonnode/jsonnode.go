@@ -213,11 +213,6 @@ func (b *builder) members(n *Node, depth int) error {
 	return err
 }
 
-// Position returns the 1-based line and column (in bytes) of byte offset off in data.
-func Position(data []byte, off int64) (line, col int) {
-	return newPositions(data).at(int(off))
-}
-
 // positions maps byte offsets to lines and columns.
 type positions struct {
 	newlines []int // offsets of '\n'

@@ -59,11 +59,11 @@ func TestParseErrorsPointAtTheByte(t *testing.T) {
 }
 
 // Positions are 1-based lines and byte columns.
-func TestPosition(t *testing.T) {
-	data := []byte("ab\ncd\n\nx")
-	for off, want := range map[int64][2]int{0: {1, 1}, 2: {1, 3}, 3: {2, 1}, 6: {3, 1}, 7: {4, 1}} {
-		if l, c := Position(data, off); l != want[0] || c != want[1] {
-			t.Errorf("Position(%d) = %d:%d, want %d:%d", off, l, c, want[0], want[1])
+func TestPositions(t *testing.T) {
+	p := newPositions([]byte("ab\ncd\n\nx"))
+	for off, want := range map[int][2]int{0: {1, 1}, 2: {1, 3}, 3: {2, 1}, 6: {3, 1}, 7: {4, 1}} {
+		if l, c := p.at(off); l != want[0] || c != want[1] {
+			t.Errorf("at(%d) = %d:%d, want %d:%d", off, l, c, want[0], want[1])
 		}
 	}
 }

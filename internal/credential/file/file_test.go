@@ -113,6 +113,17 @@ func TestWholeFileFailures(t *testing.T) {
 	}
 }
 
+// TestSyntaxErrorPosition: a syntax error is located at its byte, as in the
+// policy and hooks.json.
+func TestSyntaxErrorPosition(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "credentials.json")
+	writeFile(t, path, "{\"a\": {\"token\": \"x\"},\n  }")
+	_, _, err := New(path, Options{}).Read(context.Background(), "a")
+	if err == nil || !strings.Contains(err.Error(), "syntax error at line 2, column 3") {
+		t.Errorf("err %v, want the '}' at line 2, column 3", err)
+	}
+}
+
 func TestVersionFollowsTheSecret(t *testing.T) {
 	dir := t.TempDir()
 	version := func(content string) string {

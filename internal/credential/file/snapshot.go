@@ -130,10 +130,9 @@ func readFile(path string) ([]byte, error) {
 func parse(path string, data []byte) (map[string]entry, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(data, &top); err != nil {
-		var syn *json.SyntaxError
-		if errors.As(err, &syn) {
-			line, col := jsonnode.Position(data, syn.Offset)
-			return nil, fmt.Errorf("credentials file %s: not valid JSON (syntax error at line %d, column %d)", path, line, col)
+		var syn *jsonnode.SyntaxError // where the policy's and hooks.json's errors are: at the offending byte
+		if _, perr := jsonnode.Parse(data, jsonnode.Options{}); errors.As(perr, &syn) {
+			return nil, fmt.Errorf("credentials file %s: not valid JSON (syntax error at line %d, column %d)", path, syn.Line, syn.Column)
 		}
 		return nil, fmt.Errorf("credentials file %s: not a JSON object of credential ID -> secret", path)
 	}
