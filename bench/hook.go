@@ -51,7 +51,7 @@ const (
 	hookOtherRow = "intercept-post"
 	// hookMaxBody bounds what the endpoint reads of a request.
 	hookMaxBody = 64 << 10
-	// envBench is the bench config's environment (configTemplate), the env
+	// envBench is the bench configs' environment (baseConfig), the env
 	// claim of every assertion.
 	envBench = "env_bench"
 )

@@ -73,7 +73,7 @@ type world struct {
 	peers *peerSet
 }
 
-// Hosts of the intercepted paths: one allowlist entry each (configTemplate),
+// Hosts of the intercepted paths: one allowlist entry each (benchConfig),
 // resolved by the DNS stub.
 const (
 	transformHost  = "inject." + benchZone
