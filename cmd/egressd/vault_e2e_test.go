@@ -13,19 +13,17 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
 	"github.com/egressd/egressd/internal/testutil/echo"
-	"github.com/egressd/egressd/internal/testutil/syncbuf"
 	"github.com/egressd/egressd/internal/testutil/testpki"
+	"github.com/egressd/egressd/internal/testutil/vaultdev"
 )
 
 // End-to-end tests of Vault-backed credentials through `egressd run`: each test starts a
@@ -93,22 +91,9 @@ func vaultdevBinary(t *testing.T) string {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, script, "build")
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
+		path, err := vaultdev.Build(ctx, script)
 		if err != nil {
-			vaultdevBin.err = fmt.Errorf("%s build: %v\n%s", script, err, lastChars(stderr.String(), 2000))
-			return
-		}
-		lines := strings.Fields(string(out))
-		if len(lines) == 0 {
-			vaultdevBin.err = fmt.Errorf("%s build printed no path", script)
-			return
-		}
-		path := lines[len(lines)-1]
-		if fi, err := os.Stat(path); err != nil || fi.Mode()&0o111 == 0 {
-			vaultdevBin.err = fmt.Errorf("%s build printed %s, which is not an executable (%v)", script, path, err)
+			vaultdevBin.err = err
 			return
 		}
 		vaultdevBin.path = path
@@ -129,12 +114,13 @@ func lastChars(s string, n int) string {
 	return "…" + s[len(s)-n:]
 }
 
-// vaultServer is one Vault dev server, the test's own, and a root client for it.
+// vaultServer is one Vault dev server (internal/testutil/vaultdev), the test's own,
+// and a root client for it.
 type vaultServer struct {
+	*vaultdev.Server
 	t                          *testing.T
 	addr, rootToken, unsealKey string
 	hc                         *http.Client
-	stderr                     *syncbuf.Buffer
 }
 
 // startVault runs the vaultdev binary on 127.0.0.1:0 and waits for its ready file. The
@@ -142,55 +128,21 @@ type vaultServer struct {
 func startVault(t *testing.T) *vaultServer {
 	t.Helper()
 	bin := vaultdevBinary(t)
-	ready := filepath.Join(t.TempDir(), "ready.json")
-	v := &vaultServer{t: t, stderr: &syncbuf.Buffer{},
-		hc: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{Proxy: nil}}}
-	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-ready-file", ready, "-log-level", "error")
-	cmd.Stdout, cmd.Stderr = io.Discard, v.stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", bin, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	srv, err := vaultdev.Start(ctx, bin, t.TempDir(), "error")
+	if err != nil {
+		t.Fatal(err)
 	}
-	exited := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(exited)
-	}()
+	v := &vaultServer{Server: srv, t: t, addr: srv.Addr, rootToken: srv.RootToken, unsealKey: srv.UnsealKey,
+		hc: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{Proxy: nil}}}
 	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
+		v.Stop()
 		v.hc.CloseIdleConnections()
 		if t.Failed() {
-			t.Logf("vault stderr:\n%s", lastChars(v.stderr.String(), 4000))
+			t.Logf("vault stderr:\n%s", v.Log(4000))
 		}
 	})
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		b, err := os.ReadFile(ready)
-		if err == nil && bytes.HasSuffix(b, []byte("\n")) {
-			var r struct {
-				Addr      string `json:"addr"`
-				RootToken string `json:"root_token"`
-				UnsealKey string `json:"unseal_key"`
-			}
-			if err := json.Unmarshal(b, &r); err != nil {
-				t.Fatalf("vault ready file %s: %v\n%s", ready, err, b)
-			}
-			v.addr, v.rootToken, v.unsealKey = r.Addr, r.RootToken, r.UnsealKey
-			break
-		}
-		select {
-		case <-exited:
-			t.Fatalf("vault exited before it was ready:\n%s", v.stderr)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("vault not ready within 60s:\n%s", v.stderr)
-		}
-	}
-	if u, err := url.Parse(v.addr); err != nil || u.Hostname() != "127.0.0.1" {
-		t.Fatalf("vault listens on %q, want an address on 127.0.0.1", v.addr)
-	}
 	return v
 }
 

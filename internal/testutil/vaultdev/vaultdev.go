@@ -1,0 +1,139 @@
+// Package vaultdev runs the tests' Vault dev server (the binary scripts/vaultdev.sh
+// builds: in-memory, unsealed, KV v2 at secret/) as a subprocess on 127.0.0.1, for
+// the suites that run egressd against a real Vault (cmd/egressd, bench).
+//
+// Invariant: the server listens on 127.0.0.1 only; Start fails otherwise.
+package vaultdev
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Build runs `script build` (scripts/vaultdev.sh: instant when cached, minutes
+// cold) and returns the executable it printed last.
+func Build(ctx context.Context, script string) (string, error) {
+	cmd := exec.CommandContext(ctx, script, "build")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s build: %v\n%s", script, err, tail(stderr.String(), 2000))
+	}
+	f := strings.Fields(string(out))
+	if len(f) == 0 {
+		return "", fmt.Errorf("%s build printed no path", script)
+	}
+	path := f[len(f)-1]
+	if fi, err := os.Stat(path); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("%s build printed %s, which is not an executable (%v)", script, path, err)
+	}
+	return path, nil
+}
+
+// Server is one running Vault dev server.
+type Server struct {
+	Addr      string // http://127.0.0.1:port
+	RootToken string
+	UnsealKey string
+	LogPath   string // its stderr
+
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// Start runs bin on 127.0.0.1:0 at logLevel ("warn", "error"), with its ready file
+// and log in dir, and waits (bounded by ctx) for the ready file.
+func Start(ctx context.Context, bin, dir, logLevel string) (*Server, error) {
+	ready := filepath.Join(dir, "vault-ready.json")
+	s := &Server{LogPath: filepath.Join(dir, "vault.log"), exited: make(chan struct{})}
+	if err := s.spawn(bin, ready, logLevel); err != nil {
+		return nil, err
+	}
+	if err := s.waitReady(ctx, ready); err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("vault: %w; its log: %s", err, s.Log(2000))
+	}
+	if u, err := url.Parse(s.Addr); err != nil || u.Hostname() != "127.0.0.1" {
+		s.Stop()
+		return nil, fmt.Errorf("vault listens on %q, not on 127.0.0.1", s.Addr)
+	}
+	return s, nil
+}
+
+func (s *Server) spawn(bin, ready, logLevel string) error {
+	logf, err := os.Create(s.LogPath)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	s.cmd = exec.Command(bin, "-addr", "127.0.0.1:0", "-ready-file", ready, "-log-level", logLevel)
+	s.cmd.Stderr = logf
+	// Its own process group, and SIGKILL should this process die first.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := s.cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s: %w", bin, err)
+	}
+	go func() { s.cmd.Wait(); close(s.exited) }()
+	return nil
+}
+
+// waitReady reads the ready file once it is complete (it ends with a newline).
+func (s *Server) waitReady(ctx context.Context, ready string) error {
+	for {
+		b, err := os.ReadFile(ready)
+		if err == nil && bytes.HasSuffix(b, []byte("\n")) {
+			var r struct {
+				Addr      string `json:"addr"`
+				RootToken string `json:"root_token"`
+				UnsealKey string `json:"unseal_key"`
+			}
+			if err := json.Unmarshal(b, &r); err != nil {
+				return fmt.Errorf("ready file %s: %w", ready, err)
+			}
+			s.Addr, s.RootToken, s.UnsealKey = r.Addr, r.RootToken, r.UnsealKey
+			return nil
+		}
+		select {
+		case <-s.exited:
+			return errors.New("exited before it was ready")
+		case <-ctx.Done():
+			return fmt.Errorf("not ready: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Stop kills the server and waits for it. It may be called more than once.
+func (s *Server) Stop() {
+	select {
+	case <-s.exited:
+		return
+	default:
+	}
+	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	<-s.exited
+}
+
+// Log is the end (about n bytes) of the server's log.
+func (s *Server) Log(n int) string {
+	b, _ := os.ReadFile(s.LogPath)
+	return tail(string(b), n)
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + s[len(s)-n:]
+}
