@@ -115,17 +115,24 @@ func (s *Server) admitting(l *listener) int {
 }
 
 // serveLane serves c in a lane slot, cutting the oldest lane connection when
-// the lane is full.
+// the lane is full. When no slot comes within laneWait (newcomers took the one
+// it freed), c is served cut from the start, holding no slot: its call gets the
+// deny within cutLinger, as a cut connection's does, rather than a close before
+// it could send it.
 func (s *Server) serveLane(l *listener, c *conn, rt *Runtime) {
+	sem := l.lane
 	if !takeSlot(l.lane, 0) && !(s.cutOldestLane(l) && takeSlot(l.lane, laneWait)) {
-		c.denyOverloaded(rt)
-		return
+		sem = make(chan struct{}, 1) // a slot of its own, given back by the cut
+		sem <- struct{}{}
 	}
 	c.slot, c.lane, c.laneAt = slotLane, true, time.Now()
 	c.cutCtx, c.cutFn = context.WithCancel(context.Background())
 	c.laneRoot = c
 	time.AfterFunc(laneLife(rt), c.cut)
-	s.serveIn(c, l.lane)
+	s.serveIn(c, sem)
+	if sem != l.lane {
+		c.cut()
+	}
 }
 
 // laneLife bounds a lane connection: its TLS handshake and head, then the longest
@@ -285,21 +292,3 @@ func (p *peekReader) Read(b []byte) (int, error) {
 
 // laneRefusal is the refusal of a request a lane connection may not carry.
 func laneRefusal() error { return deny(allowlist.ReasonOverloaded, "hook_lane") }
-
-// denyOverloaded answers a hook call that found no lane slot: the fail-closed
-// deny on a plain connection (the head was read), a close on a TLS one.
-func (c *conn) denyOverloaded(rt *Runtime) {
-	defer c.abort()
-	if c.l.cfg.Mode == config.ModeTransparent {
-		if first, err := c.br.Peek(1); err != nil || first[0] == 0x16 {
-			return
-		}
-	} else if req := c.peekHead(); req == nil || req.Method == http.MethodConnect {
-		return
-	}
-	rec := newRecord(c.l, c.nc.RemoteAddr())
-	defer rec.finish(&c.s.log, c.s.metrics)
-	rec.fail(allowlist.ReasonOverloaded, "hook_lane_full")
-	c.nc.SetDeadline(time.Now().Add(time.Second))
-	writeResponse(c.bw, http.MethodPost, true, denyResponse("egressd overloaded"), rec)
-}

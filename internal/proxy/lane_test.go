@@ -375,3 +375,18 @@ func TestHookLaneH2ServesOneCall(t *testing.T) {
 		t.Errorf("the lane connection still takes %d more streams after its call, want a GOAWAY", n)
 	}
 }
+
+// TestHookLaneNoSlotStillAnswered: a hook call that finds no lane slot within
+// laneWait (the newcomers took those it freed by cutting) is served as a cut
+// connection, holding no slot: its CONNECT is answered and its call gets
+// egressd's deny. It was closed with no answer, which the runtime reads as allow.
+func TestHookLaneNoSlotStillAnswered(t *testing.T) {
+	w := newLaneWorld(t, 2)
+	w.fillSlots(t, 2)
+	defer w.Server.HoldLane()()
+	tc := tls.Client(w.connect(t, "policy.allowed.test:443"), &tls.Config{ServerName: "policy.allowed.test", RootCAs: w.CAPool})
+	status, b := postHookCall(t, tc)
+	if status != 200 || !strings.Contains(b, `"decision":"deny"`) || !strings.Contains(b, "(fail-closed)") {
+		t.Fatalf("the call with no lane slot: %d %s, want egressd's fail-closed deny", status, b)
+	}
+}

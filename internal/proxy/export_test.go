@@ -1,0 +1,25 @@
+package proxy
+
+// HoldLane takes every free slot of the hook lane of each listener that has a
+// connection open, with no connection behind them (none to cut), and returns
+// the function that gives them back: what a lane looks like when newcomers
+// have taken the slots a hook call freed by cutting.
+func (s *Server) HoldLane() (release func()) {
+	s.mu.Lock()
+	lanes := map[chan struct{}]bool{}
+	for c := range s.conns {
+		lanes[c.l.lane] = true
+	}
+	s.mu.Unlock()
+	var sems []chan struct{}
+	for sem := range lanes {
+		for takeSlot(sem, 0) {
+			sems = append(sems, sem)
+		}
+	}
+	return func() {
+		for _, sem := range sems {
+			<-sem
+		}
+	}
+}
