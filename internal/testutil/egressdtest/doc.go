@@ -10,10 +10,11 @@
 //	}
 //
 //	e := egressdtest.StartT(t, egressdtest.Options{Config: cfg, Wait: egressdtest.WaitReady})
-//	res, err := proxiedClient(e.Proxy).Get(...)
-//	line := e.EgressLine(t, reqID)           // the canonical log line of one request
-//	v, _, _ := e.Metric(`egressd_tunnels_active`)
-//	code, err := e.Stop()                     // SIGTERM, then the exit code
+//	// ... requests through e.Proxy (an explicit proxy at that address) ...
+//	line := e.EgressLine(t, reqID)                  // the canonical log line of one request
+//	v := e.MetricT(t, `egressd_tunnels_active`)     // one series from /metrics
+//	pool, err := e.CAPool()                         // egressd's interception CA
+//	code, err := e.Stop()                           // SIGTERM, then the exit code
 //
 // Build (or Main) builds egressd once and sets EnvBinary, so that a test binary
 // re-executed in a loopback-only network namespace (internal/testutil/netns) starts
@@ -26,6 +27,10 @@
 // egressd's stdout (its JSON log) and stderr go to files in Options.Dir, never to a
 // pipe this process must drain: a stalled test cannot stall egressd's logging, and a
 // loud run costs no memory. Lines, Cursor and the waits read the log file.
+//
+// Refusal is egressd's refusal body, and FreePorts picks egressd's own ports when
+// a config must name them. The echo upstream the suites pair with this package is
+// internal/testutil/echo; the Vault dev server is internal/testutil/vaultdev.
 //
 // The API is shared by four suites; extend it, do not change what a name means.
 package egressdtest
