@@ -43,13 +43,11 @@ func (s h1Side) respond(x *exchange, resp *http.Response) bool {
 	case x.stage == stageHook:
 		wantClose = wantClose || x.lane != nil || x.route.mode == modeRefused
 	case resp.StatusCode == http.StatusSwitchingProtocols:
-		x.rec.BytesIn = x.body.n.Load()
 		s.c.serveUpgrade(resp, x.rec)
 		return false
 	}
 	upgrade := x.stage != stageHook && switchesProtocol(x.req) // and the upstream declined it
 	keep, err := writeResponse(s.c.bw, x.req.Method, wantClose || upgrade, resp, x.rec)
-	x.rec.BytesIn = x.body.n.Load()
 	if upgrade && err == nil {
 		s.c.lingerClose() // what the client sent ahead belongs to the other protocol
 	}

@@ -139,6 +139,5 @@ func (s h2Side) refuse(x *exchange, err error) bool {
 
 func (s h2Side) respond(x *exchange, resp *http.Response) bool {
 	writeResponseRW(s.w, resp, x.rec)
-	x.rec.BytesIn = x.body.n.Load()
 	return false
 }

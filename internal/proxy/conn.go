@@ -152,7 +152,6 @@ func (c *conn) refuseHead(rt *Runtime, req *http.Request, err error) {
 	}
 	defer rec.finish(&c.s.log, c.s.metrics)
 	if err == errHeadTooLarge {
-		rec.fail(allowlist.ReasonBadRequest, "header_too_large")
 		c.writeRefusal(rt, rec, &refusal{Reason: allowlist.ReasonBadRequest, Detail: "header_too_large", Err: err},
 			http.StatusRequestHeaderFieldsTooLarge)
 		return
@@ -207,10 +206,7 @@ func (c *conn) lingerClose() {
 }
 
 func (c *conn) rejectOverloadedResponse() {
-	rec := &Record{ReqID: newRequestID(), Listener: c.l.cfg.Name, Role: c.l.cfg.Role, Start: time.Now()}
-	if a := c.nc.RemoteAddr(); a != nil {
-		rec.Client = a.String()
-	}
+	rec := newRecord(c.l, c.nc.RemoteAddr())
 	defer rec.finish(&c.s.log, c.s.metrics)
 	c.writeRefusal(c.s.Runtime(), rec, deny(allowlist.ReasonOverloaded, ""), 0)
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"net"
 	"net/http"
 
@@ -36,19 +37,16 @@ func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 	case tunnelRefused:
 		return c.refuseAndClose(rt, rec, plan.why)
 	case tunnelRefusedInside:
-		rf := classify(plan.why)
-		rec.fail(rf.Reason, rf.Detail)
-		if rf.Err != nil {
-			rec.Error = rf.Err.Error()
-		}
+		rec.refused(plan.why)
 	}
 	if !c.acceptTunnel(rec, plan.why) {
 		closeIf(up)
 		return false
 	}
-	hello, err := c.checkClientHello(rt, t, rec)
+	hello, err := c.checkClientHello(rt, t)
 	switch {
 	case err != nil:
+		rec.refused(err)
 		closeIf(up)
 	case plan.kind == tunnelSpliced:
 		c.tunnel(rt, up, hello, rec)
@@ -75,23 +73,30 @@ func (c *conn) acceptTunnel(rec *Record, why error) bool {
 // consuming it, and refuses a tunnel whose SNI names another host than the CONNECT
 // target (domain fronting) with the TLS alert unrecognized_name, or one that does
 // not start with a ClientHello at all.
-func (c *conn) checkClientHello(rt *Runtime, t allowlist.Target, rec *Record) (*clientHello, error) {
+func (c *conn) checkClientHello(rt *Runtime, t allowlist.Target) (*clientHello, error) {
 	c.waitFor(rt.Limits.ReadHeader)
-	hello, err := peekClientHello(c.br)
-	if !c.waited() {
-		rec.fail(allowlist.ReasonOverloaded, detailEvicted)
-		return nil, errEvicted
-	}
+	hello, err := c.readClientHello()
 	if err != nil {
-		rec.fail(allowlist.ReasonBadRequest, "not_tls")
-		rec.Error = err.Error()
 		return nil, err
 	}
 	if hello.serverName != "" && !sameSNI(hello.serverName, t) {
-		rec.fail(allowlist.ReasonHostMismatch, "sni")
-		rec.Error = "SNI " + hello.serverName + " in a tunnel to " + t.Host
 		c.nc.Write(alertUnrecognizedName)
-		return nil, errSNIMismatch
+		return nil, &refusal{Reason: allowlist.ReasonHostMismatch, Detail: "sni",
+			Err: errors.New("SNI " + hello.serverName + " in a tunnel to " + t.Host)}
+	}
+	return hello, nil
+}
+
+// readClientHello reads the client's ClientHello without consuming it, within the
+// wait begun by waitFor: a connection evicted meanwhile, or one that does not start
+// with a ClientHello, gets the refusal instead.
+func (c *conn) readClientHello() (*clientHello, error) {
+	hello, err := peekClientHello(c.br)
+	if !c.waited() {
+		return nil, deny(allowlist.ReasonOverloaded, detailEvicted)
+	}
+	if err != nil {
+		return nil, badRequest("not_tls", err)
 	}
 	return hello, nil
 }

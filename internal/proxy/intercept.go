@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -22,8 +23,8 @@ import (
 func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHello, rec *Record, why error) {
 	rec.Intercepted = true
 	if rt.Leaves == nil {
-		rec.fail(allowlist.ReasonUpstreamTLS, "no_ca")
-		rec.Error = "interception needed but no CA is configured"
+		rec.refused(&refusal{Reason: allowlist.ReasonUpstreamTLS, Detail: "no_ca",
+			Err: errors.New("interception needed but no CA is configured")})
 		return
 	}
 	c.tunneling.Store(true)
@@ -33,9 +34,7 @@ func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHe
 	tc := tls.Server(client, rt.Leaves.ServerConfigFor(c.nc.RemoteAddr(), t.Host, []string{"h2", "http/1.1"}))
 	tc.SetDeadline(time.Now().Add(rt.Limits.ReadHeader))
 	if err := tc.HandshakeContext(c.ctx); err != nil {
-		detail, msg := clientTLSFailure(err, client.wrote, t.Host)
-		rec.fail(allowlist.ReasonBadRequest, detail)
-		rec.Error = msg
+		rec.refused(clientTLSFailure(err, client.wrote, t.Host))
 		return
 	}
 	tc.SetDeadline(time.Time{})
@@ -57,17 +56,17 @@ func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHe
 // not trust egressd's certificate.
 const detailUntrustedCA = "client_untrusted_ca"
 
-// clientTLSFailure is the detail and log error of a failed handshake with the client.
-// A client that rejects egressd's leaf (alert unknown_ca, bad_certificate,
+// clientTLSFailure is the refusal of a failed handshake with the client. A client
+// that rejects egressd's leaf (alert unknown_ca, bad_certificate,
 // certificate_unknown or unsupported_certificate, or a close or an undecryptable
 // record right after egressd's ServerHello) does not trust egressd's CA: the log says
 // so and names the fix, rather than reading as corruption.
-func clientTLSFailure(err error, serverSpoke bool, host string) (detail, msg string) {
+func clientTLSFailure(err error, serverSpoke bool, host string) *refusal {
 	if !rejectedLeaf(err, serverSpoke) {
-		return "client_tls", err.Error()
+		return badRequest("client_tls", err)
 	}
-	return detailUntrustedCA, err.Error() + ": the client rejected egressd's certificate for " + host +
-		"; make the sandbox trust egressd's CA: run `egressd ca env` and export what it prints in the sandbox"
+	return badRequest(detailUntrustedCA, fmt.Errorf("%w: the client rejected egressd's certificate for %s"+
+		"; make the sandbox trust egressd's CA: run `egressd ca env` and export what it prints in the sandbox", err, host))
 }
 
 func rejectedLeaf(err error, serverSpoke bool) bool {

@@ -83,9 +83,9 @@ type clientSide interface {
 // the client's side.
 func serveRequest(ctx context.Context, x *exchange, cs clientSide) bool {
 	defer x.body.Close()
+	defer func() { x.rec.BytesIn += x.body.n.Load() }() // once the response has ended
 	resp, err := x.serve(ctx, cs)
 	if err != nil {
-		x.rec.BytesIn = x.body.n.Load()
 		return cs.refuse(x, err)
 	}
 	defer resp.Body.Close()
@@ -141,7 +141,7 @@ func (x *exchange) callHook(ctx context.Context, m hooks.Match, cs clientSide) (
 
 // refusedInTunnel records a request inside a refused tunnel and returns its refusal.
 func (x *exchange) refusedInTunnel() error {
-	x.rec.Path, x.rec.Scheme, x.rec.Intercepted = x.req.URL.Path, "https", true
-	x.rec.setTarget(x.route.target)
+	x.locate() // records the tunnel's target; the refusal outranks what it finds
+	x.rec.Intercepted = true
 	return x.route.refusal
 }

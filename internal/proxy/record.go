@@ -17,7 +17,9 @@ import (
 // Record is the canonical account of one request or tunnel: it becomes exactly one
 // log line (message "egress") and one requests_total increment. Every field is
 // written on every line, empty when it does not apply. Values are never secrets:
-// header names and credential IDs only.
+// header names and credential IDs only. It is written where the request is read,
+// where the decision is made and where the response ends (docs/architecture.md);
+// every refusal and failure through refused.
 type Record struct {
 	ReqID             string
 	Listener          string
@@ -82,6 +84,18 @@ func (r *Record) setDecision(d allowlist.Decision) {
 	if !d.Allowed() {
 		r.fail(d.Reason, d.Detail)
 	}
+}
+
+// refused records err as classify reads it: the reason and detail of the first
+// refusal or failure (fail), and its cause for operators (Error). It returns the
+// refusal.
+func (r *Record) refused(err error) *refusal {
+	rf := classify(err)
+	r.fail(rf.Reason, rf.Detail)
+	if rf.Err != nil {
+		r.Error = rf.Err.Error()
+	}
+	return rf
 }
 
 // fail records the first refusal or failure; later ones do not overwrite it.

@@ -130,11 +130,7 @@ func statusFor(r allowlist.Reason) int {
 // refusalFor classifies err, records it on rec, and renders the response. A status
 // of 0 means the status DESIGN.md assigns to the reason.
 func refusalFor(rt *Runtime, rec *Record, err error, status int) (int, http.Header, []byte) {
-	rf := classify(err)
-	rec.fail(rf.Reason, rf.Detail)
-	if rf.Err != nil {
-		rec.Error = rf.Err.Error()
-	}
+	rf := rec.refused(err)
 	code, h, body := refusalResponse(rf, rec, rt.Env)
 	if status != 0 {
 		code = status

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"errors"
 	"net"
 	"time"
 )
@@ -35,8 +34,6 @@ const evictAfter = time.Second
 // slotWait bounds how long a new connection waits for an evicted connection to
 // release its slot; beyond it the newcomer gets 503 after all.
 const slotWait = 200 * time.Millisecond
-
-var errEvicted = errors.New("evicted while waiting for the client: the listener was full")
 
 // waitFor starts a wait for the client, bounded by d, that an overloaded listener
 // may cut short.

@@ -8,10 +8,7 @@ import (
 	"time"
 )
 
-var (
-	errPeeked      = errors.New("ClientHello read")
-	errSNIMismatch = errors.New("SNI names another host than the CONNECT target")
-)
+var errPeeked = errors.New("ClientHello read")
 
 // alertUnrecognizedName is a fatal TLS alert record, unrecognized_name (RFC 8446
 // §6.2, alert 112), sent when a tunnel's SNI names another host.

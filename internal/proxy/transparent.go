@@ -46,21 +46,15 @@ func (c *conn) serveTransparent() {
 // serveTransparentTLS decides on the ClientHello's SNI and splices or intercepts
 // (planTunnel); a refused connection is intercepted to answer the refusal over HTTP.
 func (c *conn) serveTransparentTLS(rt *Runtime, rec *Record) {
-	hello, err := peekClientHello(c.br)
-	if !c.waited() {
-		rec.fail(allowlist.ReasonOverloaded, detailEvicted)
-		return
-	}
+	hello, err := c.readClientHello()
 	if err != nil {
-		rec.fail(allowlist.ReasonBadRequest, "not_tls")
-		rec.Error = err.Error()
+		rec.refused(err)
 		return
 	}
 	t, err := c.transparentTLSTarget(hello)
 	if err != nil {
 		rec.setTarget(allowlist.Target{Host: c.route.orig.Addr().String(), Addr: c.route.orig.Addr(), Port: c.route.orig.Port()})
-		rec.fail(allowlist.ReasonBadRequest, badHost("no_sni", err).Detail)
-		rec.Error = err.Error()
+		rec.refused(badHost("no_sni", err))
 		c.nc.Write(alertMissingExtension)
 		return
 	}
