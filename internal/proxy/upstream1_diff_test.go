@@ -53,6 +53,9 @@ type diffCase struct {
 	name  string
 	steps []diffStep
 	reqs  []diffReq // default: one GET
+	// wantHead, when set, is exactly what the upstream reads first, both ways:
+	// nothing added (User-Agent, Accept-Encoding), hop-by-hop fields gone.
+	wantHead string
 	// differs, when set, says why the pool answers differently from the Transport
 	// on purpose; poolWant is then the start of the pool's outcome.
 	differs, poolWant string
@@ -72,12 +75,15 @@ const reuse = 150 * time.Millisecond
 
 var diffCases = []diffCase{
 	{name: "keep-alive reuse", steps: []diffStep{{resp: ok2}, {resp: ok2}, {resp: "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"}, {resp: ok2}},
-		reqs: []diffReq{get(0), get(0), {head: headHead}, get(0)}},
+		reqs:     []diffReq{get(0), get(0), {head: headHead}, get(0)},
+		wantHead: "GET /a?b=c HTTP/1.1\r\nHost: HOST\r\n\r\n"},
 	{name: "request head as the client wrote it", steps: []diffStep{{resp: ok2}},
 		reqs: []diffReq{{head: "GET http://HOST/p%20q?x=1&x=2 HTTP/1.1\r\nhost: HOST\r\nx-lower: a\r\nX-UPPER: b\r\n" +
 			"Accept: */*\r\nConnection: keep-alive, X-Hop\r\nX-Hop: h\r\nProxy-Connection: keep-alive\r\nKeep-Alive: 5\r\n" +
 			"Te: trailers, deflate\r\nAccept-Encoding: br\r\nUser-Agent: curl/8\r\nX-Multi: 1\r\nX-Multi: 2\r\n" +
-			"Egressd-Reason: fake\r\nProxy-Authorization: Basic eDp5\r\nExpect: 100-continue\r\n\r\n"}}},
+			"Egressd-Reason: fake\r\nProxy-Authorization: Basic eDp5\r\nExpect: 100-continue\r\n\r\n"}},
+		wantHead: "GET /p%20q?x=1&x=2 HTTP/1.1\r\nHost: HOST\r\nUser-Agent: curl/8\r\nAccept: */*\r\nAccept-Encoding: br\r\n" +
+			"Te: trailers\r\nX-Lower: a\r\nX-Multi: 1\r\nX-Multi: 2\r\nX-Upper: b\r\n\r\n"},
 	{name: "client asks to close", steps: []diffStep{{resp: ok2}, {resp: ok2}},
 		reqs: []diffReq{{head: "GET http://HOST/ HTTP/1.1\r\nHost: HOST\r\nConnection: close\r\n\r\n"}, get(0)}},
 	{name: "HTTP/1.0 client", steps: []diffStep{{resp: ok2}},
@@ -87,7 +93,7 @@ var diffCases = []diffCase{
 	{name: "malformed status code", steps: []diffStep{{resp: "HTTP/1.1 2x0 OK\r\nContent-Length: 0\r\n\r\n"}}},
 	{name: "malformed protocol", steps: []diffStep{{resp: "HTTX/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"}}},
 	{name: "not HTTP at all", steps: []diffStep{{resp: "SSH-2.0-OpenSSH_9.6\r\n", close: true}}},
-	{name: "status line only, LF endings", steps: []diffStep{{resp: "HTTP/1.1 200 OK\nContent-Length: 2\n\nok"}}},
+	{name: "LF line endings", steps: []diffStep{{resp: "HTTP/1.1 200 OK\nContent-Length: 2\n\nok"}}},
 	{name: "duplicate equal Content-Length", steps: []diffStep{{resp: "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok"}, {resp: ok2}},
 		reqs: []diffReq{get(0), get(0)}},
 	{name: "conflicting Content-Length", steps: []diffStep{{resp: "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok!"}}},
@@ -174,6 +180,9 @@ func checkDiff(t *testing.T, tc diffCase, pool, tr diffRun) {
 			t.Errorf("pool and Transport agree (%q): drop the documented difference", pool.outcomes[0])
 		}
 		return
+	}
+	if tc.wantHead != "" && (len(pool.conns) == 0 || !strings.HasPrefix(pool.conns[0], tc.wantHead)) {
+		t.Errorf("the upstream read %q, want first %q", pool.conns, tc.wantHead)
 	}
 	if got, want := pool.transcript(), tr.transcript(); got != want {
 		t.Errorf("the upstream read, from the pool:\n%s\nfrom the Transport:\n%s", got, want)
