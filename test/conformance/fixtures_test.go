@@ -6,14 +6,12 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path"
 	"strings"
 	"sync"
@@ -92,40 +90,20 @@ func getFixtures(t *testing.T) *fixtures {
 func startFixtures(t *testing.T) *fixtures {
 	t.Helper()
 	f := &fixtures{upstreamCA: testpki.New(t), echo: newEchoServer()}
-	var err error
-	if err = f.startEcho(t); err == nil {
-		f.forbidden, err = startSink("forbidden upstream", forbiddenIP, sinkPorts...)
-	}
+	f.startEcho(t)
+	f.forbidden = startSink(t, "forbidden upstream", forbiddenIP, sinkPorts...)
 	for _, ip := range canaryIPs {
-		if err != nil {
-			break
-		}
-		var s *sink
-		if s, err = startSink("canary "+ip, ip, sinkPorts...); err == nil {
-			f.canaries = append(f.canaries, s)
-		}
-	}
-	if err != nil {
-		t.Fatal(err)
+		f.canaries = append(f.canaries, startSink(t, "canary "+ip, ip, sinkPorts...))
 	}
 	return f
 }
 
 // startEcho serves the echo upstream on publicIP: plain HTTP on :80 and HTTPS
 // (HTTP/1.1 and HTTP/2) on :443 with a certificate from the test CA.
-func (f *fixtures) startEcho(t *testing.T) error {
-	plain, err := listenOn(net.JoinHostPort(publicIP, "80"))
-	if err != nil {
-		return err
-	}
-	f.echo.Serve(plain, nil)
+func (f *fixtures) startEcho(t *testing.T) {
+	f.echo.Serve(listenOn(t, net.JoinHostPort(publicIP, "80")), nil)
 	cert := f.upstreamCA.Leaf(t, "allowed.test", "*.allowed.test", "xn--bcher-kva.test", "ports.test", publicIP)
-	tlsLn, err := listenOn(net.JoinHostPort(publicIP, "443"))
-	if err != nil {
-		return err
-	}
-	f.echo.Serve(tlsLn, &cert)
-	return nil
+	f.echo.Serve(listenOn(t, net.JoinHostPort(publicIP, "443")), &cert)
 }
 
 // checkSinksUntouched is TestMain's last word: any connection to a canary or the
@@ -157,16 +135,12 @@ type sink struct {
 // maxSinkData bounds what a sink keeps of the bytes it receives.
 const maxSinkData = 1 << 20
 
-func startSink(name, ip string, ports ...string) (*sink, error) {
+func startSink(t *testing.T, name, ip string, ports ...string) *sink {
 	s := &sink{name: name}
 	for _, port := range ports {
-		ln, err := listenOn(net.JoinHostPort(ip, port))
-		if err != nil {
-			return nil, err
-		}
-		go s.serve(ln)
+		go s.serve(listenOn(t, net.JoinHostPort(ip, port)))
 	}
-	return s, nil
+	return s
 }
 
 func (s *sink) serve(ln net.Listener) {
@@ -326,54 +300,24 @@ func redact(s string) string {
 	return strings.NewReplacer(secret, secretMark, staticValue, staticMark).Replace(s)
 }
 
-// listenOn listens on addr after adding its IP to lo (inside the namespace only).
-func listenOn(addr string) (net.Listener, error) {
+// listenOn listens on addr after adding its IP to lo (netns.AddLoopbackAddr: inside
+// the namespace only; the suite never touches the host's interfaces).
+func listenOn(t *testing.T, addr string) net.Listener {
+	t.Helper()
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, err
+		t.Fatal(err)
 	}
 	ip, err := netip.ParseAddr(host)
 	if err != nil {
-		return nil, err
+		t.Fatal(err)
 	}
 	if !ip.IsLoopback() || ip.Is6() {
-		if err := addLoopbackAddr(ip); err != nil {
-			return nil, err
-		}
+		netns.AddLoopbackAddr(t, netip.PrefixFrom(ip, ip.BitLen()).String())
 	}
-	return net.Listen("tcp", addr)
-}
-
-var addrsAdded sync.Map // netip.Addr -> struct{}
-
-// addLoopbackAddr adds ip to lo and waits until the kernel routes it as local.
-// It refuses to run outside the namespace: the suite never touches the host's
-// interfaces.
-func addLoopbackAddr(ip netip.Addr) error {
-	if _, done := addrsAdded.Load(ip); done {
-		return nil
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !netns.Inside() {
-		return errors.New("refusing to add " + ip.String() + " to lo outside the test's network namespace")
-	}
-	cidr := netip.PrefixFrom(ip, ip.BitLen()).String()
-	args := []string{"addr", "add", cidr, "dev", "lo"}
-	if ip.Is6() {
-		args = append(args, "nodad")
-	}
-	out, err := exec.Command("ip", args...).CombinedOutput()
-	if err != nil && !strings.Contains(string(out), "File exists") && !strings.Contains(string(out), "already assigned") {
-		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		out, err := exec.Command("ip", "route", "get", ip.String()).CombinedOutput()
-		if err == nil && strings.HasPrefix(string(out), "local ") {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s is not a local route after 5s: %s", ip, out)
-		}
-	}
-	addrsAdded.Store(ip, struct{}{})
-	return nil
+	return ln
 }
