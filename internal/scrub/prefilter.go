@@ -74,19 +74,24 @@ func newPrefilter(anchors [][]byte) *prefilter {
 
 // hash maps the gram at the start of b (at least gramLen bytes) to a bit.
 func (p *prefilter) hash(b []byte) uint32 {
-	return binary.LittleEndian.Uint32(b) * 0x9E3779B1 >> p.shift
+	return binary.LittleEndian.Uint32(b) * gramHash >> p.shift
 }
+
+// gramHash is the multiplier of a gram's (Fibonacci) hash: its top bits
+// depend on every bit of the gram.
+const gramHash = 0x9E3779B1
 
 // regions calls scan for each region of b that may hold an anchor, in order;
 // the regions are disjoint, so no occurrence is reported twice.
 func (p *prefilter) regions(b []byte, scan func(lo, hi int)) {
+	bitmap, shift, step, reach := p.bits, p.shift, p.step, p.reach // in registers, not reloaded after each scan
 	lo, hi := 0, 0
-	for j := 0; j+gramLen <= len(b); j += p.step {
-		h := p.hash(b[j:])
-		if p.bits[h/64]&(1<<(h%64)) == 0 {
+	for j := 0; j+gramLen <= len(b); j += step {
+		h := binary.LittleEndian.Uint32(b[j:j+gramLen]) * gramHash >> shift
+		if bitmap[h/64]&(1<<(h%64)) == 0 {
 			continue
 		}
-		from, to := max(0, j+gramLen-p.reach), min(len(b), j+p.reach)
+		from, to := max(0, j+gramLen-reach), min(len(b), j+reach)
 		if from > hi {
 			if hi > lo {
 				scan(lo, hi)
