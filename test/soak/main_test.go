@@ -20,12 +20,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
 	"github.com/egressd/egressd/internal/testutil/netns"
 )
 
@@ -63,49 +62,11 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envSoak) != "1" {
 		os.Exit(m.Run()) // TestSoak skips; nothing is built and no namespace is made
 	}
-	if f := flag.Lookup("test.list"); f != nil && f.Value.String() != "" {
-		os.Exit(m.Run())
-	}
-	cleanup, err := ensureBinary()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "soak: building egressd: %v\n", err)
-		os.Exit(1)
-	}
-	code := netns.Main(m)
-	cleanup()
-	os.Exit(code)
-}
-
-// ensureBinary builds egressd into a temporary directory unless envBinary names
-// one, and returns the function that removes what it built. It runs before the
-// namespace is entered, where the Go toolchain may not reach the module proxy.
-func ensureBinary() (func(), error) {
-	if bin := os.Getenv(envBinary); bin != "" {
-		abs, err := filepath.Abs(bin)
-		if err != nil {
-			return nil, err
-		}
-		if _, err := os.Stat(abs); err != nil {
-			return nil, err
-		}
-		return func() {}, os.Setenv(envBinary, abs)
-	}
-	dir, err := os.MkdirTemp("", "egressd-soak-bin-")
-	if err != nil {
-		return nil, err
-	}
-	bin := filepath.Join(dir, "egressd")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/egressd/egressd/cmd/egressd")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("%v\n%s", err, out)
-	}
-	if err := os.Setenv(envBinary, bin); err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	return func() { os.RemoveAll(dir) }, nil
+	// egressdtest builds egressd as make build does unless envBinary names one,
+	// before the namespace is entered, where the Go toolchain may not reach the
+	// module proxy.
+	build := egressdtest.BuildOptions{Prebuilt: os.Getenv(envBinary), Static: true}
+	os.Exit(egressdtest.Main(m, build, netns.Main))
 }
 
 // settings are the soak's knobs, read from the environment.
@@ -119,11 +80,11 @@ type settings struct {
 
 func readSettings() (settings, error) {
 	s := settings{
-		bin: os.Getenv(envBinary), duration: defaultDuration, clients: defaultClients, rate: defaultRate,
+		bin: egressdtest.Binary(), duration: defaultDuration, clients: defaultClients, rate: defaultRate,
 		keep: os.Getenv(envKeep) == "1",
 	}
 	if s.bin == "" {
-		return s, fmt.Errorf("%s is not set (TestMain sets it)", envBinary)
+		return s, fmt.Errorf("%s is not set (TestMain sets it)", egressdtest.EnvBinary)
 	}
 	if v := os.Getenv(envDuration); v != "" {
 		d, err := time.ParseDuration(v)
