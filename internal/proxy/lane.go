@@ -6,6 +6,8 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
@@ -51,7 +53,8 @@ const (
 	// handshake, or sending its head: under load, a real call's) may take up to
 	// cutLinger to send it and get the deny, rather than a close the runtime
 	// would read as allow; at most maxLingering at once per listener, beyond
-	// which cutGrace applies. They hold no slot.
+	// which the one cut longest ago keeps cutGrace only (lingerQueue). They
+	// hold no slot.
 	cutLinger    = 5 * time.Second
 	maxLingering = 2 * hookLane
 )
@@ -187,16 +190,49 @@ func (c *conn) cut() {
 	c.release()
 	c.cutFn()
 	if !c.inCall.Load() {
-		if c.l.lingering.Add(1) <= maxLingering {
-			time.AfterFunc(cutLinger, func() {
-				c.abort()
-				c.l.lingering.Add(-1)
-			})
-			return
-		}
-		c.l.lingering.Add(-1)
+		c.l.lingering.add(c)
+		return
 	}
 	time.AfterFunc(cutGrace, c.abort)
+}
+
+// lingerQueue holds a listener's cut lane connections that had not begun their
+// call, each given cutLinger to send it. At maxLingering, the one cut longest
+// ago makes room for the newest, closed once its own cutGrace has passed: the
+// newest is the likeliest to be a real call (the lane cuts the oldest first),
+// and a burst of fake ones cut before it no longer leaves it cutGrace only.
+type lingerQueue struct {
+	mu sync.Mutex
+	q  []*lingerer
+}
+
+type lingerer struct {
+	c     *conn
+	cutAt time.Time
+	timer *time.Timer
+}
+
+func (lq *lingerQueue) add(c *conn) {
+	lq.mu.Lock()
+	defer lq.mu.Unlock()
+	if len(lq.q) >= maxLingering {
+		old := lq.q[0]
+		lq.q = lq.q[1:]
+		if old.timer.Stop() {
+			time.AfterFunc(time.Until(old.cutAt.Add(cutGrace)), old.c.abort)
+		}
+	}
+	e := &lingerer{c: c, cutAt: time.Now()}
+	e.timer = time.AfterFunc(cutLinger, func() { lq.remove(e); c.abort() })
+	lq.q = append(lq.q, e)
+}
+
+func (lq *lingerQueue) remove(e *lingerer) {
+	lq.mu.Lock()
+	defer lq.mu.Unlock()
+	if i := slices.Index(lq.q, e); i >= 0 {
+		lq.q = slices.Delete(lq.q, i, i+1)
+	}
 }
 
 var errLaneCut = deny(allowlist.ReasonOverloaded, "hook_lane_cut")

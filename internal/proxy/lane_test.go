@@ -390,3 +390,32 @@ func TestHookLaneNoSlotStillAnswered(t *testing.T) {
 		t.Fatalf("the call with no lane slot: %d %s, want egressd's fail-closed deny", status, b)
 	}
 }
+
+// TestCutCallLingersPastFullLinger: a real call cut before it sent its request,
+// while 64 cut connections already linger (the sandbox opened them in a burst),
+// still has cutLinger to send it: the connection lingering longest makes room,
+// after its own cutGrace. It was given cutGrace only, and closed with no answer
+// when its request came later than that.
+func TestCutCallLingersPastFullLinger(t *testing.T) {
+	w := newLaneWorld(t, 2)
+	w.fillSlots(t, 2)
+	slowHookConn := func() *tls.Conn {
+		tc := tls.Client(w.connect(t, "policy.allowed.test:443"), &tls.Config{ServerName: "policy.allowed.test", RootCAs: w.CAPool})
+		if err := tc.Handshake(); err != nil {
+			t.Fatal(err)
+		}
+		return tc
+	}
+	for range 64 { // cut by the next 64 arrivals: 64 lingering
+		slowHookConn()
+	}
+	real := slowHookConn() // cut by the 32nd arrival after it
+	for range 64 {
+		slowHookConn()
+	}
+	time.Sleep(1500 * time.Millisecond) // past cutGrace
+	status, b := postHookCall(t, real)
+	if status != 200 || !strings.Contains(b, `"decision":"deny"`) || !strings.Contains(b, "(fail-closed)") {
+		t.Fatalf("the cut call got %d %s, want egressd's fail-closed deny", status, b)
+	}
+}

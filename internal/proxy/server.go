@@ -73,9 +73,9 @@ type listener struct {
 	cfg  config.Listener
 	sem  chan struct{}
 	lane chan struct{}
-	// lingering counts cut lane connections given cutLinger to send their call
+	// lingering holds cut lane connections given cutLinger to send their call
 	// (lane.go).
-	lingering atomic.Int64
+	lingering lingerQueue
 }
 
 // Serve accepts connections on ln until Shutdown. Beyond limits.max_connections
