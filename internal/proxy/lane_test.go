@@ -190,16 +190,9 @@ func TestHookLaneOnHooksListener(t *testing.T) {
 func TestCutLaneConnectionStillAnswered(t *testing.T) {
 	w := newLaneWorld(t, 2)
 	w.fillSlots(t, 2)
-	slowHookConn := func() *tls.Conn {
-		tc := tls.Client(w.connect(t, "policy.allowed.test:443"), &tls.Config{ServerName: "policy.allowed.test", RootCAs: w.CAPool})
-		if err := tc.Handshake(); err != nil {
-			t.Fatal(err)
-		}
-		return tc
-	}
-	real := slowHookConn() // the lane's oldest: cut by the lane's 33rd arrival
+	real := w.slowHookConn(t) // the lane's oldest: cut by the lane's 33rd arrival
 	for range 32 {
-		slowHookConn()
+		w.slowHookConn(t)
 	}
 	time.Sleep(1500 * time.Millisecond) // past cutGrace
 	status, b := postHookCall(t, real)
@@ -399,23 +392,27 @@ func TestHookLaneNoSlotStillAnswered(t *testing.T) {
 func TestCutCallLingersPastFullLinger(t *testing.T) {
 	w := newLaneWorld(t, 2)
 	w.fillSlots(t, 2)
-	slowHookConn := func() *tls.Conn {
-		tc := tls.Client(w.connect(t, "policy.allowed.test:443"), &tls.Config{ServerName: "policy.allowed.test", RootCAs: w.CAPool})
-		if err := tc.Handshake(); err != nil {
-			t.Fatal(err)
-		}
-		return tc
-	}
 	for range 64 { // cut by the next 64 arrivals: 64 lingering
-		slowHookConn()
+		w.slowHookConn(t)
 	}
-	real := slowHookConn() // cut by the 32nd arrival after it
+	real := w.slowHookConn(t) // cut by the 32nd arrival after it
 	for range 64 {
-		slowHookConn()
+		w.slowHookConn(t)
 	}
 	time.Sleep(1500 * time.Millisecond) // past cutGrace
 	status, b := postHookCall(t, real)
 	if status != 200 || !strings.Contains(b, `"decision":"deny"`) || !strings.Contains(b, "(fail-closed)") {
 		t.Fatalf("the cut call got %d %s, want egressd's fail-closed deny", status, b)
 	}
+}
+
+// slowHookConn opens a lane connection to the hook host, TLS done, its request
+// not yet sent: a real call under load, or a fake one.
+func (w *world) slowHookConn(t *testing.T) *tls.Conn {
+	t.Helper()
+	tc := tls.Client(w.connect(t, "policy.allowed.test:443"), &tls.Config{ServerName: "policy.allowed.test", RootCAs: w.CAPool})
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	return tc
 }
