@@ -7,12 +7,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/vaultdev"
 )
 
 // The vault path: the credential path's entry, served by a second egressd whose
@@ -102,56 +103,19 @@ func lastLine(s string) string {
 	return truncate(s, 300)
 }
 
-// vaultServer is the Vault dev server subprocess.
-type vaultServer struct {
-	*child
-	addr      string // http://127.0.0.1:port
-	rootToken string
-	logPath   string
-}
+// vaultServer is the Vault dev server subprocess (internal/testutil/vaultdev).
+type vaultServer struct{ *vaultdev.Server }
 
 // startVault runs bin on 127.0.0.1:0 with its files in dir and waits until it
-// has written its ready file.
+// is ready.
 func startVault(ctx context.Context, bin, dir string) (*vaultServer, error) {
-	ready := filepath.Join(dir, "vault-ready.json")
-	v := &vaultServer{logPath: filepath.Join(dir, "vault.log")}
-	var err error
-	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-ready-file", ready, "-log-level", "warn")
-	if v.child, err = startChild(cmd, filepath.Join(dir, "vault.stdout"), v.logPath); err != nil {
-		return nil, err
-	}
 	ctx, cancel := context.WithTimeout(ctx, vaultStartTimeout)
 	defer cancel()
-	for {
-		b, err := os.ReadFile(ready)
-		if err == nil && bytes.HasSuffix(b, []byte("\n")) {
-			var r struct {
-				Addr      string `json:"addr"`
-				RootToken string `json:"root_token"`
-			}
-			if err := json.Unmarshal(b, &r); err != nil {
-				v.stop()
-				return nil, fmt.Errorf("vault ready file: %w", err)
-			}
-			v.addr, v.rootToken = r.Addr, r.RootToken
-			break
-		}
-		if err := v.pause(ctx, "its ready file"); err != nil {
-			v.stop()
-			return nil, fmt.Errorf("vault: %w; its log: %s", err, v.logTail())
-		}
+	s, err := vaultdev.Start(ctx, bin, dir, "warn")
+	if err != nil {
+		return nil, err
 	}
-	u, err := url.Parse(v.addr)
-	if err != nil || loopbackOnly(u.Host) != nil {
-		v.stop()
-		return nil, fmt.Errorf("vault listens on %q, not a loopback address", v.addr)
-	}
-	return v, nil
-}
-
-func (v *vaultServer) logTail() string {
-	b, _ := os.ReadFile(v.logPath)
-	return truncate(string(b), 2000)
+	return &vaultServer{s}, nil
 }
 
 // putKV writes data as a new version of secret/data/<path> (KV v2).
@@ -160,11 +124,11 @@ func (v *vaultServer) putKV(ctx context.Context, path string, data map[string]an
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, v.addr+"/v1/secret/data/"+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, v.Addr+"/v1/secret/data/"+path, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
-	req.Header.Set("X-Vault-Token", v.rootToken)
+	req.Header.Set("X-Vault-Token", v.RootToken)
 	hc := &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: adminTimeout}
 	defer hc.CloseIdleConnections()
 	resp, err := hc.Do(req)
@@ -204,11 +168,11 @@ func startVaultStack(ctx context.Context, o options, vaultBin, dir string, up *u
 		return nil, err
 	}
 	tokenFile := filepath.Join(vdir, "vault-token")
-	if err := os.WriteFile(tokenFile, []byte(v.rootToken+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, []byte(v.RootToken+"\n"), 0o600); err != nil {
 		s.stop()
 		return nil, err
 	}
-	cfg, files := benchConfig(up, dnsAddr, vaultCredentials(v.addr, tokenFile), benchMaxConnections)
+	cfg, files := benchConfig(up, dnsAddr, vaultCredentials(v.Addr, tokenFile), benchMaxConnections)
 	if s.e, err = startEgressd(ctx, o.egressd, vdir, cfg, files); err != nil {
 		s.stop()
 		return nil, fmt.Errorf("egressd with the vault backend: %w", err)
@@ -227,7 +191,7 @@ func (s *vaultStack) stop() string {
 	if s.e != nil {
 		exit = s.e.stop()
 	}
-	s.vault.stop()
+	s.vault.Stop()
 	return exit
 }
 
