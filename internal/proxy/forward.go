@@ -17,6 +17,10 @@ func (rt *Runtime) roundTrip(out *http.Request, rec *Record) (*http.Response, er
 	if err != nil {
 		return nil, err
 	}
+	if resp.StatusCode == http.StatusSwitchingProtocols && len(out.Header["Upgrade"]) == 0 {
+		resp.Body.Close() // the Transport's 101: never tunnelled unasked
+		return nil, errSwitched
+	}
 	removeEgressdHeaders(resp.Header)
 	return resp, nil
 }
