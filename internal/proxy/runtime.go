@@ -60,7 +60,7 @@ func (rt *Runtime) Prepare() {
 	rt.dialer = rt.Guard.NewDialer(rt.Limits.Dial)
 	rt.transport = rt.newTransport(true)
 	rt.transportH1 = rt.newTransport(false)
-	rt.h1 = &h1Pool{rt: rt, idle: map[h1Key][]*h1Conn{}}
+	rt.h1 = newH1Pool(rt)
 }
 
 // newTransport builds one upstream transport. It is not a Clone of the other:

@@ -16,6 +16,8 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/sys/unix"
+
+	"github.com/egressd/egressd/internal/allowlist"
 )
 
 // h1Pool sends the commonest request, an HTTP/1.1 GET or HEAD without a body, to
@@ -39,12 +41,24 @@ import (
 // nothing arrived on the connection while it was idle (quiet). Where it behaves
 // as the Transport does and where not, and why, is upstream1_diff_test.go's table.
 type h1Pool struct {
-	rt *Runtime
+	// What the pool needs of its Runtime, handed over by newH1Pool so that the
+	// pool never calls back into it.
+	dialTarget     func(context.Context, allowlist.Target) (net.Conn, error) // guarded (dial.go)
+	tlsConfig      func() *tls.Config                                        // the upstream TLS policy, a fresh copy
+	dialTimeout    time.Duration                                             // limits.dial, for the TLS handshake
+	responseHeader time.Duration                                             // limits.response_header
+	upstreamIdle   time.Duration                                             // how long an idle connection is kept
 
 	mu        sync.Mutex
 	idle      map[h1Key][]*h1Conn // most recently used last
 	lastSweep time.Time
 	closed    bool
+}
+
+// newH1Pool is the pool of rt's upstream HTTP/1.1 connections.
+func newH1Pool(rt *Runtime) *h1Pool {
+	return &h1Pool{dialTarget: rt.dialTarget, tlsConfig: rt.upstreamTLSConfig, dialTimeout: rt.Limits.Dial,
+		responseHeader: rt.Limits.ResponseHeader, upstreamIdle: rt.Limits.UpstreamIdle, idle: map[h1Key][]*h1Conn{}}
 }
 
 type h1Key struct{ scheme, addr string }
@@ -96,7 +110,7 @@ func (p *h1Pool) roundTrip(out *http.Request, rec *Record) (*http.Response, erro
 		}
 		rec.setResolved(pc.nc.RemoteAddr())
 		stop := context.AfterFunc(ctx, func() { pc.nc.SetDeadline(expiredDeadline) })
-		resp, err := pc.exchange(out, p.rt.Limits.ResponseHeader)
+		resp, err := pc.exchange(out, p.responseHeader)
 		if err == nil && ctx.Err() == nil {
 			resp.Body = p.track(pc, resp, out, stop)
 			return resp, nil
@@ -285,7 +299,7 @@ func (p *h1Pool) pop(key h1Key) *h1Conn {
 	for len(conns) > 0 {
 		pc := conns[len(conns)-1]
 		conns = conns[:len(conns)-1]
-		if time.Since(pc.idleAt) < p.rt.Limits.UpstreamIdle {
+		if time.Since(pc.idleAt) < p.upstreamIdle {
 			p.idle[key] = conns
 			return pc
 		}
@@ -351,7 +365,7 @@ func (p *h1Pool) sweepLocked(now time.Time) []*h1Conn {
 	for key, conns := range p.idle {
 		kept := conns[:0]
 		for _, pc := range conns {
-			if now.Sub(pc.idleAt) < p.rt.Limits.UpstreamIdle {
+			if now.Sub(pc.idleAt) < p.upstreamIdle {
 				kept = append(kept, pc)
 			} else {
 				stale = append(stale, pc)
@@ -373,7 +387,7 @@ func (p *h1Pool) dial(ctx context.Context, key h1Key, serverName string) (*h1Con
 	if err != nil {
 		return nil, err
 	}
-	nc, err := p.rt.dialTarget(ctx, t)
+	nc, err := p.dialTarget(ctx, t)
 	if err != nil {
 		return nil, err
 	}
@@ -391,10 +405,10 @@ func (p *h1Pool) dial(ctx context.Context, key h1Key, serverName string) (*h1Con
 }
 
 func (p *h1Pool) handshake(ctx context.Context, nc net.Conn, serverName string) (net.Conn, error) {
-	conf := p.rt.upstreamTLSConfig()
+	conf := p.tlsConfig()
 	conf.ServerName = serverName
 	conf.NextProtos = []string{"http/1.1"}
-	ctx, cancel := context.WithTimeout(ctx, p.rt.Limits.Dial)
+	ctx, cancel := context.WithTimeout(ctx, p.dialTimeout)
 	defer cancel()
 	tc := tls.Client(nc, conf)
 	if err := tc.HandshakeContext(ctx); err != nil {
