@@ -112,13 +112,7 @@ func isTimeoutErr(err error) bool {
 // call gets the endpoint's allow; a plain request gets 503 overloaded.
 func TestHookLaneTransparent(t *testing.T) {
 	w := newLaneWorld(t, 4)
-	sb := newSandbox(t)
-	ln, err := net.Listen("tcp", sb.hostIP+":15002")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go w.Server.Serve(ln, config.Listener{Name: "transparent", Mode: config.ModeTransparent, Role: config.RoleSandbox})
+	sb := w.serveTransparent(t)
 	for i := 0; i < 4; i++ { // every slot: a spliced tunnel, TLS done with the upstream, then idle
 		if _, err := w.tlsFromSandbox(t, sb, w.PublicIP+":443", "www.allowed.test"); err != nil {
 			t.Fatal(err)
@@ -195,10 +189,7 @@ func TestCutLaneConnectionStillAnswered(t *testing.T) {
 		w.slowHookConn(t)
 	}
 	time.Sleep(1500 * time.Millisecond) // past cutGrace
-	status, b := postHookCall(t, real)
-	if status != 200 || !strings.Contains(b, `"decision":"deny"`) || !strings.Contains(b, "(fail-closed)") {
-		t.Fatalf("the cut call got %d %s, want egressd's fail-closed deny", status, b)
-	}
+	wantFailClosedDeny(t, "the cut call", real)
 }
 
 // newLaneWorld is a world with the hook entries and hooks.json, whose hook endpoint
@@ -341,6 +332,16 @@ func postHookCall(t *testing.T, tc net.Conn) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// wantFailClosedDeny sends a pre-tool hook call on tc and fails the test unless
+// it gets egressd's fail-closed deny.
+func wantFailClosedDeny(t *testing.T, what string, tc net.Conn) {
+	t.Helper()
+	status, b := postHookCall(t, tc)
+	if status != 200 || !strings.Contains(b, `"decision":"deny"`) || !strings.Contains(b, "(fail-closed)") {
+		t.Fatalf("%s got %d %s, want egressd's fail-closed deny", what, status, b)
+	}
+}
+
 // TestHookLaneH2ServesOneCall: an HTTP/2 connection in the hook lane, like an
 // HTTP/1.1 one, carries one call: its answer comes with a GOAWAY, so the runtime
 // opens a new connection for its next call instead of sending it on one the lane
@@ -378,10 +379,7 @@ func TestHookLaneNoSlotStillAnswered(t *testing.T) {
 	w.fillSlots(t, 2)
 	defer w.Server.HoldLane()()
 	tc := tls.Client(w.connect(t, "policy.allowed.test:443"), &tls.Config{ServerName: "policy.allowed.test", RootCAs: w.CAPool})
-	status, b := postHookCall(t, tc)
-	if status != 200 || !strings.Contains(b, `"decision":"deny"`) || !strings.Contains(b, "(fail-closed)") {
-		t.Fatalf("the call with no lane slot: %d %s, want egressd's fail-closed deny", status, b)
-	}
+	wantFailClosedDeny(t, "the call with no lane slot", tc)
 }
 
 // TestCutCallLingersPastFullLinger: a real call cut before it sent its request,
@@ -400,10 +398,7 @@ func TestCutCallLingersPastFullLinger(t *testing.T) {
 		w.slowHookConn(t)
 	}
 	time.Sleep(1500 * time.Millisecond) // past cutGrace
-	status, b := postHookCall(t, real)
-	if status != 200 || !strings.Contains(b, `"decision":"deny"`) || !strings.Contains(b, "(fail-closed)") {
-		t.Fatalf("the cut call got %d %s, want egressd's fail-closed deny", status, b)
-	}
+	wantFailClosedDeny(t, "the cut call", real)
 }
 
 // slowHookConn opens a lane connection to the hook host, TLS done, its request

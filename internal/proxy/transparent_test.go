@@ -91,8 +91,10 @@ func (sb *sandbox) dial(t *testing.T, network, addr string) (net.Conn, error) {
 
 // transparentWorld is a world whose proxy also serves a transparent listener and
 // a DNS guard for one sandbox.
-func newTransparentWorld(t *testing.T) (*world, *sandbox) {
-	w := newInjectWorld(t, worldOpts{allowlist: injectEntries[:2]}) // no "*"
+// serveTransparent serves a transparent sandbox listener on a new sandbox's
+// host address, port 15002, and returns the sandbox.
+func (w *world) serveTransparent(t *testing.T) *sandbox {
+	t.Helper()
 	sb := newSandbox(t)
 	ln, err := net.Listen("tcp", sb.hostIP+":15002")
 	if err != nil {
@@ -100,6 +102,12 @@ func newTransparentWorld(t *testing.T) (*world, *sandbox) {
 	}
 	t.Cleanup(func() { ln.Close() })
 	go w.Server.Serve(ln, config.Listener{Name: "transparent", Mode: config.ModeTransparent, Role: config.RoleSandbox})
+	return sb
+}
+
+func newTransparentWorld(t *testing.T) (*world, *sandbox) {
+	w := newInjectWorld(t, worldOpts{allowlist: injectEntries[:2]}) // no "*"
+	sb := w.serveTransparent(t)
 	guard := dnsguard.New(dnsguard.Options{
 		Listen:   sb.hostIP + ":15053",
 		Policy:   func() *allowlist.Policy { return w.Server.Runtime().Policy },
