@@ -119,6 +119,10 @@ type Policy struct {
 // the rules are shared and must not be modified.
 func (p *Policy) Rules() []*Rule { return slices.Clone(p.rules) }
 
+// Intercepts reports whether the policy may terminate TLS at all (tls.intercept is
+// not none): only then does the sandbox trust egressd's CA.
+func (p *Policy) Intercepts() bool { return p.mode != InterceptNone }
+
 // Compile validates the entries and builds the Policy. It reports every
 // problem at once as a *CompileError, each with the fix in its message.
 func Compile(entries []Entry, opts Options) (*Policy, error) {

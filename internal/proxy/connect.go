@@ -33,6 +33,7 @@ func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 			rec.setResolved(up.RemoteAddr())
 		}
 	}
+	plan = plan.readableFor(req.RequestURI, t)
 	switch plan.kind {
 	case tunnelRefused:
 		return c.refuseAndClose(rt, rec, plan.why)
@@ -44,6 +45,9 @@ func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 		return false
 	}
 	hello, err := c.checkClientHello(rt, t)
+	if err == nil {
+		plan, err = c.applyHelloPlan(rt, t, hello, plan)
+	}
 	switch {
 	case err != nil:
 		rec.refused(err)
@@ -51,9 +55,20 @@ func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 	case plan.kind == tunnelSpliced:
 		c.tunnel(rt, up, hello, rec)
 	default:
+		closeIf(up) // an Encrypted Client Hello turned a spliced tunnel intercepted
 		c.serveIntercepted(rt, t, hello, rec, plan.why)
 	}
 	return false
+}
+
+// applyHelloPlan is helloPlan with its refusal told to the client as the TLS alert
+// unrecognized_name: the client is speaking TLS and reads nothing else.
+func (c *conn) applyHelloPlan(rt *Runtime, t allowlist.Target, hello *clientHello, plan tunnelPlan) (tunnelPlan, error) {
+	plan, err := helloPlan(rt, t, hello, plan)
+	if err != nil {
+		c.nc.Write(alertUnrecognizedName)
+	}
+	return plan, err
 }
 
 // acceptTunnel answers 200 to a CONNECT. On a tunnel accepted only to say why it

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/egressd/egressd/internal/allowlist"
 )
 
 // Explicit-mode denials the agent can read (tls.deny_in_tunnel): a refused CONNECT
@@ -200,4 +202,37 @@ func clientEnv(ca string) []string {
 	}
 	return append(env, "SSL_CERT_FILE="+ca, "REQUESTS_CA_BUNDLE="+ca, "CURL_CA_BUNDLE="+ca, "PIP_CERT="+ca,
 		"PIP_CONFIG_FILE=/dev/null")
+}
+
+// TestDenyInTunnelUnnameableTarget: where no leaf could name the CONNECT target as
+// the client spelled it (a non-canonical IPv4 spelling, a non-ASCII name), a leaf
+// would only show the client a certificate error; the refusal replaces the 200, so
+// the reason is readable. A canonical spelling is still answered inside TLS.
+func TestDenyInTunnelUnnameableTarget(t *testing.T) {
+	w := newWorld(t, worldOpts{denyInTunnel: true, allowlist: []allowlist.Entry{{Domain: "*.allowed.test"}, {Domain: "*"}}})
+	cases := []struct {
+		authority, reason, detail string
+		status                    int
+	}{
+		{"2130706433:80", "internal_address", "loopback", 403},
+		{"0x7f.0.0.1:80", "internal_address", "loopback", 403},
+		{"0177.0.0.1:80", "internal_address", "loopback", 403},
+		{"127.1:80", "internal_address", "loopback", 403},
+		{"\uff11\uff12\uff17.0.0.1:80", "internal_address", "loopback", 403}, // fullwidth digits
+		{"b\u00fccher.allowed.test:443", "dns_failure", "", 502},
+	}
+	for _, tc := range cases {
+		t.Run(tc.authority, func(t *testing.T) {
+			resp := w.raw("CONNECT " + tc.authority + " HTTP/1.1\r\nHost: " + tc.authority + "\r\n\r\n")
+			assertRefused(t, resp, tc.status, tc.reason, tc.detail)
+		})
+	}
+	w.assertNoCanaryHit()
+	t.Run("canonical spelling", func(t *testing.T) {
+		_, resp := w.connectResp(t, "127.0.0.1:80")
+		if resp.StatusCode != 200 || resp.Header.Get("Egressd-Reason") != "internal_address" {
+			t.Errorf("CONNECT 127.0.0.1:80: %s with Egressd-Reason %q, want 200 and the refusal inside TLS",
+				resp.Status, resp.Header.Get("Egressd-Reason"))
+		}
+	})
 }

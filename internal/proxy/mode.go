@@ -1,7 +1,10 @@
 package proxy
 
 import (
+	"errors"
+	"net"
 	"net/netip"
+	"strings"
 
 	"github.com/egressd/egressd/internal/allowlist"
 )
@@ -90,3 +93,56 @@ func refusedTunnel(rt *Runtime, why error, inside bool) tunnelPlan {
 	}
 	return tunnelPlan{kind: tunnelRefused, why: why}
 }
+
+// leafNames reports whether a leaf for t names the CONNECT target as the client
+// spelled it (authority), so that the client can verify egressd's certificate: not
+// for a non-canonical IPv4 spelling (2130706433, 0x7f.1, 0177.0.0.1, 127.1), an IPv6
+// text another client would spell differently, or a name that was not ASCII.
+// Case and a trailing dot change nothing a verifier compares.
+func leafNames(authority string, t allowlist.Target) bool {
+	host := authority
+	if h, _, err := net.SplitHostPort(authority); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
+	return host == t.Host
+}
+
+// readableFor is the plan for a CONNECT to authority: a refusal egressd would
+// answer inside TLS replaces the 200 instead when no leaf could name the target as
+// the client spelled it, since the client would show a certificate error, not the
+// reason.
+func (p tunnelPlan) readableFor(authority string, t allowlist.Target) tunnelPlan {
+	if p.kind == tunnelRefusedInside && !leafNames(authority, t) {
+		p.kind = tunnelRefused
+	}
+	return p
+}
+
+// helloPlan applies the ClientHello rules of a tunnel planned as spliced, which
+// egressd will never read inside (docs/policy.md#clienthello-rules): a named target
+// needs SNI, and Encrypted Client Hello, whose inner hello could name any tenant of
+// the same edge, is intercepted where the sandbox trusts egressd's CA and refused
+// elsewhere. The SNI itself was checked against the target when the hello was read.
+func helloPlan(rt *Runtime, t allowlist.Target, hello *clientHello, plan tunnelPlan) (tunnelPlan, error) {
+	if plan.kind != tunnelSpliced {
+		return plan, nil
+	}
+	switch {
+	case hello.ech && rt.Policy.Intercepts():
+		return tunnelPlan{kind: tunnelIntercepted}, nil
+	case hello.ech:
+		return plan, &refusal{Reason: allowlist.ReasonHostMismatch, Detail: detailECH,
+			Err: errors.New("Encrypted Client Hello in a tunnel to " + t.Host + " that egressd does not intercept")}
+	case hello.serverName == "" && !t.IsIP():
+		return plan, &refusal{Reason: allowlist.ReasonHostMismatch, Detail: detailNoSNI,
+			Err: errors.New("ClientHello without SNI in a tunnel to " + t.Host)}
+	}
+	return plan, nil
+}
+
+// Details of a spliced tunnel's ClientHello refused by helloPlan.
+const (
+	detailNoSNI = "no_sni"
+	detailECH   = "ech"
+)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"time"
 )
 
@@ -20,7 +21,13 @@ type clientHello struct {
 	serverName string
 	alpn       []string
 	raw        []byte // the bytes read from the client; they are replayed
+	// ech: the hello carries encrypted_client_hello (RFC 9849), real or GREASE; its
+	// inner hello may name any host behind the same edge.
+	ech bool
 }
+
+// extensionECH is the encrypted_client_hello extension's code point.
+const extensionECH = 0xfe0d
 
 // maxClientHello bounds the bytes read while looking for a ClientHello.
 const maxClientHello = 64 << 10
@@ -37,6 +44,7 @@ func peekClientHello(r io.Reader) (*clientHello, error) {
 		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
 			hello.serverName, got = h.ServerName, true
 			hello.alpn = append([]string(nil), h.SupportedProtos...)
+			hello.ech = slices.Contains(h.Extensions, extensionECH)
 			return nil, errPeeked
 		},
 	}).Handshake()

@@ -61,7 +61,11 @@ func (c *conn) serveTransparentTLS(rt *Runtime, rec *Record) {
 	rec.setTarget(t)
 	d := rt.Policy.DecideRequest(t, "")
 	rec.setDecision(d)
-	plan := planTunnel(rt, t, d, true)
+	plan, err := c.applyHelloPlan(rt, t, hello, planTunnel(rt, t, d, true))
+	if err != nil {
+		rec.refused(err)
+		return
+	}
 	if plan.kind == tunnelSpliced {
 		up, err := rt.dialTarget(c.ctx, t)
 		if err == nil {

@@ -322,7 +322,7 @@ func diffRuntime(t testing.TB, ca *testpki.CA) *Runtime {
 		t.Fatal(err)
 	}
 	limits := config.Default().Limits
-	limits.ResponseHeader = 3 * time.Second // reading the oversized head takes a while under -race
+	limits.ResponseHeader = 8 * time.Second // reading the oversized head takes seconds under -race on a loaded machine
 	rt := &Runtime{Env: "env_test", Policy: pol, Guard: guard, Limits: limits,
 		Resolver:    netguard.NewResolver("127.0.0.1:1", limits.DNS), // never asked: targets are literals
 		UpstreamTLS: &tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12}}

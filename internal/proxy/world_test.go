@@ -106,6 +106,7 @@ type worldOpts struct {
 	hookBodyBytes int64 // limits.hook_body_bytes
 	// denyInTunnel answers refused CONNECTs inside TLS (tls.deny_in_tunnel).
 	denyInTunnel bool
+	intercept    allowlist.InterceptMode // tls.intercept; default auto
 }
 
 var defaultEntries = []allowlist.Entry{
@@ -187,7 +188,7 @@ func (w *world) startProxy(o worldOpts) {
 	if entries == nil {
 		entries = defaultEntries
 	}
-	pol, err := allowlist.Compile(entries, allowlist.Options{})
+	pol, err := allowlist.Compile(entries, allowlist.Options{Intercept: o.intercept})
 	if err != nil {
 		w.t.Fatal(err)
 	}
