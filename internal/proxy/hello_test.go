@@ -143,7 +143,7 @@ func echConfig(id uint8, pub []byte, publicName string) []byte {
 	contents := []byte{id, 0x00, 0x20} // config_id, DHKEM(X25519, HKDF-SHA256)
 	contents = append(contents, prefixed16(pub)...)
 	contents = append(contents, prefixed16([]byte{0, 1, 0, 1})...) // HKDF-SHA256, AES-128-GCM
-	contents = append(contents, 0, byte(len(publicName)))         // maximum_name_length, public_name
+	contents = append(contents, 0, byte(len(publicName)))          // maximum_name_length, public_name
 	contents = append(contents, publicName...)
 	contents = append(contents, 0, 0) // extensions
 	return append([]byte{0xfe, 0x0d}, prefixed16(contents)...)
