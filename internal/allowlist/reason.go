@@ -36,6 +36,10 @@ const (
 	ReasonUpstreamTimeout       Reason = "upstream_timeout"
 	// ReasonOverloaded answers connections beyond limits.max_connections (503).
 	ReasonOverloaded Reason = "overloaded"
+	// ReasonClientCancelled records a request whose client went away before it was
+	// answered (a closed connection, an HTTP/2 RST_STREAM). Nothing is sent; it is
+	// counted apart from upstream failures, which a client must not be able to fake.
+	ReasonClientCancelled Reason = "client_cancelled"
 )
 
 // String returns the stable code, e.g. "not_allowlisted"; "" for ReasonNone.
@@ -110,6 +114,8 @@ func (r Reason) failureMessage(host string, port uint16) string {
 		return fmt.Sprintf("%s did not respond in time", host)
 	case ReasonOverloaded:
 		return "egressd is at its connection limit; retry later"
+	case ReasonClientCancelled:
+		return "the client went away before the answer"
 	}
 	return fmt.Sprintf("request to %s refused (%s)", host, string(r))
 }

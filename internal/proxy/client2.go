@@ -8,14 +8,21 @@ import (
 	"net"
 	"net/http"
 	"sync"
+
+	"golang.org/x/time/rate"
+
+	"github.com/egressd/egressd/internal/allowlist"
 )
+
+// detailStreamRate is the overloaded detail of a stream beyond h2StreamRate.
+const detailStreamRate = "stream_rate"
 
 // serveH2 serves an intercepted HTTP/2 connection until it ends, with net/http's
 // own HTTP/2 server (x/net/http2's server is deprecated in its favour).
 func (c *conn) serveH2(rt *Runtime, tc *tls.Conn, rtt route) {
 	ln := newOneConnListener(tc)
 	srv := &http.Server{
-		Handler:           &h2Handler{c: c, route: rtt},
+		Handler:           &h2Handler{c: c, route: rtt, streams: rate.NewLimiter(h2StreamRate, h2StreamBurst)},
 		ReadHeaderTimeout: rt.Limits.ReadHeader,
 		IdleTimeout:       rt.Limits.ClientIdle,
 		MaxHeaderBytes:    rt.Limits.MaxHeaderBytes,
@@ -52,8 +59,15 @@ func (c *conn) serveH2(rt *Runtime, tc *tls.Conn, rtt route) {
 //
 // Writes may wait limits.client_write for the client, reads of a stream's body
 // limits.read_header (h2Handler), a hook body the hook's deadline.
+//
+// New streams are admitted at h2StreamRate per second (bursts of h2StreamBurst);
+// beyond it a stream is refused (overloaded, detail stream_rate) without being
+// decided or forwarded, so a client that opens and resets streams as fast as it can
+// (rapid reset) costs egressd a refusal per stream and the upstream nothing.
 const (
-	h2MaxStreams   = 100
+	h2StreamRate  = 250
+	h2StreamBurst = 500
+	h2MaxStreams  = 100
 	h2ConnWindow   = 1 << 20
 	h2StreamWindow = 256 << 10
 	h2MaxFrame     = 16 << 10
@@ -99,8 +113,9 @@ func (l *oneConnListener) Addr() net.Addr { return l.addr }
 
 // h2Handler serves the streams of one intercepted HTTP/2 connection.
 type h2Handler struct {
-	c     *conn // the outer connection
-	route route // modeTunnel or modeRefused
+	c       *conn // the outer connection
+	route   route // modeTunnel or modeRefused
+	streams *rate.Limiter
 }
 
 func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -110,6 +125,9 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := newRecord(h.c.l, h.c.nc.RemoteAddr())
 	defer rec.finish(&h.c.s.log, h.c.s.metrics)
 	x := newExchange(h.c, rt, r, rec, h.route)
+	if !h.streams.Allow() {
+		x.throttled = deny(allowlist.ReasonOverloaded, detailStreamRate)
+	}
 	rc := http.NewResponseController(w)
 	x.body.deadline = &bodyDeadline{set: rc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
 	if h.c.lane {

@@ -49,6 +49,10 @@ type exchange struct {
 	scrub   *scrub.Set // masks what injection set, in the response (scrub.go)
 	stage   stage      // how far serve got
 	preHook bool       // the request is a pre-tool hook call
+	// throttled, when set, refuses the request before anything is decided or
+	// forwarded (an HTTP/2 stream beyond the connection's stream rate); a pre-tool
+	// hook call gets the fail-closed deny instead.
+	throttled error
 }
 
 func newExchange(c *conn, rt *Runtime, req *http.Request, rec *Record, rtt route) *exchange {
@@ -85,6 +89,10 @@ func serveRequest(ctx context.Context, x *exchange, cs clientSide) bool {
 	defer x.body.Close()
 	defer func() { x.rec.BytesIn += x.body.n.Load() }() // once the response has ended
 	resp, err := x.serve(ctx, cs)
+	if err != nil && ctx.Err() != nil && x.throttled == nil {
+		x.rec.refused(clientCancelled(err)) // nobody is left to answer
+		return false
+	}
 	if err != nil {
 		return cs.refuse(x, err)
 	}
@@ -105,12 +113,18 @@ func (x *exchange) serve(ctx context.Context, cs clientSide) (*http.Response, er
 	case hook:
 		x.stage = stageHook
 		return x.callHook(ctx, m, cs)
+	case x.throttled != nil:
+		x.stage = stagePrepare // refused before anything is decided or read
+		return nil, x.throttled
 	case x.route.mode == modeRefused:
 		x.stage = stageRefused
 		return nil, x.refusedInTunnel()
 	}
 	x.stage = stagePrepare
 	out, err := x.prepare(ctx)
+	if err == nil {
+		err = cancelled(ctx)
+	}
 	if err == nil {
 		if expectsContinue(x.req) {
 			cs.sendContinue()
@@ -132,7 +146,11 @@ func (x *exchange) callHook(ctx context.Context, m hooks.Match, cs clientSide) (
 	if expectsContinue(x.req) {
 		x.body.sendContinue = cs.sendContinue
 	}
-	resp, err := x.serveHook(ctx, m, x.route.refusal)
+	refusal := x.route.refusal
+	if x.throttled != nil {
+		refusal = x.throttled
+	}
+	resp, err := x.serveHook(ctx, m, refusal)
 	if err != nil {
 		return nil, err
 	}

@@ -53,6 +53,21 @@ func badHost(detail string, err error) *refusal {
 	return badRequest(detail, err)
 }
 
+// clientCancelled is the refusal of a request whose client went away before it was
+// answered: recorded, never written (serveRequest).
+func clientCancelled(err error) *refusal {
+	return &refusal{Reason: allowlist.ReasonClientCancelled, Err: err}
+}
+
+// cancelled is clientCancelled when ctx, the request's, has ended: a request whose
+// client has gone is never dialled or forwarded.
+func cancelled(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return clientCancelled(err)
+	}
+	return nil
+}
+
 // detailBadName is the bad_request detail of a host that is not a DNS name.
 const detailBadName = "bad_name"
 

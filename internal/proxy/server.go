@@ -248,11 +248,12 @@ var (
 		string(allowlist.ReasonBadRequest), string(allowlist.ReasonNotAllowlisted),
 		string(allowlist.ReasonPortNotAllowed), string(allowlist.ReasonInternalAddress),
 		string(allowlist.ReasonHostMismatch), string(allowlist.ReasonPlaintextCredential),
-		string(allowlist.ReasonMethodNotAllowed),
+		string(allowlist.ReasonMethodNotAllowed), string(allowlist.ReasonCredentialScope),
 	}
 	failureCodes = []string{
 		string(allowlist.ReasonCredentialUnavailable), string(allowlist.ReasonDNSFailure),
 		string(allowlist.ReasonUpstreamUnreachable), string(allowlist.ReasonUpstreamTLS),
 		string(allowlist.ReasonUpstreamTimeout), string(allowlist.ReasonOverloaded),
+		string(allowlist.ReasonClientCancelled),
 	}
 )
