@@ -348,7 +348,7 @@ var configSink *tls.Config
 
 // handshake runs a TLS handshake over loopback TCP between a server using cfg
 // and a client using client, and returns the client's view.
-func handshake(t *testing.T, cfg *tls.Config, client *tls.Config) (tls.ConnectionState, error) {
+func handshake(t testing.TB, cfg *tls.Config, client *tls.Config) (tls.ConnectionState, error) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

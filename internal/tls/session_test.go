@@ -127,3 +127,37 @@ var cbcSuites = func() []uint16 {
 	}
 	return ids
 }()
+
+// BenchmarkHandshake is one handshake with a leaf's config, both ends in
+// process over loopback TCP: full (the client keeps no sessions) or resumed (it
+// offers the session of the handshake before).
+func BenchmarkHandshake(b *testing.B) {
+	ca := testCA(b, caValidity)
+	l := NewLeaves(ca, LeafOptions{})
+	for _, ver := range tlsVersions {
+		for _, resume := range []bool{false, true} {
+			name := ver.name + "/full"
+			client := &tls.Config{ServerName: "api.example.com", RootCAs: ca.pool(), MaxVersion: ver.v}
+			if resume {
+				name = ver.name + "/resumed"
+				client.ClientSessionCache = tls.NewLRUClientSessionCache(1)
+			}
+			b.Run(name, func(b *testing.B) {
+				mustHandshake(b, l.ServerConfig("api.example.com", nil), client) // the session to resume
+				for b.Loop() {
+					if st := mustHandshake(b, l.ServerConfig("api.example.com", nil), client); st.DidResume != resume {
+						b.Fatalf("DidResume %v", st.DidResume)
+					}
+				}
+			})
+		}
+	}
+}
+
+func mustHandshake(b *testing.B, server, client *tls.Config) tls.ConnectionState {
+	st, err := handshake(b, server, client)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return st
+}
