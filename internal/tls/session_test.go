@@ -61,12 +61,12 @@ func (c *anyKeyCache) Put(_ string, cs *tls.ClientSessionState) {
 	}
 }
 
-// TestSessionBoundToHost: a ticket from a connection to one host opens no
+// TestSessionResumesOnlyForItsHost: a ticket from a connection to one host opens no
 // session on a connection to another. The client here skips verification,
 // which also skips the Go client's own check that a cached session's leaf
 // names the server, so only egressd's binding stands between the ticket and a
 // session authenticated by the wrong host's leaf.
-func TestSessionBoundToHost(t *testing.T) {
+func TestSessionResumesOnlyForItsHost(t *testing.T) {
 	for _, ver := range tlsVersions {
 		t.Run(ver.name, func(t *testing.T) {
 			l := NewLeaves(testCA(t, caValidity), LeafOptions{})
