@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"sync/atomic"
 	"time"
 
@@ -42,6 +43,8 @@ func newCustomClient(ctx context.Context, t customTarget, dials *atomic.Int64) (
 	if err != nil {
 		return nil, err
 	}
+	c := &client{tr: tr}
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{TLSHandshakeDone: c.countHandshake})
 	req, err := http.NewRequestWithContext(ctx, t.method, t.url, nil)
 	if err != nil {
 		return nil, err
@@ -50,7 +53,8 @@ func newCustomClient(ctx context.Context, t customTarget, dials *atomic.Int64) (
 		req.Header.Set("Content-Type", "application/json")
 		req.ContentLength = int64(len(t.body))
 	}
-	return &client{tr: tr, do: func() error { return t.do(tr, req) }}, nil
+	c.do = func() error { return t.do(tr, req) }
+	return c, nil
 }
 
 // do makes one request and has check read the whole body. A request with a body

@@ -63,6 +63,10 @@ type runResult struct {
 	VaultCredentialed int64 `json:"upstream_vault_credentialed"`
 	// OAuthCredentialed counts those that carried the oauth2 path's access token.
 	OAuthCredentialed int64 `json:"upstream_oauth_credentialed"`
+	// TLSHandshakes counts the clients' completed TLS handshakes (warm-up
+	// included); TLSResumed those of them that resumed a session.
+	TLSHandshakes int64 `json:"tls_handshakes"`
+	TLSResumed    int64 `json:"tls_resumed"`
 	// CPUSeconds is egressd's CPU time (user+system) over the window; only
 	// for runs through egressd.
 	CPUSeconds float64 `json:"egressd_cpu_s,omitempty"`
@@ -169,6 +173,8 @@ func summarise(clients []*client, window time.Duration) runResult {
 		r.Total += c.total
 		r.Errors += c.errors
 		addCounts(&r.ErrorKinds, c.errorKinds)
+		r.TLSHandshakes += c.handshakes.Load()
+		r.TLSResumed += c.resumed.Load()
 	}
 	r.Requests = int64(r.hist.n)
 	r.ReqPerSec = float64(r.hist.n) / window.Seconds()
@@ -198,6 +204,21 @@ type client struct {
 	total      int64
 	errors     int64
 	errorKinds map[string]int64
+	// handshakes and resumed count the TLS handshakes of the client's
+	// connections, and those that resumed a session; the transport's dialling
+	// goroutine adds to them.
+	handshakes, resumed atomic.Int64
+}
+
+// countHandshake is the client's httptrace TLSHandshakeDone.
+func (c *client) countHandshake(cs tls.ConnectionState, err error) {
+	if err != nil {
+		return
+	}
+	c.handshakes.Add(1)
+	if cs.DidResume {
+		c.resumed.Add(1)
+	}
 }
 
 // loop issues requests until the window closes (or maxRequestsPerClient),
@@ -275,6 +296,10 @@ func newTransport(t target, dials *atomic.Int64) (*http.Transport, error) {
 	}
 	if t.roots != nil {
 		tr.TLSClientConfig = &tls.Config{RootCAs: t.roots, MinVersion: tls.VersionTLS12}
+		if t.resumeSessions {
+			// One host per client, so one session is all it needs.
+			tr.TLSClientConfig.ClientSessionCache = tls.NewLRUClientSessionCache(1)
+		}
 	}
 	if t.proxy != "" {
 		u, err := url.Parse(t.proxy)

@@ -42,7 +42,7 @@ const (
 	defaultClients  = 64
 	defaultSize     = 1024
 	defaultRounds   = 1
-	defaultPaths    = "plain,connect,intercept,intercept-newconn,credential,oauth2,vault,placeholder,hook,transparent"
+	defaultPaths    = "plain,connect,intercept,intercept-newconn,intercept-resume,credential,oauth2,vault,placeholder,hook,transparent"
 
 	// maxDuration, maxClients and maxRounds keep a mistyped flag from turning
 	// the bench into a long or huge load.

@@ -97,6 +97,9 @@ type target struct {
 	// newConnPerRequest turns keep-alive off: one TCP (and TLS) handshake per
 	// request.
 	newConnPerRequest bool
+	// resumeSessions gives the client a TLS session cache, so that a new
+	// connection can resume the session of the one before.
+	resumeSessions bool
 	// allowDial vets every address dialled; nil means loopbackOnly.
 	allowDial func(addr string) error
 	// dialFrom, when set, makes the connection (transparent: from the
@@ -132,6 +135,7 @@ var paths = []pathSpec{
 		"GET https://"+transformHost+":<port>/ over HTTP/1.1 keep-alive; through egressd intercepted (client trusts egressd's CA), a transform sets "+transformHeader), peersIntercept),
 	withPeers(interceptPath("intercept-newconn", transformHost, injectTransform, true,
 		"as intercept, but a new TCP+TLS connection per request (handshakes/s; egressd's leaf cache warm); direct: a new TLS connection per request"), peersIntercept),
+	resumePath(),
 	interceptPath("credential", credentialHost, injectCredential, false,
 		"as intercept, but the entry names a file-backed credential (Authorization: Bearer) instead of a transform"),
 	interceptPath("oauth2", oauthHost, injectOAuth, false,
@@ -152,6 +156,25 @@ func vaultPath() pathSpec {
 		"as credential, but through a second egressd whose credentials.backend is vault: the token is read from a Vault dev server (KV v2, refresh "+vaultRefresh.String()+") the bench starts; skipped without one")
 	p.vault = true
 	return p
+}
+
+// resumePath is intercept-newconn with a TLS session cache in each client: every
+// reconnection offers the session of the connection before, so the handshakes
+// measured are resumptions wherever the server honours them.
+func resumePath() pathSpec {
+	p := interceptPath("intercept-resume", transformHost, injectTransform, true,
+		"as intercept-newconn, but each client keeps a TLS session cache, so every reconnection offers to resume (handshakes/s of resumed sessions); direct: the same against the upstream")
+	p.direct, p.viaProxy = resuming(p.direct), resuming(p.viaProxy)
+	return p
+}
+
+// resuming is mk's target with a session cache in its clients.
+func resuming(mk func(*world) target) func(*world) target {
+	return func(w *world) target {
+		t := mk(w)
+		t.resumeSessions = true
+		return t
+	}
 }
 
 // interceptPath is an HTTPS path to host whose allowlist entry injects inj, so

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -35,8 +37,8 @@ func TestLoopbackOnly(t *testing.T) {
 }
 
 func TestInterceptPaths(t *testing.T) {
-	w := &world{up: &upstream{tlsAddr: "127.0.0.1:1443"}, proxy: "http://127.0.0.1:3128"}
-	ps, err := lookupPaths("intercept,intercept-newconn,credential")
+	w := &world{up: &upstream{tlsAddr: "127.0.0.1:1443", roots: x509.NewCertPool()}, proxy: "http://127.0.0.1:3128", egressdRoots: x509.NewCertPool()}
+	ps, err := lookupPaths("intercept,intercept-newconn,intercept-resume,credential")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,8 +53,18 @@ func TestInterceptPaths(t *testing.T) {
 		if d.url != v.url || !strings.HasSuffix(d.url, ".bench.test:1443/") || d.dialAddr != "127.0.0.1:1443" || v.proxy != w.proxy {
 			t.Errorf("%s: direct %+v, via %+v", p.name, d, v)
 		}
-		if d.newConnPerRequest != (p.name == "intercept-newconn") || v.newConnPerRequest != d.newConnPerRequest {
+		if d.newConnPerRequest != strings.HasPrefix(p.name, "intercept-") || v.newConnPerRequest != d.newConnPerRequest {
 			t.Errorf("%s: newConnPerRequest %v/%v", p.name, d.newConnPerRequest, v.newConnPerRequest)
+		}
+		if d.resumeSessions != (p.name == "intercept-resume") || v.resumeSessions != d.resumeSessions {
+			t.Errorf("%s: resumeSessions %v/%v", p.name, d.resumeSessions, v.resumeSessions)
+		}
+		tr, err := newTransport(v, new(atomic.Int64))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (tr.TLSClientConfig.ClientSessionCache != nil) != v.resumeSessions {
+			t.Errorf("%s: session cache %v, want one only when resuming", p.name, tr.TLSClientConfig.ClientSessionCache)
 		}
 	}
 }

@@ -129,6 +129,8 @@ func combine(runs []runResult) runResult {
 		r.Credentialed += x.Credentialed
 		r.VaultCredentialed += x.VaultCredentialed
 		r.OAuthCredentialed += x.OAuthCredentialed
+		r.TLSHandshakes += x.TLSHandshakes
+		r.TLSResumed += x.TLSResumed
 		r.CPUSeconds += x.CPUSeconds
 		if x.CPUError != "" {
 			r.CPUError = x.CPUError
@@ -322,8 +324,9 @@ func (r *report) writeNotes(w io.Writer) {
 		if !p.NewConnPerRequest {
 			continue
 		}
-		fmt.Fprintf(w, "%s: a new TCP+TLS connection per request, so %s client TLS handshakes/s direct, %s through egressd (%s egressd->upstream conns over its runs)\n",
-			p.Path, thousands(p.Direct.ReqPerSec), thousands(p.Egressd.ReqPerSec), thousands(float64(p.Egressd.UpstreamConns)))
+		fmt.Fprintf(w, "%s: a new TCP+TLS connection per request, so %s client TLS handshakes/s direct, %s through egressd (%s egressd->upstream conns over its runs); resumed: %s direct, %s through egressd\n",
+			p.Path, thousands(p.Direct.ReqPerSec), thousands(p.Egressd.ReqPerSec), thousands(float64(p.Egressd.UpstreamConns)),
+			resumedShare(p.Direct), resumedShare(p.Egressd))
 	}
 	if c, i := r.path("credential"), r.path("intercept"); c != nil && i != nil && i.Ratio > 0 && i.Egressd.ReqPerSec > 0 {
 		fmt.Fprintf(w, "credential / intercept: ratio %.2f / %.2f = %.2f, egressd req/s %.2f", c.Ratio, i.Ratio, c.Ratio/i.Ratio, c.Egressd.ReqPerSec/i.Egressd.ReqPerSec)
@@ -371,6 +374,11 @@ func (r *report) writeNotes(w io.Writer) {
 			writePeerRounds(w, p, r.pathWidth())
 		}
 	}
+}
+
+// resumedShare is how many of a run's TLS handshakes resumed a session.
+func resumedShare(r runResult) string {
+	return fmt.Sprintf("%s of %s", thousands(float64(r.TLSResumed)), thousands(float64(r.TLSHandshakes)))
 }
 
 func (r *report) path(name string) *pathResult {

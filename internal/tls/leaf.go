@@ -71,6 +71,11 @@ type Leaves struct {
 	onLookup  func(hit bool)
 	sem       chan struct{} // mint slots
 	perClient int           // MintsPerClient
+	// tickets only holds the session-ticket keys that every connection's
+	// config seals and opens tickets with (sessionFuncs); it serves no
+	// connection. crypto/tls rotates them, in memory only: a new key every
+	// day, each kept for a week.
+	tickets *tls.Config
 
 	mu       sync.Mutex
 	lru      list.List                   // of *leafEntry, most recently used first
@@ -86,9 +91,17 @@ type Leaves struct {
 type leafEntry struct {
 	host string
 	cert *tls.Certificate
-	// getCert is the host-bound GetCertificate ServerConfig hands out, made
-	// once per entry so ServerConfig allocates only the tls.Config.
+	// funcs are the host-bound callbacks ServerConfig hands out, made once
+	// per entry so ServerConfig allocates only the tls.Config.
+	funcs hostFuncs
+}
+
+// hostFuncs are the callbacks of a tls.Config that terminates connections to
+// one host: its leaf, and its session tickets (sessionFuncs).
+type hostFuncs struct {
 	getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	wrap    func(tls.ConnectionState, *tls.SessionState) ([]byte, error)
+	unwrap  func([]byte, tls.ConnectionState) (*tls.SessionState, error)
 }
 
 // clientMints are one client's mints running or waiting for a slot.
@@ -114,6 +127,7 @@ func NewLeaves(ca *CA, o LeafOptions) *Leaves {
 		flight:   make(map[string]*mintCall),
 		pinned:   make(map[string]*leafEntry),
 		byClient: make(map[netip.Addr]*clientMints),
+		tickets:  &tls.Config{},
 		now:      time.Now,
 	}
 	l.refresh = min(maxRefresh, l.validity/4)
@@ -172,8 +186,13 @@ func (l *Leaves) get(client netip.Addr, host string, count func(hit bool)) (*tls
 // checked SNI). Its GetCertificate returns host's leaf whatever SNI the client
 // sends; NextProtos is used as given (not copied: do not modify it after).
 // Called per intercepted connection, it allocates only the tls.Config when
-// host is cached (plus one small closure otherwise) and mints nothing: the
+// host is cached (plus three small closures otherwise) and mints nothing: the
 // leaf is fetched during the handshake.
+//
+// TLS 1.2 offers only the AEAD suites of leafSuites. Session tickets are
+// sealed with keys every config shares, so a client that reconnects resumes;
+// each ticket names host, and a ticket for another host is ignored
+// (sessionFuncs).
 func (l *Leaves) ServerConfig(host string, nextProtos []string) *tls.Config {
 	return l.ServerConfigFor(nil, host, nextProtos)
 }
@@ -181,11 +200,48 @@ func (l *Leaves) ServerConfig(host string, nextProtos []string) *tls.Config {
 // ServerConfigFor is ServerConfig for a connection from client (its remote
 // address): a leaf it makes egressd mint counts against MintsPerClient.
 func (l *Leaves) ServerConfigFor(client net.Addr, host string, nextProtos []string) *tls.Config {
+	f := l.hostFuncs(clientIP(client), host)
 	return &tls.Config{
-		GetCertificate: l.certFunc(clientIP(client), host),
+		GetCertificate: f.getCert,
+		WrapSession:    f.wrap,
+		UnwrapSession:  f.unwrap,
 		NextProtos:     nextProtos,
 		MinVersion:     tls.VersionTLS12,
+		CipherSuites:   leafSuites,
 	}
+}
+
+// leafSuites are the TLS 1.2 suites the leaves offer: ECDHE key exchange for
+// their ECDSA P-256 keys, with an AEAD. crypto/tls's default list also holds
+// the CBC-SHA suites, whose MAC-then-encrypt is open to padding-timing attacks
+// (Lucky13); TLS 1.3's suites are all AEAD and not configurable.
+var leafSuites = []uint16{
+	tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+	tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+}
+
+// sessionFuncs are the WrapSession and UnwrapSession of host's connections.
+// Tickets are sealed with l.tickets' keys, shared by every connection (a config
+// of its own per connection would otherwise make keys of its own, and no
+// ticket would ever open again). A ticket carries host, and opens only on a
+// connection to host: a client that offers it elsewhere gets a full handshake
+// and that host's leaf, so a resumed session was always authenticated by the
+// leaf of the tunnel's own target.
+func (l *Leaves) sessionFuncs(host string) (wrap func(tls.ConnectionState, *tls.SessionState) ([]byte, error),
+	unwrap func([]byte, tls.ConnectionState) (*tls.SessionState, error)) {
+	wrap = func(cs tls.ConnectionState, ss *tls.SessionState) ([]byte, error) {
+		ss.Extra = [][]byte{[]byte(host)}
+		return l.tickets.EncryptTicket(cs, ss)
+	}
+	unwrap = func(ticket []byte, cs tls.ConnectionState) (*tls.SessionState, error) {
+		ss, err := l.tickets.DecryptTicket(ticket, cs)
+		if ss == nil || err != nil || len(ss.Extra) != 1 || string(ss.Extra[0]) != host {
+			return nil, err // no session: a full handshake
+		}
+		return ss, nil
+	}
+	return wrap, unwrap
 }
 
 // clientIP is the IP of a remote address; the zero Addr when it has none.
@@ -200,20 +256,23 @@ func clientIP(a net.Addr) netip.Addr {
 	return ap.Addr().Unmap()
 }
 
-func (l *Leaves) certFunc(client netip.Addr, host string) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+// hostFuncs are host's callbacks: its cache entry's when it has one, else new
+// ones whose leaf lookup counts against client's mints.
+func (l *Leaves) hostFuncs(client netip.Addr, host string) hostFuncs {
 	l.mu.Lock()
 	if e, ok := l.pinned[host]; ok {
 		l.mu.Unlock()
-		return e.getCert
+		return e.funcs
 	}
-	el, ok := l.byHost[host]
-	if ok {
-		get := el.Value.(*leafEntry).getCert
+	if el, ok := l.byHost[host]; ok {
+		f := el.Value.(*leafEntry).funcs
 		l.mu.Unlock()
-		return get
+		return f
 	}
 	l.mu.Unlock()
-	return func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return l.get(client, host, l.lookup) }
+	f := hostFuncs{getCert: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return l.get(client, host, l.lookup) }}
+	f.wrap, f.unwrap = l.sessionFuncs(host)
+	return f
 }
 
 // cachedLocked returns host's cached leaf if it is fresh enough, marking it
@@ -266,7 +325,8 @@ func (l *Leaves) storeLocked(host string, cert *tls.Certificate) {
 // newEntry is a cache entry for host holding cert (nil: not minted yet).
 func (l *Leaves) newEntry(host string, cert *tls.Certificate) *leafEntry {
 	e := &leafEntry{host: host, cert: cert}
-	e.getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return l.Get(host) }
+	e.funcs.getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return l.Get(host) }
+	e.funcs.wrap, e.funcs.unwrap = l.sessionFuncs(host)
 	return e
 }
 
