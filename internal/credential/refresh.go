@@ -88,9 +88,18 @@ func (s *Store) refreshAll(ctx context.Context) {
 	wg.Wait()
 }
 
-// refresh reads one ID and stores the outcome: a good read replaces the value, a failed one
-// keeps it (Get decides staleness), not_found and invalid make it unavailable at once.
+// refresh reads one ID, stores the outcome and then tells the subscribers (Subscribe), once
+// the read's lock is released.
 func (s *Store) refresh(ctx context.Context, e *entry) {
+	if s.read(ctx, e) {
+		s.notify(e.id)
+	}
+}
+
+// read reads one ID and stores the outcome: a good read replaces the value, a failed one
+// keeps it (Get decides staleness), not_found, invalid and revoked make it unavailable at
+// once. It reports whether it stored an outcome.
+func (s *Store) read(ctx context.Context, e *entry) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	start := s.o.Now()
@@ -98,7 +107,7 @@ func (s *Store) refresh(ctx context.Context, e *entry) {
 	sec, version, err := s.backend.Read(rctx, e.id)
 	cancel()
 	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
-		return // shutting down (or the caller gave up): not the backend's failure
+		return false // shutting down (or the caller gave up): not the backend's failure
 	}
 	if err == nil && sec.empty() {
 		err = fmt.Errorf("credential %s: backend %s returned an empty secret: %w", e.id, s.backend.Name(), ErrInvalid)
@@ -112,6 +121,28 @@ func (s *Store) refresh(ctx context.Context, e *entry) {
 	}
 	e.cur.Store(next)
 	s.report(e.id, prev, next)
+	return true
+}
+
+// Subscribe has fn called with an ID after every read of it, once Get serves the read's
+// outcome: a rotation, a recovery, and every way the ID becomes unavailable (revoked,
+// not_found, invalid, or a failed read past MaxStale, which no value change marks). The
+// proxy re-decides the open connections that carry the ID (proxy.Server.CredentialChanged).
+// fn runs on a refresh goroutine, after the read's lock is released: it must return
+// quickly and may call Get.
+func (s *Store) Subscribe(fn func(id string)) {
+	s.subMu.Lock()
+	defer s.subMu.Unlock()
+	s.subs = append(s.subs, fn)
+}
+
+func (s *Store) notify(id string) {
+	s.subMu.Lock()
+	subs := s.subs
+	s.subMu.Unlock()
+	for _, fn := range subs {
+		fn(id)
+	}
 }
 
 func classify(err error) string {

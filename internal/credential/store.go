@@ -103,6 +103,9 @@ type Store struct {
 	entries map[string]*entry // fixed by NewStore: read concurrently without a lock
 	started atomic.Bool
 	wg      sync.WaitGroup
+
+	subMu sync.Mutex
+	subs  []func(id string) // told of every read (Subscribe); appended to, never changed
 }
 
 // entry is one credential ID. Reads of it are serialised by mu, so that a slow read can never

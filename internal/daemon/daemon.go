@@ -115,6 +115,7 @@ func (d *Daemon) Start(l *Loaded) error {
 		}
 	}
 	d.srv = proxy.New(rt, d.log, d.metrics)
+	d.store.Subscribe(d.srv.CredentialChanged)
 	d.errc = make(chan error, len(lns)+1)
 	for i, ln := range lns[:len(l.Cfg.Listeners)] {
 		d.srv.InitMetrics(l.Cfg.Listeners[i])
@@ -298,6 +299,9 @@ func (d *Daemon) runtimeFor(l *Loaded) (*proxy.Runtime, error) {
 	}
 	d.store, d.storeKey, d.stop = store, key, cancel
 	d.live.p.Store(tokens)
+	if d.srv != nil { // a reload: at start, Start subscribes once the Server exists
+		store.Subscribe(d.srv.CredentialChanged)
+	}
 	return rt, nil
 }
 

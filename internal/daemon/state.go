@@ -68,8 +68,10 @@ func (d *Daemon) Reload() (string, error) { return d.reload(ReloadAdmin) }
 // reload validates the config, its policy and hooks.json anew and builds the Runtime
 // from them; only when every step succeeds is the Runtime swapped in, atomically.
 // Requests in flight finish on the Runtime they started with; each new request,
-// including each request inside an intercepted tunnel, takes the new one. Any
-// failure leaves the running config in force: a reload never fails open.
+// including each request inside an intercepted tunnel, takes the new one, and the
+// swap decides open tunnels and upgraded connections again, closing those the new
+// one refuses (proxy.Server.Swap). Any failure leaves the running config in force:
+// a reload never fails open.
 //
 // Settings that shape what is built once at start (restartKeys) cannot change by
 // reload: a reload that changes one logs a warning naming it ("needs a restart"),

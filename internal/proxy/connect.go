@@ -53,7 +53,7 @@ func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 		rec.refused(err)
 		closeIf(up)
 	case plan.kind == tunnelSpliced:
-		c.tunnel(rt, up, hello, rec)
+		c.tunnel(rt, t, up, hello, rec)
 	default:
 		closeIf(up) // an Encrypted Client Hello turned a spliced tunnel intercepted
 		c.serveIntercepted(rt, t, hello, rec, plan.why)

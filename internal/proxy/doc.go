@@ -38,6 +38,7 @@
 //	upstream2.go    an HTTP/1 client's request again over HTTP/2 to an HTTP/2-only upstream
 //	dial.go         resolve, check and dial the decided target
 //	runtime.go      Runtime: one reload's snapshot, its transports
+//	redecide.go     open tunnels and upgrades, decided again on every change of state
 //	scrub.go        masking injected values in responses
 //	respond.go      writing responses to the client, HTTP/1 and HTTP/2
 //	tunnel.go       splicing tunnels and upgrades; relay.go: the copy loop

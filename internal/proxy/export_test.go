@@ -23,3 +23,7 @@ func (s *Server) HoldLane() (release func()) {
 		}
 	}
 }
+
+// OpenConns is how many spliced tunnels and upgraded connections are registered
+// to be decided again on a change of state (redecide.go).
+func (s *Server) OpenConns() int { return s.live.len() }

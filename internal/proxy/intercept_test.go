@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"io"
 	"net"
@@ -335,7 +336,15 @@ func (w *world) h2ClientConn(t *testing.T, authority string) *http.ClientConn {
 // interceptedH1 opens an intercepted HTTP/1.1 tunnel to host.
 func (w *world) interceptedH1(t *testing.T, host string) (*tls.Conn, *bufio.Reader) {
 	t.Helper()
-	tc := tls.Client(w.connect(t, host+":443"), &tls.Config{ServerName: host, RootCAs: w.CAPool, NextProtos: []string{"http/1.1"}})
+	return w.tlsH1(t, host, w.CAPool)
+}
+
+// tlsH1 opens a CONNECT tunnel to host:443 and speaks TLS (HTTP/1.1) in it,
+// trusting roots: egressd's CA where the tunnel is intercepted, the upstream's
+// where it is spliced.
+func (w *world) tlsH1(t *testing.T, host string, roots *x509.CertPool) (*tls.Conn, *bufio.Reader) {
+	t.Helper()
+	tc := tls.Client(w.connect(t, host+":443"), &tls.Config{ServerName: host, RootCAs: roots, NextProtos: []string{"http/1.1"}})
 	if err := tc.Handshake(); err != nil {
 		t.Fatal(err)
 	}

@@ -16,11 +16,16 @@ import (
 )
 
 // Server serves the sandbox-facing listeners. It holds the current Runtime; Swap
-// replaces it atomically and requests already in flight keep the one they started with.
+// replaces it atomically and requests already in flight keep the one they started
+// with, while open tunnels and upgraded connections are decided again on the new one.
 type Server struct {
 	rt      atomic.Pointer[Runtime]
+	swapMu  sync.Mutex // one Swap at a time, so the last Runtime installed decides last
 	log     zerolog.Logger
 	metrics *metrics.Metrics
+
+	// open holds the spliced tunnels and upgraded connections (redecide.go).
+	live openSet
 
 	// hookBuf is the process-wide budget of buffered hook bodies (hookbuf.go).
 	hookBuf hookBudget
@@ -46,11 +51,20 @@ func New(rt *Runtime, log zerolog.Logger, m *metrics.Metrics) *Server {
 // Runtime returns the Runtime new requests are served with.
 func (s *Server) Runtime() *Runtime { return s.rt.Load() }
 
-// Swap installs rt for new requests and returns the previous Runtime.
+// Swap installs rt for new requests, decides every open tunnel and upgraded
+// connection again on it, ends those it refuses (redecide.go), and returns the
+// previous Runtime.
 func (s *Server) Swap(rt *Runtime) *Runtime {
+	s.swapMu.Lock()
+	defer s.swapMu.Unlock()
 	s.hookBuf.limit.Store(rt.Limits.HookBufferBytes)
 	s.initRules(rt)
-	return s.rt.Swap(rt)
+	old := s.rt.Swap(rt)
+	if open, ended := s.redecide(rt); ended > 0 {
+		s.log.Info().Int("open", open).Int("closed", ended).
+			Msg("open connections the new policy refuses were closed")
+	}
+	return old
 }
 
 // initRules exports scrubbed_total for rt's rules that inject.

@@ -70,7 +70,7 @@ func (c *conn) serveTransparentTLS(rt *Runtime, rec *Record) {
 		up, err := rt.dialTarget(c.ctx, t)
 		if err == nil {
 			rec.setResolved(up.RemoteAddr())
-			c.tunnel(rt, up, hello, rec)
+			c.tunnel(rt, t, up, hello, rec)
 			return
 		}
 		rec.fail(classify(err).Reason, classify(err).Detail)
@@ -90,7 +90,7 @@ func (c *conn) transparentTLSTarget(hello *clientHello) (allowlist.Target, error
 	}
 	ip := c.route.orig.Addr().Unmap()
 	t := allowlist.Target{Host: ip.String(), Addr: ip, Port: c.route.orig.Port()}
-	if d := c.s.Runtime().Policy.Decide(t); !d.Allowed() || d.Rule.Pattern == "*" {
+	if !namesAddress(c.s.Runtime().Policy.Decide(t)) {
 		return t, errors.New("ClientHello without SNI to an address no entry names")
 	}
 	return t, nil

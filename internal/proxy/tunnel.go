@@ -8,12 +8,21 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/egressd/egressd/internal/allowlist"
 )
 
-// tunnel splices the client connection and up until both directions end. The bytes
-// already read from the client (its ClientHello, and whatever is buffered) go first.
-func (c *conn) tunnel(rt *Runtime, up net.Conn, hello *clientHello, rec *Record) {
+// tunnel splices the client connection and up, a tunnel to t, until both directions
+// end, or a change of state refuses it (redecide.go). The bytes already read from the
+// client (its ClientHello, and whatever is buffered) go first.
+func (c *conn) tunnel(rt *Runtime, t allowlist.Target, up net.Conn, hello *clientHello, rec *Record) {
 	defer up.Close()
+	o := &openConn{target: t, upstream: upstreamAddr(up.RemoteAddr()),
+		sniless: c.route.mode == modeTransparent && hello.serverName == "",
+		close:   func() { c.nc.Close(); up.Close() }}
+	c.s.register(o)
+	defer c.s.unregister(o)
+	defer o.ended(rec)
 	c.tunneling.Store(true)
 	c.s.metrics.TunnelsActive.Inc()
 	defer c.s.metrics.TunnelsActive.Dec()
@@ -85,15 +94,22 @@ func recentlyActive(c net.Conn, d time.Duration) bool {
 	return time.Duration(info.Last_data_recv)*time.Millisecond < d
 }
 
-// serveUpgrade completes a 101 Switching Protocols (WebSocket and the like): the
-// response goes to the client, then bytes are spliced both ways.
-func (c *conn) serveUpgrade(resp *http.Response, rec *Record) {
+// serveUpgrade completes a 101 Switching Protocols (WebSocket and the like) to x:
+// the response goes to the client, then bytes are spliced both ways until either
+// side ends, or a change of state refuses the connection (redecide.go).
+func (c *conn) serveUpgrade(x *exchange, resp *http.Response) {
+	rec := x.rec
 	up, ok := resp.Body.(io.ReadWriteCloser)
 	if !ok {
 		c.writeRefusal(c.s.Runtime(), rec, errors.New("upgrade response without a connection"), 0)
 		return
 	}
 	defer up.Close()
+	o := &openConn{target: x.target, scheme: x.scheme, upstream: resolvedAddr(rec, x.target.Port),
+		credential: rec.Credential, close: func() { c.nc.Close(); up.Close() }}
+	c.s.register(o)
+	defer c.s.unregister(o)
+	defer o.ended(rec)
 	c.tunneling.Store(true)
 	rec.Status = resp.StatusCode
 	hdr := resp.Header.Clone()

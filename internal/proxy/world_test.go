@@ -230,6 +230,7 @@ func (w *world) startProxy(o worldOpts) {
 	rt.Prepare()
 	w.Metrics = metrics.New()
 	w.Server = proxy.New(rt, log, w.Metrics)
+	store.Subscribe(w.Server.CredentialChanged) // as the daemon wires it
 	w.ProxyAddr = ln.Addr().String()
 	lc := config.Listener{Name: "sandbox", Address: self, Mode: "proxy", Role: "sandbox"}
 	go w.Server.Serve(ln, lc)
