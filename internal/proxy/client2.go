@@ -65,9 +65,9 @@ func (c *conn) serveH2(rt *Runtime, tc *tls.Conn, rtt route) {
 // decided or forwarded, so a client that opens and resets streams as fast as it can
 // (rapid reset) costs egressd a refusal per stream and the upstream nothing.
 const (
-	h2StreamRate  = 250
-	h2StreamBurst = 500
-	h2MaxStreams  = 100
+	h2StreamRate   = 250
+	h2StreamBurst  = 500
+	h2MaxStreams   = 100
 	h2ConnWindow   = 1 << 20
 	h2StreamWindow = 256 << 10
 	h2MaxFrame     = 16 << 10
