@@ -71,7 +71,7 @@ func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
 	time.Sleep(e.delay)
 	w.Header().Set("Content-Type", "application/json")
 	if e.down.Load() {
-		w.WriteHeader(http.StatusServiceUnavailable)
+		w.WriteHeader(http.StatusInternalServerError)
 		fmt.Fprintf(w, `{"error": "temporarily_unavailable", "error_description": "echo %s %s"}`, c.refresh, pass)
 		return
 	}
@@ -86,6 +86,19 @@ func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
 		resp["refresh_token"] = refresh2
 	}
 	json.NewEncoder(w).Encode(resp)
+}
+
+// styles counts the calls by client authentication: HTTP Basic and the form.
+func (e *endpoint) styles() (basic, form int) {
+	for _, c := range e.log() {
+		switch {
+		case strings.HasPrefix(c.auth, "basic "):
+			basic++
+		case strings.HasPrefix(c.auth, "form "):
+			form++
+		}
+	}
+	return basic, form
 }
 
 func (e *endpoint) log() []url {
@@ -103,6 +116,7 @@ type rig struct {
 	log     *syncbuf.Buffer
 	results sync.Map
 	now     atomic.Pointer[time.Time] // nil: the real clock
+	cancel  context.CancelFunc
 }
 
 // newRig writes creds (ID -> secret JSON) to a file and starts a Store and a Manager.
@@ -122,6 +136,7 @@ func newRig(t testing.TB, e *endpoint, creds map[string]string, writable bool) *
 	b := file.New(r.path, file.Options{PollInterval: 20 * time.Millisecond, Log: log})
 	r.store = credential.NewStore(b, ids, credential.Options{Log: log})
 	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
 	r.store.Start(ctx)
 	o := Options{Log: log, Tick: 20 * time.Millisecond, Metrics: func(id, res string) {
 		n, _ := r.results.LoadOrStore(id+" "+res, new(atomic.Int64))
@@ -144,6 +159,12 @@ func newRig(t testing.TB, e *endpoint, creds map[string]string, writable bool) *
 		}
 	})
 	return r
+}
+
+// stop ends the Manager's work and waits for it: no call starts or ends after.
+func (r *rig) stop() {
+	r.cancel()
+	r.m.Wait()
 }
 
 func (r *rig) clock() time.Time {
@@ -351,7 +372,7 @@ func TestEndpointDownServesUntilExpiryThenUnavailable(t *testing.T) {
 	}
 	// The refresh goroutine counts the failure just before it writes the line.
 	eventually(t, "the failure line", func() bool {
-		return strings.Contains(r.log.String(), "oauth2 token refresh failed") && strings.Contains(r.log.String(), "503 Service Unavailable")
+		return strings.Contains(r.log.String(), "oauth2 token refresh failed") && strings.Contains(r.log.String(), "500 Internal Server Error")
 	})
 }
 
