@@ -116,7 +116,6 @@ type rig struct {
 	log     *syncbuf.Buffer
 	results sync.Map
 	now     atomic.Pointer[time.Time] // nil: the real clock
-	cancel  context.CancelFunc
 }
 
 // newRig writes creds (ID -> secret JSON) to a file and starts a Store and a Manager.
@@ -136,7 +135,6 @@ func newRig(t testing.TB, e *endpoint, creds map[string]string, writable bool) *
 	b := file.New(r.path, file.Options{PollInterval: 20 * time.Millisecond, Log: log})
 	r.store = credential.NewStore(b, ids, credential.Options{Log: log})
 	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
 	r.store.Start(ctx)
 	o := Options{Log: log, Tick: 20 * time.Millisecond, Metrics: func(id, res string) {
 		n, _ := r.results.LoadOrStore(id+" "+res, new(atomic.Int64))
@@ -161,10 +159,15 @@ func newRig(t testing.TB, e *endpoint, creds map[string]string, writable bool) *
 	return r
 }
 
-// stop ends the Manager's work and waits for it: no call starts or ends after.
-func (r *rig) stop() {
-	r.cancel()
-	r.m.Wait()
+// settle lets no further call start for id, whose back-off must be running (a failed
+// call), and waits for the running one: calls and counts are final after. The clock goes
+// back to 1970, before every back-off ends; ending the Manager instead would cut off a
+// call that the endpoint may or may not have seen.
+func (r *rig) settle(t *testing.T, id string) {
+	past := time.Unix(1, 0)
+	r.now.Store(&past)
+	st := r.m.state(id)
+	eventually(t, "the running call", func() bool { return !st.busy.Load() })
 }
 
 func (r *rig) clock() time.Time {

@@ -52,7 +52,7 @@ func TestFailingEndpointKeepsItsSchedule(t *testing.T) {
 				r.m.state("oa").cur.Store(nil) // expired: the next request may start a call
 			}
 			r.hammer("oa", 3*time.Second)
-			r.stop()
+			r.settle(t, "oa")
 			calls := e.log()[before:]
 			if n := len(calls); n < 2 || n > 3 {
 				t.Errorf("%d token calls in 3 s of 20 requests a second, want 2 or 3 (the back-off's): %+v", n, calls)
@@ -114,7 +114,7 @@ func TestRefusedClientOneCallPerAttempt(t *testing.T) {
 	e := newEndpoint(t)
 	r := newRig(t, e, map[string]string{"oa": strings.ReplaceAll(oauthSecret, clientSecret, wrong)}, false)
 	r.hammer("oa", 3*time.Second)
-	r.stop()
+	r.settle(t, "oa")
 	calls, attempts := len(e.log()), r.failureLines()
 	if attempts < 2 || attempts > 3 || calls != attempts+1 {
 		t.Errorf("%d calls in %d attempts, want 2 or 3 attempts and one call each but the first's two: %+v", calls, attempts, e.log())
