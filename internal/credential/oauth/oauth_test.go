@@ -37,7 +37,8 @@ type endpoint struct {
 	srv      *httptest.Server
 	mu       sync.Mutex
 	calls    []url
-	down     atomic.Bool
+	down     atomic.Bool   // answer 500
+	refuse   atomic.Bool   // refuse every client (invalid_client), as after a revocation
 	basicNo  bool          // refuse HTTP Basic client auth (invalid_client), accept the form
 	rotate   bool          // answer the refresh-token grant with a new refresh token
 	lifetime int           // expires_in, seconds
@@ -75,7 +76,7 @@ func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, `{"error": "temporarily_unavailable", "error_description": "echo %s %s"}`, c.refresh, pass)
 		return
 	}
-	if (basic && e.basicNo) || c.auth != "basic cid:"+clientSecret && c.auth != "form cid:"+clientSecret {
+	if e.refuse.Load() || (basic && e.basicNo) || c.auth != "basic cid:"+clientSecret && c.auth != "form cid:"+clientSecret {
 		w.WriteHeader(http.StatusUnauthorized)
 		fmt.Fprint(w, `{"error": "invalid_client"}`)
 		return

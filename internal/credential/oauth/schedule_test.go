@@ -73,7 +73,8 @@ func TestFailingEndpointKeepsItsSchedule(t *testing.T) {
 
 // TestParamsOnlyEndpointSeesBasicOnce: an endpoint that refuses HTTP Basic (invalid_client)
 // and accepts the form sees one Basic call, ever: not after the operator changes the secret,
-// nor after a failed call, nor on later refreshes.
+// nor when it refuses the client for a while (the form worked: the style is not to blame),
+// nor on later refreshes.
 func TestParamsOnlyEndpointSeesBasicOnce(t *testing.T) {
 	e := newEndpoint(t)
 	e.basicNo = true
@@ -90,11 +91,11 @@ func TestParamsOnlyEndpointSeesBasicOnce(t *testing.T) {
 	}
 	st := r.m.state("oa")
 	eventually(t, "the refresh done", func() bool { return !st.busy.Load() })
-	e.down.Store(true)
+	e.refuse.Store(true)
 	st.cur.Store(nil)
 	r.m.Get("oa")
-	eventually(t, "a failed call", func() bool { return r.count("oa", ResultError) == 2 })
-	e.down.Store(false)
+	eventually(t, "a refused call", func() bool { return r.count("oa", ResultError) == 2 })
+	e.refuse.Store(false)
 	eventually(t, "a token again", func() bool { _, err := r.header("oa"); return err == nil })
 	basic, form := e.styles()
 	if basic != 1 || form < 3 {
