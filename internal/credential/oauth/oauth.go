@@ -190,12 +190,16 @@ func (m *Manager) state(id string) *state {
 	defer m.mu.Unlock()
 	st := m.states[id]
 	if st == nil {
-		st = &state{id: id, retry: backoff.NewExponentialBackOff(backoff.WithInitialInterval(retryFirst),
-			backoff.WithMultiplier(retryFactor), backoff.WithMaxInterval(retryCap),
-			backoff.WithRandomizationFactor(retryJitter), backoff.WithMaxElapsedTime(0))}
+		st = &state{id: id, retry: newRetry()}
 		m.states[id] = st
 	}
 	return st
+}
+
+// newRetry is a credential's back-off; it never gives up (no maximum elapsed time).
+func newRetry() *backoff.ExponentialBackOff {
+	return backoff.NewExponentialBackOff(backoff.WithInitialInterval(retryFirst), backoff.WithMultiplier(retryFactor),
+		backoff.WithMaxInterval(retryCap), backoff.WithRandomizationFactor(retryJitter), backoff.WithMaxElapsedTime(0))
 }
 
 // loop looks every Tick for tokens due and secrets changed, until ctx ends.
