@@ -38,6 +38,13 @@ type tokenEndpoint struct {
 	auths  []string
 }
 
+// calls is how many token calls the endpoint has seen.
+func (e *tokenEndpoint) calls() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.auths)
+}
+
 func startTokenEndpoint(t *testing.T, lifetime int) *tokenEndpoint {
 	ca := testpki.New(t)
 	e := &tokenEndpoint{caPEM: ca.PEM()}
@@ -148,6 +155,34 @@ state_dir: state
 	}
 	if v := d.metric(`egressd_oauth_refresh_total{credential="api",result="error"}`); v < 1 {
 		t.Errorf("oauth_refresh_total error = %v", v)
+	}
+
+	// 20 requests a second for 3 s find no token: egressd still calls the failing endpoint
+	// on its own back-off only (at most 3 calls in any 3 s once a call has failed; 4 leaves
+	// room for the requests' own time), each call counted once.
+	before, c := te.calls(), e.client()
+	tick := time.NewTicker(50 * time.Millisecond)
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); <-tick.C {
+		if r := fetchOnce(c, target); r.status != http.StatusServiceUnavailable {
+			t.Fatalf("with the endpoint down: %+v, want 503", r)
+		}
+	}
+	tick.Stop()
+	made := te.calls() - before
+	t.Logf("%d token calls in 3 s of 20 requests a second", made)
+	if made > 4 {
+		t.Errorf("%d token calls in 3 s of 20 requests a second, want at most 4 (the back-off's)", made)
+	}
+	counted := func() int {
+		return int(d.metric(`egressd_oauth_refresh_total{credential="api",result="ok"}`) +
+			d.metric(`egressd_oauth_refresh_total{credential="api",result="error"}`))
+	}
+	// A call is counted once its answer is read: wait out one in flight.
+	for deadline := time.Now().Add(5 * time.Second); counted() != te.calls() && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n, calls := counted(), te.calls(); n != calls {
+		t.Errorf("oauth_refresh_total counted %d calls, the endpoint saw %d", n, calls)
 	}
 	all := string(d.LogBytes()) + string(d.Stderr())
 	for _, s := range []string{oauthSecret, oauthRT, "at-PLANTED"} {

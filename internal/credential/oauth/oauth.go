@@ -1,10 +1,14 @@
 // Package oauth keeps the access tokens of oauth2 credentials. For each one it exchanges the
 // refresh token (RFC 6749 §6) or, without one, the client credentials (§4.4) at token_url
-// with golang.org/x/oauth2 (client authentication by HTTP Basic, falling back to the form:
-// AuthStyleAutoDetect), caches the access token and refreshes it ahead of expiry (jittered,
-// one refresh per credential at a time), uses a rotated refresh token from then on and
-// writes it back where the backend can be written, and keeps serving the last access token
-// while the endpoint fails, until it expires.
+// with golang.org/x/oauth2, caches the access token and refreshes it ahead of expiry
+// (jittered, one refresh per credential at a time), uses a rotated refresh token from then
+// on and writes it back where the backend can be written, and keeps serving the last access
+// token while the endpoint fails, until it expires.
+//
+// Token calls follow egressd's own schedule, never the sandbox's: after a failure no call
+// starts before the back-off (exponential, jittered, capped) allows, however many requests
+// find no token; each attempt is one call, in the client authentication learnt for the
+// endpoint (see exchange).
 //
 // Invariants: an expired access token is never handed out (Get then fails with
 // credential.CauseNoAccessToken); the token call is egressd's own, through the address guard
@@ -23,6 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/rs/zerolog"
 	"golang.org/x/oauth2"
 	"golang.org/x/oauth2/clientcredentials"
@@ -44,11 +49,26 @@ const (
 	// maxSkew is the most an access token's expiry is brought forward (a tenth of its
 	// lifetime at most), so that one sent just before expiry still arrives valid.
 	maxSkew = 5 * time.Second
-	// minBackoff and maxBackoff bound the wait after a failed token call.
-	minBackoff, maxBackoff = time.Second, 30 * time.Second
 )
 
-// Results of a token call: the result label of egressd_oauth_refresh_total.
+// The back-off after failed token calls. Identity providers lock out clients that retry
+// too fast, so requests never shorten it: the nth retry waits retryFirst·retryFactor^(n-1),
+// at most retryCap, each ±retryJitter.
+const (
+	// retryFirst is the wait after the first failure.
+	retryFirst = time.Second
+	// retryFactor multiplies the wait after each further failure.
+	retryFactor = 2
+	// retryCap is the longest wait before jitter: at most about one call a minute per
+	// credential while the endpoint keeps failing (the Vault login's cap too).
+	retryCap = time.Minute
+	// retryJitter spreads each wait by this fraction either way, so that credentials and
+	// replicas failing together do not retry in step.
+	retryJitter = 0.5
+)
+
+// Results of a token call (one HTTP exchange with the endpoint): the result label of
+// egressd_oauth_refresh_total.
 const (
 	ResultOK    = "ok"
 	ResultError = "error"
@@ -64,7 +84,8 @@ type Source interface {
 type Options struct {
 	// Writer stores a rotated refresh token; nil: it is kept in memory only, with a WARN.
 	Writer credential.Writer
-	// Metrics, when set, is called after every token call with ResultOK or ResultError.
+	// Metrics, when set, is called after every token call (one HTTP exchange; none without
+	// a client) with ResultOK or ResultError.
 	Metrics func(id, result string)
 	Log     zerolog.Logger
 	Now     func() time.Time // default time.Now
@@ -79,6 +100,7 @@ type Manager struct {
 	client atomic.Pointer[http.Client]
 	mu     sync.Mutex
 	states map[string]*state
+	styles authStyles // learnt client authentication, per endpoint and client
 	ctx    context.Context
 	wg     sync.WaitGroup
 }
@@ -95,9 +117,8 @@ type state struct {
 	secret   *credential.OAuth2
 	refresh  string // the refresh token in use (rotated ones included)
 	wrote    string // the last refresh token written back
-	conf     *oauth2.Config
-	cc       *clientcredentials.Config
-	failures int
+	failures int    // consecutive failed attempts
+	retry    *backoff.ExponentialBackOff
 }
 
 // token is one access token, immutable.
@@ -115,7 +136,8 @@ func New(src Source, o Options) *Manager {
 	if o.Tick <= 0 {
 		o.Tick = DefaultTick
 	}
-	return &Manager{src: src, o: o, states: map[string]*state{}, ctx: context.Background()}
+	return &Manager{src: src, o: o, states: map[string]*state{}, styles: authStyles{m: map[styleKey]learnt{}},
+		ctx: context.Background()}
 }
 
 // SetClient sets the HTTP client of token calls (NewClient's), e.g. after a reload.
@@ -146,7 +168,8 @@ func (m *Manager) IDs() []string { return m.src.IDs() }
 
 // Get returns the Source's value of id; for an oauth2 credential, with the current access
 // token as its Authorization header, or an *credential.UnavailableError (cause
-// no_access_token) when there is no unexpired one.
+// no_access_token) at once when there is no unexpired one. Such a request starts a refresh
+// in the background only when none is running and the back-off allows (kick).
 func (m *Manager) Get(id string) (credential.Value, error) {
 	v, err := m.src.Get(id)
 	if err != nil || v.OAuth2 == nil {
@@ -167,10 +190,16 @@ func (m *Manager) state(id string) *state {
 	defer m.mu.Unlock()
 	st := m.states[id]
 	if st == nil {
-		st = &state{id: id}
+		st = &state{id: id, retry: newRetry()}
 		m.states[id] = st
 	}
 	return st
+}
+
+// newRetry is a credential's back-off; it never gives up (no maximum elapsed time).
+func newRetry() *backoff.ExponentialBackOff {
+	return backoff.NewExponentialBackOff(backoff.WithInitialInterval(retryFirst), backoff.WithMultiplier(retryFactor),
+		backoff.WithMaxInterval(retryCap), backoff.WithRandomizationFactor(retryJitter), backoff.WithMaxElapsedTime(0))
 }
 
 // loop looks every Tick for tokens due and secrets changed, until ctx ends.
@@ -195,18 +224,23 @@ func (m *Manager) loop() {
 // unless a failure asked to wait.
 func (m *Manager) check(st *state, v credential.Value) {
 	now := m.o.Now()
-	if now.UnixNano() < st.due.Load() {
-		return
-	}
 	t, seen := st.cur.Load(), st.seen.Load()
 	if t == nil || !now.Before(t.refreshAt) || seen == nil || *seen != v.Version {
 		m.kick(st)
 	}
 }
 
-// kick starts one refresh of st in the background unless one is running.
+// kick starts one refresh of st in the background unless one is running or a failure
+// asked to wait. After Start it is the only way a token call begins, for the ticker and for
+// requests alike: however many requests find no token, none makes a call sooner than the
+// back-off allows, and concurrent ones share the running call.
 func (m *Manager) kick(st *state) {
 	if m.ctx.Err() != nil || !st.busy.CompareAndSwap(false, true) {
+		return
+	}
+	// due is read only once busy is ours: a failed refresh stores it before letting go.
+	if m.o.Now().UnixNano() < st.due.Load() {
+		st.busy.Store(false)
 		return
 	}
 	m.wg.Go(func() { m.run(st) })
@@ -220,7 +254,8 @@ func (m *Manager) run(st *state) {
 	m.refresh(ctx, st)
 }
 
-// refresh makes one token call for st and stores the outcome.
+// refresh makes one attempt for st (one call, or two while the client authentication is
+// still unknown) and stores the outcome.
 func (m *Manager) refresh(ctx context.Context, st *state) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -229,11 +264,8 @@ func (m *Manager) refresh(ctx context.Context, st *state) {
 		return
 	}
 	st.adopt(v)
-	tok, err := st.fetch(context.WithValue(ctx, oauth2.HTTPClient, m.httpClient()))
+	tok, err := m.exchange(ctx, st)
 	now := m.o.Now()
-	if err == nil {
-		err = checkToken(tok)
-	}
 	if err != nil {
 		if ctx.Err() != nil && m.ctx.Err() != nil {
 			return // shutting down
@@ -241,9 +273,7 @@ func (m *Manager) refresh(ctx context.Context, st *state) {
 		m.failed(st, now, err)
 		return
 	}
-	st.failures = 0
-	st.due.Store(0)
-	m.count(st.id, ResultOK)
+	m.recovered(st)
 	st.cur.Store(newToken(tok, now))
 	if st.refresh != "" && tok.RefreshToken != "" && tok.RefreshToken != st.refresh {
 		st.refresh = tok.RefreshToken
@@ -261,10 +291,6 @@ func (st *state) adopt(v credential.Value) {
 	ours := st.wrote != "" && o.RefreshToken == st.wrote && sameClient(st.secret, o)
 	if !ours {
 		st.refresh = o.RefreshToken
-		st.conf = &oauth2.Config{ClientID: o.ClientID, ClientSecret: o.ClientSecret, Scopes: o.Scopes,
-			Endpoint: oauth2.Endpoint{TokenURL: o.TokenURL, AuthStyle: oauth2.AuthStyleAutoDetect}}
-		st.cc = &clientcredentials.Config{ClientID: o.ClientID, ClientSecret: o.ClientSecret, Scopes: o.Scopes,
-			TokenURL: o.TokenURL, AuthStyle: oauth2.AuthStyleAutoDetect}
 	}
 	st.secret = o
 	version := v.Version
@@ -277,30 +303,45 @@ func sameClient(a, b *credential.OAuth2) bool {
 		a.TokenURL == b.TokenURL && strings.Join(a.Scopes, " ") == strings.Join(b.Scopes, " ")
 }
 
-// fetch makes the token call: the refresh-token grant, or client credentials without one.
-func (st *state) fetch(ctx context.Context) (*oauth2.Token, error) {
+// fetch makes one token call in the given client-authentication style (never auto-detect:
+// golang.org/x/oauth2 would then retry every failure, a 500 too, in the other style): the
+// refresh-token grant, or client credentials without a refresh token.
+func (st *state) fetch(ctx context.Context, style oauth2.AuthStyle) (*oauth2.Token, error) {
+	o := st.secret
 	if st.refresh == "" {
-		return st.cc.Token(ctx)
+		cc := &clientcredentials.Config{ClientID: o.ClientID, ClientSecret: o.ClientSecret, Scopes: o.Scopes,
+			TokenURL: o.TokenURL, AuthStyle: style}
+		return cc.Token(ctx)
 	}
-	return st.conf.TokenSource(ctx, &oauth2.Token{RefreshToken: st.refresh}).Token()
+	conf := &oauth2.Config{ClientID: o.ClientID, ClientSecret: o.ClientSecret, Scopes: o.Scopes,
+		Endpoint: oauth2.Endpoint{TokenURL: o.TokenURL, AuthStyle: style}}
+	return conf.TokenSource(ctx, &oauth2.Token{RefreshToken: st.refresh}).Token()
 }
 
-// failed counts and logs a failed call and sets when to retry; the last token stays
-// served until its expiry.
+// failed logs a failed attempt, once per back-off step, and sets when the next may start;
+// the last token stays served until its expiry.
 func (m *Manager) failed(st *state, now time.Time, err error) {
 	st.failures++
-	wait := min(maxBackoff, minBackoff<<min(st.failures-1, 5))
-	wait = wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1))
+	wait := st.retry.NextBackOff()
 	st.due.Store(now.Add(wait).UnixNano())
-	m.count(st.id, ResultError)
 	ev := m.o.Log.Warn().Str("credential", st.id).Str("token_url", st.secret.TokenURL).
-		Str("error", describe(err, st.secrets()...)).Dur("retry_in", wait)
+		Str("error", describe(err, st.secrets()...)).Int("failures", st.failures).Dur("retry_in", wait)
 	if t := st.cur.Load(); t != nil && now.Before(t.expiry) {
 		ev = ev.Time("serving_last_token_until", t.expiry)
 	} else {
 		ev = ev.Bool("unavailable", true)
 	}
 	ev.Msg("oauth2 token refresh failed")
+}
+
+// recovered clears st's back-off after a good call, saying so if calls had failed.
+func (m *Manager) recovered(st *state) {
+	if st.failures > 0 {
+		m.o.Log.Info().Str("credential", st.id).Int("failures", st.failures).Msg("oauth2 token refresh recovered")
+	}
+	st.failures = 0
+	st.retry.Reset()
+	st.due.Store(0)
 }
 
 // secrets are the values no message may show.
@@ -331,27 +372,33 @@ func (m *Manager) writeBack(ctx context.Context, st *state, v credential.Value) 
 	log.Info().Str("credential", st.id).Msg("oauth2 refresh token rotated and written back")
 }
 
-func (m *Manager) count(id, result string) {
+// call makes one token call for st in style through the client SetClient gave, and counts
+// it: egressd_oauth_refresh_total counts the calls handed to that client, one per HTTP
+// exchange with the endpoint, and nothing else.
+func (m *Manager) call(ctx context.Context, st *state, style oauth2.AuthStyle) (*oauth2.Token, error) {
+	c := m.client.Load()
+	if c == nil {
+		return nil, errNoClient
+	}
+	tok, err := st.fetch(context.WithValue(ctx, oauth2.HTTPClient, c), style)
+	if err == nil {
+		err = checkToken(tok)
+	}
 	if m.o.Metrics != nil {
-		m.o.Metrics(id, result)
+		m.o.Metrics(st.id, result(err))
 	}
+	return tok, err
 }
 
-func (m *Manager) httpClient() *http.Client {
-	if c := m.client.Load(); c != nil {
-		return c
+func result(err error) string {
+	if err != nil {
+		return ResultError
 	}
-	return noClient
+	return ResultOK
 }
 
-// noClient fails every call: token calls go only through a client SetClient gave.
-var noClient = &http.Client{Transport: roundTripFunc(func(*http.Request) (*http.Response, error) {
-	return nil, errors.New("oauth: no HTTP client set")
-})}
-
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+// errNoClient: token calls go only through a client SetClient gave.
+var errNoClient = errors.New("oauth: no HTTP client set")
 
 // newToken computes when to stop serving tok and when to refresh it.
 func newToken(tok *oauth2.Token, now time.Time) *token {

@@ -37,7 +37,8 @@ type endpoint struct {
 	srv      *httptest.Server
 	mu       sync.Mutex
 	calls    []url
-	down     atomic.Bool
+	down     atomic.Bool   // answer 500
+	refuse   atomic.Bool   // refuse every client (invalid_client), as after a revocation
 	basicNo  bool          // refuse HTTP Basic client auth (invalid_client), accept the form
 	rotate   bool          // answer the refresh-token grant with a new refresh token
 	lifetime int           // expires_in, seconds
@@ -71,11 +72,11 @@ func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
 	time.Sleep(e.delay)
 	w.Header().Set("Content-Type", "application/json")
 	if e.down.Load() {
-		w.WriteHeader(http.StatusServiceUnavailable)
+		w.WriteHeader(http.StatusInternalServerError)
 		fmt.Fprintf(w, `{"error": "temporarily_unavailable", "error_description": "echo %s %s"}`, c.refresh, pass)
 		return
 	}
-	if (basic && e.basicNo) || c.auth != "basic cid:"+clientSecret && c.auth != "form cid:"+clientSecret {
+	if e.refuse.Load() || (basic && e.basicNo) || c.auth != "basic cid:"+clientSecret && c.auth != "form cid:"+clientSecret {
 		w.WriteHeader(http.StatusUnauthorized)
 		fmt.Fprint(w, `{"error": "invalid_client"}`)
 		return
@@ -86,6 +87,19 @@ func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
 		resp["refresh_token"] = refresh2
 	}
 	json.NewEncoder(w).Encode(resp)
+}
+
+// styles counts the calls by client authentication: HTTP Basic and the form.
+func (e *endpoint) styles() (basic, form int) {
+	for _, c := range e.log() {
+		switch {
+		case strings.HasPrefix(c.auth, "basic "):
+			basic++
+		case strings.HasPrefix(c.auth, "form "):
+			form++
+		}
+	}
+	return basic, form
 }
 
 func (e *endpoint) log() []url {
@@ -144,6 +158,17 @@ func newRig(t testing.TB, e *endpoint, creds map[string]string, writable bool) *
 		}
 	})
 	return r
+}
+
+// settle lets no further call start for id, whose back-off must be running (a failed
+// call), and waits for the running one: calls and counts are final after. The clock goes
+// back to 1970, before every back-off ends; ending the Manager instead would cut off a
+// call that the endpoint may or may not have seen.
+func (r *rig) settle(t *testing.T, id string) {
+	past := time.Unix(1, 0)
+	r.now.Store(&past)
+	st := r.m.state(id)
+	eventually(t, "the running call", func() bool { return !st.busy.Load() })
 }
 
 func (r *rig) clock() time.Time {
@@ -351,7 +376,7 @@ func TestEndpointDownServesUntilExpiryThenUnavailable(t *testing.T) {
 	}
 	// The refresh goroutine counts the failure just before it writes the line.
 	eventually(t, "the failure line", func() bool {
-		return strings.Contains(r.log.String(), "oauth2 token refresh failed") && strings.Contains(r.log.String(), "503 Service Unavailable")
+		return strings.Contains(r.log.String(), "oauth2 token refresh failed") && strings.Contains(r.log.String(), "500 Internal Server Error")
 	})
 }
 
