@@ -81,10 +81,13 @@ func reflectsRequest(req *http.Request) bool {
 	return strings.EqualFold(m, http.MethodOptions) && (req.URL.Path == "*" || req.RequestURI == "*")
 }
 
-// outbound turns the client's request into the upstream request, in place: the
-// target is the decided, normalised one (in the URL, and as a value in the context
-// for the dialer: dial.go); hop-by-hop and Egressd-* headers are gone.
-// Injection comes after, so nothing the client sends can strip what egressd adds.
+// outbound builds the upstream request from the client's as a value of its own
+// (httputil.ProxyRequest's Out): its own URL and header map, so that what egressd
+// removes or sets for the upstream (hop-by-hop fields, Expect, injected headers) never
+// changes the request the client is answered for (Expect: 100-continue) or the
+// record. The target is the decided, normalised one (in the URL, and as a value in
+// the context for the dialer: dial.go). Injection comes after, so nothing the client
+// sends can strip what egressd adds.
 func (x *exchange) outbound(ctx context.Context, scheme string) *http.Request {
 	out := x.req.WithContext(withTarget(ctx, x.target))
 	u := *x.req.URL
@@ -97,7 +100,7 @@ func (x *exchange) outbound(ctx context.Context, scheme string) *http.Request {
 	if x.req.ContentLength == 0 {
 		out.Body = http.NoBody
 	}
-	out.Header = x.req.Header
+	out.Header = x.req.Header.Clone()
 	upgrade := upgradeType(out.Header)
 	trailers := acceptsTrailers(out.Header)
 	removeHopByHop(out.Header)
