@@ -2,10 +2,7 @@ package proxy_test
 
 import (
 	"context"
-	"crypto/ecdh"
-	"crypto/rand"
 	"crypto/tls"
-	"encoding/binary"
 	"errors"
 	"io"
 	"net/http"
@@ -16,6 +13,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/testutil/testpki"
 )
 
 // The ClientHello rules of spliced tunnels: a spliced tunnel is never read again,
@@ -112,11 +110,7 @@ func (w *world) startECHEdge(t *testing.T) echEdge {
 	t.Helper()
 	ip := nextPublicIP()
 	w.DNS.Set("www.allowed.test", "A "+ip)
-	key, err := ecdh.X25519().GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	config := echConfig(7, key.PublicKey().Bytes(), "www.allowed.test")
+	ech := testpki.NewECH(t, "www.allowed.test")
 	hellos := &atomic.Int64{}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		io.WriteString(rw, "edge")
@@ -124,9 +118,8 @@ func (w *world) startECHEdge(t *testing.T) echEdge {
 	srv.Listener.Close()
 	srv.Listener = listenOn(t, ip+":443")
 	srv.TLS = &tls.Config{
-		Certificates: []tls.Certificate{w.UpstreamPKI.Leaf(t, "www.allowed.test", "other.test")},
-		EncryptedClientHelloKeys: []tls.EncryptedClientHelloKey{
-			{Config: config, PrivateKey: key.Bytes(), SendAsRetry: true}},
+		Certificates:             []tls.Certificate{w.UpstreamPKI.Leaf(t, "www.allowed.test", "other.test")},
+		EncryptedClientHelloKeys: []tls.EncryptedClientHelloKey{ech.Key},
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			hellos.Add(1)
 			return nil, nil
@@ -134,23 +127,7 @@ func (w *world) startECHEdge(t *testing.T) echEdge {
 	}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	return echEdge{ip: ip, configList: prefixed16(config), handshakes: hellos}
-}
-
-// echConfig encodes one ECHConfig (RFC 9849 §4): DHKEM(X25519, HKDF-SHA256) with
-// HKDF-SHA256 and AES-128-GCM, no extensions.
-func echConfig(id uint8, pub []byte, publicName string) []byte {
-	contents := []byte{id, 0x00, 0x20} // config_id, DHKEM(X25519, HKDF-SHA256)
-	contents = append(contents, prefixed16(pub)...)
-	contents = append(contents, prefixed16([]byte{0, 1, 0, 1})...) // HKDF-SHA256, AES-128-GCM
-	contents = append(contents, 0, byte(len(publicName)))          // maximum_name_length, public_name
-	contents = append(contents, publicName...)
-	contents = append(contents, 0, 0) // extensions
-	return append([]byte{0xfe, 0x0d}, prefixed16(contents)...)
-}
-
-func prefixed16(b []byte) []byte {
-	return append(binary.BigEndian.AppendUint16(nil, uint16(len(b))), b...)
+	return echEdge{ip: ip, configList: ech.ConfigList, handshakes: hellos}
 }
 
 // TestEncryptedClientHelloTransparent: the same rule on the transparent listener,

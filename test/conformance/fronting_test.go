@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/testpki"
 )
 
 // TestFrontingAndRetargeting: inside a tunnel the policy host is the CONNECT
@@ -204,4 +206,36 @@ func (k *kase) waitLog(match func(map[string]any) bool) map[string]any {
 	}
 	k.t.Fatal("no matching egress log line")
 	return nil
+}
+
+// TestSplicedClientHelloRules: a spliced tunnel is never read after its
+// ClientHello, so the hello may name nothing beyond the SNI egressd checked. A named
+// target without SNI is refused (host_mismatch/no_sni); a hello carrying Encrypted
+// Client Hello, whose inner name could be any tenant of the edge, is intercepted
+// (egressd's CA is trusted here): a real ECH client sees its ECH rejected by egressd
+// and reaches nothing.
+func TestSplicedClientHelloRules(t *testing.T) {
+	w := newWorld(t, config{})
+	t.Run("no SNI to a named target", func(t *testing.T) {
+		k := w.begin(t)
+		tc := tls.Client(k.connect("allowed.test:443"), &tls.Config{ServerName: publicIP, RootCAs: w.roots})
+		if err := tc.Handshake(); err == nil || !strings.Contains(err.Error(), "unrecognized name") {
+			t.Fatalf("handshake without SNI: %v, want the alert unrecognized_name", err)
+		}
+		k.waitLog(func(l map[string]any) bool {
+			return l["method"] == "CONNECT" && l["reason"] == "host_mismatch" && l["detail"] == "no_sni"
+		})
+		k.assertUpstreamSaw(0)
+	})
+	t.Run("Encrypted Client Hello naming another tenant", func(t *testing.T) {
+		k := w.begin(t)
+		ech := testpki.NewECH(t, "allowed.test")
+		tc := tls.Client(k.connect("allowed.test:443"), &tls.Config{ServerName: "evil.test", RootCAs: w.roots,
+			MinVersion: tls.VersionTLS13, EncryptedClientHelloConfigList: ech.ConfigList})
+		var rejected *tls.ECHRejectionError
+		if err := tc.Handshake(); !errors.As(err, &rejected) {
+			t.Fatalf("handshake: %v, want the ECH rejected by egressd's interception", err)
+		}
+		k.assertUpstreamSaw(0)
+	})
 }
