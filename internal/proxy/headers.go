@@ -1,9 +1,9 @@
 package proxy
 
 import (
-	"errors"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 
 	"github.com/egressd/egressd/internal/allowlist"
@@ -46,20 +46,54 @@ func upgradeType(h http.Header) string {
 	return ""
 }
 
-// checkUpgrade refuses a request whose Upgrade list names h2c (any case, with or
-// without a version, with or without Connection: Upgrade or HTTP2-Settings): a
+// dropH2C removes a client's offer to upgrade to h2c (RFC 7540 §3.2: the Upgrade
+// token, any case and version, with HTTP2-Settings and their Connection tokens), so
+// the request is served over HTTP/1.1 as a server that ignores the offer would: a
 // connection switched to cleartext HTTP/2 would carry requests egressd never
-// inspects. Other upgrades (WebSocket) pass.
-func checkUpgrade(h http.Header) error {
+// inspects, and refusing the offer would break curl --http2 on every http:// URL.
+// Other upgrades (WebSocket) in the same Upgrade field stay.
+func dropH2C(h http.Header) {
+	var kept []string
+	offered := false
 	for _, v := range h["Upgrade"] {
 		for _, tok := range strings.Split(v, ",") {
-			name, _, _ := strings.Cut(textproto.TrimString(tok), "/")
-			if strings.EqualFold(name, "h2c") {
-				return badRequest("h2c_upgrade", errors.New("an upgrade to h2c is refused"))
+			tok = textproto.TrimString(tok)
+			name, _, _ := strings.Cut(tok, "/")
+			switch {
+			case strings.EqualFold(name, "h2c"):
+				offered = true
+			case tok != "":
+				kept = append(kept, tok)
 			}
 		}
 	}
-	return nil
+	if !offered {
+		return
+	}
+	delete(h, "Http2-Settings")
+	if len(kept) > 0 {
+		h["Upgrade"] = []string{strings.Join(kept, ", ")}
+		dropConnectionTokens(h, "http2-settings")
+		return
+	}
+	delete(h, "Upgrade")
+	dropConnectionTokens(h, "upgrade", "http2-settings")
+}
+
+// dropConnectionTokens removes names from the Connection field's list.
+func dropConnectionTokens(h http.Header, names ...string) {
+	var kept []string
+	for _, v := range h["Connection"] {
+		for _, tok := range strings.Split(v, ",") {
+			tok = textproto.TrimString(tok)
+			if tok != "" && !slices.ContainsFunc(names, func(n string) bool { return strings.EqualFold(n, tok) }) {
+				kept = append(kept, tok)
+			}
+		}
+	}
+	if delete(h, "Connection"); len(kept) > 0 {
+		h["Connection"] = []string{strings.Join(kept, ", ")}
+	}
 }
 
 // switchesProtocol reports whether req asks to take the connection over (CONNECT,

@@ -13,13 +13,7 @@ func (x *exchange) locate() error {
 	if !x.located {
 		x.located = true
 		x.scheme, x.locErr = x.readTarget()
-		// bad_request is the first check (DESIGN.md): an h2c upgrade outranks a
-		// host mismatch, not another malformation.
-		if x.locErr == nil || classify(x.locErr).Reason != allowlist.ReasonBadRequest {
-			if err := checkUpgrade(x.req.Header); err != nil {
-				x.locErr = err
-			}
-		}
+		dropH2C(x.req.Header) // a declined offer: the request is served over HTTP/1.1
 	}
 	return x.locErr
 }
