@@ -45,6 +45,11 @@ func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 		return false
 	}
 	hello, err := c.checkClientHello(rt, t)
+	if errors.Is(err, errPlainHTTP) {
+		closeIf(up)
+		c.servePlainTunnel(t, plan.why)
+		return false
+	}
 	if err == nil {
 		plan, err = c.applyHelloPlan(rt, t, hello, plan)
 	}
@@ -102,10 +107,31 @@ func (c *conn) checkClientHello(rt *Runtime, t allowlist.Target) (*clientHello, 
 	return hello, nil
 }
 
+// errPlainHTTP: a tunnel whose first bytes are not a TLS handshake record.
+var errPlainHTTP = errors.New("plain HTTP in a CONNECT tunnel")
+
+// servePlainTunnel serves a CONNECT tunnel whose first bytes are not a ClientHello
+// (Node's undici tunnels http:// URLs so) as plain HTTP against the tunnel's target:
+// every request is decided again as an http:// request, so plaintext_credential and
+// every other check such a request gets apply, and a refused tunnel answers each
+// request with its refusal.
+func (c *conn) servePlainTunnel(t allowlist.Target, why error) {
+	r := tunnelRoute(t, why)
+	r.plain = true
+	c.serveInner(&replayConn{Conn: c.nc, r: c.br}, r)
+}
+
 // readClientHello reads the client's ClientHello without consuming it, within the
-// wait begun by waitFor: a connection evicted meanwhile, or one that does not start
-// with a ClientHello, gets the refusal instead.
+// wait begun by waitFor: a connection evicted meanwhile gets the refusal instead,
+// one whose first byte is not a TLS handshake record errPlainHTTP, and one that
+// does not parse as a ClientHello not_tls.
 func (c *conn) readClientHello() (*clientHello, error) {
+	if first, err := c.br.Peek(1); err == nil && first[0] != recordTypeHandshake {
+		if !c.waited() {
+			return nil, deny(allowlist.ReasonOverloaded, detailEvicted)
+		}
+		return nil, errPlainHTTP
+	}
 	hello, err := peekClientHello(c.br)
 	if !c.waited() {
 		return nil, deny(allowlist.ReasonOverloaded, detailEvicted)

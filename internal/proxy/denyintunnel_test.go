@@ -65,7 +65,8 @@ func statusOf(reason string) int {
 
 // TestDenyInTunnelWire checks the exchange byte for byte: the 200 carries the
 // reason, the leaf names the CONNECT host, the refusal announces the close and the
-// connection then closes; plain HTTP sent into the tunnel is never parsed.
+// connection then closes; plain HTTP sent into the tunnel gets the same refusal in
+// plain HTTP, and nothing after it is read.
 func TestDenyInTunnelWire(t *testing.T) {
 	w := newWorld(t, worldOpts{denyInTunnel: true})
 	nc := w.connectRefused(t, "evil.test:443")
@@ -86,11 +87,20 @@ func TestDenyInTunnelWire(t *testing.T) {
 		t.Error("the connection stayed open after the refusal")
 	}
 
-	// Plain HTTP sent into a refused tunnel is never parsed: the connection closes.
+	// Plain HTTP sent into a refused tunnel (undici sends http:// URLs so) gets the
+	// refusal in plain HTTP, then the connection closes; nothing is forwarded.
 	nc = w.connectRefused(t, "evil.test:80")
-	io.WriteString(nc, "GET /x HTTP/1.1\r\nHost: evil.test\r\n\r\n")
-	if n, err := nc.Read(make([]byte, 1)); err == nil {
-		t.Errorf("read %d bytes after plain HTTP in a refused tunnel, want the connection closed", n)
+	br := bufio.NewReader(nc)
+	io.WriteString(nc, "GET /x HTTP/1.1\r\nHost: evil.test\r\n\r\nGET /y HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+	if resp, err = http.ReadResponse(br, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !resp.Close {
+		t.Error("the plain refusal does not announce Connection: close")
+	}
+	assertRefused(t, resp, 403, "not_allowlisted", "")
+	if n, err := br.Read(make([]byte, 1)); err == nil {
+		t.Errorf("read %d bytes after the refusal, want the connection closed", n)
 	}
 	if w.Upstream.requests.Load() != 0 {
 		t.Error("the upstream saw a request")

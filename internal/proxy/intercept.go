@@ -42,8 +42,15 @@ func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHe
 		c.serveH2(rt, tc, tunnelRoute(t, why))
 		return
 	}
-	inner := newConn(c.s, c.l, tc)
-	inner.route = tunnelRoute(t, why)
+	c.serveInner(tc, tunnelRoute(t, why))
+}
+
+// serveInner serves the HTTP/1.x requests inside a tunnel, read from nc (the
+// terminated TLS, or the client's own bytes), on route: a connection of its own that
+// shares the outer one's slot, lane and end.
+func (c *conn) serveInner(nc net.Conn, rtt route) {
+	inner := newConn(c.s, c.l, nc)
+	inner.route = rtt
 	inner.slot, inner.lane, inner.cutCtx, inner.laneRoot = c.slot, c.lane, c.cutCtx, c.laneRoot
 	inner.ctx, inner.cancel = context.WithCancel(c.ctx) // the outer's end (or cut) ends it
 	if c.s.trackConn(inner, true) {

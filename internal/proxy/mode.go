@@ -34,6 +34,9 @@ type route struct {
 	target  allowlist.Target // modeTunnel, modeRefused: the CONNECT target or SNI
 	orig    netip.AddrPort   // modeTransparent: the original destination
 	refusal error            // modeRefused: the answer to every request
+	// plain: modeTunnel, modeRefused: a CONNECT tunnel that carries plain HTTP, not
+	// TLS; its requests are decided as http:// requests.
+	plain bool
 }
 
 // tunnelRoute is the route of the requests inside an intercepted tunnel to t:

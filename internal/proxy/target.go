@@ -37,7 +37,10 @@ func (x *exchange) readTarget() (string, error) {
 		}
 	default:
 		scheme, x.target = "https", x.route.target
-		err = checkInnerHost(x.req, x.target)
+		if x.route.plain {
+			scheme = "http"
+		}
+		err = checkInnerHost(x.req, x.target, scheme)
 	}
 	x.rec.Path, x.rec.Scheme = x.req.URL.Path, scheme
 	x.rec.setTarget(x.target)
@@ -63,24 +66,25 @@ func forwardTarget(req *http.Request) (allowlist.Target, error) {
 // checkInnerHost refuses a request inside a tunnel whose Host (HTTP/1.1),
 // :authority (HTTP/2) or absolute-form URL names a host other than the tunnel's
 // target. Hosts compare by normalised name and effective port.
-func checkInnerHost(req *http.Request, t allowlist.Target) error {
+func checkInnerHost(req *http.Request, t allowlist.Target, scheme string) error {
 	if req.Method == http.MethodConnect {
 		return badRequest("connect_in_tunnel", errors.New("CONNECT inside a tunnel"))
 	}
-	if req.URL.IsAbs() && !sameHost(req.URL.Host, t) {
+	port, _ := allowlist.SchemePort(scheme)
+	if req.URL.IsAbs() && !sameHost(req.URL.Host, t, port) {
 		return deny(allowlist.ReasonHostMismatch, "url")
 	}
 	if req.Host == "" {
 		return badRequest("missing_host", errors.New("request without Host"))
 	}
-	if !sameHost(req.Host, t) {
+	if !sameHost(req.Host, t, port) {
 		return deny(allowlist.ReasonHostMismatch, "host")
 	}
 	return nil
 }
 
-func sameHost(authority string, t allowlist.Target) bool {
-	got, err := allowlist.ParseAuthority(authority, allowlist.PortHTTPS)
+func sameHost(authority string, t allowlist.Target, defaultPort uint16) bool {
+	got, err := allowlist.ParseAuthority(authority, defaultPort)
 	return err == nil && got.Host == t.Host && got.Port == t.Port
 }
 

@@ -11,6 +11,10 @@ import (
 
 var errPeeked = errors.New("ClientHello read")
 
+// recordTypeHandshake is the first byte of a TLS handshake record (RFC 8446 §5.1),
+// which a ClientHello starts with; anything else is taken for plain HTTP.
+const recordTypeHandshake = 0x16
+
 // alertUnrecognizedName is a fatal TLS alert record, unrecognized_name (RFC 8446
 // §6.2, alert 112), sent when a tunnel's SNI names another host.
 var alertUnrecognizedName = []byte{21, 3, 3, 0, 2, 2, 112}

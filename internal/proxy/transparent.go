@@ -31,7 +31,7 @@ func (c *conn) serveTransparent() {
 	if err != nil {
 		return
 	}
-	if first[0] != 0x16 { // not a TLS handshake record: plain HTTP
+	if first[0] != recordTypeHandshake { // plain HTTP
 		if c.waited() { // serveLoop waits for each request head anew
 			c.serveLoop()
 		}
