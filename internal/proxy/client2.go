@@ -145,11 +145,15 @@ type h2Side struct{ w http.ResponseWriter }
 
 func (h2Side) sendContinue() {}
 
-// refuse writes the refusal; in a refused tunnel it ends the connection (net/http:
-// GOAWAY, then close).
+// refuse writes the refusal as a complete HTTP/2 response; a gRPC call's also as a
+// gRPC status. The connection stays: a GOAWAY sent with the response (net/http's
+// answer to Connection: close) reads as a terminated connection to clients such as
+// httpx, which then drop the response and its reason. Every later request in a
+// refused tunnel is refused too.
 func (s h2Side) refuse(x *exchange, err error) bool {
-	if x.stage == stageRefused {
-		s.w.Header().Set("Connection", "close")
+	if isGRPC(x.req) {
+		writeGRPCRefusal(s.w, x.rt, x.rec, err)
+		return false
 	}
 	writeRefusalRW(s.w, x.rt, x.rec, err)
 	return false

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -153,6 +154,51 @@ func writeRefusalRW(w http.ResponseWriter, rt *Runtime, rec *Record, err error) 
 	w.WriteHeader(code)
 	n, _ := w.Write(body)
 	rec.BytesOut += int64(n)
+}
+
+// gRPC status codes of egressd's refusals (grpc/codes).
+const (
+	grpcPermissionDenied = 7
+	grpcUnavailable      = 14
+)
+
+// isGRPC reports whether req is a gRPC call (application/grpc, +proto and the like).
+func isGRPC(req *http.Request) bool {
+	return strings.HasPrefix(req.Header.Get("Content-Type"), "application/grpc")
+}
+
+// writeGRPCRefusal answers a gRPC call's refusal as gRPC clients read one: a
+// Trailers-Only response (HTTP 200 with grpc-status and grpc-message in its head),
+// PERMISSION_DENIED for a denial and UNAVAILABLE for a failure, the message naming
+// the reason, so grpc.Code and status.Message show why. Egressd-Reason is set too.
+func writeGRPCRefusal(w http.ResponseWriter, rt *Runtime, rec *Record, err error) {
+	rf := rec.refused(err)
+	code := grpcUnavailable
+	if rf.Reason.IsDenial() {
+		code = grpcPermissionDenied
+	}
+	msg := "egressd: " + string(rf.Reason) + ": " + rf.Reason.Message(rec.Host, rec.Port, rt.Env, rf.Detail)
+	h := w.Header()
+	h.Set("Content-Type", "application/grpc")
+	h.Set("Egressd-Reason", string(rf.Reason))
+	h.Set("Grpc-Status", strconv.Itoa(code))
+	h.Set("Grpc-Message", grpcPercentEncode(msg))
+	w.WriteHeader(http.StatusOK)
+	rec.Status = http.StatusOK
+}
+
+// grpcPercentEncode encodes a grpc-message value: every byte outside printable
+// ASCII, and '%', as %XX (the gRPC over HTTP/2 protocol spec).
+func grpcPercentEncode(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '%' {
+			fmt.Fprintf(&b, "%%%02X", c)
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // writeResponseRW streams resp through an http.ResponseWriter (the HTTP/2 side),

@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/egressd/egressd/internal/testutil/grpcecho"
 )
@@ -125,4 +127,29 @@ func (k *kase) grpcClient(host string) *grpc.ClientConn {
 	}
 	k.t.Cleanup(func() { cc.Close() })
 	return cc
+}
+
+// TestGRPCRefusalReadable: a gRPC call egressd refuses is answered as a gRPC status a
+// grpc-go client shows: PERMISSION_DENIED (and the reason in the message) for a
+// denial inside a tunnel egressd accepted only to say why, UNAVAILABLE for a failure;
+// never "unexpected content-type application/json".
+func TestGRPCRefusalReadable(t *testing.T) {
+	w := newWorld(t, config{denyInTunnel: "always"})
+	k := w.begin(t)
+	cc := k.grpcClient("evil.test")
+	ctx, cancel := context.WithTimeout(context.Background(), ioTimeout)
+	defer cancel()
+	msg := []byte("hello")
+	var out []byte
+	err := cc.Invoke(ctx, "/"+grpcecho.ServiceName+"/"+grpcecho.Unary, &msg, &out, grpc.ForceCodec(grpcecho.Codec{}))
+	st, _ := status.FromError(err)
+	if st.Code() != codes.PermissionDenied || !strings.Contains(st.Message(), "not_allowlisted") {
+		t.Errorf("refused call: %v, want PermissionDenied naming not_allowlisted", err)
+	}
+	// The connection stays: a second call on it is refused the same way.
+	err = cc.Invoke(ctx, "/"+grpcecho.ServiceName+"/"+grpcecho.Unary, &msg, &out, grpc.ForceCodec(grpcecho.Codec{}))
+	if st, _ := status.FromError(err); st.Code() != codes.PermissionDenied {
+		t.Errorf("second refused call: %v", err)
+	}
+	k.assertUpstreamSaw(0)
 }
