@@ -294,6 +294,7 @@ type Limits struct {
 	ResponseHeader time.Duration // upstream must answer within this (504)
 	ClientIdle     time.Duration // idle keep-alive client connections are closed
 	TunnelIdle     time.Duration // a tunnel with no bytes either way is closed
+	StreamIdle     time.Duration // a forwarded stream or upgraded connection with no bytes either way ends
 	UpstreamIdle   time.Duration // idle keep-alive upstream connections are closed
 	MaxHeaderBytes int           // larger request heads get 431
 	MaxConnections int           // per listener; beyond it 503

@@ -87,6 +87,10 @@ const (
 	// DefaultTunnelIdle closes a tunnel with no bytes either way; active
 	// tunnels are never cut.
 	DefaultTunnelIdle = time.Hour
+	// DefaultStreamIdle ends a forwarded request stream (its body's reads) or an
+	// upgraded connection with no bytes either way; a quiet gRPC stream or
+	// WebSocket lives until then.
+	DefaultStreamIdle = time.Hour
 	// DefaultUpstreamIdle closes idle keep-alive upstream connections; an
 	// upstream that closes them sooner costs a retry on a new connection.
 	DefaultUpstreamIdle = 90 * time.Second

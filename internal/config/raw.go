@@ -118,6 +118,7 @@ type rawLimits struct {
 	ResponseHeader rawDuration `yaml:"response_header"`
 	ClientIdle     rawDuration `yaml:"client_idle"`
 	TunnelIdle     rawDuration `yaml:"tunnel_idle"`
+	StreamIdle     rawDuration `yaml:"stream_idle"`
 	UpstreamIdle   rawDuration `yaml:"upstream_idle"`
 	MaxConnections *int        `yaml:"max_connections"`
 	HookBodyBytes  *int64      `yaml:"hook_body_bytes"`

@@ -479,6 +479,7 @@ func (v *validator) limits(r rawLimits) Limits {
 		ResponseHeader: v.duration(r.ResponseHeader, p+"response_header", DefaultResponseHeader),
 		ClientIdle:     v.duration(r.ClientIdle, p+"client_idle", DefaultClientIdle),
 		TunnelIdle:     v.duration(r.TunnelIdle, p+"tunnel_idle", DefaultTunnelIdle),
+		StreamIdle:     v.duration(r.StreamIdle, p+"stream_idle", DefaultStreamIdle),
 		UpstreamIdle:   v.duration(r.UpstreamIdle, p+"upstream_idle", DefaultUpstreamIdle),
 		MaxHeaderBytes: positive(v, r.MaxHeaderBytes, p+"max_header_bytes", DefaultMaxHeaderBytes),
 		MaxConnections: positive(v, r.MaxConnections, p+"max_connections", DefaultMaxConnections),

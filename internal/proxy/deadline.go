@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"io"
+	"math"
 	"net"
 	"sync/atomic"
 	"time"
@@ -12,8 +14,10 @@ import (
 // paragraph on attacks):
 //
 //   - request heads: limits.read_header (conn.nextRequest);
-//   - request bodies: limits.read_header per read, HTTP/1 and HTTP/2 alike; a hook
-//     call's whole body: the hook's own deadline (bodyDeadline);
+//   - request bodies: limits.read_header per read, HTTP/1 and HTTP/2 alike, until
+//     they are forwarded, then limits.stream_idle; a hook call's whole body: the
+//     hook's own deadline (bodyDeadline);
+//   - upgraded connections: limits.stream_idle without a byte either way (idleWatch);
 //   - writes: limits.client_write per write (clientWriter), HTTP/2 included
 //     (http.HTTP2Config.WriteByteTimeout), tunnels and upgrades too.
 
@@ -48,6 +52,17 @@ type bodyDeadline struct {
 	perRead time.Duration
 	until   time.Time // when set, the deadline of the whole body
 	expired atomic.Bool
+}
+
+// forwarding lengthens each later read's wait to idle (limits.stream_idle) once the
+// body is being streamed to the upstream: a forwarded stream (a bidirectional gRPC
+// call, a long upload) that is merely quiet is not cut by the deadline meant for
+// heads and for bodies egressd reads itself. A whole-body deadline (a hook call's)
+// stays. Call it before the transport reads the body.
+func (d *bodyDeadline) forwarding(idle time.Duration) {
+	if d != nil && d.until.IsZero() {
+		d.perRead = idle
+	}
 }
 
 // expiredDeadline is a deadline in the past: a read with it fails at once.
@@ -98,4 +113,45 @@ func (d *bodyDeadline) expireOn(ctx context.Context) (stop func()) {
 			<-done
 		}
 	}
+}
+
+// idleWatch ends an upgraded connection once neither direction has moved a byte
+// for d: one timer, re-armed for what is left of d whenever it fires early, and a
+// timestamp each read with data moves forward.
+type idleWatch struct {
+	last  atomic.Int64 // UnixNano of the last byte either way
+	d     time.Duration
+	timer *time.Timer
+}
+
+func watchIdle(d time.Duration, end func()) *idleWatch {
+	w := &idleWatch{d: d}
+	w.last.Store(time.Now().UnixNano())
+	w.timer = time.AfterFunc(math.MaxInt64, func() { // armed below, once w.timer is set
+		if left := d - time.Since(time.Unix(0, w.last.Load())); left > 0 {
+			w.timer.Reset(left)
+			return
+		}
+		end()
+	})
+	w.timer.Reset(d)
+	return w
+}
+
+func (w *idleWatch) stop() { w.timer.Stop() }
+
+// reader is r, marking w active on every read that returns data.
+func (w *idleWatch) reader(r io.Reader) io.Reader { return activityReader{r, w} }
+
+type activityReader struct {
+	r io.Reader
+	w *idleWatch
+}
+
+func (a activityReader) Read(p []byte) (int, error) {
+	n, err := a.r.Read(p)
+	if n > 0 {
+		a.w.last.Store(time.Now().UnixNano())
+	}
+	return n, err
 }

@@ -130,6 +130,7 @@ func (x *exchange) serve(ctx context.Context, cs clientSide) (*http.Response, er
 			cs.sendContinue()
 		}
 		x.stage = stageForward
+		x.body.deadline.forwarding(x.rt.Limits.StreamIdle)
 		var resp *http.Response
 		if resp, err = x.rt.roundTrip(out, x.rec); err == nil {
 			return x.scrubbed(resp), nil

@@ -120,12 +120,14 @@ func (c *conn) serveUpgrade(x *exchange, resp *http.Response) {
 	if err := c.bw.Flush(); err != nil {
 		return
 	}
+	idle := watchIdle(x.rt.Limits.StreamIdle, o.close)
+	defer idle.stop()
 	done := make(chan int64, 1)
 	go func() {
-		n, _ := io.Copy(up, c.br)
+		n, _ := io.Copy(up, idle.reader(c.br))
 		done <- n
 	}()
-	n, _ := io.Copy(&clientWriter{Conn: c.nc, d: c.s.Runtime().Limits.ClientWrite}, up)
+	n, _ := io.Copy(&clientWriter{Conn: c.nc, d: c.s.Runtime().Limits.ClientWrite}, idle.reader(up))
 	c.nc.Close()
 	up.Close()
 	rec.BytesOut += n

@@ -143,6 +143,7 @@ type Limits struct {
 	ResponseHeader string `yaml:"response_header,omitempty"`
 	ClientIdle     string `yaml:"client_idle,omitempty"`
 	TunnelIdle     string `yaml:"tunnel_idle,omitempty"`
+	StreamIdle     string `yaml:"stream_idle,omitempty"`
 	UpstreamIdle   string `yaml:"upstream_idle,omitempty"`
 	MaxConnections int    `yaml:"max_connections,omitempty"`
 	HookBodyBytes  int64  `yaml:"hook_body_bytes,omitempty"`
