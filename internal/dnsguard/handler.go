@@ -224,9 +224,9 @@ func (s *Server) baseContext() context.Context {
 }
 
 // logQuery writes the query's line: what was asked, by whom, and what the guard
-// decided. A refusal is logged at info, so an operator sees why a sandbox's name did
-// not resolve; the rest at debug, and so are rate-limited refusals, which a flood
-// would otherwise turn into a flood of lines.
+// decided. A refusal, sinkhole included, is logged at info, so an operator sees why a
+// sandbox's name did not resolve to its host; the rest at debug, and so are
+// rate-limited refusals, which a flood would otherwise turn into a flood of lines.
 func (s *Server) logQuery(q *query, resp *dns.Msg) {
 	decision, ev := "allow", s.o.Log.Debug()
 	if q.reason != reasonNone {

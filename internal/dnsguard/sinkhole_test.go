@@ -82,6 +82,10 @@ func testSinkholeIPv4(t *testing.T) {
 		wantRcode(t, w.ask(t, "udp", name, dns.TypeA), dns.RcodeRefused)
 	}
 	wantAddrs(t, w.ask(t, "udp", "api.example.com.", dns.TypeA), "8.8.4.4")
+	// A reload that allows the name: the next query is looked up, and answered
+	// with the real address.
+	w.setPolicy(t, allowlist.Entry{Domain: "evil.test"})
+	wantAddrs(t, w.ask(t, "udp", "evil.test.", dns.TypeA), "8.8.4.4")
 }
 
 // testSinkholeIPv6: on an IPv6 link AAAA is the address and A is empty.
