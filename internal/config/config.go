@@ -43,6 +43,13 @@ const (
 	DenyInTunnelNever  = "never"  // a plain 403 (or the refusal's status) instead of 200
 )
 
+// Values of DNS.RefusedNames: how the DNS guard answers A and AAAA queries for
+// names the allowlist cannot allow.
+const (
+	RefusedNamesSinkhole = "sinkhole" // egressd's own address, so the client connects and reads the 403
+	RefusedNamesRefuse   = "refuse"   // REFUSED, so the client reports a name that did not resolve
+)
+
 // Values of Credentials.Backend.
 const (
 	BackendFile  = "file"  // a JSON file of credential ID -> secret
@@ -158,6 +165,8 @@ type Network struct {
 // DNS is the optional DNS guard for transparent mode.
 type DNS struct {
 	Listen string // ip:port, or "" for no DNS guard
+	// RefusedNames is RefusedNamesSinkhole (default) or RefusedNamesRefuse.
+	RefusedNames string
 	// The guard's TCP bounds: connections open at once in total and per client
 	// IP (more are closed at once), how long a connection may sit between
 	// queries, and how many queries one connection may carry.

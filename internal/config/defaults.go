@@ -117,6 +117,12 @@ const (
 	// Kubernetes terminationGracePeriodSeconds must be longer.
 	DefaultDrain = 10 * time.Second
 
+	// DefaultDNSRefusedNames answers a name off the allowlist with egressd's own
+	// address, never forwarding it: the client then connects to egressd and
+	// reads the 403 and its reason, where REFUSED shows it only "could not
+	// resolve host".
+	DefaultDNSRefusedNames = RefusedNamesSinkhole
+
 	// DefaultDNSMaxTCPConnections bounds the DNS guard's open TCP connections;
 	// one more is closed at once. A sandbox resolves over UDP and falls back to
 	// TCP only for truncated answers (the guard's are at most 1232 bytes), so a

@@ -58,6 +58,7 @@ type rawNetwork struct {
 
 type rawDNS struct {
 	Listen            string      `yaml:"listen"`
+	RefusedNames      string      `yaml:"refused_names"`
 	MaxTCPConnections *int        `yaml:"max_tcp_connections"`
 	MaxTCPPerClient   *int        `yaml:"max_tcp_per_client"`
 	TCPIdle           rawDuration `yaml:"tcp_idle"`

@@ -458,6 +458,7 @@ func (v *validator) dns(r rawDNS) DNS {
 	const p = "dns."
 	d := DNS{
 		Listen:            v.optionalAddr(r.Listen, p+"listen", "127.0.0.1:53", true),
+		RefusedNames:      v.oneOf(r.RefusedNames, p+"refused_names", DefaultDNSRefusedNames, RefusedNamesSinkhole, RefusedNamesRefuse),
 		MaxTCPConnections: positive(v, r.MaxTCPConnections, p+"max_tcp_connections", DefaultDNSMaxTCPConnections),
 		MaxTCPPerClient:   positive(v, r.MaxTCPPerClient, p+"max_tcp_per_client", DefaultDNSMaxTCPPerClient),
 		TCPIdle:           v.duration(r.TCPIdle, p+"tcp_idle", DefaultDNSTCPIdle),

@@ -214,6 +214,7 @@ func (d *Daemon) serveDNS(l *Loaded) error {
 			rt := d.srv.Runtime()
 			return rt.Resolver, rt.Guard
 		},
+		Sinkhole:          l.Cfg.DNS.RefusedNames == config.RefusedNamesSinkhole,
 		Log:               d.log,
 		Timeout:           l.Cfg.Limits.DNS,
 		MaxTCPConnections: l.Cfg.DNS.MaxTCPConnections,

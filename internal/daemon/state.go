@@ -192,7 +192,8 @@ func (d *Daemon) CAPEM() []byte { return d.leaves.CA().CertPEM }
 
 // restartKeys names the settings of next that differ from running and that a reload
 // cannot apply, because what they shape is built once at start: the sockets
-// (listeners, admin.address, dns.listen and the DNS guard's TCP bounds), the interception CA and the hook signing key
+// (listeners, admin.address, dns.listen and the DNS guard's TCP bounds), how the DNS
+// guard answers names off the allowlist (dns.refused_names), the interception CA and the hook signing key
 // (tls.ca_cert, tls.ca_key, state_dir, hooks.signing_key), each listener's connection
 // limit (limits.max_connections) and the logger (log.level, log.format).
 func restartKeys(running, next *config.Config) []string {
@@ -212,6 +213,7 @@ func restartKeys(running, next *config.Config) []string {
 	diff("admin.address", running.Admin.Address != next.Admin.Address)
 	diff("admin.pprof", running.Admin.Pprof != next.Admin.Pprof)
 	diff("dns.listen", running.DNS.Listen != next.DNS.Listen)
+	diff("dns.refused_names", running.DNS.RefusedNames != next.DNS.RefusedNames)
 	diff("dns.max_tcp_connections", running.DNS.MaxTCPConnections != next.DNS.MaxTCPConnections)
 	diff("dns.max_tcp_per_client", running.DNS.MaxTCPPerClient != next.DNS.MaxTCPPerClient)
 	diff("dns.tcp_idle", running.DNS.TCPIdle != next.DNS.TCPIdle)

@@ -1,8 +1,9 @@
 // Package dnsguard answers the sandbox's DNS: A/AAAA for names the allowlist
-// could allow, REFUSED for everything else.
+// could allow; for every other name egressd's own address or REFUSED, and
+// never a lookup.
 //
-// In transparent mode the sandbox's port 53 is redirected here (DESIGN.md
-// "Where it runs"). A DNS server that forwards whatever it is asked is a
+// In transparent mode the sandbox's port 53 is redirected here
+// (docs/transparent.md). A DNS server that forwards whatever it is asked is a
 // channel out of the sandbox: "<secret>.attacker.example" reaches the
 // attacker's name server without a single TCP connection. The guard closes
 // it by deciding before it resolves:
@@ -11,10 +12,14 @@
 //     other type (TXT, MX, ANY, AXFR, ...) and class is REFUSED.
 //   - The name is normalised (allowlist.NormalizeHost) and must be matched by
 //     an allowlist entry; ports do not apply to DNS, so a name whose entry
-//     lists other ports still matches. Everything else, IP-literal names
-//     ("10.0.0.1.") and names NormalizeHost rejects included, is REFUSED.
-//   - A refused name is never sent upstream. Only matched names are looked
-//     up, through netguard.Resolver (so network.resolver applies).
+//     lists other ports still matches. IP-literal names ("10.0.0.1.") and
+//     names NormalizeHost rejects are REFUSED.
+//   - A name no entry matches is answered with egressd's own address on the
+//     link the query arrived on (Options.Sinkhole, sinkhole.go), so the
+//     client connects to egressd and reads the refusal and its reason; or,
+//     where that address cannot serve or without Sinkhole, REFUSED.
+//   - A name that did not match is never sent upstream. Only matched names
+//     are looked up, through netguard.Resolver (so network.resolver applies).
 //   - Answers are filtered: only A records for A, only AAAA for AAAA, and no
 //     address the address guard would refuse (internal addresses are useless
 //     to the sandbox, whose connections egressd dials itself, and naming them
@@ -92,7 +97,9 @@ const (
 // Options configures a Server.
 type Options struct {
 	// Listen is the ip:port served over UDP and TCP (dns.listen). Port 0
-	// picks a free port, the same for both (tests); Addr reports it.
+	// picks a free port, the same for both (tests); Addr reports it. On a
+	// wildcard address (0.0.0.0, ::) the guard asks the kernel which address
+	// each UDP query was sent to, for the sinkhole and the reply (dst.go).
 	Listen string
 	// Policy returns the current allowlist; it is called for every query,
 	// so a reload applies to the next one. Nil, or a nil result, refuses
@@ -109,7 +116,14 @@ type Options struct {
 	// overriding Resolver and Guard, so a reload of network.resolver or
 	// network.allow_cidrs applies to the next query as the policy does.
 	Current func() (*netguard.Resolver, *netguard.Guard)
-	// Log receives one debug line per query; the zero Logger discards them.
+	// Sinkhole answers A and AAAA queries for names the allowlist cannot
+	// allow with the address the query arrived on, egressd's own on the
+	// sandbox's link (sinkhole.go), instead of REFUSED. The daemon sets it
+	// from dns.refused_names, whose default is sinkhole; false (the zero
+	// value) is refuse.
+	Sinkhole bool
+	// Log receives one line per query (refusals at info, the rest at
+	// debug); the zero Logger discards them.
 	Log zerolog.Logger
 	// RatePerSecond and Burst size each client IP's token bucket; zero or
 	// less means DefaultRatePerSecond and DefaultBurst. Queries over the
@@ -190,7 +204,7 @@ func (s *Server) Listen() error {
 	for attempt := 0; ; attempt++ {
 		pc, ln, err := listenBoth(host, port)
 		if err == nil {
-			s.pc = pc
+			s.pc = withDst(pc)
 			s.ln = newCapListener(ln, s.o.MaxTCPConnections, s.o.MaxTCPPerClient, s.logTCPCap)
 			return nil
 		}

@@ -103,16 +103,34 @@ func (w *world) ask(t *testing.T, network, name string, qtype uint16) *dns.Msg {
 
 func (w *world) exchange(t *testing.T, network string, m *dns.Msg) *dns.Msg {
 	t.Helper()
-	c := &dns.Client{Net: network, Timeout: 3 * time.Second}
+	return exchangeAt(t, network, w.guard.Addr(), m)
+}
+
+// exchangeAt sends m to addr over network and returns the reply. Over UDP
+// the client's socket is connected, so it takes a reply only from addr.
+func exchangeAt(t *testing.T, network, addr string, m *dns.Msg) *dns.Msg {
+	t.Helper()
+	return exchangeFrom(t, network, netip.Addr{}, addr, m)
+}
+
+// exchangeFrom is exchangeAt from the local address from (any when zero).
+func exchangeFrom(t *testing.T, network string, from netip.Addr, addr string, m *dns.Msg) *dns.Msg {
+	t.Helper()
+	c := &dns.Client{Net: network, Timeout: 3 * time.Second, Dialer: &net.Dialer{Timeout: 3 * time.Second}}
+	if from.IsValid() && network == "tcp" {
+		c.Dialer.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(from, 0))
+	} else if from.IsValid() {
+		c.Dialer.LocalAddr = net.UDPAddrFromAddrPort(netip.AddrPortFrom(from, 0))
+	}
 	var resp *dns.Msg
 	var err error
 	if network == "tcp" {
-		resp, err = exchangeTCP(c, m, w.guard.Addr())
+		resp, err = exchangeTCP(c, m, addr)
 	} else {
-		resp, _, err = c.Exchange(m, w.guard.Addr())
+		resp, _, err = c.Exchange(m, addr)
 	}
 	if err != nil {
-		t.Fatalf("%s query %v: %v", network, m.Question, err)
+		t.Fatalf("%s query %v to %s: %v", network, m.Question, addr, err)
 	}
 	return resp
 }
@@ -122,7 +140,11 @@ func (w *world) exchange(t *testing.T, network string, m *dns.Msg) *dns.Msg {
 // ephemeral port for a minute, and a later listener that picks that port
 // for UDP and then wants it for TCP (dnsstub.Start) would fail to bind.
 func exchangeTCP(c *dns.Client, m *dns.Msg, addr string) (*dns.Msg, error) {
-	nc, err := net.DialTimeout("tcp", addr, c.Timeout)
+	d := c.Dialer
+	if d == nil {
+		d = &net.Dialer{Timeout: c.Timeout}
+	}
+	nc, err := d.Dial("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -435,9 +457,9 @@ func TestEveryQueryLogged(t *testing.T) {
 	w.ask(t, "tcp", "evil.test.", dns.TypeAAAA)
 	w.ask(t, "udp", "api.example.com.", dns.TypeTXT)
 	want := []map[string]any{
-		{"name": "api.example.com.", "qtype": "A", "decision": "allow", "reason": "", "rule": "api.example.com", "rcode": "NOERROR", "proto": "udp", "client": "127.0.0.1"},
-		{"name": "evil.test.", "qtype": "AAAA", "decision": "deny", "reason": "not_allowlisted", "rcode": "REFUSED", "proto": "tcp"},
-		{"name": "api.example.com.", "qtype": "TXT", "decision": "deny", "reason": "qtype_refused", "rcode": "REFUSED"},
+		{"name": "api.example.com.", "qtype": "A", "decision": "allow", "reason": "", "rule": "api.example.com", "rcode": "NOERROR", "answer": "resolver", "proto": "udp", "client": "127.0.0.1"},
+		{"name": "evil.test.", "qtype": "AAAA", "decision": "deny", "reason": "not_allowlisted", "rcode": "REFUSED", "answer": "none", "proto": "tcp"},
+		{"name": "api.example.com.", "qtype": "TXT", "decision": "deny", "reason": "qtype_refused", "rcode": "REFUSED", "answer": "none"},
 	}
 	lines := w.logs.Lines()
 	if len(lines) != len(want) {

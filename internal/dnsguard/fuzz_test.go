@@ -2,6 +2,7 @@ package dnsguard_test
 
 import (
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,11 +16,12 @@ import (
 )
 
 // FuzzServeDNS feeds raw message bytes to the handler (the seed corpus is
-// in testdata/fuzz/FuzzServeDNS). Bytes that do not parse are miekg/dns's
-// to answer (FORMERR) and never reach the handler. For every message that
-// parses, the handler must write exactly one response that packs, carries
-// the request's ID, answers only A/AAAA records of the asked type for a
-// name the allowlist matches, and sends nothing upstream for anything else.
+// in testdata/fuzz/FuzzServeDNS), sinkholing on fuzzLocal. Bytes that do not
+// parse are miekg/dns's to answer (FORMERR) and never reach the handler. For
+// every message that parses, the handler must write exactly one response
+// that packs, carries the request's ID, answers only A/AAAA records of the
+// asked type, and for a name the allowlist does not match only the sinkhole
+// (an A record of fuzzLocal), and sends nothing upstream for such a name.
 func FuzzServeDNS(f *testing.F) {
 	up := startCountingUpstream(f)
 	p, err := allowlist.Compile([]allowlist.Entry{{Domain: "api.example.com"}, {Domain: "*.github.test"}}, allowlist.Options{})
@@ -30,7 +32,8 @@ func FuzzServeDNS(f *testing.F) {
 		Policy:        func() *allowlist.Policy { return p },
 		Resolver:      netguard.NewResolver(up.addr, time.Second),
 		RatePerSecond: 1e9, Burst: 1 << 30, // the limiter is not under test here
-		Timeout: time.Second,
+		Timeout:  time.Second,
+		Sinkhole: true,
 	})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req := new(dns.Msg)
@@ -38,7 +41,7 @@ func FuzzServeDNS(f *testing.F) {
 			return
 		}
 		before := up.total.Load()
-		w := &recorder{}
+		w := &recorder{local: fuzzLocal}
 		s.ServeDNS(w, req)
 		checkResponse(t, p, req, w)
 		if !resolvable(p, req) && up.total.Load() != before {
@@ -76,15 +79,22 @@ func checkResponse(t *testing.T, p *allowlist.Policy, req *dns.Msg, w *recorder)
 	if len(resp.Answer) == 0 {
 		return
 	}
-	if !resolvable(p, req) || resp.Rcode != dns.RcodeSuccess {
-		t.Fatalf("answers for a refused query:\n%s", resp)
+	if resp.Rcode != dns.RcodeSuccess {
+		t.Fatalf("answers with rcode %s:\n%s", dns.RcodeToString[resp.Rcode], resp)
 	}
 	for _, rr := range resp.Answer {
 		if h := rr.Header(); h.Rrtype != req.Question[0].Qtype || h.Name != req.Question[0].Name || h.Ttl > 60 {
 			t.Fatalf("answer %s does not match question %v", rr, req.Question[0])
 		}
+		if a, ok := rr.(*dns.A); !resolvable(p, req) && (!ok || len(resp.Answer) != 1 || !a.A.Equal(fuzzLocal.AsSlice())) {
+			t.Fatalf("a name off the allowlist answered with more than the sinkhole %s:\n%s", fuzzLocal, resp)
+		}
 	}
 }
+
+// fuzzLocal is the address the fuzzer's queries arrive on: an address a
+// sinkhole may name.
+var fuzzLocal = netip.MustParseAddr("10.53.0.1")
 
 // countingUpstream answers every query NXDOMAIN and counts them.
 type countingUpstream struct {
@@ -116,13 +126,19 @@ func startCountingUpstream(tb testing.TB) *countingUpstream {
 }
 
 // recorder is a dns.ResponseWriter that keeps what the handler writes, as
-// a UDP client on 127.0.0.1 would see it.
+// a UDP client on 127.0.0.1 would see it, asking local (default 127.0.0.1).
 type recorder struct {
+	local  netip.Addr
 	msg    *dns.Msg
 	writes int
 }
 
-func (r *recorder) LocalAddr() net.Addr { return &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 53} }
+func (r *recorder) LocalAddr() net.Addr {
+	if !r.local.IsValid() {
+		return &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 53}
+	}
+	return net.UDPAddrFromAddrPort(netip.AddrPortFrom(r.local, 53))
+}
 func (r *recorder) RemoteAddr() net.Addr {
 	return &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}
 }

@@ -30,13 +30,25 @@ const (
 	reasonDNSFailure            = reason(allowlist.ReasonDNSFailure) // upstream failed or timed out
 )
 
+// answer is what a response's answer section holds: the "answer" field of
+// the query's log line.
+type answer string
+
+const (
+	answerNone     answer = "none"     // a refusal: nothing looked up, nothing answered
+	answerResolver answer = "resolver" // the resolver's addresses (perhaps none)
+	answerSinkhole answer = "sinkhole" // egressd's own address (none for the other family)
+)
+
 // query is one query's state, from decision to log line.
 type query struct {
 	client  netip.Addr
-	proto   string // "udp" or "tcp"
-	name    string // as asked
+	local   netip.Addr // the address the query arrived on (sinkhole.go)
+	proto   string     // "udp" or "tcp"
+	name    string     // as asked
 	qtype   uint16
 	reason  reason
+	answer  answer
 	rule    string // the matching allowlist entry's pattern
 	omitted int    // internal addresses left out of the answer
 	start   time.Time
@@ -45,7 +57,8 @@ type query struct {
 // ServeDNS answers one query (dns.Handler). Run serves it on Listen; tests
 // and fuzzers may call it directly.
 func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
-	q := &query{client: clientAddr(w.RemoteAddr()), proto: protoOf(w.LocalAddr()), start: time.Now()}
+	q := &query{client: addrOf(w.RemoteAddr()), local: localAddr(w), proto: protoOf(w.LocalAddr()),
+		answer: answerNone, start: time.Now()}
 	resp := s.answer(q, req)
 	if q.proto == "udp" {
 		resp.Truncate(udpSize(req))
@@ -67,11 +80,21 @@ func (s *Server) answer(q *query, req *dns.Msg) *dns.Msg {
 		q.name, q.qtype = req.Question[0].Name, req.Question[0].Qtype
 	}
 	if q.reason = s.check(q, req); q.reason != reasonNone {
-		resp.Rcode = rcodeFor(q.reason)
+		s.refuse(q, resp)
 		return resp
 	}
 	s.resolve(q, resp)
 	return resp
+}
+
+// refuse answers a query that check refused: with the sinkhole for a name
+// off the allowlist when Options.Sinkhole says so, else with the refusal's
+// rcode.
+func (s *Server) refuse(q *query, resp *dns.Msg) {
+	if q.reason == reasonNotAllowlisted && s.o.Sinkhole && s.sinkhole(q, resp) {
+		return
+	}
+	resp.Rcode = rcodeFor(q.reason)
 }
 
 // check returns why req is refused before any lookup, or reasonNone.
@@ -123,6 +146,7 @@ func (s *Server) resolve(q *query, resp *dns.Msg) {
 	host, _, _ := allowlist.NormalizeHost(q.name) // checked in check
 	// The rooted name keeps the resolver from trying search domains.
 	ips, err := s.resolver().Lookup(ctx, host+".")
+	q.answer = answerResolver
 	if err != nil {
 		resp.Rcode = lookupRcode(err)
 		if resp.Rcode != dns.RcodeSuccess {
@@ -138,7 +162,7 @@ func (s *Server) resolve(q *query, resp *dns.Msg) {
 			q.omitted++
 			continue
 		}
-		resp.Answer = append(resp.Answer, record(q, ip))
+		resp.Answer = append(resp.Answer, record(q, ip, answerTTL))
 	}
 }
 
@@ -167,8 +191,8 @@ func (s *Server) internal(ip netip.Addr) bool {
 
 // record is the A or AAAA record for ip, named as the client asked (the
 // case of the question echoed, as 0x20-randomising resolvers expect).
-func record(q *query, ip netip.Addr) dns.RR {
-	hdr := dns.RR_Header{Name: q.name, Rrtype: q.qtype, Class: dns.ClassINET, Ttl: answerTTL}
+func record(q *query, ip netip.Addr, ttl uint32) dns.RR {
+	hdr := dns.RR_Header{Name: q.name, Rrtype: q.qtype, Class: dns.ClassINET, Ttl: ttl}
 	if ip.Is4() {
 		return &dns.A{Hdr: hdr, A: ip.AsSlice()}
 	}
@@ -200,9 +224,9 @@ func (s *Server) baseContext() context.Context {
 }
 
 // logQuery writes the query's line: what was asked, by whom, and what the guard
-// decided. A refusal is logged at info, so an operator sees why a sandbox's name did
-// not resolve; the rest at debug, and so are rate-limited refusals, which a flood
-// would otherwise turn into a flood of lines.
+// decided. A refusal, sinkhole included, is logged at info, so an operator sees why a
+// sandbox's name did not resolve to its host; the rest at debug, and so are
+// rate-limited refusals, which a flood would otherwise turn into a flood of lines.
 func (s *Server) logQuery(q *query, resp *dns.Msg) {
 	decision, ev := "allow", s.o.Log.Debug()
 	if q.reason != reasonNone {
@@ -217,19 +241,33 @@ func (s *Server) logQuery(q *query, resp *dns.Msg) {
 	ev.Str("client", q.client.String()).Str("proto", q.proto).
 		Str("name", q.name).Str("qtype", dns.Type(q.qtype).String()).
 		Str("decision", decision).Str("reason", string(q.reason)).Str("rule", q.rule).
-		Str("rcode", dns.RcodeToString[resp.Rcode]).Int("answers", len(resp.Answer)).
+		Str("rcode", dns.RcodeToString[resp.Rcode]).Str("answer", string(q.answer)).Int("answers", len(resp.Answer)).
 		Int("omitted", q.omitted).Int64("dur_ms", time.Since(q.start).Milliseconds()).Msg("dns")
 }
 
-// clientAddr is the client's IP address (unmapped), or the zero Addr.
-func clientAddr(a net.Addr) netip.Addr {
+// addrOf is the IP address of a (unmapped), or the zero Addr; for a
+// *session (dst.go) the client's.
+func addrOf(a net.Addr) netip.Addr {
 	switch a := a.(type) {
 	case *net.UDPAddr:
 		return a.AddrPort().Addr().Unmap()
 	case *net.TCPAddr:
 		return a.AddrPort().Addr().Unmap()
+	case *session:
+		return a.src.Addr().Unmap()
 	}
 	return netip.Addr{}
+}
+
+// localAddr is the address a query arrived on: the local address of its TCP
+// connection or UDP socket, or, on a wildcard UDP socket, the datagram's
+// destination as the kernel reported it (dst.go). The zero Addr or an
+// unspecified one when it is not known.
+func localAddr(w dns.ResponseWriter) netip.Addr {
+	if s, ok := w.RemoteAddr().(*session); ok {
+		return s.dst
+	}
+	return addrOf(w.LocalAddr())
 }
 
 func protoOf(a net.Addr) string {

@@ -36,7 +36,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		ip := clientAddr(c.RemoteAddr())
+		ip := addrOf(c.RemoteAddr())
 		if l.admit(ip) {
 			return &capConn{Conn: c, release: func() { l.release(ip) }}, nil
 		}

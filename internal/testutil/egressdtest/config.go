@@ -68,6 +68,7 @@ type Network struct {
 // DNS is the DNS guard.
 type DNS struct {
 	Listen            string `yaml:"listen,omitempty"`
+	RefusedNames      string `yaml:"refused_names,omitempty"`
 	MaxTCPConnections int    `yaml:"max_tcp_connections,omitempty"`
 	MaxTCPPerClient   int    `yaml:"max_tcp_per_client,omitempty"`
 	TCPIdle           string `yaml:"tcp_idle,omitempty"`
