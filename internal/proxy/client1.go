@@ -43,7 +43,7 @@ func (s h1Side) respond(x *exchange, resp *http.Response) bool {
 	case x.stage == stageHook:
 		wantClose = wantClose || x.lane != nil || x.route.mode == modeRefused
 	case resp.StatusCode == http.StatusSwitchingProtocols:
-		s.c.serveUpgrade(resp, x.rec)
+		s.c.serveUpgrade(resp, x.rec, x.upgradeSource)
 		return false
 	}
 	upgrade := x.stage != stageHook && switchesProtocol(x.req) // and the upstream declined it

@@ -86,8 +86,9 @@ func recentlyActive(c net.Conn, d time.Duration) bool {
 }
 
 // serveUpgrade completes a 101 Switching Protocols (WebSocket and the like): the
-// response goes to the client, then bytes are spliced both ways.
-func (c *conn) serveUpgrade(resp *http.Response, rec *Record) {
+// response goes to the client, then bytes are spliced both ways, the client's read
+// through fromClient; when that ends in an error (a placeholder), both connections close.
+func (c *conn) serveUpgrade(resp *http.Response, rec *Record, fromClient func(io.Reader, string) io.Reader) {
 	up, ok := resp.Body.(io.ReadWriteCloser)
 	if !ok {
 		c.writeRefusal(c.s.Runtime(), rec, errors.New("upgrade response without a connection"), 0)
@@ -105,8 +106,13 @@ func (c *conn) serveUpgrade(resp *http.Response, rec *Record) {
 		return
 	}
 	done := make(chan int64, 1)
+	src := fromClient(c.br, resp.Header.Get("Upgrade"))
 	go func() {
-		n, _ := io.Copy(up, c.br)
+		n, err := io.Copy(up, src)
+		if err != nil { // the other direction ends too
+			c.nc.Close()
+			up.Close()
+		}
 		done <- n
 	}()
 	n, _ := io.Copy(&clientWriter{Conn: c.nc, d: c.s.Runtime().Limits.ClientWrite}, up)
