@@ -245,10 +245,12 @@ func (s *scope) replace(str, loc string, esc func(string) string) (string, error
 // re-cased on its way).
 func (s *scope) refuse(str, loc string, fold bool) error {
 	phs := s.r.phs
-	if fold {
+	switch {
+	case fold && !containsFold(str, Prefix):
+		return nil
+	case fold:
 		str, phs = strings.ToLower(str), s.r.lower
-	}
-	if !strings.Contains(str, Prefix) {
+	case !strings.Contains(str, Prefix):
 		return nil
 	}
 	for i, ph := range phs {
@@ -257,6 +259,16 @@ func (s *scope) refuse(str, loc string, fold bool) error {
 		}
 	}
 	return nil
+}
+
+// containsFold reports whether s holds sub (ASCII) in any case, without allocating.
+func containsFold(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if strings.EqualFold(s[i:i+len(sub)], sub) {
+			return true
+		}
+	}
+	return false
 }
 
 // path refuses a placeholder in the path, as sent or percent-decoded (any case).

@@ -16,13 +16,19 @@ var ErrSplit = errors.New("a placeholder arrived split by a pause after its firs
 // errClosed ends a Read that was waiting when the body was closed.
 var errClosed = errors.New("placeholder: read on a closed request body")
 
-// streamBuf is how much of a streamed body is read at once.
-const streamBuf = 32 << 10
+// How much of a streamed body is read at once: a stream starts small (most request
+// bodies are) and doubles while reads fill its buffer.
+const (
+	minStreamBuf = 4 << 10
+	maxStreamBuf = 32 << 10
+)
 
 // pauseRelease is how long a held beginning of Prefix waits for the source before it
 // is released: a read boundary inside a burst comes back far sooner, while a stream
-// that merely ends a message on "e" or "egr" must not wait for the next message.
-const pauseRelease = 20 * time.Millisecond
+// that merely ends a message on "e" or "egr" must not wait for the next message. A
+// variable only so that tests whose sources never pause can rule a release out (a
+// loaded machine may take longer than this to schedule a read).
+var pauseRelease = 20 * time.Millisecond
 
 // maxIdleReads bounds consecutive (0, nil) reads from a source before Read gives up
 // with io.ErrNoProgress, as bufio does, rather than spin.
@@ -52,7 +58,7 @@ func newBodyStream(m *matcher, judge func(k int) verdict, trailer func() error) 
 //
 // It streams: each read's bytes are released except the longest suffix that may
 // begin a placeholder (at most the longest placeholder less one byte), so memory is
-// one buffer whatever the body's length, and a placeholder the body may not carry
+// one buffer (at most 32 KiB and a placeholder) whatever the body's length, and a placeholder the body may not carry
 // never leaves: the read that completes it ends the body instead. A held suffix that
 // is only a beginning of Prefix ("e" to "egressd_ph") is released, and kept to
 // search, once the source has paused for pauseRelease; one that holds all of Prefix
@@ -67,6 +73,7 @@ type bodyStream struct {
 	judged  []bool
 	trailer func() error // checks the trailers once the body has ended; nil: none
 	buf     []byte
+	full    bool            // the last read filled buf: the next one gets a larger buf
 	end     int             // bytes in buf
 	keep    int             // the held suffix buf[end-keep:end], searched again with the next bytes
 	sent    int             // its first bytes, released on a pause
@@ -74,8 +81,10 @@ type bodyStream struct {
 	out     []byte          // scratch for a scan that replaced
 	err     error           // returned once ready is drained
 	idle    int             // consecutive source reads that returned nothing
-	pending chan readResult // a source read in flight when a pause released the held bytes
-	closed  chan struct{}   // closed by Close: a Read waiting for pending gives up
+	pending bool            // a source read is in flight (a pause released the held bytes)
+	results chan readResult // of the source reads made in a goroutine, one at a time
+	timer   *time.Timer     // the pause of the last goroutine read
+	closed  chan struct{}   // closed by Close: a Read waiting for a result gives up
 	close   sync.Once
 	used    []bool // by index in m.phs: replaced at least once
 	refusal atomic.Pointer[error]
@@ -121,11 +130,8 @@ func (b *bodyStream) refused() error {
 // fill reads once after the held suffix and scans, or releases the held beginning of
 // Prefix when the source pauses.
 func (b *bodyStream) fill() {
-	if b.buf == nil {
-		b.buf = make([]byte, streamBuf+b.m.maxLen)
-	}
-	if b.pending == nil { // else a read is filling buf[end:]: the held suffix stays put
-		b.end = copy(b.buf, b.buf[b.end-b.keep:b.end])
+	if !b.pending { // else a read is filling buf[end:]: the held suffix stays put
+		b.grow()
 	}
 	r, ok := b.read()
 	if !ok {
@@ -135,30 +141,50 @@ func (b *bodyStream) fill() {
 	b.scan(r.n, r.err)
 }
 
+// grow moves the held suffix to the start of buf, into a new one twice as large when
+// the last read filled it.
+func (b *bodyStream) grow() {
+	held := b.buf[b.end-b.keep : b.end]
+	switch {
+	case b.buf == nil:
+		b.buf = make([]byte, minStreamBuf+b.m.maxLen)
+	case b.full && len(b.buf) < maxStreamBuf+b.m.maxLen:
+		b.buf = make([]byte, min(2*(len(b.buf)-b.m.maxLen), maxStreamBuf)+b.m.maxLen)
+	}
+	b.end = copy(b.buf, held)
+}
+
 // read reads from the source into buf[end:]. While a releasable beginning of Prefix
 // is held it reads in a goroutine and gives up after pauseRelease (ok false), leaving
 // the read pending for the next fill.
 func (b *bodyStream) read() (r readResult, ok bool) {
-	if b.pending == nil && !b.pausable() {
+	if !b.pending && !b.pausable() {
 		n, err := b.src.Read(b.buf[b.end:])
 		return readResult{n, err}, true
 	}
-	if b.pending == nil {
-		b.pending = make(chan readResult, 1)
+	if !b.pending {
+		if b.results == nil {
+			b.results = make(chan readResult, 1)
+		}
+		b.pending = true
 		go func(src io.Reader, p []byte, done chan<- readResult) {
 			n, err := src.Read(p)
 			done <- readResult{n, err}
-		}(b.src, b.buf[b.end:], b.pending)
+		}(b.src, b.buf[b.end:], b.results)
 	}
 	var pause <-chan time.Time
 	if b.pausable() {
-		t := time.NewTimer(pauseRelease)
-		defer t.Stop()
-		pause = t.C
+		if b.timer == nil {
+			b.timer = time.NewTimer(pauseRelease)
+		} else {
+			b.timer.Reset(pauseRelease)
+		}
+		defer b.timer.Stop()
+		pause = b.timer.C
 	}
 	select {
-	case r = <-b.pending:
-		b.pending = nil
+	case r = <-b.results:
+		b.pending = false
 		return r, true
 	case <-pause:
 		return r, false
@@ -172,6 +198,7 @@ func (b *bodyStream) pausable() bool { return b.sent < b.keep && b.keep < len(Pr
 
 // scan takes n new bytes at buf[end:] and the source's error, and releases what it can.
 func (b *bodyStream) scan(n int, err error) {
+	b.full = n == len(b.buf)-b.end
 	b.end += n
 	eof := errors.Is(err, io.EOF)
 	if eof && b.trailer != nil {
