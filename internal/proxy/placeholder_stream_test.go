@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -332,7 +331,9 @@ func TestPlaceholderWebSocketMessageClosesConnection(t *testing.T) {
 	ev := w.ph("EV_KEY")
 	var mu sync.Mutex
 	var msgs, extensions []string
+	ended := make(chan struct{}, 2)
 	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		defer func() { ended <- struct{}{} }()
 		mu.Lock()
 		extensions = append(extensions, r.Header.Values("Sec-Websocket-Extensions")...)
 		mu.Unlock()
@@ -351,6 +352,9 @@ func TestPlaceholderWebSocketMessageClosesConnection(t *testing.T) {
 	})
 	for _, fragmented := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fragmented=%v", fragmented), func(t *testing.T) {
+			mu.Lock()
+			msgs = nil
+			mu.Unlock()
 			tc, _ := w.interceptedH1(t, "api.allowed.test")
 			conf, _ := websocket.NewConfig("wss://api.allowed.test/ws", "https://api.allowed.test")
 			conf.Header = http.Header{"Sec-Websocket-Extensions": {"permessage-deflate"}}
@@ -371,16 +375,21 @@ func TestPlaceholderWebSocketMessageClosesConnection(t *testing.T) {
 				websocket.Message.Send(ws, "key="+ev)
 			}
 			tc.SetReadDeadline(time.Now().Add(5 * time.Second))
-			for {
-				err := websocket.Message.Receive(ws, &echo)
-				if ne, ok := err.(net.Error); ok && ne.Timeout() {
-					t.Fatal("the connection stayed open")
-				}
-				if err != nil {
-					break
-				}
-				if !fragmented || !strings.HasPrefix(echo, "echo:abc ") { // the first fragment's echo may come
-					t.Fatalf("the upstream got %q", echo)
+			for websocket.Message.Receive(ws, &echo) == nil { // the first fragment's echo may come
+			}
+			select {
+			case <-ended:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the connection stayed open")
+			}
+			mu.Lock()
+			got := msgs
+			mu.Unlock()
+			// What the upstream may get besides "hello": the message's frame header alone
+			// ("", the payload cut), the first fragment with the placeholder's start masked.
+			for _, m := range got[1:] {
+				if m != "" && (!fragmented || m != "abc "+strings.Repeat("*", 20)) {
+					t.Errorf("the upstream got %q", m)
 				}
 			}
 			line := w.waitLog(t, func(l map[string]any) bool { return l["status"] == float64(101) && l["reason"] != "" })
@@ -393,13 +402,6 @@ func TestPlaceholderWebSocketMessageClosesConnection(t *testing.T) {
 	defer mu.Unlock()
 	if len(extensions) != 0 {
 		t.Errorf("the upstream was offered %q: compressed frames could not be searched", extensions)
-	}
-	for _, m := range msgs {
-		for i := 0; i+8 <= len(ev); i++ {
-			if strings.Contains(m, ev[i:i+8]) {
-				t.Errorf("the upstream got a message with 8 bytes of the placeholder: %q", m)
-			}
-		}
 	}
 }
 
