@@ -50,3 +50,28 @@ func BenchmarkApplyNoPlaceholder(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkStreamedBody: a 4 MiB body of unknown length, without a placeholder, read
+// through the search as a transport reads it (32 KiB at a time), toward the trusted
+// host (replacing) and another (refusing).
+func BenchmarkStreamedBody(b *testing.B) {
+	r, _ := benchReplacer()
+	body := strings.Repeat(`{"messages": "hello there, egressd_p"}`+"\n", 4<<20/39)
+	buf := make([]byte, 32<<10)
+	for _, host := range []string{"api.example.com", "other.example.com"} {
+		b.Run(host, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				req := benchRequest(body)
+				req.ContentLength = -1
+				if _, err := r.Apply(req, host, nil, false); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.CopyBuffer(io.Discard, struct{ io.Reader }{req.Body}, buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -17,11 +17,20 @@ import (
 	"github.com/egressd/egressd/internal/scrub"
 )
 
-// MaxBody is the largest request body that is searched for placeholders (and has them
-// replaced); a larger body is forwarded as it is, unsearched. The placeholder it may
-// carry is worthless outside egressd, so this bounds memory without opening a way to the
-// value.
+// MaxBody is the largest request body of known length that is read whole before it is
+// forwarded: searched (and replaced in, with its Content-Length recomputed) before
+// anything reaches the upstream. Longer bodies, and bodies of unknown length (chunked,
+// HTTP/2 streams), are searched as they stream (stream.go).
 const MaxBody = 1 << 20
+
+// Locations a credential cannot name: a placeholder there is always refused.
+const (
+	LocationPath       = "path"
+	LocationHeaderName = "header_name"
+	LocationTrailer    = "trailer"
+	LocationWebSocket  = "websocket"
+	LocationUpgrade    = "upgrade"
+)
 
 // scrubCacheSize bounds the compiled scrub sets kept for substituted values.
 const scrubCacheSize = 64
@@ -38,7 +47,11 @@ type ScopeError struct {
 }
 
 func (e *ScopeError) Error() string {
-	return "a placeholder of credential " + e.ID + " in the " + e.Location + " of a request to " + e.Host +
+	what := "a credential placeholder"
+	if e.ID != "" {
+		what = "a placeholder of credential " + e.ID
+	}
+	return what + " in the " + e.Location + " of a request to " + e.Host +
 		", outside its trusted domains or injection locations"
 }
 
@@ -51,6 +64,8 @@ type Replacer struct {
 	creds Credentials
 	byPH  map[string]string // placeholder -> credential ID
 	phs   []string          // the placeholders, sorted
+	lower []string          // phs lower-cased, for header names
+	m     *matcher          // over phs
 	env   map[string]string // the policy's env section: NAME -> placeholder
 	ids   []string          // every credential with a placeholder, sorted
 	cache *scrub.Cache
@@ -70,6 +85,10 @@ func New(key []byte, env string, vars map[string]string, ids []string, creds Cre
 	}
 	slices.Sort(r.phs)
 	slices.Sort(r.ids)
+	for _, ph := range r.phs {
+		r.lower = append(r.lower, strings.ToLower(ph))
+	}
+	r.m = newMatcher(r.phs)
 	return r
 }
 
@@ -80,6 +99,9 @@ func (r *Replacer) add(ph, id string) {
 		r.ids = append(r.ids, id)
 	}
 }
+
+// Active reports whether there are placeholders to look for.
+func (r *Replacer) Active() bool { return r != nil && len(r.phs) > 0 }
 
 // Env returns the sandbox's variables: NAME -> placeholder.
 func (r *Replacer) Env() map[string]string {
@@ -108,31 +130,51 @@ func (r *Replacer) Intercepts(host string) bool {
 }
 
 // Result is what Apply replaced: the credential IDs, and the values for the response
-// scrubber (unexported: never logged).
+// scrubber (unexported: never logged). For a streamed body they include every
+// credential the body may carry, since the response's scrubbing is settled before the
+// body has been read.
 type Result struct {
 	IDs    []string
 	values []string
+	body   *bodyStream // the streamed body, when there is one
+}
+
+// Refused returns the error a streamed body was ended with (a placeholder out of
+// scope in it or in its trailers, ErrSplit, ErrPlaintext, an unavailable credential),
+// or nil. The request was then aborted: the upstream got a truncated body, never the
+// placeholder.
+func (res Result) Refused() error {
+	if res.body == nil {
+		return nil
+	}
+	return res.body.refused()
+}
+
+func (res *Result) add(id, val string) {
+	if !slices.Contains(res.IDs, id) {
+		res.IDs = append(res.IDs, id)
+		res.values = append(res.values, val)
+	}
 }
 
 // Apply replaces every placeholder in out's header values (inside Basic credentials too),
-// query and body (at most MaxBody) with its credential's value, where the credential
-// allows that location for host (its trusted domains; without any, a host whose winning
-// rule names it). A placeholder anywhere else is a *ScopeError; a credential that cannot
-// be served its *credential.UnavailableError; over plain HTTP (plaintext) a replacement
-// the rule does not allow_plaintext is ErrPlaintext. On an error out must not be forwarded.
+// query and body with its credential's value, where the credential allows that location
+// for host (its trusted domains; without any, a host whose winning rule names it). A
+// placeholder anywhere else (those locations otherwise, the path, a header or trailer
+// name, a trailer value) is a *ScopeError; a credential that cannot be served its
+// *credential.UnavailableError; over plain HTTP (plaintext) a replacement the rule does
+// not allow_plaintext is ErrPlaintext. On an error out must not be forwarded. A body
+// longer than MaxBody or of unknown length is searched as it streams: out.Body then
+// ends with such an error instead (Result.Refused), which aborts the request.
 func (r *Replacer) Apply(out *http.Request, host string, rule *allowlist.Rule, plaintext bool) (Result, error) {
-	if r == nil || len(r.phs) == 0 {
+	if !r.Active() {
 		return Result{}, nil
 	}
 	s := &scope{r: r, host: host, rule: rule, plaintext: plaintext}
-	if err := s.headers(out.Header); err != nil {
-		return Result{}, err
-	}
-	if err := s.query(out.URL); err != nil {
-		return Result{}, err
-	}
-	if err := s.body(out); err != nil {
-		return Result{}, err
+	for _, step := range []func(*http.Request) error{s.path, s.headers, s.query, s.trailerNames, s.body} {
+		if err := step(out); err != nil {
+			return Result{}, err
+		}
 	}
 	return s.res, nil
 }
@@ -193,19 +235,93 @@ func (s *scope) replace(str, loc string, esc func(string) string) (string, error
 			return "", err
 		}
 		str = strings.ReplaceAll(str, ph, esc(val))
-		if !slices.Contains(s.res.IDs, id) {
-			s.res.IDs = append(s.res.IDs, id)
-			s.res.values = append(s.res.values, val)
-		}
+		s.res.add(id, val)
 	}
 	return str, nil
 }
 
+// refuse returns the *ScopeError of a placeholder in str, where loc is never a
+// location a credential names; fold compares regardless of case (a field name is
+// re-cased on its way).
+func (s *scope) refuse(str, loc string, fold bool) error {
+	phs := s.r.phs
+	switch {
+	case fold && !containsFold(str, Prefix):
+		return nil
+	case fold:
+		str, phs = strings.ToLower(str), s.r.lower
+	case !strings.Contains(str, Prefix):
+		return nil
+	}
+	for i, ph := range phs {
+		if strings.Contains(str, ph) {
+			return &ScopeError{ID: s.r.byPH[s.r.phs[i]], Host: s.host, Location: loc}
+		}
+	}
+	return nil
+}
+
+// containsFold reports whether s holds sub (ASCII) in any case, without allocating.
+func containsFold(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if strings.EqualFold(s[i:i+len(sub)], sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// path refuses a placeholder in the path, as sent or percent-decoded (any case).
+func (s *scope) path(out *http.Request) error {
+	u := out.URL
+	for _, p := range []string{u.Path, u.RawPath, u.Opaque} {
+		if err := s.refuse(p, LocationPath, false); err != nil {
+			return err
+		}
+		if dec, err := url.PathUnescape(p); err == nil && dec != p {
+			if err := s.refuse(dec, LocationPath, false); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// trailerNames refuses a placeholder in a declared trailer name (values arrive with
+// the end of the body: trailers).
+func (s *scope) trailerNames(out *http.Request) error {
+	for k := range out.Trailer {
+		if err := s.refuse(k, LocationTrailer, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// trailers refuses a placeholder in a trailer's name or value.
+func (s *scope) trailers(h http.Header) error {
+	for k, vs := range h {
+		if err := s.refuse(k, LocationTrailer, true); err != nil {
+			return err
+		}
+		for _, v := range vs {
+			if err := s.refuse(v, LocationTrailer, false); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 func raw(v string) string { return v }
 
-// headers replaces in every header value, and inside "Basic" credentials.
-func (s *scope) headers(h http.Header) error {
-	for _, vs := range h {
+// headers refuses a placeholder in a header name, and replaces in every header value,
+// and inside "Basic" credentials.
+func (s *scope) headers(out *http.Request) error {
+	for k, vs := range out.Header {
+		if err := s.refuse(k, LocationHeaderName, true); err != nil {
+			return err
+		}
 		for i, v := range vs {
 			nv, err := s.header(v)
 			if err != nil {
@@ -232,7 +348,8 @@ func (s *scope) header(v string) (string, error) {
 
 // query replaces in the query's keys and values, raw or percent-encoded (any case);
 // a component that holds a placeholder is re-encoded with the value query-escaped.
-func (s *scope) query(u *url.URL) error {
+func (s *scope) query(out *http.Request) error {
+	u := out.URL
 	q := u.RawQuery
 	if q == "" || !strings.Contains(q, Prefix) && !strings.Contains(q, "%") {
 		return nil
@@ -262,42 +379,73 @@ func (s *scope) query(u *url.URL) error {
 	return nil
 }
 
-// body replaces in a body of at most MaxBody bytes: JSON-escaped inside JSON,
-// form-escaped inside a form, raw elsewhere. The framing follows: the new
-// Content-Length, or chunked when the request was chunked.
+// body searches the body: one of known length up to MaxBody is read and replaced in
+// now, with its new Content-Length; any other streams (stream.go), chunked (or without
+// a Content-Length on HTTP/2) when a placeholder in it may be replaced. Inside JSON a
+// value goes in JSON-escaped, inside a form form-escaped, raw elsewhere.
 func (s *scope) body(out *http.Request) error {
 	if out.Body == nil || out.Body == http.NoBody {
 		return nil
 	}
+	b := s.bodyStream(out)
+	if out.ContentLength > 0 && out.ContentLength <= MaxBody {
+		return s.buffered(out, b)
+	}
+	b.src, b.closer = out.Body, out.Body
+	out.Body, out.GetBody = b, nil
+	s.res.body = b
+	for k := range s.r.phs {
+		if v := b.verdictOf(k); v.err == nil {
+			s.res.add(s.r.byPH[s.r.phs[k]], v.value)
+			out.ContentLength = -1 // the length is known once the body has streamed
+		}
+	}
+	return nil
+}
+
+// bodyStream returns the body's search: what each placeholder becomes in the body of
+// a request to the host, and the trailer check.
+func (s *scope) bodyStream(out *http.Request) *bodyStream {
+	esc := escaper(out.Header.Get("Content-Type"))
+	judge := func(k int) verdict {
+		val, err := s.allowed(s.r.byPH[s.r.phs[k]], credential.LocationBody)
+		if err != nil {
+			return verdict{err: err}
+		}
+		return verdict{inserted: esc(val), value: val}
+	}
+	return newBodyStream(s.r.m, judge, func() error { return s.trailers(out.Trailer) })
+}
+
+// buffered reads the body (known to be at most MaxBody), replaces in it, and refuses it
+// before anything is forwarded. A body that ended in a read error goes on searched as
+// far as it came, and fails in the transport as it would have.
+func (s *scope) buffered(out *http.Request, b *bodyStream) error {
 	orig := out.Body
-	buf, err := readBody(orig, out.ContentLength)
-	if err != nil || len(buf) > MaxBody {
-		// A read error reaches the transport as it would have; a large body goes on unsearched.
-		out.Body = bodyOf(io.MultiReader(bytes.NewReader(buf), errOr(err, orig)), orig)
-		return nil
-	}
-	if !bytes.Contains(buf, []byte(Prefix)) {
-		out.Body = bodyOf(bytes.NewReader(buf), orig)
-		out.GetBody = nil
-		return nil
-	}
-	nb, err := s.replace(string(buf), credential.LocationBody, escaper(out.Header.Get("Content-Type")))
+	buf, rerr := readBody(orig, out.ContentLength)
+	nb, err := b.all(buf, rerr == nil)
 	if err != nil {
 		return err
 	}
-	out.Body = bodyOf(strings.NewReader(nb), orig)
+	for k, used := range b.used {
+		if used {
+			s.res.add(s.r.byPH[s.r.phs[k]], b.verdictOf(k).value)
+		}
+	}
+	var r io.Reader = bytes.NewReader(nb)
+	if rerr != nil {
+		r = io.MultiReader(r, errReader{rerr})
+	}
+	out.Body = bodyOf(r, orig)
 	out.GetBody = nil
-	if !slices.Contains(out.TransferEncoding, "chunked") {
+	if rerr == nil {
 		out.ContentLength = int64(len(nb))
 	}
 	return nil
 }
 
-// readBody reads at most MaxBody+1 bytes of r, in one allocation when the length is known.
+// readBody reads a body of length at most MaxBody, in one allocation.
 func readBody(r io.Reader, length int64) ([]byte, error) {
-	if length <= 0 || length > MaxBody {
-		return io.ReadAll(io.LimitReader(r, MaxBody+1))
-	}
 	buf := make([]byte, length, length+1)
 	n, err := io.ReadFull(r, buf)
 	if err != nil {
@@ -337,14 +485,6 @@ type readCloser struct {
 }
 
 func bodyOf(r io.Reader, c io.Closer) io.ReadCloser { return readCloser{r, c} }
-
-// errOr is a reader of err, or r when err is nil.
-func errOr(err error, r io.Reader) io.Reader {
-	if err != nil {
-		return errReader{err}
-	}
-	return r
-}
 
 type errReader struct{ err error }
 

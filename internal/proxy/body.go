@@ -10,13 +10,15 @@ import (
 )
 
 // requestBody is the client's request body as the transport reads it. Close does not
-// touch the client connection (net/http's body would drain it without bound); drain,
-// called by the connection loop, reads what is left within a bound.
+// touch the client connection (net/http's body would drain it without bound), nor wait
+// for a read in flight (a placeholder search may leave one pending: it ends with the
+// client's next bytes or its deadline); drain, called by the connection loop, reads
+// what is left within a bound.
 type requestBody struct {
 	mu     sync.Mutex
 	r      io.Reader
 	n      atomic.Int64
-	closed bool
+	closed atomic.Bool
 	eof    bool
 	onEOF  func() // runs once, when the body has been read to its end
 	// deadline, when set, is armed before each read of the client's body, so a
@@ -43,7 +45,7 @@ func newRequestBody(req *http.Request) *requestBody {
 func (b *requestBody) Read(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closed {
+	if b.closed.Load() {
 		return 0, http.ErrBodyReadAfterClose
 	}
 	if b.sendContinue != nil {
@@ -81,9 +83,7 @@ func (b *requestBody) clientError() error {
 }
 
 func (b *requestBody) Close() error {
-	b.mu.Lock()
-	b.closed = true
-	b.mu.Unlock()
+	b.closed.Store(true)
 	return nil
 }
 
@@ -95,7 +95,7 @@ func (b *requestBody) reopen() bool {
 	if b.n.Load() != 0 || b.readErr != nil {
 		return false
 	}
-	b.closed = false
+	b.closed.Store(false)
 	return true
 }
 
@@ -104,7 +104,7 @@ func (b *requestBody) reopen() bool {
 func (b *requestBody) drain() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.closed = true
+	b.closed.Store(true)
 	if b.eof {
 		return true
 	}

@@ -31,6 +31,7 @@
 //	target.go       the target stage: the request's target, by connection mode
 //	hookcall.go     hook calls; hookbuf.go: their body budget
 //	prepare.go      decide and prepare the outbound request (strip, inject, placeholders)
+//	scope.go        placeholders out of scope in a streaming body or a switched connection
 //	headers.go      hop-by-hop and Egressd-* stripping, Upgrade and TE checks
 //	body.go         the client's request body as the upstream reads it
 //	forward.go      the round trip to the upstream

@@ -7,6 +7,7 @@ import (
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/metrics"
+	"github.com/egressd/egressd/internal/placeholder"
 	"github.com/egressd/egressd/internal/scrub"
 )
 
@@ -46,9 +47,10 @@ type exchange struct {
 	scheme  string // set by locate
 	located bool
 	locErr  error
-	scrub   *scrub.Set // masks what injection set, in the response (scrub.go)
-	stage   stage      // how far serve got
-	preHook bool       // the request is a pre-tool hook call
+	scrub   *scrub.Set         // masks what injection set, in the response (scrub.go)
+	ph      placeholder.Result // what placeholders became (prepare.go)
+	stage   stage              // how far serve got
+	preHook bool               // the request is a pre-tool hook call
 	// throttled, when set, refuses the request before anything is decided or
 	// forwarded (an HTTP/2 stream beyond the connection's stream rate); a pre-tool
 	// hook call gets the fail-closed deny instead.
@@ -97,7 +99,13 @@ func serveRequest(ctx context.Context, x *exchange, cs clientSide) bool {
 		return cs.refuse(x, err)
 	}
 	defer resp.Body.Close()
-	return cs.respond(x, resp)
+	keep := cs.respond(x, resp)
+	if err := x.ph.Refused(); err != nil { // the body was cut off after the upstream answered
+		x.warnScope(err)
+		x.rec.refused(err)
+		return false
+	}
+	return keep
 }
 
 // serve is the one request tail of every mode and both protocols: hook check,
@@ -136,7 +144,10 @@ func (x *exchange) serve(ctx context.Context, cs clientSide) (*http.Response, er
 			return x.scrubbed(resp), nil
 		}
 	}
-	if bodyErr := x.body.clientError(); bodyErr != nil {
+	if refused := x.ph.Refused(); refused != nil {
+		x.warnScope(refused)
+		err = refused // a placeholder ended the body the upstream was reading
+	} else if bodyErr := x.body.clientError(); bodyErr != nil {
 		err = bodyErr // the client's body failed, not the upstream
 	}
 	return nil, err

@@ -2,12 +2,11 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"strings"
 
 	"github.com/egressd/egressd/internal/allowlist"
-	"github.com/egressd/egressd/internal/placeholder"
+	"github.com/egressd/egressd/internal/inject"
 )
 
 // prepare runs every stage before forwarding and returns the outbound request, or
@@ -47,16 +46,22 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 
 // replacePlaceholders swaps environment_variable placeholders for their values where
 // their credentials allow it, and refuses the request (credential_scope, with a WARN
-// naming the credential and the host) where a placeholder appears anywhere else.
+// naming the credential and the host) where a placeholder appears anywhere else. A
+// streamed body is searched as the upstream reads it (x.ph.Refused), a WebSocket as
+// it runs (upgradeSource): frames must stay uncompressed for that, so an upgrade
+// offers no extension.
 func (x *exchange) replacePlaceholders(out *http.Request, rule *allowlist.Rule, injected []string) error {
 	pr, err := x.rt.Placeholders.Apply(out, x.target.Host, rule, x.scheme == "http")
-	var se *placeholder.ScopeError
-	if errors.As(err, &se) {
-		x.srv.log.Warn().Str("req_id", x.rec.ReqID).Str("credential", se.ID).Str("host", se.Host).
-			Str("location", se.Location).Msg("credential placeholder outside its scope refused")
-	}
-	if err != nil || len(pr.IDs) == 0 {
+	x.ph = pr
+	if err != nil {
+		x.warnScope(err)
 		return err
+	}
+	if x.rt.Placeholders.Active() && upgradeType(x.req.Header) != "" {
+		inject.Remove(out.Header, "Sec-WebSocket-Extensions")
+	}
+	if len(pr.IDs) == 0 {
+		return nil
 	}
 	if reflectsRequest(x.req) {
 		return deny(allowlist.ReasonMethodNotAllowed, strings.ToLower(x.req.Method))

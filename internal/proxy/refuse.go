@@ -87,6 +87,8 @@ func classify(err error) *refusal {
 		return &refusal{Reason: allowlist.ReasonPlaintextCredential, Err: err}
 	case errors.As(err, &scopeErr):
 		return &refusal{Reason: allowlist.ReasonCredentialScope, Detail: scopeErr.Location, Err: err}
+	case errors.Is(err, placeholder.ErrSplit):
+		return badRequest("placeholder_split", err)
 	case errors.As(err, &credErr):
 		return &refusal{Reason: allowlist.ReasonCredentialUnavailable, Detail: credErr.Cause, Err: err}
 	case errors.Is(err, inject.ErrNoProcessor):

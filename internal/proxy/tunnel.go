@@ -95,8 +95,9 @@ func recentlyActive(c net.Conn, d time.Duration) bool {
 }
 
 // serveUpgrade completes a 101 Switching Protocols (WebSocket and the like) to x:
-// the response goes to the client, then bytes are spliced both ways until either
-// side ends, or a change of state refuses the connection (redecide.go).
+// the response goes to the client, then bytes are spliced both ways, the client's
+// read through x.upgradeSource, until either side ends, a placeholder in what the
+// client sends ends both, or a change of state refuses the connection (redecide.go).
 func (c *conn) serveUpgrade(x *exchange, resp *http.Response) {
 	rec := x.rec
 	up, ok := resp.Body.(io.ReadWriteCloser)
@@ -123,8 +124,13 @@ func (c *conn) serveUpgrade(x *exchange, resp *http.Response) {
 	idle := watchIdle(x.rt.Limits.StreamIdle, o.close)
 	defer idle.stop()
 	done := make(chan int64, 1)
+	src := x.upgradeSource(idle.reader(c.br), resp.Header.Get("Upgrade"))
 	go func() {
-		n, _ := io.Copy(up, idle.reader(c.br))
+		n, err := io.Copy(up, src)
+		if err != nil { // the other direction ends too
+			c.nc.Close()
+			up.Close()
+		}
 		done <- n
 	}()
 	n, _ := io.Copy(&clientWriter{Conn: c.nc, d: c.s.Runtime().Limits.ClientWrite}, idle.reader(up))
