@@ -11,10 +11,11 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/credential"
-	"github.com/egressd/egressd/internal/scrub"
 )
 
 // MaxBody is the largest request body that is searched for placeholders (and has them
@@ -22,9 +23,6 @@ import (
 // carry is worthless outside egressd, so this bounds memory without opening a way to the
 // value.
 const MaxBody = 1 << 20
-
-// scrubCacheSize bounds the compiled scrub sets kept for substituted values.
-const scrubCacheSize = 64
 
 // Credentials resolves a credential ID from memory (the store, or the oauth2 manager).
 type Credentials interface {
@@ -53,13 +51,15 @@ type Replacer struct {
 	phs   []string          // the placeholders, sorted
 	env   map[string]string // the policy's env section: NAME -> placeholder
 	ids   []string          // every credential with a placeholder, sorted
-	cache *scrub.Cache
+	// values is what Scrub masks (scrub.go); mu serialises its updates.
+	values atomic.Pointer[valueSet]
+	mu     sync.Mutex
 }
 
 // New derives the placeholders of ids (every credential the policy names, in its env
 // section or its entries) and of the env section's variables (NAME -> credential ID).
 func New(key []byte, env string, vars map[string]string, ids []string, creds Credentials) *Replacer {
-	r := &Replacer{creds: creds, byPH: map[string]string{}, env: map[string]string{}, cache: scrub.NewCache(scrubCacheSize)}
+	r := &Replacer{creds: creds, byPH: map[string]string{}, env: map[string]string{}}
 	for _, id := range ids {
 		r.add(Derive(key, env, id), id)
 	}
@@ -107,11 +107,10 @@ func (r *Replacer) Intercepts(host string) bool {
 	return false
 }
 
-// Result is what Apply replaced: the credential IDs, and the values for the response
-// scrubber (unexported: never logged).
+// Result is what Apply replaced: the credential IDs. The values it placed are in
+// Scrub's Set from then on.
 type Result struct {
-	IDs    []string
-	values []string
+	IDs []string
 }
 
 // Apply replaces every placeholder in out's header values (inside Basic credentials too),
@@ -135,16 +134,6 @@ func (r *Replacer) Apply(out *http.Request, host string, rule *allowlist.Rule, p
 		return Result{}, err
 	}
 	return s.res, nil
-}
-
-// ScrubSet is the scrub set of the response to a request Apply replaced in: the values it
-// put in, and the values of the injected header names (h is the outbound header).
-func (r *Replacer) ScrubSet(h http.Header, injected []string, res Result) *scrub.Set {
-	vals := slices.Clone(res.values)
-	for _, n := range injected {
-		vals = append(vals, h.Values(n)...)
-	}
-	return r.cache.Set(vals...)
 }
 
 // scope is one request's replacement.
@@ -195,7 +184,7 @@ func (s *scope) replace(str, loc string, esc func(string) string) (string, error
 		str = strings.ReplaceAll(str, ph, esc(val))
 		if !slices.Contains(s.res.IDs, id) {
 			s.res.IDs = append(s.res.IDs, id)
-			s.res.values = append(s.res.values, val)
+			s.r.note(id, val)
 		}
 	}
 	return str, nil

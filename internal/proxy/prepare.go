@@ -29,18 +29,15 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 		return nil, deny(allowlist.ReasonMethodNotAllowed, strings.ToLower(x.req.Method))
 	}
 	out := x.outbound(ctx, scheme)
-	if d.Rule != nil && d.Rule.Injects() {
-		narrowForScrub(out.Header)
-	}
 	res, err := x.rt.Injector.Apply(d.Rule, out.Header, x.req.Trailer)
 	if err != nil {
 		return nil, err
 	}
 	x.rec.Injected, x.rec.Credential, x.rec.CredentialVersion = res.Names, res.Credential, res.Version
-	x.scrub = res.Scrub
-	if err := x.replacePlaceholders(out, d.Rule, res.Names); err != nil {
+	if err := x.replacePlaceholders(out, d.Rule); err != nil {
 		return nil, err
 	}
+	x.scrubFor(out, res.Scrub)
 	x.body.trailers(x.req, out, res.Names)
 	return out, nil
 }
@@ -48,7 +45,7 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 // replacePlaceholders swaps environment_variable placeholders for their values where
 // their credentials allow it, and refuses the request (credential_scope, with a WARN
 // naming the credential and the host) where a placeholder appears anywhere else.
-func (x *exchange) replacePlaceholders(out *http.Request, rule *allowlist.Rule, injected []string) error {
+func (x *exchange) replacePlaceholders(out *http.Request, rule *allowlist.Rule) error {
 	pr, err := x.rt.Placeholders.Apply(out, x.target.Host, rule, x.scheme == "http")
 	var se *placeholder.ScopeError
 	if errors.As(err, &se) {
@@ -61,8 +58,6 @@ func (x *exchange) replacePlaceholders(out *http.Request, rule *allowlist.Rule, 
 	if reflectsRequest(x.req) {
 		return deny(allowlist.ReasonMethodNotAllowed, strings.ToLower(x.req.Method))
 	}
-	narrowForScrub(out.Header)
-	x.scrub = x.rt.Placeholders.ScrubSet(out.Header, injected, pr)
 	if x.rec.Credential == "" {
 		x.rec.Credential = pr.IDs[0] // the log line names the credential whose value went out
 	}

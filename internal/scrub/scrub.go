@@ -31,10 +31,11 @@
 // prefilter (first bytes, via bytes.IndexByte) is only in IsMatch and Find,
 // and barely skips with dozens of first bytes, all common in text.
 //
-// A Set is compiled per set of values and is immutable: get it from a Cache
-// (one per proxy) rather than compiling per request, since building the DFA
-// costs far more than scanning a small body (BenchmarkCompile: ~3 ms of CPU for
-// 3 credentials).
+// A Set is compiled per set of values and is immutable: its owner keeps it for
+// as long as the values hold (the proxy's injector per entry, its placeholder
+// replacer for the environment_variable values) and Join combines them per
+// request, rather than compiling per request, since building the DFA costs far
+// more than scanning a small body (BenchmarkCompile).
 //
 // Where the proxy uses it: Join to mask what several Sets mask (compiled
 // apart, scanned together); String for the status text, each header and
