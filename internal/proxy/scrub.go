@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"errors"
 	"io"
 	"net/http"
@@ -49,13 +48,37 @@ func (x *exchange) scrubFor(out *http.Request, rule *scrub.Set) {
 // leg identity makes larger is egressd's to the upstream. An upstream that
 // compresses regardless is decoded and delivered as identity (scrubBody).
 func narrowForScrub(h http.Header) {
-	if values := headerValues(h, "Accept-Encoding"); len(values) > 0 {
-		inject.Remove(h, "Accept-Encoding")
+	accepts := false
+	for k, v := range h { // one pass, whatever the keys' case: this runs on every scrubbed request
+		switch {
+		case strings.EqualFold(k, "Accept-Encoding"):
+			accepts = accepts || len(v) > 0
+			delete(h, k)
+		case strings.EqualFold(k, "Sec-WebSocket-Extensions"), strings.EqualFold(k, "Range"), strings.EqualFold(k, "If-Range"):
+			delete(h, k)
+		}
+	}
+	if accepts {
 		h["Accept-Encoding"] = []string{"identity"}
 	}
-	inject.Remove(h, "Sec-WebSocket-Extensions")
-	inject.Remove(h, "Range")
-	inject.Remove(h, "If-Range")
+}
+
+// fieldValue returns the values of name in h, whatever the keys' case, joined by
+// commas; a single value without allocating (this runs on every scrubbed response).
+func fieldValue(h http.Header, name string) string {
+	out := ""
+	for k, vs := range h {
+		if !strings.EqualFold(k, name) {
+			continue
+		}
+		for _, v := range vs {
+			if out != "" {
+				out += ","
+			}
+			out += v
+		}
+	}
+	return out
 }
 
 // headerValues returns the values of name in h, whatever the keys' case.
@@ -199,9 +222,14 @@ func partial(resp *http.Response) bool {
 	if resp.StatusCode == http.StatusPartialContent {
 		return true
 	}
-	for _, ct := range headerValues(resp.Header, "Content-Type") {
-		if mt, _, _ := strings.Cut(ct, ";"); strings.EqualFold(strings.TrimSpace(mt), "multipart/byteranges") {
-			return true
+	for k, vs := range resp.Header {
+		if !strings.EqualFold(k, "Content-Type") {
+			continue
+		}
+		for _, ct := range vs {
+			if mt, _, _ := strings.Cut(ct, ";"); strings.EqualFold(strings.TrimSpace(mt), "multipart/byteranges") {
+				return true
+			}
 		}
 	}
 	return false
@@ -223,7 +251,7 @@ func (sc *scrubber) scrubBody(resp *http.Response) error {
 	b := &sc.rb
 	*b = scrubbedBody{sc: sc, resp: resp, raw: resp.Body}
 	src := io.Reader(resp.Body)
-	if coding := strings.Join(headerValues(resp.Header, "Content-Encoding"), ","); encoded(coding) && resp.ContentLength != 0 {
+	if coding := fieldValue(resp.Header, "Content-Encoding"); encoded(coding) && resp.ContentLength != 0 {
 		dec, err := sc.set.DecodeReader(resp.Body, coding)
 		if err != nil {
 			return &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: "content_encoding", Err: errors.Join(errUndecodable, err)}
@@ -248,13 +276,12 @@ func (sc *scrubber) scrubBody(resp *http.Response) error {
 // container no decoder reads (zip, bzip2, xz, ...) is an error.
 func (sc *scrubber) container(resp *http.Response, src io.Reader) error {
 	b := &sc.rb
-	ctype := strings.Join(headerValues(resp.Header, "Content-Type"), ",")
+	ctype := fieldValue(resp.Header, "Content-Type")
 	var head []byte
 	if resp.ContentLength != 0 && scrub.Sniffs(ctype) {
 		// The head waits for the body's first bytes (a .gz may be served as any of these).
-		br := bufio.NewReaderSize(src, scrub.SniffLen)
-		head, _ = br.Peek(scrub.SniffLen)
-		src = br
+		head = b.sniffed.peek(src)
+		src = &b.sniffed
 	}
 	coding, err := scrub.Container(ctype, head)
 	if err != nil || coding == "" {
@@ -299,13 +326,41 @@ func encoded(coding string) bool {
 
 // scrubbedBody is a response body read through the scrubber.
 type scrubbedBody struct {
-	sc     *scrubber
-	resp   *http.Response
-	raw    io.ReadCloser // the upstream's body
-	coders []io.Closer   // its decoders, and the container's encoder
-	r      *scrub.Reader
-	out    io.Reader // what the client reads: r, or r compressed again
-	done   bool
+	sc      *scrubber
+	resp    *http.Response
+	raw     io.ReadCloser // the upstream's body
+	coders  []io.Closer   // its decoders, and the container's encoder
+	r       *scrub.Reader
+	out     io.Reader   // what the client reads: r, or r compressed again
+	sniffed sniffReader // the body's first bytes, when container looked at them
+	done    bool
+}
+
+// sniffReader is a body whose first bytes were read to sniff it. Its first Read
+// returns them and, in the same call, what one read of the rest gives, so the
+// sniff costs the client no extra write.
+type sniffReader struct {
+	src  io.Reader
+	buf  [scrub.SniffLen]byte
+	head []byte // the sniffed bytes not yet returned
+}
+
+// peek reads the first scrub.SniffLen bytes of src (fewer when it ends or
+// fails first: a later Read meets that again) and returns them.
+func (h *sniffReader) peek(src io.Reader) []byte {
+	n, _ := io.ReadFull(src, h.buf[:])
+	h.src, h.head = src, h.buf[:n]
+	return h.head
+}
+
+func (h *sniffReader) Read(p []byte) (int, error) {
+	n := copy(p, h.head)
+	h.head = h.head[n:]
+	if len(h.head) > 0 || n == len(p) && n > 0 {
+		return n, nil
+	}
+	m, err := h.src.Read(p[n:])
+	return n + m, err
 }
 
 // maxTrailerDrain bounds what is read of a compressed body past the end of its

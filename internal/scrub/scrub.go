@@ -126,24 +126,27 @@ func Compile(values ...string) *Set {
 // scans the bytes on its own, so a join costs the sum of its parts' scans. A
 // join of one active Set is that Set.
 func Join(sets ...*Set) *Set {
-	var active []*Set
+	var one *Set
+	n := 0
 	for _, s := range sets {
 		if s.Active() {
-			active = append(active, s)
+			one, n = s, n+1
 		}
 	}
-	switch len(active) {
+	switch n {
 	case 0:
-		return &Set{}
+		return nil
 	case 1:
-		return active[0]
+		return one // no allocation: the common case, one of the two empty
 	}
-	j := &Set{minLen: active[0].minLen}
-	for _, s := range active {
-		j.parts = append(j.parts, s.parts...)
-		j.maxLen, j.minLen = max(j.maxLen, s.maxLen), min(j.minLen, s.minLen)
-		j.skipped += s.skipped
-		j.patterns += s.patterns
+	j := &Set{minLen: one.minLen}
+	for _, s := range sets {
+		if s.Active() {
+			j.parts = append(j.parts, s.parts...)
+			j.maxLen, j.minLen = max(j.maxLen, s.maxLen), min(j.minLen, s.minLen)
+			j.skipped += s.skipped
+			j.patterns += s.patterns
+		}
 	}
 	return j
 }
