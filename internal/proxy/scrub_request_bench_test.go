@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -43,9 +44,10 @@ import (
 // replacement: make bench's credential path).
 //
 // The machine is shared and loaded, so: each iteration is a round in which
-// every arm makes benchBatch requests, in an order rotated every round (an arm
-// never always follows the same one, whose trailing work, like egressd's log
-// line, lands in the next turn); a turn's process CPU (getrusage: client,
+// every arm makes benchBatch requests, in an order drawn anew every round (an
+// arm never always follows the same one, whose trailing work, like egressd's log
+// line, lands in the next turn: a rotation kept the cyclic order, so the on arm
+// always followed the off arm and was charged its trailing work); a turn's process CPU (getrusage: client,
 // egressd and upstream all run here) is charged to its arm; and the figures are
 // medians over the rounds of per-request differences, so a load spike in one
 // turn moves nothing. The client's and upstream's work is the same in the three
@@ -81,10 +83,10 @@ func benchScrubRequest(b *testing.B, envCreds int) {
 	}
 	var egressd, scrub, echo []float64
 	b.ReportAllocs()
-	for round := 0; b.Loop(); round++ {
+	order := rand.New(rand.NewPCG(1, 2)) // the same orders every run
+	for b.Loop() {
 		cpu := make([]float64, len(arms))
-		for k := range arms {
-			i := (round + k) % len(arms)
+		for _, i := range order.Perm(len(arms)) {
 			start := processCPU()
 			for range benchBatch {
 				f.get(b, arms[i].c, arms[i].target)
