@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +10,11 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strings"
 
+	"github.com/rs/zerolog"
+
+	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/credential/file"
@@ -47,6 +52,7 @@ func cmdCheck(args []string) int {
 		rep.Problems = append(rep.Problems, lintPolicy(l)...)
 		creds := lintCredentials(l)
 		rep.Problems = append(rep.Problems, creds...)
+		rep.Problems = append(rep.Problems, lintSplicedReflection(l)...)
 		lint := lintHooks(l)
 		rep.Problems = append(rep.Problems, lint...)
 		for _, p := range append(lint, creds...) {
@@ -155,6 +161,65 @@ func lintCredentials(l *daemon.Loaded) []config.Problem {
 	if in.WorldReadable {
 		out = append(out, config.Problem{Path: "credentials.file", Warning: true, Msg: fmt.Sprintf(
 			"%s is readable by every user; chmod o-r it (or set defaultMode 0440 on the volume)", c.File)})
+	}
+	return out
+}
+
+// lintSplicedReflection warns about each environment_variable credential placed in
+// request bodies or queries while some entry is spliced: responses are scrubbed of
+// its value only where egressd terminates TLS, and a value placed in a body or a query
+// is the kind an upstream stores and serves back, through any host. tls.intercept: all
+// closes that. The locations are read from the credentials file, as run reads it;
+// another backend is not contacted offline.
+func lintSplicedReflection(l *daemon.Loaded) []config.Problem {
+	if l.Cfg.TLS.Intercept == allowlist.InterceptAll || len(l.Policy.Env) == 0 || l.Cfg.Credentials.Backend != config.BackendFile {
+		return nil
+	}
+	b, err := daemon.NewBackend(l, zerolog.Nop())
+	if err != nil {
+		return nil
+	}
+	var envs []*credential.EnvVar
+	var ids []string
+	for _, id := range slices.Sorted(maps.Values(l.Policy.Env)) {
+		sec, _, err := b.Read(context.Background(), id)
+		if err != nil || sec.Env == nil || slices.Contains(ids, id) {
+			continue // a bad or missing secret is lintCredentials' to report
+		}
+		envs = append(envs, sec.Env)
+		if sec.Env.In(credential.LocationBody) || sec.Env.In(credential.LocationQuery) {
+			ids = append(ids, id)
+		}
+	}
+	spliced := splicedEntries(l, envs)
+	if len(ids) == 0 || len(spliced) == 0 {
+		return nil
+	}
+	var out []config.Problem
+	for _, id := range ids {
+		out = append(out, config.Problem{Path: id, File: l.Cfg.Credentials.File, Warning: true, Msg: fmt.Sprintf(
+			"environment_variable credential %s is placed in request bodies or queries: an upstream that stores it can "+
+				"serve it back through an entry egressd splices (%s), whose responses it cannot scrub; set tls.intercept: all "+
+				"to scrub every response", id, strings.Join(spliced, ", "))})
+	}
+	return out
+}
+
+// splicedEntries returns the patterns of the entries whose tunnels egressd splices
+// (at most three, then "..."): under tls.intercept auto those that inject nothing and
+// are not trusted domains of an environment_variable credential; under none all but
+// the trusted domains.
+func splicedEntries(l *daemon.Loaded, envs []*credential.EnvVar) []string {
+	var out []string
+	for _, r := range l.Policy.Allowlist.Rules() {
+		trusted := slices.ContainsFunc(envs, func(e *credential.EnvVar) bool { return e.Trusts(r.Pattern) })
+		if trusted || r.Injects() && l.Cfg.TLS.Intercept != allowlist.InterceptNone {
+			continue
+		}
+		if len(out) == 3 {
+			return append(out, "...")
+		}
+		out = append(out, r.Pattern)
 	}
 	return out
 }

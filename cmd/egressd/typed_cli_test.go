@@ -129,3 +129,42 @@ func TestSandboxEnv(t *testing.T) {
 		t.Errorf("/v1/sandbox/env = %v, want what sandbox env printed (%q)", env, first.stdout)
 	}
 }
+
+// TestCheckWarnsSplicedReflection: an environment_variable credential placed in
+// bodies or queries, beside an entry egressd splices, is a warning naming the
+// credential, the entry and tls.intercept: all; with tls.intercept: all, or a
+// credential placed in headers only, there is none.
+func TestCheckWarnsSplicedReflection(t *testing.T) {
+	const policy = `{"network": {"allowlist": [{"domain": "api.example.com"}, {"domain": "*.cdn.test"}]},
+  "env": {"BODY_KEY": {"credential": "inbody"}, "HDR_KEY": {"credential": "inheader"}}}`
+	secret := func(locs string) string {
+		return `{"type": "environment_variable", "value": "` + demoToken + `", "injection_location": ` + locs +
+			`, "trusted_domains": ["api.example.com"]}`
+	}
+	for _, c := range []struct {
+		name, tls, bodyLocs string
+		warn                bool
+	}{
+		{"body", "", `["header", "body"]`, true},
+		{"query", "", `"query"`, true},
+		{"intercept all", "tls: {intercept: all}\n", `["body", "query"]`, false},
+		{"headers only", "", `"header"`, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := writeFiles(t, map[string]string{
+				"egressd.yaml":     minimalConfig + c.tls + "state_dir: state\n",
+				"credentials.json": `{"inbody": ` + secret(c.bodyLocs) + `, "inheader": ` + secret(`"header"`) + `}`,
+				"environment.json": policy,
+			})
+			res := egressd(t, "check", "--config", filepath.Join(dir, "egressd.yaml"))
+			warned := regexp.MustCompile(`warning: inbody: environment_variable credential inbody is placed in request ` +
+				`bodies or queries: .*\(\*\.cdn\.test\).*set tls\.intercept: all`).MatchString(res.stdout)
+			if res.code != 0 || warned != c.warn || strings.Contains(res.stdout, "inheader: environment_variable") {
+				t.Errorf("check: exit %d, warned %v, want %v\n%s", res.code, warned, c.warn, res)
+			}
+			if strings.Contains(res.all(), demoToken) {
+				t.Errorf("check printed the secret:\n%s", res)
+			}
+		})
+	}
+}

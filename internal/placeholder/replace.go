@@ -5,16 +5,18 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"github.com/egressd/egressd/internal/scrub"
 	"io"
 	"mime"
 	"net/http"
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/credential"
-	"github.com/egressd/egressd/internal/scrub"
 )
 
 // MaxBody is the largest request body of known length that is read whole before it is
@@ -31,9 +33,6 @@ const (
 	LocationWebSocket  = "websocket"
 	LocationUpgrade    = "upgrade"
 )
-
-// scrubCacheSize bounds the compiled scrub sets kept for substituted values.
-const scrubCacheSize = 64
 
 // Credentials resolves a credential ID from memory (the store, or the oauth2 manager).
 type Credentials interface {
@@ -68,13 +67,18 @@ type Replacer struct {
 	m     *matcher          // over phs
 	env   map[string]string // the policy's env section: NAME -> placeholder
 	ids   []string          // every credential with a placeholder, sorted
-	cache *scrub.Cache
+	// values is what Scrub masks (scrub.go); mu serialises its updates.
+	values atomic.Pointer[valueSet]
+	mu     sync.Mutex
+	// phSet masks the placeholders themselves in every form, for a WebSocket's
+	// frames (upgrade.go); compiled at first use, since few policies need it.
+	phSet func() *scrub.Set
 }
 
 // New derives the placeholders of ids (every credential the policy names, in its env
 // section or its entries) and of the env section's variables (NAME -> credential ID).
 func New(key []byte, env string, vars map[string]string, ids []string, creds Credentials) *Replacer {
-	r := &Replacer{creds: creds, byPH: map[string]string{}, env: map[string]string{}, cache: scrub.NewCache(scrubCacheSize)}
+	r := &Replacer{creds: creds, byPH: map[string]string{}, env: map[string]string{}}
 	for _, id := range ids {
 		r.add(Derive(key, env, id), id)
 	}
@@ -89,6 +93,7 @@ func New(key []byte, env string, vars map[string]string, ids []string, creds Cre
 		r.lower = append(r.lower, strings.ToLower(ph))
 	}
 	r.m = newMatcher(r.phs)
+	r.phSet = sync.OnceValue(func() *scrub.Set { return scrub.Compile(r.phs...) })
 	return r
 }
 
@@ -129,14 +134,13 @@ func (r *Replacer) Intercepts(host string) bool {
 	return false
 }
 
-// Result is what Apply replaced: the credential IDs, and the values for the response
-// scrubber (unexported: never logged). For a streamed body they include every
-// credential the body may carry, since the response's scrubbing is settled before the
-// body has been read.
+// Result is what Apply replaced: the credential IDs. The values it placed are in
+// the Replacer's Scrub Set from then on; for a streamed body, every credential the
+// body may carry, since the response's scrubbing is settled before the body has been
+// read.
 type Result struct {
-	IDs    []string
-	values []string
-	body   *bodyStream // the streamed body, when there is one
+	IDs  []string
+	body *bodyStream // the streamed body, when there is one
 }
 
 // Refused returns the error a streamed body was ended with (a placeholder out of
@@ -150,10 +154,12 @@ func (res Result) Refused() error {
 	return res.body.refused()
 }
 
-func (res *Result) add(id, val string) {
-	if !slices.Contains(res.IDs, id) {
-		res.IDs = append(res.IDs, id)
-		res.values = append(res.values, val)
+// add records that id's value val is placed by this request: its ID for the log,
+// its value for Scrub before the request goes out.
+func (s *scope) add(id, val string) {
+	if !slices.Contains(s.res.IDs, id) {
+		s.res.IDs = append(s.res.IDs, id)
+		s.r.note(id, val)
 	}
 }
 
@@ -177,16 +183,6 @@ func (r *Replacer) Apply(out *http.Request, host string, rule *allowlist.Rule, p
 		}
 	}
 	return s.res, nil
-}
-
-// ScrubSet is the scrub set of the response to a request Apply replaced in: the values it
-// put in, and the values of the injected header names (h is the outbound header).
-func (r *Replacer) ScrubSet(h http.Header, injected []string, res Result) *scrub.Set {
-	vals := slices.Clone(res.values)
-	for _, n := range injected {
-		vals = append(vals, h.Values(n)...)
-	}
-	return r.cache.Set(vals...)
 }
 
 // scope is one request's replacement.
@@ -235,7 +231,7 @@ func (s *scope) replace(str, loc string, esc func(string) string) (string, error
 			return "", err
 		}
 		str = strings.ReplaceAll(str, ph, esc(val))
-		s.res.add(id, val)
+		s.add(id, val)
 	}
 	return str, nil
 }
@@ -396,7 +392,7 @@ func (s *scope) body(out *http.Request) error {
 	s.res.body = b
 	for k := range s.r.phs {
 		if v := b.verdictOf(k); v.err == nil {
-			s.res.add(s.r.byPH[s.r.phs[k]], v.value)
+			s.add(s.r.byPH[s.r.phs[k]], v.value)
 			out.ContentLength = -1 // the length is known once the body has streamed
 		}
 	}
@@ -429,7 +425,7 @@ func (s *scope) buffered(out *http.Request, b *bodyStream) error {
 	}
 	for k, used := range b.used {
 		if used {
-			s.res.add(s.r.byPH[s.r.phs[k]], b.verdictOf(k).value)
+			s.add(s.r.byPH[s.r.phs[k]], b.verdictOf(k).value)
 		}
 	}
 	var r io.Reader = bytes.NewReader(nb)

@@ -25,7 +25,7 @@ func (r *Replacer) Upgraded(src io.Reader, host string, websocket bool) io.Reade
 		return src
 	}
 	if websocket {
-		return &frames{r: r.cache.Set(r.phs...).WebSocket(src), host: host}
+		return &frames{r: r.phSet().WebSocket(src), host: host}
 	}
 	refuse := func(k int) verdict {
 		return verdict{err: &ScopeError{ID: r.byPH[r.phs[k]], Host: host, Location: LocationUpgrade}}

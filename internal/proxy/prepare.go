@@ -28,18 +28,15 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 		return nil, deny(allowlist.ReasonMethodNotAllowed, strings.ToLower(x.req.Method))
 	}
 	out := x.outbound(ctx, scheme)
-	if d.Rule != nil && d.Rule.Injects() {
-		narrowForScrub(out.Header)
-	}
 	res, err := x.rt.Injector.Apply(d.Rule, out.Header, x.req.Trailer)
 	if err != nil {
 		return nil, err
 	}
 	x.rec.Injected, x.rec.Credential, x.rec.CredentialVersion = res.Names, res.Credential, res.Version
-	x.scrub = res.Scrub
-	if err := x.replacePlaceholders(out, d.Rule, res.Names); err != nil {
+	if err := x.replacePlaceholders(out, d.Rule); err != nil {
 		return nil, err
 	}
+	x.scrubFor(out, res.Scrub)
 	x.body.trailers(x.req, out, res.Names)
 	return out, nil
 }
@@ -50,7 +47,7 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 // streamed body is searched as the upstream reads it (x.ph.Refused), a WebSocket as
 // it runs (upgradeSource): frames must stay uncompressed for that, so an upgrade
 // offers no extension.
-func (x *exchange) replacePlaceholders(out *http.Request, rule *allowlist.Rule, injected []string) error {
+func (x *exchange) replacePlaceholders(out *http.Request, rule *allowlist.Rule) error {
 	pr, err := x.rt.Placeholders.Apply(out, x.target.Host, rule, x.scheme == "http")
 	x.ph = pr
 	if err != nil {
@@ -66,8 +63,6 @@ func (x *exchange) replacePlaceholders(out *http.Request, rule *allowlist.Rule, 
 	if reflectsRequest(x.req) {
 		return deny(allowlist.ReasonMethodNotAllowed, strings.ToLower(x.req.Method))
 	}
-	narrowForScrub(out.Header)
-	x.scrub = x.rt.Placeholders.ScrubSet(out.Header, injected, pr)
 	if x.rec.Credential == "" {
 		x.rec.Credential = pr.IDs[0] // the log line names the credential whose value went out
 	}

@@ -11,16 +11,34 @@ import (
 	"github.com/egressd/egressd/internal/scrub"
 )
 
-// Nothing injected comes back (DESIGN.md): the response to a request egressd injected
-// into is masked, with the scrub.Set of exactly the values it set, before the sandbox
-// reads any of it: status text, every header, the body as it streams (decoded first
-// when the upstream compressed it), the trailers, and the upstream's WebSocket
-// frames. A response to a request without injection is not touched at all.
+// Nothing injected comes back (docs/policy.md): every response egressd sees is masked
+// by value, not by request, of every value the sandbox can make egressd place (each
+// environment_variable credential's) and every value the winning entry injects,
+// whether or not this request carried a placeholder or was injected into: an upstream
+// can store what one request sent and serve it to another. It is masked before the
+// sandbox reads any of it: status text, every header, the body as it streams (decoded
+// first when the upstream compressed it, a compressed container decoded and compressed
+// again), the trailers, and the upstream's WebSocket frames. A response with nothing to
+// mask it of is not touched at all.
 
-// narrowForScrub adjusts an injected request so that its response stays scrubbable:
-// a client's Accept-Encoding becomes identity, and a WebSocket upgrade offers no
-// extensions (permessage-deflate would compress the frames out of the scrubber's
-// sight). An absent Accept-Encoding stays absent: egressd adds no header.
+// scrubFor sets what the exchange's response is masked of: the Set of every
+// environment_variable value (compiled once per value change, placeholder.Replacer.Scrub)
+// joined with rule's (the entry's injected values, compiled once per value change by the
+// Injector). When that is anything, out is narrowed (narrowForScrub).
+func (x *exchange) scrubFor(out *http.Request, rule *scrub.Set) {
+	x.scrub = scrub.Join(x.rt.Placeholders.Scrub(), rule)
+	if x.scrub.Active() {
+		narrowForScrub(out.Header)
+	}
+}
+
+// narrowForScrub adjusts a request whose response is scrubbed so that the response
+// stays scrubbable: a client's Accept-Encoding becomes identity, a WebSocket upgrade
+// offers no extensions (permessage-deflate would compress the frames out of the
+// scrubber's sight), and Range and If-Range go: a part of a body can start or end
+// inside a value, and a cut value is not found (the whole body is asked for, and a
+// partial answer refused: see partial). An absent Accept-Encoding stays absent:
+// egressd adds no header.
 //
 // Identity rather than the codings the scrubber can decode: masking an identity body
 // ran at 1,950-2,450 MB per CPU-second, decoding and masking gzip at 150-180, br at
@@ -30,11 +48,37 @@ import (
 // leg identity makes larger is egressd's to the upstream. An upstream that
 // compresses regardless is decoded and delivered as identity (scrubBody).
 func narrowForScrub(h http.Header) {
-	if values := headerValues(h, "Accept-Encoding"); len(values) > 0 {
-		inject.Remove(h, "Accept-Encoding")
+	accepts := false
+	for k, v := range h { // one pass, whatever the keys' case: this runs on every scrubbed request
+		switch {
+		case strings.EqualFold(k, "Accept-Encoding"):
+			accepts = accepts || len(v) > 0
+			delete(h, k)
+		case strings.EqualFold(k, "Sec-WebSocket-Extensions"), strings.EqualFold(k, "Range"), strings.EqualFold(k, "If-Range"):
+			delete(h, k)
+		}
+	}
+	if accepts {
 		h["Accept-Encoding"] = []string{"identity"}
 	}
-	inject.Remove(h, "Sec-WebSocket-Extensions")
+}
+
+// fieldValue returns the values of name in h, whatever the keys' case, joined by
+// commas; a single value without allocating (this runs on every scrubbed response).
+func fieldValue(h http.Header, name string) string {
+	out := ""
+	for k, vs := range h {
+		if !strings.EqualFold(k, name) {
+			continue
+		}
+		for _, v := range vs {
+			if out != "" {
+				out += ","
+			}
+			out += v
+		}
+	}
+	return out
 }
 
 // headerValues returns the values of name in h, whatever the keys' case.
@@ -57,10 +101,11 @@ type scrubber struct {
 	rb    scrubbedBody  // the body scrubBody hands out (allocated with the scrubber)
 }
 
-// scrubbed returns resp masked for the client when the request was injected into,
+// scrubbed returns resp masked for the client when there is anything to mask it of,
 // resp itself otherwise. A body the scrubber cannot see through (a content coding
-// it does not decode, an upgrade that negotiated frame compression) is never
-// delivered: the client gets the refusal instead.
+// or compressed container it does not decode, an upgrade that negotiated frame
+// compression, a part of a body) is never delivered: the client gets the refusal
+// instead.
 func (x *exchange) scrubbed(resp *http.Response) *http.Response {
 	if !x.scrub.Active() {
 		return resp
@@ -69,6 +114,8 @@ func (x *exchange) scrubbed(resp *http.Response) *http.Response {
 	sc.head(resp)
 	var err error
 	switch {
+	case partial(resp):
+		err = &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: "partial_content", Err: errPartial}
 	case resp.StatusCode == http.StatusSwitchingProtocols:
 		err = sc.upgrade(resp)
 	case bodyless(x.req.Method, resp.StatusCode):
@@ -168,31 +215,100 @@ func (s *Server) warnReflected(rec *Record) {
 		"in the response (logged once per rule and credential)")
 }
 
-// errUndecodable is a response body in a content coding the scrubber cannot read.
-var errUndecodable = errors.New("the upstream's content-encoding cannot be scrubbed")
+// partial reports whether resp is a part of a body: 206, or a multipart/byteranges
+// body under another status. The request asked for no range (narrowForScrub), so
+// this is the upstream's doing, and a part may cut a value where no form is found.
+func partial(resp *http.Response) bool {
+	if resp.StatusCode == http.StatusPartialContent {
+		return true
+	}
+	for k, vs := range resp.Header {
+		if !strings.EqualFold(k, "Content-Type") {
+			continue
+		}
+		for _, ct := range vs {
+			if mt, _, _ := strings.Cut(ct, ";"); strings.EqualFold(strings.TrimSpace(mt), "multipart/byteranges") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Causes of the refusals scrubBody and scrubbed return, logged only.
+var (
+	errUndecodable = errors.New("the upstream's content-encoding cannot be scrubbed")
+	errContainer   = errors.New("the upstream's compressed container cannot be scrubbed")
+	errPartial     = errors.New("the upstream answered a part of the body, which cannot be scrubbed")
+)
 
 // scrubBody masks the body as it streams, decoding it first when the upstream
 // compressed it (it is then delivered as identity: Content-Encoding and
 // Content-Length go, and the writers re-frame it, chunked on HTTP/1.1), and masks
-// the trailers once the body has ended.
+// the trailers once the body has ended. A compressed container (container) is
+// decoded, masked and compressed again.
 func (sc *scrubber) scrubBody(resp *http.Response) error {
 	b := &sc.rb
 	*b = scrubbedBody{sc: sc, resp: resp, raw: resp.Body}
 	src := io.Reader(resp.Body)
-	if coding := strings.Join(headerValues(resp.Header, "Content-Encoding"), ","); encoded(coding) && resp.ContentLength != 0 {
+	if coding := fieldValue(resp.Header, "Content-Encoding"); encoded(coding) && resp.ContentLength != 0 {
 		dec, err := sc.set.DecodeReader(resp.Body, coding)
 		if err != nil {
 			return &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: "content_encoding", Err: errors.Join(errUndecodable, err)}
 		}
-		b.dec, src = dec, dec
+		b.coders, src = append(b.coders, dec), dec
 		inject.Remove(resp.Header, "Content-Encoding")
-		inject.Remove(resp.Header, "Content-Length")
-		resp.ContentLength = -1
+		unframe(resp)
 	}
-	b.r = sc.set.Reader(src)
+	if err := sc.container(resp, src); err != nil {
+		return &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: "compressed_container", Err: errors.Join(errContainer, err)}
+	}
 	sc.body = b.r
 	resp.Body = b
 	return nil
+}
+
+// container sets the body's readers: the masker over src, and what the client reads.
+// That is the masker itself, but for a compressed container — a body whose own type
+// is gzip, zstd, brotli or zlib (a .gz download, not a Content-Encoding), or that
+// starts with gzip or zstd magic without saying what it is — which is decoded, masked
+// and compressed again in its format, since the client asked for the container. A
+// container no decoder reads (zip, bzip2, xz, ...) is an error.
+func (sc *scrubber) container(resp *http.Response, src io.Reader) error {
+	b := &sc.rb
+	ctype := fieldValue(resp.Header, "Content-Type")
+	var head []byte
+	if resp.ContentLength != 0 && scrub.Sniffs(ctype) {
+		// The head waits for the body's first bytes (a .gz may be served as any of these).
+		head = b.sniffed.peek(src)
+		src = &b.sniffed
+	}
+	coding, err := scrub.Container(ctype, head)
+	if err != nil || coding == "" {
+		b.r = sc.set.Reader(src)
+		b.out = b.r
+		return err
+	}
+	dec, err := sc.set.DecodeReader(src, coding)
+	if err != nil {
+		return err
+	}
+	b.coders = append(b.coders, dec)
+	b.r = sc.set.Reader(dec)
+	enc, err := scrub.EncodeReader(b.r, coding)
+	if err != nil {
+		return err
+	}
+	b.coders, b.out = append(b.coders, enc), enc
+	unframe(resp)
+	return nil
+}
+
+// unframe drops the body's length: what the client gets is not what the upstream
+// framed, and the writers re-frame it (chunked on HTTP/1.1).
+func unframe(resp *http.Response) {
+	inject.Remove(resp.Header, "Content-Length")
+	resp.ContentLength = -1
 }
 
 // encoded reports whether a Content-Encoding value names a coding other than identity.
@@ -210,12 +326,41 @@ func encoded(coding string) bool {
 
 // scrubbedBody is a response body read through the scrubber.
 type scrubbedBody struct {
-	sc   *scrubber
-	resp *http.Response
-	raw  io.ReadCloser // the upstream's body
-	dec  io.ReadCloser // its decoder, when it was compressed
-	r    *scrub.Reader
-	done bool
+	sc      *scrubber
+	resp    *http.Response
+	raw     io.ReadCloser // the upstream's body
+	coders  []io.Closer   // its decoders, and the container's encoder
+	r       *scrub.Reader
+	out     io.Reader   // what the client reads: r, or r compressed again
+	sniffed sniffReader // the body's first bytes, when container looked at them
+	done    bool
+}
+
+// sniffReader is a body whose first bytes were read to sniff it. Its first Read
+// returns them and, in the same call, what one read of the rest gives, so the
+// sniff costs the client no extra write.
+type sniffReader struct {
+	src  io.Reader
+	buf  [scrub.SniffLen]byte
+	head []byte // the sniffed bytes not yet returned
+}
+
+// peek reads the first scrub.SniffLen bytes of src (fewer when it ends or
+// fails first: a later Read meets that again) and returns them.
+func (h *sniffReader) peek(src io.Reader) []byte {
+	n, _ := io.ReadFull(src, h.buf[:])
+	h.src, h.head = src, h.buf[:n]
+	return h.head
+}
+
+func (h *sniffReader) Read(p []byte) (int, error) {
+	n := copy(p, h.head)
+	h.head = h.head[n:]
+	if len(h.head) > 0 || n == len(p) && n > 0 {
+		return n, nil
+	}
+	m, err := h.src.Read(p[n:])
+	return n + m, err
 }
 
 // maxTrailerDrain bounds what is read of a compressed body past the end of its
@@ -223,12 +368,11 @@ type scrubbedBody struct {
 const maxTrailerDrain = 64 << 10
 
 func (b *scrubbedBody) Read(p []byte) (int, error) {
-	n, err := b.r.Read(p)
+	n, err := b.out.Read(p)
 	b.sc.update()
 	if err == io.EOF && !b.done {
 		b.done = true
-		if b.dec != nil {
-			b.dec.Close()
+		if b.closeCoders() {
 			io.CopyN(io.Discard, b.raw, maxTrailerDrain)
 		}
 		b.sc.add(b.sc.fields(b.resp.Trailer))
@@ -236,10 +380,18 @@ func (b *scrubbedBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (b *scrubbedBody) Close() error {
-	if b.dec != nil {
-		b.dec.Close()
+// closeCoders closes the decoders and encoder, and reports whether there were any.
+func (b *scrubbedBody) closeCoders() bool {
+	had := len(b.coders) > 0
+	for _, c := range b.coders {
+		c.Close()
 	}
+	b.coders = nil
+	return had
+}
+
+func (b *scrubbedBody) Close() error {
+	b.closeCoders()
 	return b.raw.Close()
 }
 

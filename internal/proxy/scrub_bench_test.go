@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"syscall"
@@ -15,16 +16,24 @@ import (
 // to the client, without scrubbing (a request without injection), with scrubbing
 // and nothing to mask (the intercept path), and with the credential reflected in
 // a header (the credential path): the difference is scrubbing's cost per request,
-// to set against the whole request's CPU (bench: tens of µs).
+// to set against the whole request's CPU (bench: tens of µs). The +env100 cases
+// also mask the values of 100 environment_variable credentials, as every response
+// is when that many are loaded.
 func BenchmarkResponse1KiB(b *testing.B) {
 	const value = "Bearer bench-fake-token-not-a-secret"
 	body := bytes.Repeat([]byte("x"), 1024)
 	set := scrub.Compile(value, "bench-transform-value")
+	var env []string
+	for i := range 100 {
+		env = append(env, fmt.Sprintf("sk-env-%03d-%032x", i, i*7919))
+	}
+	withEnv := scrub.Join(scrub.Compile(env...), set)
 	for _, bc := range []struct {
 		name string
 		set  *scrub.Set
 		echo bool
-	}{{"none", nil, false}, {"scrubbed", set, false}, {"scrubbed+echo", set, true}} {
+	}{{"none", nil, false}, {"scrubbed", set, false}, {"scrubbed+echo", set, true},
+		{"scrubbed+env100", withEnv, false}, {"scrubbed+env100+echo", withEnv, true}} {
 		b.Run(bc.name, func(b *testing.B) {
 			bw := bufio.NewWriterSize(io.Discard, 4096)
 			b.ReportAllocs()

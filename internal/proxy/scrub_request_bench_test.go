@@ -3,9 +3,13 @@ package proxy_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -21,9 +25,11 @@ import (
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/netguard"
+	"github.com/egressd/egressd/internal/placeholder"
 	"github.com/egressd/egressd/internal/proxy"
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
 	"github.com/egressd/egressd/internal/testutil/testpki"
@@ -38,37 +44,49 @@ import (
 // replacement: make bench's credential path).
 //
 // The machine is shared and loaded, so: each iteration is a round in which
-// every arm makes benchBatch requests, in an order rotated every round (an arm
-// never always follows the same one, whose trailing work, like egressd's log
-// line, lands in the next turn); a turn's process CPU (getrusage: client,
+// every arm makes benchBatch requests, in an order drawn anew every round (an
+// arm never always follows the same one, whose trailing work, like egressd's log
+// line, lands in the next turn: a rotation kept the cyclic order, so the on arm
+// always followed the off arm and was charged its trailing work); a turn's process CPU (getrusage: client,
 // egressd and upstream all run here) is charged to its arm; and the figures are
 // medians over the rounds of per-request differences, so a load spike in one
 // turn moves nothing. The client's and upstream's work is the same in the three
 // egressd arms, so egressd-ns/req = off - direct is egressd's CPU per request,
 // scrub-ns/req = on - off what scrubbing adds to it, and scrub-% their ratio
-// (echo-ns/req and echo-% likewise for on+echo):
+// (echo-ns/req and echo-% likewise for on+echo).
 //
-//	go test -run '^$' -bench BenchmarkScrubRequest1KiB -benchtime 300x -count 5 ./internal/proxy/
+// creds=100 loads 100 environment_variable credentials into the egressd of the
+// on arms, whose every response is then scrubbed of their values too; the off
+// arm runs on a second egressd without them, so scrub-% is what scrubbing costs
+// with them all loaded. creds=0 has one egressd for the three arms:
+//
+//	go test -run '^$' -bench BenchmarkScrubRequest1KiB -benchtime 3000x -count 5 ./internal/proxy/
 func BenchmarkScrubRequest1KiB(b *testing.B) {
-	f := newBenchFixture(b)
+	for _, creds := range []int{0, 100} {
+		b.Run(fmt.Sprintf("creds=%d", creds), func(b *testing.B) { benchScrubRequest(b, creds) })
+	}
+}
+
+func benchScrubRequest(b *testing.B, envCreds int) {
+	f := newBenchFixture(b, envCreds)
 	arms := []struct {
 		c      *http.Client
 		target string
 	}{
 		{f.direct, "https://on.bench.test:" + f.port + "/"},
-		{f.proxied, "https://off.bench.test:" + f.port + "/"},
-		{f.proxied, "https://on.bench.test:" + f.port + "/"},
-		{f.proxied, "https://on.bench.test:" + f.port + "/echo"},
+		{f.off, "https://off.bench.test:" + f.port + "/"},
+		{f.on, "https://on.bench.test:" + f.port + "/"},
+		{f.on, "https://on.bench.test:" + f.port + "/echo"},
 	}
 	for _, a := range arms {
 		f.get(b, a.c, a.target) // the connections and egressd's leaf, outside the figures
 	}
 	var egressd, scrub, echo []float64
 	b.ReportAllocs()
-	for round := 0; b.Loop(); round++ {
+	order := rand.New(rand.NewPCG(1, 2)) // the same orders every run
+	for b.Loop() {
 		cpu := make([]float64, len(arms))
-		for k := range arms {
-			i := (round + k) % len(arms)
+		for _, i := range order.Perm(len(arms)) {
 			start := processCPU()
 			for range benchBatch {
 				f.get(b, arms[i].c, arms[i].target)
@@ -100,13 +118,14 @@ func median(v []float64) float64 {
 const benchValue = "bench-transform-value"
 
 // benchFixture is egressd (tls.intercept: all) in front of a TLS upstream that
-// answers 1 KiB, and a client for each side.
+// answers 1 KiB, and a client for each side: direct, and through the egressd of
+// the off arm and of the on arms (the same one without credentials).
 type benchFixture struct {
 	port            string
-	direct, proxied *http.Client
+	direct, off, on *http.Client
 }
 
-func newBenchFixture(b *testing.B) *benchFixture {
+func newBenchFixture(b *testing.B, envCreds int) *benchFixture {
 	pki := testpki.New(b)
 	up := benchUpstream(b, pki)
 	_, port, _ := net.SplitHostPort(up.Listener.Addr().String())
@@ -114,16 +133,52 @@ func newBenchFixture(b *testing.B) *benchFixture {
 	dns.Set("on.bench.test", "A 127.0.0.1")
 	dns.Set("off.bench.test", "A 127.0.0.1")
 	n, _ := strconv.Atoi(port)
-	proxyAddr, egressdCA := benchEgressd(b, dns.Addr, pki.Pool, uint16(n))
-	pu, _ := url.Parse("http://" + proxyAddr)
-	roots := pki.Pool.Clone()
-	roots.AddCert(egressdCA)
 	direct := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pki.Pool},
 		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, network, up.Listener.Addr().String())
 		}}
-	proxied := &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: roots}}
-	return &benchFixture{port: port, direct: &http.Client{Transport: direct}, proxied: &http.Client{Transport: proxied}}
+	f := &benchFixture{port: port, direct: &http.Client{Transport: direct}}
+	f.off = benchClient(b, dns.Addr, pki, uint16(n), 0)
+	f.on = f.off
+	if envCreds > 0 {
+		f.on = benchClient(b, dns.Addr, pki, uint16(n), envCreds)
+	}
+	return f
+}
+
+// benchClient starts an egressd with envCreds environment_variable credentials
+// and returns a client that uses it as its proxy.
+func benchClient(b *testing.B, dns string, pki *testpki.CA, port uint16, envCreds int) *http.Client {
+	proxyAddr, egressdCA := benchEgressd(b, dns, pki.Pool, port, envCreds)
+	pu, _ := url.Parse("http://" + proxyAddr)
+	roots := pki.Pool.Clone()
+	roots.AddCert(egressdCA)
+	return &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: roots}}}
+}
+
+// benchEnvCreds are n environment_variable credentials with 40-byte values,
+// trusted by other hosts than the bench's: loaded, never placed.
+type benchEnvCreds map[string]credential.Value
+
+func newBenchEnvCreds(n int) (benchEnvCreds, map[string]string) {
+	creds, vars := benchEnvCreds{}, map[string]string{}
+	for i := range n {
+		id := fmt.Sprintf("env%03d", i)
+		sum := sha256.Sum256([]byte(id))
+		creds[id] = credential.Value{ID: id, Type: credential.TypeEnvironmentVariable, Env: &credential.EnvVar{
+			Value: "sk-" + hex.EncodeToString(sum[:])[:37], Locations: []string{credential.LocationHeader},
+			TrustedDomains: []string{id + ".example.test"}}}
+		vars["KEY_"+id] = id
+	}
+	return creds, vars
+}
+
+func (c benchEnvCreds) Get(id string) (credential.Value, error) {
+	v, ok := c[id]
+	if !ok {
+		return v, &credential.UnavailableError{ID: id, Cause: credential.CauseNotFound}
+	}
+	return v, nil
 }
 
 // benchUpstream answers every request with 1 KiB of JSON; on /echo it also
@@ -144,9 +199,9 @@ func benchUpstream(b *testing.B, pki *testpki.CA) *httptest.Server {
 	return up
 }
 
-// benchEgressd starts egressd's proxy with the two entries and returns its
-// address and interception CA.
-func benchEgressd(b *testing.B, dns string, upstreamCA *x509.CertPool, port uint16) (string, *x509.Certificate) {
+// benchEgressd starts egressd's proxy with the two entries and envCreds
+// environment_variable credentials, and returns its address and interception CA.
+func benchEgressd(b *testing.B, dns string, upstreamCA *x509.CertPool, port uint16, envCreds int) (string, *x509.Certificate) {
 	pol, err := allowlist.Compile([]allowlist.Entry{
 		{Domain: "on.bench.test", Ports: []uint16{port}, Transform: []allowlist.Header{{Name: "X-Bench-Injected", Value: benchValue}}},
 		{Domain: "off.bench.test", Ports: []uint16{port}},
@@ -174,6 +229,10 @@ func benchEgressd(b *testing.B, dns string, upstreamCA *x509.CertPool, port uint
 		UpstreamTLS: &tls.Config{RootCAs: upstreamCA, MinVersion: tls.VersionTLS12},
 		Leaves:      mitm.NewLeaves(ca, mitm.LeafOptions{}),
 		Injector:    inject.New(pol, nil),
+	}
+	if envCreds > 0 {
+		creds, vars := newBenchEnvCreds(envCreds)
+		rt.Placeholders = placeholder.New([]byte("bench-placeholder-key-32-bytes!!"), "env_bench", vars, nil, creds)
 	}
 	rt.Prepare()
 	// The canonical log line is part of a request's cost: written, to nowhere.

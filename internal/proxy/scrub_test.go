@@ -140,6 +140,12 @@ func writeSplit(rw http.ResponseWriter, body, split string, contentLength bool) 
 }
 
 func writeCompressed(rw http.ResponseWriter, coding string, body []byte) {
+	rw.Header().Set("Content-Encoding", coding)
+	rw.Write(compressed(coding, body))
+}
+
+// compressed is body in coding, by the real libraries.
+func compressed(coding string, body []byte) []byte {
 	var buf bytes.Buffer
 	var enc io.WriteCloser
 	switch coding {
@@ -154,8 +160,7 @@ func writeCompressed(rw http.ResponseWriter, coding string, body []byte) {
 	}
 	enc.Write(body)
 	enc.Close()
-	rw.Header().Set("Content-Encoding", coding)
-	rw.Write(buf.Bytes())
+	return buf.Bytes()
 }
 
 // hijackStatus answers with the value as the status line's reason phrase.

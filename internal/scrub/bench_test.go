@@ -88,8 +88,10 @@ func BenchmarkMatcher(b *testing.B) {
 	b.Run("stdlib", func(b *testing.B) {
 		loop(b, len(body), func() { refMask(s, body) })
 	})
+	m := *s.parts[0]
+	m.pre = nil
 	dfaOnly := *s
-	dfaOnly.pre = nil
+	dfaOnly.parts = []*matcher{&m}
 	for _, m := range []struct {
 		name string
 		set  *Set

@@ -2,12 +2,15 @@ package scrub
 
 import (
 	"bytes"
+	"encoding/base32"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"html"
 	"net/url"
 	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -93,20 +96,67 @@ func isToken(s string) bool {
 //     other engines do (&quot; &#x27;): a debug page that quotes a request;
 //   - hex, lower and upper case;
 //   - the standard base64 form percent-encoded and with "\/" (a Basic
-//     credential in a query string or a PHP JSON body).
+//     credential in a query string or a PHP JSON body);
+//   - v upper- and lower-cased (a server that re-cases what it echoes, a key
+//     in a case-insensitive store);
+//   - base32 (RFC 4648 standard alphabet), padded and unpadded;
+//   - JSON with every character escaped as \uXXXX, in lower- and upper-case
+//     hex (an obfuscating encoder);
+//   - UTF-16, little- and big-endian, without a byte order mark (Windows
+//     APIs, Java and .NET serialisations);
+//   - MIME base64 (RFC 2045) of v alone: the standard form broken into lines
+//     of 76 or 64 characters (PEM), by CRLF or LF: a mail part or PEM block
+//     that holds only the value.
+//
+// The order is FuzzReader's: its seeds pick forms by index.
 func forms(v string) []string {
 	var out []string
 	add := func(s ...string) { out = append(out, s...) }
 	add(v)
-	b64 := base64Forms(v)
-	add(b64...)
+	add(base64Forms(v)...)
 	add(percentForms(v)...)
 	add(jsonForms(v)...)
 	add(html.EscapeString(v), htmlNamed.Replace(v))
 	add(hex.EncodeToString([]byte(v)), strings.ToUpper(hex.EncodeToString([]byte(v))))
 	std := base64.StdEncoding.EncodeToString([]byte(v))
 	add(url.QueryEscape(std), lowerPercentHex(url.QueryEscape(std)), strings.ReplaceAll(std, "/", `\/`))
+	add(strings.ToUpper(v), strings.ToLower(v))
+	add(base32.StdEncoding.EncodeToString([]byte(v)), base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString([]byte(v)))
+	add(escapeRunes(v, false, true), escapeRunes(v, true, true))
+	add(utf16Form(v, binary.LittleEndian), utf16Form(v, binary.BigEndian))
+	add(mimeForms(std)...)
 	return out
+}
+
+// MIME base64 line lengths: RFC 2045's 76 and PEM's (RFC 7468) 64.
+var mimeWidths = []int{76, 64}
+
+// mimeForms returns std broken into lines at each of mimeWidths, by CRLF and
+// by LF; none when std fits on one line (it is then std itself).
+func mimeForms(std string) []string {
+	var out []string
+	for _, w := range mimeWidths {
+		if len(std) <= w {
+			continue
+		}
+		var lines []string
+		for rest := std; rest != ""; {
+			n := min(w, len(rest))
+			lines, rest = append(lines, rest[:n]), rest[n:]
+		}
+		out = append(out, strings.Join(lines, "\r\n"), strings.Join(lines, "\n"))
+	}
+	return out
+}
+
+// utf16Form returns v in UTF-16 with the given byte order (invalid UTF-8
+// as U+FFFD, as a converter writes it).
+func utf16Form(v string, order binary.AppendByteOrder) string {
+	var b []byte
+	for _, u := range utf16.Encode([]rune(v)) {
+		b = order.AppendUint16(b, u)
+	}
+	return string(b)
 }
 
 // htmlNamed escapes like many template engines: named entities for quotes.
@@ -204,7 +254,7 @@ func jsonForms(v string) []string {
 	for _, html := range []bool{true, false} {
 		s := jsonString(v, html)
 		for _, t := range []string{s, strings.ReplaceAll(s, "/", `\/`)} {
-			out = append(out, t, upperUnicodeEscapes(t), asciiOnly(t, false), asciiOnly(t, true))
+			out = append(out, t, upperUnicodeEscapes(t), escapeRunes(t, false, false), escapeRunes(t, true, false))
 		}
 	}
 	return out
@@ -234,25 +284,26 @@ func upperUnicodeEscapes(s string) string {
 	return string(b)
 }
 
-// asciiOnly writes every non-ASCII rune of s as \uXXXX (UTF-16, with
-// surrogate pairs), in upper- or lower-case hex.
-func asciiOnly(s string, upper bool) string {
+// escapeRunes writes runes of s as JSON \uXXXX escapes (UTF-16, surrogate
+// pairs above the BMP), in upper- or lower-case hex: the non-ASCII ones
+// (Python's ensure_ascii), or with all every one.
+func escapeRunes(s string, upper, all bool) string {
 	digits := "0123456789abcdef"
 	if upper {
 		digits = "0123456789ABCDEF"
 	}
 	var b strings.Builder
 	for _, r := range s {
-		if r < utf8.RuneSelf {
-			b.WriteRune(r)
-			continue
+		switch {
+		case r < utf8.RuneSelf && !all:
+			b.WriteByte(byte(r))
+		case r >= 0x10000:
+			hi, lo := utf16.EncodeRune(r)
+			writeU(&b, digits, hi)
+			writeU(&b, digits, lo)
+		default:
+			writeU(&b, digits, r)
 		}
-		if r >= 0x10000 {
-			r -= 0x10000
-			writeU(&b, digits, 0xD800+(r>>10))
-			r = 0xDC00 + (r & 0x3FF)
-		}
-		writeU(&b, digits, r)
 	}
 	return b.String()
 }

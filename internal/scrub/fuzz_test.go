@@ -11,10 +11,12 @@ import (
 // every occurrence of every form with bytes.Index, the whole buffer at hand) at
 // every split point of the body into two reads, and at one fuzz-chosen second
 // split: no false negative, no false positive, the same count. The body is the
-// fuzzed bytes with a fuzz-chosen form of the secret inserted, and one of a
-// second value when that is long enough (its forms are in the same Set, so the
-// prefilter's sampling step is the shorter value's and its grams are both
-// values'), so matches are the common case.
+// fuzzed bytes with a fuzz-chosen form of the secret inserted (any of forms';
+// testdata/fuzz/FuzzReader has a seed for each of the case, base32, UTF-16,
+// every-character \u and MIME forms), and one of a second value when that is
+// long enough (its forms are in the same Set, so the prefilter's sampling step
+// is the shorter value's and its grams are both values'), so matches are the
+// common case.
 func FuzzReader(f *testing.F) {
 	f.Add("sk-live-0123456789abcdefXYZ/+=", "", []byte("echo: {} tail"), uint8(0), uint16(6), uint16(0), uint16(3))
 	f.Add("Bearer tok_0123456789abcdef", "pass1234", []byte("data: x\n\ndata: y\n\n"), uint8(7), uint16(9), uint16(2), uint16(1))

@@ -13,18 +13,19 @@ import (
 // scanned region's bounds are exact).
 func TestPrefilterEveryOffset(t *testing.T) {
 	for _, s := range []*Set{Compile("pw-12345", benchValues[0]), Compile(benchValues[0])} {
-		if s.pre == nil || s.pre.step < minStep {
+		m := s.parts[0]
+		if m.pre == nil || m.pre.step < minStep {
 			t.Fatalf("no prefilter for anchors of %d bytes and more", MinLen)
 		}
 		text := textBody(3*s.MaxLen(), 5)
-		for _, f := range s.forms {
-			for _, at := range append(offsets(s.pre.step), len(text)-len(f)) {
+		for _, f := range m.forms {
+			for _, at := range append(offsets(m.pre.step), len(text)-len(f)) {
 				body := append(bytes.Clone(text[:at]), f...)
 				body = append(body, text[at+len(f):]...)
 				want, wantN := refMask(s, body)
 				got := bytes.Clone(body)
 				if n := s.Bytes(got); n != wantN || !bytes.Equal(got, want) {
-					t.Fatalf("step %d: a %d-byte form at %d: %d occurrences, want %d", s.pre.step, len(f), at, n, wantN)
+					t.Fatalf("step %d: a %d-byte form at %d: %d occurrences, want %d", m.pre.step, len(f), at, n, wantN)
 				}
 			}
 		}
@@ -46,7 +47,7 @@ func TestPrefilterSkipsText(t *testing.T) {
 	s := Compile(benchValues...)
 	body := textBody(1<<20, 3)
 	scanned := 0
-	s.pre.regions(body, func(lo, hi int) { scanned += hi - lo })
+	s.parts[0].pre.regions(body, func(lo, hi int) { scanned += hi - lo })
 	if scanned > len(body)/20 {
 		t.Errorf("the DFA scans %d of %d bytes", scanned, len(body))
 	}

@@ -19,7 +19,7 @@ func refMask(s *Set, body []byte) ([]byte, int) {
 	}
 	hit := make([]bool, len(body))
 	n := 0
-	for _, p := range s.sorted {
+	for _, p := range s.allForms() {
 		for i := 0; i <= len(body)-len(p); {
 			j := bytes.Index(body[i:], p)
 			if j < 0 {
@@ -38,6 +38,21 @@ func refMask(s *Set, body []byte) ([]byte, int) {
 		}
 	}
 	return out, n
+}
+
+// allForms returns the distinct forms of every part of s.
+func (s *Set) allForms() [][]byte {
+	seen := map[string]bool{}
+	var out [][]byte
+	for _, m := range s.parts {
+		for _, f := range m.forms {
+			if !seen[string(f)] {
+				seen[string(f)] = true
+				out = append(out, f)
+			}
+		}
+	}
+	return out
 }
 
 // chunks is a source that returns its chunks one per Read, then EOF.

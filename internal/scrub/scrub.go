@@ -1,18 +1,21 @@
 // Package scrub masks injected secret values, in every common encoding, in
 // response bytes: it is pure (no I/O of its own, no HTTP).
 //
-// Invariant: each occurrence of any form of a compiled value (raw, base64,
-// base64url, percent, JSON escapes, HTML escapes, hex; see forms) is replaced
-// in place by a same-length run of '*', so lengths and framing hold;
+// Invariant: each occurrence of any form of a compiled value (raw, upper and
+// lower case, base64, base64url, MIME base64, base32, percent, JSON escapes,
+// HTML escapes, hex, UTF-16; see forms) is replaced in place by a same-length
+// run of '*', so lengths and framing hold;
 // overlapping occurrences are all masked. Streaming keeps streaming: a Reader
 // holds back only the bytes that could still be the start of a match, never a
 // whole body, and never a fixed window.
 //
 // Not covered (scrubbing stops echoes, not an upstream set on leaking): other
-// transforms of a value (reversed, re-cased, cut, base64 of base64, MIME base64
-// with line breaks, hex or percent escapes mixing upper and lower case in one
-// occurrence), values shorter than MinLen, and, in a fragmented WebSocket
-// message, up to MinLen-1 bytes before a frame boundary (see WebSocket).
+// transforms of a value (reversed, cut, mixed case, base64 of base64, MIME
+// base64 of a value inside a longer encoded text, where the line breaks fall
+// elsewhere, base32 inside a longer base32 text, hex or percent escapes mixing
+// upper and lower case in one occurrence, UTF-16 of anything but the value
+// alone), values shorter than MinLen, and, in a fragmented WebSocket message,
+// up to MinLen-1 bytes before a frame boundary (see WebSocket).
 //
 // Matcher. Compile builds one multi-pattern Aho-Corasick DFA
 // (github.com/coregx/ahocorasick, overlapping search) over the first anchorLen
@@ -28,14 +31,17 @@
 // prefilter (first bytes, via bytes.IndexByte) is only in IsMatch and Find,
 // and barely skips with dozens of first bytes, all common in text.
 //
-// A Set is compiled per set of values and is immutable: get it from a Cache
-// (one per proxy) rather than compiling per request, since building the DFA
-// costs far more than scanning a small body (BenchmarkCompile: ~3 ms of CPU for
-// 3 credentials).
+// A Set is compiled per set of values and is immutable: its owner keeps it for
+// as long as the values hold (the proxy's injector per entry, its placeholder
+// replacer for the environment_variable values) and Join combines them per
+// request, rather than compiling per request, since building the DFA costs far
+// more than scanning a small body (BenchmarkCompile).
 //
-// Where the proxy uses it: String for the status text, each header and
+// Where the proxy uses it: Join to mask what several Sets mask (compiled
+// apart, scanned together); String for the status text, each header and
 // trailer value; DecodeReader then Reader for a body (re-encode, or deliver
-// identity without Content-Encoding); WebSocket for the server-to-client
+// identity without Content-Encoding), and Container, DecodeReader, Reader
+// and EncodeReader for a compressed container (container.go); WebSocket for the server-to-client
 // stream of an upgrade, after removing Sec-WebSocket-Extensions from the
 // client's request (see ErrWebSocketExtension). A Reader returns what it can
 // release as soon as it has read it, so the proxy should flush its client
@@ -44,6 +50,7 @@ package scrub
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"io"
 	"slices"
@@ -67,6 +74,15 @@ const anchorLen = 32
 // immutable and safe for concurrent use. The zero value and nil match nothing.
 // Its String, GoString and MarshalJSON never render a value.
 type Set struct {
+	parts    []*matcher // one per Compile joined in (Join); none: matches nothing
+	maxLen   int        // the longest pattern of any part
+	minLen   int        // the shortest pattern: nothing shorter can hold a match
+	skipped  int
+	patterns int
+}
+
+// matcher is one compiled set of forms: what Compile builds.
+type matcher struct {
 	ac       *ahocorasick.Automaton // over the anchors: each form's first anchorLen bytes
 	pre      *prefilter             // where the anchors may be; nil: everywhere
 	byAnchor [][]int                // anchor pattern ID -> indexes into forms
@@ -75,9 +91,6 @@ type Set struct {
 	first    [256]bool              // first bytes of patterns
 	pair     *[1 << 16 / 64]uint64  // first two bytes of patterns, as a bitmap
 	maxLen   int
-	minLen   int // the shortest pattern: nothing shorter can hold a match
-	skipped  int
-	patterns int
 }
 
 // Compile builds the Set for values: each value and the values derived from
@@ -91,34 +104,67 @@ func Compile(values ...string) *Set {
 	if len(pats) == 0 {
 		return s
 	}
-	s.forms = pats
-	anchors := s.anchors()
+	m := &matcher{forms: pats}
+	anchors := m.anchors()
 	ac, err := ahocorasick.NewBuilder().AddPatterns(anchors).Build()
 	if err != nil {
 		// Build fails only without patterns; fail closed all the same: a
 		// Set that cannot match must not pass for one that scrubs.
 		panic("scrub: building the matcher failed: " + err.Error())
 	}
-	s.ac = ac
-	s.pre = newPrefilter(anchors)
-	s.index(pats)
+	m.ac = ac
+	m.pre = newPrefilter(anchors)
+	s.minLen = m.index()
+	s.parts, s.maxLen, s.patterns = []*matcher{m}, m.maxLen, len(pats)
 	return s
 }
 
-// anchors returns the distinct anchors of s.forms and fills byAnchor.
-func (s *Set) anchors() [][]byte {
+// Join returns the Set that masks what any of sets masks, without compiling
+// anything: the proxy joins the Set of every environment_variable value,
+// compiled once per credential change, with the Set of one entry's injected
+// values, so neither is compiled per request or once per entry. Each part
+// scans the bytes on its own, so a join costs the sum of its parts' scans. A
+// join of one active Set is that Set.
+func Join(sets ...*Set) *Set {
+	var one *Set
+	n := 0
+	for _, s := range sets {
+		if s.Active() {
+			one, n = s, n+1
+		}
+	}
+	switch n {
+	case 0:
+		return nil
+	case 1:
+		return one // no allocation: the common case, one of the two empty
+	}
+	j := &Set{minLen: one.minLen}
+	for _, s := range sets {
+		if s.Active() {
+			j.parts = append(j.parts, s.parts...)
+			j.maxLen, j.minLen = max(j.maxLen, s.maxLen), min(j.minLen, s.minLen)
+			j.skipped += s.skipped
+			j.patterns += s.patterns
+		}
+	}
+	return j
+}
+
+// anchors returns the distinct anchors of m.forms and fills byAnchor.
+func (m *matcher) anchors() [][]byte {
 	ids := map[string]int{}
 	var out [][]byte
-	for i, f := range s.forms {
+	for i, f := range m.forms {
 		a := f[:min(len(f), anchorLen)]
 		id, ok := ids[string(a)]
 		if !ok {
 			id = len(out)
 			ids[string(a)] = id
 			out = append(out, a)
-			s.byAnchor = append(s.byAnchor, nil)
+			m.byAnchor = append(m.byAnchor, nil)
 		}
-		s.byAnchor[id] = append(s.byAnchor[id], i)
+		m.byAnchor[id] = append(m.byAnchor[id], i)
 	}
 	return out
 }
@@ -127,27 +173,42 @@ func (s *Set) anchors() [][]byte {
 type span struct{ start, end int }
 
 // find appends every occurrence of a form in b (overlapping ones included)
-// to out: each anchor hit whose whole form is there, the DFA running only on
-// the regions the prefilter leaves.
+// to out. Of a joined Set, an occurrence two parts both find (a value in
+// both) is reported once.
 func (s *Set) find(b []byte, out []span) []span {
 	if len(b) < s.minLen { // most header names and values
 		return out
 	}
-	if s.pre == nil {
-		return s.findIn(b, 0, len(b), out)
+	from := len(out)
+	for _, m := range s.parts {
+		out = m.find(b, out)
 	}
-	s.pre.regions(b, func(lo, hi int) { out = s.findIn(b, lo, hi, out) })
+	if len(s.parts) > 1 && len(out)-from > 1 {
+		found := out[from:]
+		slices.SortFunc(found, func(a, b span) int { return cmp.Or(a.start-b.start, a.end-b.end) })
+		out = append(out[:from], slices.Compact(found)...)
+	}
+	return out
+}
+
+// find appends m's occurrences in b: each anchor hit whose whole form is
+// there, the DFA running only on the regions the prefilter leaves.
+func (m *matcher) find(b []byte, out []span) []span {
+	if m.pre == nil {
+		return m.findIn(b, 0, len(b), out)
+	}
+	m.pre.regions(b, func(lo, hi int) { out = m.findIn(b, lo, hi, out) })
 	return out
 }
 
 // findIn appends the occurrences whose anchor lies in b[lo:hi]; the rest
 // of the form may run past hi.
-func (s *Set) findIn(b []byte, lo, hi int, out []span) []span {
-	for _, m := range s.ac.FindAllOverlapping(b[lo:hi]) {
-		start, anchorEnd := lo+m.Start, lo+m.End
-		for _, i := range s.byAnchor[m.PatternID] {
-			f := s.forms[i]
-			if end := start + len(f); end <= len(b) && bytes.Equal(b[anchorEnd:end], f[m.End-m.Start:]) {
+func (m *matcher) findIn(b []byte, lo, hi int, out []span) []span {
+	for _, h := range m.ac.FindAllOverlapping(b[lo:hi]) {
+		start, anchorEnd := lo+h.Start, lo+h.End
+		for _, i := range m.byAnchor[h.PatternID] {
+			f := m.forms[i]
+			if end := start + len(f); end <= len(b) && bytes.Equal(b[anchorEnd:end], f[h.End-h.Start:]) {
 				out = append(out, span{start, end})
 			}
 		}
@@ -176,25 +237,26 @@ func (s *Set) collect(vals []string) [][]byte {
 	return pats
 }
 
-// index fills the prefix-check tables used to size the hold-back.
-func (s *Set) index(pats [][]byte) {
-	s.patterns = len(pats)
-	s.sorted = slices.Clone(pats)
-	slices.SortFunc(s.sorted, bytes.Compare)
-	s.pair = new([1 << 16 / 64]uint64)
-	s.minLen = len(pats[0])
-	for _, p := range pats {
-		s.maxLen, s.minLen = max(s.maxLen, len(p)), min(s.minLen, len(p))
-		s.first[p[0]] = true
+// index fills the prefix-check tables used to size the hold-back, and
+// returns the shortest form's length.
+func (m *matcher) index() int {
+	m.sorted = slices.Clone(m.forms)
+	slices.SortFunc(m.sorted, bytes.Compare)
+	m.pair = new([1 << 16 / 64]uint64)
+	minLen := len(m.forms[0])
+	for _, p := range m.forms {
+		m.maxLen, minLen = max(m.maxLen, len(p)), min(minLen, len(p))
+		m.first[p[0]] = true
 		if len(p) > 1 {
 			k := int(p[0])<<8 | int(p[1])
-			s.pair[k/64] |= 1 << (k % 64)
+			m.pair[k/64] |= 1 << (k % 64)
 		}
 	}
+	return minLen
 }
 
 // Active reports whether s masks anything.
-func (s *Set) Active() bool { return s != nil && s.ac != nil }
+func (s *Set) Active() bool { return s != nil && len(s.parts) > 0 }
 
 // Patterns returns the number of distinct patterns (forms) s matches.
 func (s *Set) Patterns() int {

@@ -2,9 +2,11 @@ package scrub
 
 import (
 	"bytes"
+	"encoding/base32"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"html"
 	"html/template"
@@ -13,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf16"
+
+	"golang.org/x/text/encoding/unicode"
 )
 
 // Test values: a token with base64 and URL specials, one with JSON and
@@ -21,6 +25,8 @@ var testValues = []string{
 	"sk-live-0123456789abcdefXYZ/+=",
 	`p<a>s&s"w\o/rd 1`,
 	"pässwörd-ünï€-𝄞x",
+	// Long enough for MIME base64 to break its lines (over 57 bytes).
+	"ghp_MIMEwrapped0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN/+=_-0123456789",
 }
 
 // placed is a body with an encoded value at [at, at+n).
@@ -68,8 +74,58 @@ func encodedCases(v string) []placed {
 		place("html named", strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;", "'", "&#x27;").Replace(v)),
 		place("hex lower", hex.EncodeToString([]byte(v))),
 		place("hex upper", fmt.Sprintf("%X", v)),
+		place("upper case", strings.ToUpper(v)),
+		place("lower case", strings.ToLower(v)),
+		place("base32", base32.StdEncoding.EncodeToString([]byte(v))),
+		place("base32 unpadded", base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString([]byte(v))),
+		place("utf-16le", utf16With(v, unicode.LittleEndian)),
+		place("utf-16be", utf16With(v, unicode.BigEndian)),
+		place("json every char lower", everyRune(v, `\u%04x`)),
+		place("json every char upper", everyRune(v, `\u%04X`)),
+		place("pem (mime 64, LF)", pemBody(v)),
+		place("mime 76 CRLF", wrapLines(base64.StdEncoding.EncodeToString([]byte(v)), 76, "\r\n")),
+		place("mime 76 LF", wrapLines(base64.StdEncoding.EncodeToString([]byte(v)), 76, "\n")),
+		place("mime 64 CRLF", wrapLines(base64.StdEncoding.EncodeToString([]byte(v)), 64, "\r\n")),
 	}
 	return cases
+}
+
+// utf16With encodes v with x/text's UTF-16 encoder, no byte order mark.
+func utf16With(v string, e unicode.Endianness) string {
+	out, err := unicode.UTF16(e, unicode.IgnoreBOM).NewEncoder().String(v)
+	if err != nil {
+		panic(err)
+	}
+	return out
+}
+
+// everyRune writes every UTF-16 unit of v with format.
+func everyRune(v, format string) string {
+	var b strings.Builder
+	for _, u := range utf16.Encode([]rune(v)) {
+		fmt.Fprintf(&b, format, u)
+	}
+	return b.String()
+}
+
+// pemBody is encoding/pem's base64 of v: 64 columns, LF, without the
+// armour and the last line break.
+func pemBody(v string) string {
+	p := string(pem.EncodeToMemory(&pem.Block{Type: "X", Bytes: []byte(v)}))
+	p = strings.TrimPrefix(p, "-----BEGIN X-----\n")
+	return strings.TrimSuffix(p, "\n-----END X-----\n")
+}
+
+// wrapLines breaks s into lines of w characters joined by sep.
+func wrapLines(s string, w int, sep string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i += w {
+		if i > 0 {
+			b.WriteString(sep)
+		}
+		b.WriteString(s[i:min(len(s), i+w)])
+	}
+	return b.String()
 }
 
 var (
@@ -244,7 +300,7 @@ func TestSetRedacts(t *testing.T) {
 func TestLongValue(t *testing.T) {
 	tok := "eyJ" + strings.Repeat("abcDEF123_-", 2000/11)
 	s := Compile("Bearer " + tok)
-	if n := s.ac.StateCount(); n > 2000 {
+	if n := s.parts[0].ac.StateCount(); n > 2000 {
 		t.Errorf("%d DFA states for a 2 KB value", n)
 	}
 	for _, c := range encodedCases(tok) {
@@ -260,6 +316,35 @@ func TestLongValue(t *testing.T) {
 		got, n := streamMask(t, s, splitAt(body, i, min(len(body), i+1500)))
 		if !bytes.Equal(got, want) || n != wantN {
 			t.Fatalf("split %d: %d replacements, want %d", i, n, wantN)
+		}
+	}
+}
+
+// TestJoin: a joined Set masks the values of every part, in strings and in
+// a stream split at every offset (what a later read may complete is held
+// back for every part, not the first only); a value in two parts is one
+// occurrence; a join of one active Set is that Set.
+func TestJoin(t *testing.T) {
+	env, rule := Compile(testValues[0], testValues[2]), Compile(testValues[1], testValues[0])
+	j := Join(env, nil, rule)
+	if j.Patterns() != env.Patterns()+rule.Patterns() || Join(nil, rule, Compile()) != rule || Join(nil).Active() {
+		t.Fatalf("join: %d patterns", j.Patterns())
+	}
+	body := []byte("a " + testValues[0] + " b " + base64.StdEncoding.EncodeToString([]byte(testValues[1])) +
+		" c " + hex.EncodeToString([]byte(testValues[2])) + " d")
+	want, wantN := refMask(j, body)
+	if wantN < 3 {
+		t.Fatalf("the reference found %d occurrences", wantN)
+	}
+	got := bytes.Clone(body)
+	if n := j.Bytes(got); n != wantN || !bytes.Equal(got, want) {
+		t.Fatalf("Bytes: %d, %q", n, got)
+	}
+	for i := 0; i <= len(body); i++ {
+		for _, s := range []*Set{j, Join(rule, env)} {
+			if got, n := streamMask(t, s, splitAt(body, i)); n != wantN || !bytes.Equal(got, want) {
+				t.Fatalf("split at %d: %d, %q", i, n, got)
+			}
 		}
 	}
 }

@@ -158,20 +158,30 @@ func (st *stream) drop() {
 
 // hold returns the length of the longest suffix of b that is a proper
 // prefix of some pattern: the only bytes a later read can still complete
-// into a match. It checks only the last maxLen-1 bytes, and a start there only
-// when its first two bytes begin some pattern, so it costs little per read.
+// into a match.
 func (s *Set) hold(b []byte) int {
-	for i := max(0, len(b)-(s.maxLen-1)); i < len(b); i++ {
-		if !s.first[b[i]] {
+	n := 0
+	for _, m := range s.parts {
+		n = max(n, m.hold(b))
+	}
+	return n
+}
+
+// hold is Set.hold for m's patterns. It checks only the last maxLen-1 bytes,
+// and a start there only when its first two bytes begin some pattern, so it
+// costs little per read.
+func (m *matcher) hold(b []byte) int {
+	for i := max(0, len(b)-(m.maxLen-1)); i < len(b); i++ {
+		if !m.first[b[i]] {
 			continue
 		}
 		if i+1 < len(b) {
 			k := int(b[i])<<8 | int(b[i+1])
-			if s.pair[k/64]&(1<<(k%64)) == 0 {
+			if m.pair[k/64]&(1<<(k%64)) == 0 {
 				continue
 			}
 		}
-		if s.properPrefix(b[i:]) {
+		if m.properPrefix(b[i:]) {
 			return len(b) - i
 		}
 	}
@@ -179,10 +189,10 @@ func (s *Set) hold(b []byte) int {
 }
 
 // properPrefix reports whether b is a prefix of some longer pattern.
-func (s *Set) properPrefix(b []byte) bool {
-	i, _ := slices.BinarySearchFunc(s.sorted, b, bytes.Compare)
-	for ; i < len(s.sorted) && bytes.HasPrefix(s.sorted[i], b); i++ {
-		if len(s.sorted[i]) > len(b) {
+func (m *matcher) properPrefix(b []byte) bool {
+	i, _ := slices.BinarySearchFunc(m.sorted, b, bytes.Compare)
+	for ; i < len(m.sorted) && bytes.HasPrefix(m.sorted[i], b); i++ {
+		if len(m.sorted[i]) > len(b) {
 			return true
 		}
 	}
