@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"github.com/egressd/egressd/internal/scrub"
 	"io"
 	"mime"
 	"net/http"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/credential"
+	"github.com/egressd/egressd/internal/scrub"
 )
 
 // MaxBody is the largest request body of known length that is read whole before it is
