@@ -136,11 +136,13 @@ func TestClientThatNeverReadsIsClosed(t *testing.T) {
 	}
 }
 
-// A stalled request body inside an intercepted HTTP/2 connection is given up after
-// limits.read_header, like an HTTP/1 one: 400 body_timeout, not a stream held
-// until the upstream's response timeout.
+// A stalled request body inside an intercepted HTTP/2 connection, once forwarded,
+// is given up after limits.stream_idle without a byte, like an HTTP/1 one: 400
+// body_timeout, not a stream held until the upstream's response timeout.
 func TestH2StalledBodyTimesOut(t *testing.T) {
-	w := newInjectWorld(t, worldOpts{limits: func(l *config.Limits) { l.ReadHeader = 500 * time.Millisecond }})
+	w := newInjectWorld(t, worldOpts{limits: func(l *config.Limits) {
+		l.ReadHeader, l.StreamIdle = 500*time.Millisecond, time.Second
+	}})
 	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		rw.WriteHeader(204)

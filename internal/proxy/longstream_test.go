@@ -70,3 +70,41 @@ func TestQuietWebSocketLivesUntilStreamIdle(t *testing.T) {
 		t.Errorf("the idle WebSocket was closed after %v, want about stream_idle (3 s)", took)
 	}
 }
+
+// TestStreamedEventNotHeldBack: an SSE event whose last bytes could begin the
+// injected secret reaches the client once the upstream pauses (20 ms), not at the
+// upstream's next write; what is released is never the secret.
+func TestStreamedEventNotHeldBack(t *testing.T) {
+	w := newInjectWorld(t, worldOpts{})
+	release := make(chan struct{})
+	defer close(release)
+	event := "data: " + secretToken[:3]
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(rw, event)
+		rw.(http.Flusher).Flush()
+		<-release
+	})
+	for _, h2 := range []bool{false, true} {
+		c := w.interceptingClient()
+		c.Transport.(*http.Transport).ForceAttemptHTTP2 = h2
+		resp, err := c.Get("https://api.allowed.test/events")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(event))
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() { _, err := io.ReadFull(resp.Body, got); done <- err }()
+		select {
+		case err := <-done:
+			if err != nil || string(got) != event {
+				t.Errorf("h2=%v: read %q %v", h2, got, err)
+			}
+			t.Logf("h2=%v: the event arrived %v after the response head", h2, time.Since(start))
+		case <-time.After(3 * time.Second):
+			t.Errorf("h2=%v: the event's held bytes were not released", h2)
+		}
+		resp.Body.Close()
+	}
+}

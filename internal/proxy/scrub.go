@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/inject"
@@ -242,6 +243,11 @@ var (
 	errPartial     = errors.New("the upstream answered a part of the body, which cannot be scrubbed")
 )
 
+// scrubPause is how long a streamed body may pause with bytes held back (they might
+// begin a secret) before they are released: masked when they are at least MinLen
+// bytes of a form, so an SSE event or a gRPC message reaches the client at once.
+const scrubPause = 20 * time.Millisecond
+
 // scrubBody masks the body as it streams, decoding it first when the upstream
 // compressed it (it is then delivered as identity: Content-Encoding and
 // Content-Length go, and the writers re-frame it, chunked on HTTP/1.1), and masks
@@ -285,7 +291,7 @@ func (sc *scrubber) container(resp *http.Response, src io.Reader) error {
 	}
 	coding, err := scrub.Container(ctype, head)
 	if err != nil || coding == "" {
-		b.r = sc.set.Reader(src)
+		b.r = sc.set.Reader(src).Paced(scrubPause)
 		b.out = b.r
 		return err
 	}

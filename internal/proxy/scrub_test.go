@@ -21,6 +21,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/scrub"
 )
 
 // formsToken is the credential of forms.allowed.test: its characters differ in
@@ -247,7 +248,11 @@ func TestScrubBodyForms(t *testing.T) {
 				for _, cl := range []string{"", "&cl=1"} {
 					target := fmt.Sprintf("/body?form=%s&split=%d%s", name, split, cl)
 					got := w.fetch(t, proto, "forms.allowed.test", target, nil)
-					if want := "[[" + stars(len(form)) + "]]"; string(got.body) != want {
+					// The upstream pauses 20 ms between its writes: held bytes shorter
+					// than scrub.MinLen may then go out as they are (docs/policy.md).
+					want := "[[" + stars(len(form)) + "]]"
+					released := "[[" + form[:max(split-2, 0)] + stars(len(form)-max(split-2, 0)) + "]]"
+					if string(got.body) != want && (split-2 >= scrub.MinLen || string(got.body) != released) {
 						t.Errorf("%s %s: body %q, want %q", proto, target, got.body, want)
 					}
 					assertNoLeak(t, proto+" "+target, got.raw)

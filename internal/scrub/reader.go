@@ -26,6 +26,7 @@ type Reader struct {
 	fill func() // produces out or err; nil: fillBody
 	ctl  int    // occurrences masked outside st (WebSocket control frames)
 	idle int    // consecutive source reads that returned nothing
+	pace *pacer // set by Paced
 }
 
 // maxIdleReads bounds consecutive (0, nil) reads from a source before Read
@@ -82,7 +83,15 @@ func (r *Reader) fillBody() {
 	r.err = err
 	if n > 0 || err != nil {
 		r.idle = 0
-	} else if r.idle++; r.idle >= maxIdleReads {
+	} else {
+		r.idleRead()
+	}
+}
+
+// idleRead counts a source read that returned nothing, and gives up after
+// maxIdleReads in a row.
+func (r *Reader) idleRead() {
+	if r.idle++; r.idle >= maxIdleReads {
 		r.err = io.ErrNoProgress
 	}
 }
