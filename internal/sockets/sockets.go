@@ -163,11 +163,12 @@ func (set *Set) Len() int {
 	return len(set.socks)
 }
 
-// Take removes and returns the socket that serves sp: the same network, and the
-// same name (a socket without a name, as systemd hands over, matches any), bound
-// where sp asks (any port when sp's port is 0; the wildcard addresses 0.0.0.0 and
-// :: stand for each other). Nil when the set holds none: the config changed since
-// the sockets were opened, or systemd was not told about this one.
+// Take removes and returns the socket that serves sp, named as sp: the same
+// network, and the same name (a socket without a name, as systemd hands over,
+// matches any), bound where sp asks (any port when sp's port is 0; the wildcard
+// addresses 0.0.0.0 and :: stand for each other). Nil when the set holds none:
+// the config changed since the sockets were opened, or systemd was not told
+// about this one.
 func (set *Set) Take(sp Spec) *Socket {
 	if set == nil {
 		return nil
@@ -177,6 +178,7 @@ func (set *Set) Take(sp Spec) *Socket {
 			continue
 		}
 		set.socks = append(set.socks[:i], set.socks[i+1:]...)
+		s.Name = sp.Name
 		return s
 	}
 	return nil
