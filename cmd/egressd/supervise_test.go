@@ -66,6 +66,35 @@ func TestRunWorkerRestarted(t *testing.T) {
 	}
 }
 
+// TestRunDrainAnswersAcceptedConnection: a connection accepted before SIGTERM
+// whose request comes just after it (the drain has begun) is answered, not
+// closed: the drain lets such connections become requests before it waits for
+// the requests in flight. New connections are refused meanwhile.
+func TestRunDrainAnswersAcceptedConnection(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, nil)
+	d := startRunner(t, runConfig(runOpts{ports: []int{up.port}}))
+	nc, err := net.DialTimeout("tcp", d.Proxy, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	time.Sleep(100 * time.Millisecond) // accepted by the worker, nothing sent
+	d.signal(syscall.SIGTERM)
+	d.waitLog("draining", func(l logLine) bool { return l.Str("message") == "draining" })
+	waitRefused(t, d.Proxy)
+	nc.SetDeadline(time.Now().Add(waitTimeout))
+	fmt.Fprintf(nc, "GET http://localhost:%d/late HTTP/1.1\r\nHost: localhost:%d\r\n\r\n", up.port, up.port)
+	res, err := http.ReadResponse(bufio.NewReader(nc), nil)
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("a request on a connection accepted before SIGTERM: %v %v, want the upstream's 200", res, err)
+	}
+	res.Body.Close()
+	if code := d.waitExit(waitTimeout); code != 0 {
+		t.Errorf("exit %d after SIGTERM, want 0", code)
+	}
+}
+
 // TestRunNoSupervise: with --no-supervise one process serves, and killing it
 // closes its ports: what the supervisor is for.
 func TestRunNoSupervise(t *testing.T) {

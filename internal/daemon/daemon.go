@@ -74,6 +74,7 @@ type Daemon struct {
 	// when this process opens its own.
 	inherited *sockets.Set
 	hold      context.Context // see HoldUntilReady; nil: serve at once
+	serving   []net.Listener  // the proxy's listeners, which Close stops first
 }
 
 // New returns a Daemon for the config at cfgPath ("" for the quick-start defaults),
@@ -135,6 +136,7 @@ func (d *Daemon) Start(l *Loaded) error {
 	for _, lc := range l.Cfg.Listeners {
 		ln := socks.Get(sockets.TCP, listenerSocket(lc.Name)).Listener()
 		d.srv.InitMetrics(lc)
+		d.serving = append(d.serving, ln)
 		go func() { d.errc <- d.srv.Serve(ln, lc) }()
 	}
 	if admin := socks.Get(sockets.TCP, adminSocket); admin != nil {
@@ -326,8 +328,29 @@ func (d *Daemon) withPlaceholders(l *Loaded, rt *proxy.Runtime) error {
 	return err
 }
 
-// Close drains: in-flight requests get limits.drain, then every connection is closed,
-// the watcher and the credential refreshers stop, and the log is flushed.
+// drainSettle is how long Close lets the connections accepted just before it
+// become requests before the drain begins (bounded by half of limits.drain).
+const drainSettle = 500 * time.Millisecond
+
+// settle stops accepting, then gives the connections accepted just before the
+// time to become requests, which the drain then waits for: a request head still
+// arriving, a tunnel whose first request has not come yet (a hook call between
+// its CONNECT and its POST). The drain alone would close them unanswered. Under
+// the supervisor, new connections go meanwhile to the sockets' other holders: a
+// worker started by an upgrade, or the backlog.
+func (d *Daemon) settle(drain time.Duration) {
+	for _, ln := range d.serving {
+		ln.Close()
+	}
+	if len(d.serving) > 0 {
+		time.Sleep(min(drainSettle, drain/2))
+	}
+}
+
+// Close drains: it stops accepting and lets the connections accepted just before
+// become requests (settle), then in-flight requests get limits.drain, then every
+// connection is closed, the watcher and the credential refreshers stop, and the
+// log is flushed.
 func (d *Daemon) Close() {
 	drain := d.srv.Runtime().Limits.Drain
 	d.log.Info().Dur("drain_timeout", drain).Msg("draining")
@@ -344,6 +367,7 @@ func (d *Daemon) Close() {
 	if d.admin != nil {
 		d.admin.Close()
 	}
+	d.settle(drain)
 	if err := d.srv.Shutdown(ctx); err != nil {
 		d.log.Warn().Err(err).Msg("drain timed out; open connections closed")
 	}
