@@ -41,13 +41,9 @@ func TestRunWorkerRestarted(t *testing.T) {
 		t.Fatalf("a connection right after the worker was killed: %v, want it to wait in the backlog", err)
 	}
 	defer nc.Close()
-	nc.SetDeadline(time.Now().Add(waitTimeout))
-	fmt.Fprintf(nc, "GET http://localhost:%d/after-kill HTTP/1.1\r\nHost: localhost:%d\r\n\r\n", up.port, up.port)
-	res, err := http.ReadResponse(bufio.NewReader(nc), nil)
-	if err != nil || res.StatusCode != http.StatusOK {
-		t.Fatalf("the request made while the worker was down: %v %v, want the next worker's 200", res, err)
+	if code, err := getOn(nc, up.port, "/after-kill"); code != http.StatusOK {
+		t.Fatalf("the request made while the worker was down: %d %v, want the next worker's 200", code, err)
 	}
-	res.Body.Close()
 
 	exited := d.waitLog("the worker's exit", func(l logLine) bool { return strings.HasPrefix(l.Str("message"), "worker exited") })
 	if exited.Num("pid") != float64(worker) || exited.Str("status") != "signal: killed" || exited.Str("level") != "warn" {
@@ -83,13 +79,9 @@ func TestRunDrainAnswersAcceptedConnection(t *testing.T) {
 	d.signal(syscall.SIGTERM)
 	d.waitLog("draining", func(l logLine) bool { return l.Str("message") == "draining" })
 	waitRefused(t, d.Proxy)
-	nc.SetDeadline(time.Now().Add(waitTimeout))
-	fmt.Fprintf(nc, "GET http://localhost:%d/late HTTP/1.1\r\nHost: localhost:%d\r\n\r\n", up.port, up.port)
-	res, err := http.ReadResponse(bufio.NewReader(nc), nil)
-	if err != nil || res.StatusCode != http.StatusOK {
-		t.Fatalf("a request on a connection accepted before SIGTERM: %v %v, want the upstream's 200", res, err)
+	if code, err := getOn(nc, up.port, "/late"); code != http.StatusOK {
+		t.Fatalf("a request on a connection accepted before SIGTERM: %d %v, want the upstream's 200", code, err)
 	}
-	res.Body.Close()
 	if code := d.waitExit(waitTimeout); code != 0 {
 		t.Errorf("exit %d after SIGTERM, want 0", code)
 	}
@@ -165,15 +157,25 @@ func firstRequest(addr string, port int) string {
 			continue
 		}
 		defer nc.Close()
-		nc.SetDeadline(time.Now().Add(2 * waitTimeout))
-		fmt.Fprintf(nc, "GET http://localhost:%d/first HTTP/1.1\r\nHost: localhost:%d\r\n\r\n", port, port)
-		res, err := http.ReadResponse(bufio.NewReader(nc), nil)
+		code, err := getOn(nc, port, "/first")
 		if err != nil {
 			return err.Error()
 		}
-		res.Body.Close()
-		return fmt.Sprint(res.StatusCode)
+		return fmt.Sprint(code)
 	}
+}
+
+// getOn sends a GET for path of the upstream on port through the proxy
+// connection nc and returns the status, waiting up to twice waitTimeout.
+func getOn(nc net.Conn, port int, path string) (int, error) {
+	nc.SetDeadline(time.Now().Add(2 * waitTimeout))
+	fmt.Fprintf(nc, "GET http://localhost:%d%s HTTP/1.1\r\nHost: localhost:%d\r\n\r\n", port, path, port)
+	res, err := http.ReadResponse(bufio.NewReader(nc), nil)
+	if err != nil {
+		return 0, err
+	}
+	res.Body.Close()
+	return res.StatusCode, nil
 }
 
 // TestRunPortInUseNamesHolder: egressd that finds its port taken says so in one
