@@ -62,6 +62,35 @@ func TestRunWorkerRestarted(t *testing.T) {
 	}
 }
 
+// TestRunWorkerCrashLoop: workers that die young are restarted after a back-off
+// that doubles (0 for the first, whose predecessor had served a while, then 100
+// ms, 200 ms, ...), the parent and its sockets staying up; once they can start
+// again one serves. Here they die because the config on disk became invalid
+// after start (the running worker kept its last good one).
+func TestRunWorkerCrashLoop(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, nil)
+	good := runConfig(runOpts{ports: []int{up.port}})
+	d := startRunner(t, good)
+	time.Sleep(1100 * time.Millisecond) // past the supervisor's 1 s: this one is no young death
+	d.rewriteConfig("version: 1\nlisteners: nonsense\n")
+	if err := syscall.Kill(d.ServingPid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	isRestart := func(l logLine) bool { return strings.HasPrefix(l.Str("message"), "worker exited") }
+	for i, want := range []float64{0, 100, 200} {
+		l := d.waitNth(fmt.Sprintf("restart %d", i+1), i+1, isRestart)
+		if l.Num("restart_in") != want {
+			t.Errorf("restart %d: restart_in %v ms, want %v (status %s)", i+1, l.Num("restart_in"), want, l.Str("status"))
+		}
+	}
+	d.rewriteConfig(good)
+	d.waitNth("a worker serving again", 2, func(l logLine) bool { return l.Str("message") == "egressd started" })
+	if res, body := get(t, d.proxyClient(), fmt.Sprintf("http://localhost:%d/again", up.port)); res.StatusCode != http.StatusOK {
+		t.Errorf("after the crash loop: %d %s, want 200", res.StatusCode, body)
+	}
+}
+
 // TestRunDrainAnswersAcceptedConnection: a connection accepted before SIGTERM
 // whose request comes just after it (the drain has begun) is answered, not
 // closed: the drain lets such connections become requests before it waits for

@@ -241,6 +241,9 @@ func (s *supervisor) exited(w *worker) {
 			// fails to start, as a single process would.
 			s.stop()
 			s.code = exitCode(state, false)
+			for _, o := range s.live() {
+				o.signal(syscall.SIGTERM)
+			}
 		case s.next != nil:
 			s.current, s.next = s.next, nil
 			stopTimer(&s.upgrade)
@@ -263,7 +266,7 @@ func (s *supervisor) scheduleRestart(w *worker, state *os.ProcessState) {
 	}
 	delay := time.Duration(0)
 	if s.young > 0 {
-		delay = min(restartStep<<(s.young-1), restartMax)
+		delay = backoff(s.young)
 	}
 	s.young++
 	s.restarts++
@@ -276,14 +279,20 @@ func (s *supervisor) scheduleRestart(w *worker, state *os.ProcessState) {
 	s.restart = time.NewTimer(delay)
 }
 
+// backoff is the wait before the nth restart of workers that keep dying young
+// (n >= 1): restartStep doubled n-1 times, at most restartMax.
+func backoff(n int) time.Duration {
+	return min(restartStep<<min(n-1, 8), restartMax)
+}
+
 // respawn starts the serving worker again. A worker that cannot even be
 // started (the binary gone, no memory to fork) is tried again after the
 // back-off, for as long as it takes: the sockets stay open meanwhile.
 func (s *supervisor) respawn() {
 	w, err := s.spawn(false)
 	if err != nil {
-		delay := min(restartStep<<min(s.young, 5), restartMax)
 		s.young++
+		delay := backoff(s.young)
 		s.o.Log.Error().Err(err).Dur("restart_in", delay).Msg("cannot start a worker; trying again")
 		s.restart = time.NewTimer(delay)
 		return
@@ -301,14 +310,14 @@ func (s *supervisor) startUpgrade() {
 		s.o.Log.Warn().Int("pid", s.next.pid).Msg("SIGUSR2 ignored: an upgrade is under way")
 		return
 	}
+	if s.current == nil { // a restart is waiting: the new binary serves at once
+		stopTimer(&s.restart)
+		s.respawn()
+		return
+	}
 	w, err := s.spawn(true)
 	if err != nil {
 		s.o.Log.Error().Err(err).Msg("upgrade failed: cannot start the new worker; the running worker keeps serving")
-		return
-	}
-	if s.current == nil { // a restart was waiting: the new binary serves at once
-		stopTimer(&s.restart)
-		s.current = w
 		return
 	}
 	s.o.Log.Info().Int("pid", w.pid).Int("previous_pid", s.current.pid).Msg("upgrade: new worker started")
