@@ -68,11 +68,11 @@ func (e *egressd) stop() string {
 }
 
 // cpuTime is egressd's CPU time so far (user + system).
-func (e *egressd) cpuTime() (time.Duration, error) { return procfs.CPU(e.Pid()) }
+func (e *egressd) cpuTime() (time.Duration, error) { return procfs.CPU(e.ServingPid()) }
 
 // peakRSS is VmHWM, the resident set's high-water mark over the whole run.
 func (e *egressd) peakRSS() (int64, string) {
-	n, err := procfs.PeakRSS(e.Pid())
+	n, err := procfs.PeakRSS(e.ServingPid())
 	if err != nil {
 		return 0, err.Error()
 	}

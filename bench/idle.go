@@ -182,7 +182,7 @@ func measureIdleTunnels(ctx context.Context, env pathEnv) ([]pathResult, error) 
 	if err := loopbackOnly(proxyAddr); err != nil {
 		return nil, err
 	}
-	pid := e.Pid()
+	pid := e.ServingPid()
 	ir := &idleResult{Requested: env.o.idleTunnels, FDSetup: idleFDSetup, GoroutinesBefore: -1, GoroutinesIdle: -1, TunnelsActiveIdle: -1, ZeroAfterCloseSeconds: -1}
 	res := pathResult{Path: idlePathName, Description: idlePathSpec().desc, Idle: ir}
 

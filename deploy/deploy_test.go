@@ -78,7 +78,7 @@ func inNamespaces(t *testing.T, create, reserve []string) bool {
 		}
 		return true
 	}
-	requireTools(t, "ip", "iptables", "ip6tables", "iptables-save", "ip6tables-save", "nsenter", "setpriv", "bash", "timeout")
+	requireTools(t, "ip", "iptables", "ip6tables", "iptables-save", "ip6tables-save", "nsenter", "setpriv", "bash", "timeout", "perl")
 	var env []string
 	for i, role := range append(slices.Clone(create), reserve...) {
 		name := "egr" + role[:1] + randomHex(t)
@@ -158,7 +158,11 @@ func netnsScriptChild(t *testing.T) {
 	s.checkRemoved(t, before)
 }
 
-type sandbox struct{ name string }
+// sandbox is one namespace of the netns script; env is added to the script's.
+type sandbox struct {
+	name string
+	env  []string
+}
 
 func (s *sandbox) hostIf() string { return "egr-" + s.name + "-h" }
 func (s *sandbox) chain() string  { return "EGRESSD-" + s.name }
@@ -175,8 +179,8 @@ func (s *sandbox) script(t *testing.T, cmd string) string {
 
 func (s *sandbox) scriptErr(cmd string) (string, error) {
 	c := exec.Command(script, cmd, s.name)
-	c.Env = append(os.Environ(), "EGRESSD_NETNS_INDEX="+index,
-		"EGRESSD_TPROXY_PORT="+tproxyPort, "EGRESSD_DNS_PORT="+dnsPort)
+	c.Env = append(append(os.Environ(), "EGRESSD_NETNS_INDEX="+index,
+		"EGRESSD_TPROXY_PORT="+tproxyPort, "EGRESSD_DNS_PORT="+dnsPort), s.env...)
 	out, err := c.CombinedOutput()
 	return string(out), err
 }
@@ -201,6 +205,11 @@ func (s *sandbox) checkInstalled(t *testing.T) {
 		{"iptables", "filter", "-A " + s.chain() + "-FWD -j DROP"},
 		{"ip6tables", "filter", "-A " + s.chain() + "-FWD -j DROP"},
 		{"iptables", "filter", "-A " + s.chain() + "-IN -j DROP"},
+		// Only egressd's uid (root here: no user egressd) answers from its ports.
+		{"iptables", "filter", "-A " + s.chain() + "-OUT -m owner --uid-owner 0 -j RETURN"},
+		{"iptables", "filter", "-A " + s.chain() + "-OUT -p tcp -m multiport --sports " + tproxyPort + "," + dnsPort + " -m tcp ! --tcp-flags RST RST -j DROP"},
+		{"ip6tables", "filter", "-A " + s.chain() + "-OUT -p udp -m udp --sport " + dnsPort + " -j DROP"},
+		{"ip6tables", "filter", "-A OUTPUT -o " + s.hostIf() + " -j " + s.chain() + "-OUT"},
 	} {
 		if rules := output(t, c.tool, "-w", "-t", c.table, "-S"); !strings.Contains(rules, c.want) {
 			t.Errorf("%s -t %s -S lacks %q:\n%s", c.tool, c.table, c.want, rules)
@@ -669,11 +678,13 @@ func TestKubernetesInitRules(t *testing.T) {
 		t.Fatalf("running egressd-init.sh twice changed the rules:\n--- once\n%s\n--- twice\n%s", once, twice)
 	}
 
-	tproxy4, tproxy6 := listenTCP(t, "127.0.0.1", "15002"), listenTCP(t, "::1", "15002")
-	dnsUDP, dnsTCP := listenUDP(t, "127.0.0.1", "15053"), listenTCP(t, "127.0.0.1", "15053")
-	admin := listenTCP(t, "0.0.0.0", "15000")
+	// The listeners stand for egressd's: their sockets are egressd's uid's, the
+	// only one the rules let answer from egressd's ports.
+	tproxy4, tproxy6 := listenTCPAs(t, egressdUID, "127.0.0.1", "15002"), listenTCPAs(t, egressdUID, "::1", "15002")
+	dnsUDP, dnsTCP := listenUDPAs(t, egressdUID, "127.0.0.1", "15053"), listenTCPAs(t, egressdUID, "127.0.0.1", "15053")
+	admin := listenTCPAs(t, egressdUID, "0.0.0.0", "15000")
 	hooksPort, runtimeUID := initValue(t, initC, "EGRESSD_HOOKS_PORT"), initValue(t, initC, "EGRESSD_RUNTIME_UID")
-	hooksLn := listenTCP(t, "127.0.0.1", hooksPort)
+	hooksLn := listenTCPAs(t, egressdUID, "127.0.0.1", hooksPort)
 	agent := func(d time.Duration, snippet string) error { return asUID(1000, d, snippet) }
 	egressd := func(d time.Duration, snippet string) error { return asUID(egressdUID, d, snippet) }
 	farCount := func() int {
@@ -751,6 +762,10 @@ func TestKubernetesInitRules(t *testing.T) {
 
 	t.Run("hooks listener for the runtime only", func(t *testing.T) {
 		hooksListenerChecks(t, hooksLn, hooksPort, runtimeUID)
+	})
+
+	t.Run("no squatter", func(t *testing.T) {
+		kubernetesSquatter(t, hooksPort, "15053", runtimeUID, hooksLn, dnsUDP, initRules)
 	})
 }
 

@@ -161,6 +161,15 @@ func TestKubernetesManifests(t *testing.T) {
 		wantEnv(t, initC, "EGRESSD_DNS_PORT", strconv.Itoa(int(dns.Port())))
 		wantEnv(t, initC, "EGRESSD_ADMIN_PORT", strconv.Itoa(admin))
 		wantEnv(t, initC, "EGRESSD_REDIRECT_PORTS", joinPorts(cfg.Network.DefaultPorts))
+		// Only egressd may answer from its ports: the init rules drop what other
+		// uids send from the ports they know of, so they must know of each.
+		guarded := strings.Split(strings.Join([]string{envValue(initC, "EGRESSD_TPROXY_PORT"), envValue(initC, "EGRESSD_DNS_PORT"),
+			envValue(initC, "EGRESSD_ADMIN_PORT"), envValue(initC, "EGRESSD_HOOKS_PORT"), envValue(initC, "EGRESSD_OTHER_PORTS")}, ","), ",")
+		for _, l := range cfg.Listeners {
+			if !slices.Contains(guarded, strconv.Itoa(int(l.Address.Port()))) {
+				t.Errorf("listener %s on %s: its port is not among the init container's (add it to EGRESSD_OTHER_PORTS), so a squatter could answer from it", l.Name, l.Address)
+			}
+		}
 	})
 
 	t.Run("uids", func(t *testing.T) {
@@ -518,6 +527,11 @@ func TestSystemdUnit(t *testing.T) {
 		"CapabilityBoundingSet":   "",
 		"RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX",
 		"ExecReload":              "/bin/kill -HUP $MAINPID",
+		// The supervising parent is the main process: it says when egressd is
+		// ready, and it alone gets SIGTERM, which it passes to its worker.
+		"Type":         "notify",
+		"NotifyAccess": "main",
+		"KillMode":     "mixed",
 	} {
 		if got := unit[key]; len(got) != 1 || got[0] != want {
 			t.Errorf("%s=%q, want %q", key, got, want)
@@ -533,6 +547,50 @@ func TestSystemdUnit(t *testing.T) {
 	if cfg.DNS.Listen != "10.200.1.1:"+dns {
 		t.Errorf("%s: dns.listen %s, want 10.200.1.1:%s", install[1], cfg.DNS.Listen, dns)
 	}
+}
+
+// TestSystemdSocket: egressd.socket listens on exactly the sockets the systemd
+// example config serves (egressd matches each to its listener by address and
+// closes one it cannot match), and the service's user is the static one
+// egressd.sysusers creates, which egressd-netns's default EGRESSD_UID names.
+func TestSystemdSocket(t *testing.T) {
+	sock := parseUnit(t, readRepoFile(t, "systemd/egressd.socket"))
+	cfg := parseRepoConfig(t, "systemd/egressd.yaml")
+	want := []string{"stream " + cfg.Admin.Address.String(), "stream " + cfg.DNS.Listen, "datagram " + cfg.DNS.Listen}
+	for _, l := range cfg.Listeners {
+		want = append(want, "stream "+l.Address.String())
+	}
+	var got []string
+	for _, a := range sock["ListenStream"] {
+		got = append(got, "stream "+a)
+	}
+	for _, a := range sock["ListenDatagram"] {
+		got = append(got, "datagram "+a)
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("egressd.socket listens on %q; egressd.yaml serves %q", got, want)
+	}
+	if v := sock["FreeBind"]; len(v) != 1 || v[0] != "yes" {
+		t.Errorf("FreeBind=%q: the namespace's address exists only once egressd-netns@ has run", v)
+	}
+	unit := parseUnit(t, readRepoFile(t, "systemd/egressd.service"))
+	user := regexp.MustCompile(`(?m)^u (\S+) `).FindStringSubmatch(readRepoFile(t, "systemd/egressd.sysusers"))
+	if user == nil || unit["User"][0] != user[1] || scriptDefaultUser(t) != user[1] {
+		t.Errorf("egressd.sysusers creates %v, egressd.service runs as %v, egressd-netns defaults EGRESSD_UID to %s: want one user",
+			user, unit["User"], scriptDefaultUser(t))
+	}
+}
+
+// scriptDefaultUser is the user egressd-netns's EGRESSD_UID defaults to.
+func scriptDefaultUser(t *testing.T) string {
+	t.Helper()
+	m := regexp.MustCompile(`EGRESSD_UID:-\$\(id -u (\S+) `).FindStringSubmatch(readRepoFile(t, script))
+	if m == nil {
+		t.Fatalf("%s: no default user for EGRESSD_UID", script)
+	}
+	return m[1]
 }
 
 // TestDefaultPortsAgree: the netns script, the init container's script and

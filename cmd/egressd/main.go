@@ -16,7 +16,9 @@ const (
 const usage = `usage: egressd <command> [flags]
 
 commands:
-  run      [--config FILE]                 serve (quick-start defaults without --config)
+  run      [--config FILE] [--no-supervise]
+                                           serve (quick-start defaults without --config): a
+                                           parent holds the sockets, a worker serves them
   check    [--config FILE] [--format json] validate config and policy; exit 1 on any error
   explain  [--config FILE] [--format json] URL
                                            print the decision for URL, offline

@@ -13,6 +13,14 @@
 #            UDP and TCP 53                     -> REDIRECT to EGRESSD_DNS_PORT
 #   filter OUTPUT -> EGRESSD_OUTPUT
 #            uid EGRESSD_UID: ACCEPT (egressd dials upstreams, Vault, DNS)
+#            from egressd's own ports (admin, transparent, DNS, hooks and
+#              EGRESSD_OTHER_PORTS), any other uid: DROP, but for TCP resets.
+#              A process that binds one of them (before egressd starts, or
+#              while it is down) gets its SYN-ACKs and answers dropped: no
+#              connection to it completes, nothing it says reaches the
+#              runtime, the agent or kubelet. Resets pass: those of the REJECT
+#              rules below come from these ports too, and a reset carries no
+#              answer.
 #            loopback to EGRESSD_ADMIN_PORT: REJECT (the admin API is not the
 #              sandbox's; kubelet probes arrive from outside and are unaffected)
 #            loopback to EGRESSD_HOOKS_PORT (when set): ACCEPT for uid
@@ -44,6 +52,9 @@
 #   EGRESSD_RUNTIME_UID     the agent runtime's UID, the only one (with egressd's)
 #                           that may connect to EGRESSD_HOOKS_PORT; required
 #                           with it, and neither 0 nor EGRESSD_UID [""]
+#   EGRESSD_OTHER_PORTS     egressd's other listener ports (an explicit proxy
+#                           listener), comma-separated: only egressd may answer
+#                           from them, as from the ports above [""]
 #   EGRESSD_REDIRECT_PORTS  TCP ports sent to egressd [80,443]
 #   EGRESSD_IPV6            1: ip6tables too, failing if it fails; 0: skip;
 #                           auto: ip6tables when the kernel has IPv6 [auto]
@@ -57,6 +68,7 @@ ADMIN_PORT=${EGRESSD_ADMIN_PORT:-15000}
 REDIRECT_PORTS=${EGRESSD_REDIRECT_PORTS:-80,443}
 HOOKS_PORT=${EGRESSD_HOOKS_PORT:-}
 RUNTIME_UID=${EGRESSD_RUNTIME_UID:-}
+OTHER_PORTS=${EGRESSD_OTHER_PORTS:-}
 IPV6=${EGRESSD_IPV6:-auto}
 IPTABLES=${EGRESSD_IPTABLES:-iptables}
 IP6TABLES=$(echo "$IPTABLES" | sed 's/^iptables/ip6tables/')
@@ -71,6 +83,14 @@ if [ -n "$HOOKS_PORT" ]; then
     exit 1
   fi
 fi
+
+# OWN_PORTS: every TCP port egressd listens on; only its uid may send from them.
+OWN_PORTS=$ADMIN_PORT,$TPROXY_PORT,$DNS_PORT
+[ -z "$HOOKS_PORT" ] || OWN_PORTS=$OWN_PORTS,$HOOKS_PORT
+[ -z "$OTHER_PORTS" ] || OWN_PORTS=$OWN_PORTS,$OTHER_PORTS
+case $OWN_PORTS in
+  *[!0-9,]*|*,,*|*,) echo "egressd-init: EGRESSD_OTHER_PORTS: want ports separated by commas: $OTHER_PORTS" >&2; exit 1 ;;
+esac
 
 # ensure_chain TOOL TABLE: create CHAIN empty (or empty it) and jump to it
 # first thing in OUTPUT.
@@ -95,6 +115,9 @@ rules() {
 
   ensure_chain "$ipt" filter
   "$ipt" -w -A "$CHAIN" -m owner --uid-owner "$EGRESSD_UID" -j ACCEPT
+  # No squatter: what leaves egressd's ports and is not egressd's is dropped.
+  "$ipt" -w -A "$CHAIN" -p tcp -m multiport --sports "$OWN_PORTS" ! --tcp-flags RST RST -j DROP
+  "$ipt" -w -A "$CHAIN" -p udp --sport "$DNS_PORT" -j DROP
   "$ipt" -w -A "$CHAIN" -o lo -p tcp --dport "$ADMIN_PORT" -j REJECT --reject-with tcp-reset
   if [ -n "$HOOKS_PORT" ]; then
     "$ipt" -w -A "$CHAIN" -o lo -p tcp --dport "$HOOKS_PORT" -m owner --uid-owner "$RUNTIME_UID" -j ACCEPT
@@ -126,4 +149,4 @@ case $IPV6 in
 esac
 hooks=""
 [ -z "$HOOKS_PORT" ] || hooks="; hooks :$HOOKS_PORT for uid $RUNTIME_UID only"
-echo "egressd-init: TCP $REDIRECT_PORTS -> :$TPROXY_PORT, DNS -> :$DNS_PORT; uid $EGRESSD_UID excluded$hooks"
+echo "egressd-init: TCP $REDIRECT_PORTS -> :$TPROXY_PORT, DNS -> :$DNS_PORT; uid $EGRESSD_UID excluded$hooks; only uid $EGRESSD_UID answers from TCP $OWN_PORTS and UDP $DNS_PORT"

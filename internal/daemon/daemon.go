@@ -10,14 +10,12 @@ package daemon
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -31,6 +29,7 @@ import (
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/netguard"
 	"github.com/egressd/egressd/internal/proxy"
+	"github.com/egressd/egressd/internal/sockets"
 	mitm "github.com/egressd/egressd/internal/tls"
 )
 
@@ -69,6 +68,13 @@ type Daemon struct {
 	boot      *config.Config
 	watch     *watcher           // polls the config's files; see watch.go
 	stopWatch context.CancelFunc // stops the watcher
+	stopDNS   context.CancelFunc // stops the DNS guard
+
+	// inherited holds the sockets a supervising parent passed (UseSockets); nil
+	// when this process opens its own.
+	inherited *sockets.Set
+	hold      context.Context // see HoldUntilReady; nil: serve at once
+	serving   []net.Listener  // the proxy's listeners, which Close stops first
 }
 
 // New returns a Daemon for the config at cfgPath ("" for the quick-start defaults),
@@ -76,6 +82,13 @@ type Daemon struct {
 func New(cfgPath string, log zerolog.Logger, m *metrics.Metrics) *Daemon {
 	return &Daemon{cfgPath: cfgPath, log: log, metrics: m}
 }
+
+// UseSockets makes Start serve the sockets of set, which a supervising parent
+// holds (sockets.FromEnv), instead of opening its own: they outlive this process.
+// A socket the config names that set lacks (the config changed since the parent
+// opened them) is opened here, with a warning; one set has that the config does
+// not name is closed here, with a warning (the parent keeps it open).
+func (d *Daemon) UseSockets(set *sockets.Set) { d.inherited = set }
 
 // Self is egressd's own bound addresses (the DNS guard's, then the listeners' in
 // config order, then the admin listener's), which the guard never lets a request reach.
@@ -88,17 +101,17 @@ const UnsafeWarning = "network.unsafe_allow_cidrs is set: internal addresses it 
 // credential store and the Runtime are built first, and any failure closes what was
 // opened.
 func (d *Daemon) Start(l *Loaded) error {
-	lns, err := d.listen(l)
+	socks, err := d.listen(l)
 	if err != nil {
 		return err
 	}
 	if d.leaves, err = newLeaves(l.Cfg, d.metrics); err != nil {
-		closeAll(lns)
+		socks.Close()
 		return err
 	}
 	rt, err := d.runtimeFor(l)
 	if err != nil {
-		closeAll(lns)
+		socks.Close()
 		return err
 	}
 	if rt.Guard.Unsafe() {
@@ -116,73 +129,69 @@ func (d *Daemon) Start(l *Loaded) error {
 	}
 	d.srv = proxy.New(rt, d.log, d.metrics)
 	d.store.Subscribe(d.srv.CredentialChanged)
-	d.errc = make(chan error, len(lns)+1)
-	for i, ln := range lns[:len(l.Cfg.Listeners)] {
-		d.srv.InitMetrics(l.Cfg.Listeners[i])
-		go func() { d.errc <- d.srv.Serve(ln, l.Cfg.Listeners[i]) }()
+	if d.hold != nil {
+		d.WaitReady(d.hold)
 	}
-	if len(lns) > len(l.Cfg.Listeners) {
-		d.serveAdmin(lns[len(lns)-1])
+	d.errc = make(chan error, socks.Len()+1)
+	for _, lc := range l.Cfg.Listeners {
+		ln := socks.Get(sockets.TCP, listenerSocket(lc.Name)).Listener()
+		d.srv.InitMetrics(lc)
+		d.serving = append(d.serving, ln)
+		go func() { d.errc <- d.srv.Serve(ln, lc) }()
 	}
-	if err := d.serveDNS(l); err != nil {
+	if admin := socks.Get(sockets.TCP, adminSocket); admin != nil {
+		d.serveAdmin(admin.Listener())
+	}
+	if err := d.serveDNS(l, socks.Get(sockets.UDP, dnsSocket), socks.Get(sockets.TCP, dnsSocket)); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	d.stopWatch = cancel
 	go d.watch.run(ctx, d.reloadIfChanged)
-	d.log.Info().Str("environment", l.Cfg.Environment).Str("config_hash", l.Cfg.Hash).Msg("egressd started")
+	d.log.Info().Str("environment", l.Cfg.Environment).Str("config_hash", l.Cfg.Hash).Int("pid", os.Getpid()).
+		Msg("egressd started")
 	return nil
 }
 
-// listen opens every sandbox listener and then the admin listener (last), and records
-// their bound addresses as egressd's own, which the guard never lets a request reach.
-func (d *Daemon) listen(l *Loaded) ([]net.Listener, error) {
-	var lns []net.Listener
-	addrs := make([]netip.AddrPort, 0, len(l.Cfg.Listeners)+1)
-	for _, lc := range l.Cfg.Listeners {
-		addrs = append(addrs, lc.Address)
+// listen opens (or, under a supervisor, takes) every socket l serves, logs each
+// listener's bound address, and records the bound addresses as egressd's own,
+// which the guard never lets a request reach: the DNS guard's, the listeners' in
+// config order, the admin listener's.
+func (d *Daemon) listen(l *Loaded) (*sockets.Set, error) {
+	socks, opened, err := OpenSockets(d.cfgPath, l, d.inherited)
+	if err != nil {
+		return nil, err
 	}
-	if l.Cfg.Admin.Address.IsValid() {
-		addrs = append(addrs, l.Cfg.Admin.Address)
+	d.warnUnheld(opened)
+	if dns := socks.Get(sockets.TCP, dnsSocket); dns != nil {
+		d.self = append(d.self, dns.Addr)
 	}
-	if dl, err := netip.ParseAddrPort(l.Cfg.DNS.Listen); err == nil {
-		d.self = append(d.self, dl) // the DNS guard's TCP side is egressd's own too
-	}
-	for i, a := range addrs {
-		name, key := "admin", "admin.address"
-		if i < len(l.Cfg.Listeners) {
-			name, key = l.Cfg.Listeners[i].Name, fmt.Sprintf("listeners[%d].address", i)
+	for _, sp := range socketSpecs(l) {
+		if sp.Network == sockets.TCP && sp.Name != dnsSocket {
+			bound := socks.Get(sockets.TCP, sp.Name).Addr
+			d.log.Info().Str("listener", sp.listener).Str("address", bound.String()).Msg("listening")
+			d.self = append(d.self, bound)
 		}
-		ln, err := net.Listen("tcp", a.String())
-		if err != nil {
-			closeAll(lns)
-			return nil, listenError(name, key, d.cfgPath, err)
-		}
-		bound := netip.MustParseAddrPort(ln.Addr().String())
-		d.log.Info().Str("listener", name).Str("address", bound.String()).Msg("listening")
-		d.self = append(d.self, bound)
-		lns = append(lns, ln)
 	}
-	return lns, nil
+	return socks, nil
 }
 
-// listenError names the listener that could not listen, the config key of its
-// address, and the fix for the common causes.
-func listenError(name, key, cfgPath string, err error) error {
-	where := key
-	if cfgPath != "" {
-		where += " in " + cfgPath
+// warnUnheld warns, under a supervisor, about the sockets this process opened
+// itself (the parent holds none for them) and closes those the parent holds that
+// the config no longer names.
+func (d *Daemon) warnUnheld(opened []sockets.Spec) {
+	if d.inherited == nil {
+		return
 	}
-	fix := "change " + where
-	switch {
-	case errors.Is(err, syscall.EADDRINUSE):
-		fix = "another process holds the port (another egressd, or `make run`, still running?); stop it or " + fix
-	case errors.Is(err, syscall.EADDRNOTAVAIL):
-		fix = "no interface has that address (a transparent listener needs the namespace's host-side address up first); " + fix
-	case errors.Is(err, syscall.EACCES):
-		fix = "ports below 1024 need CAP_NET_BIND_SERVICE; " + fix
+	for _, sp := range opened {
+		d.log.Warn().Str("socket", sp.String()).
+			Msg("not among the sockets the supervisor holds (the config changed since egressd started): opened by this worker, it closes if the worker stops; restart egressd to apply")
 	}
-	return fmt.Errorf("listener %q (%s): %w: %s", name, key, err, fix)
+	for _, s := range d.inherited.Rest() {
+		d.log.Warn().Str("socket", s.Spec.String()).
+			Msg("held by the supervisor but no longer in the config: not served; restart egressd to release it")
+		s.Close()
+	}
 }
 
 func (d *Daemon) serveAdmin(ln net.Listener) {
@@ -198,18 +207,22 @@ func (d *Daemon) serveAdmin(ln net.Listener) {
 	}()
 }
 
-// serveDNS starts the DNS guard when dns.listen is set. It answers from the current
-// Runtime's policy, resolver and guard, so a reload applies to the next query.
-func (d *Daemon) serveDNS(l *Loaded) error {
-	if l.Cfg.DNS.Listen == "" {
+// serveDNS starts the DNS guard on its sockets, udp and tcp (nil unless dns.listen
+// is set).
+// It answers from the current Runtime's policy, resolver and guard, so a reload
+// applies to the next query.
+func (d *Daemon) serveDNS(l *Loaded, udp, tcp *sockets.Socket) error {
+	if udp == nil || tcp == nil {
 		return nil
 	}
 	rt := d.srv.Runtime()
 	g := dnsguard.New(dnsguard.Options{
-		Listen:   l.Cfg.DNS.Listen,
-		Policy:   func() *allowlist.Policy { return d.srv.Runtime().Policy },
-		Resolver: rt.Resolver,
-		Guard:    rt.Guard,
+		Listen:     l.Cfg.DNS.Listen,
+		PacketConn: udp.PacketConn(),
+		Listener:   tcp.Listener(),
+		Policy:     func() *allowlist.Policy { return d.srv.Runtime().Policy },
+		Resolver:   rt.Resolver,
+		Guard:      rt.Guard,
 		Current: func() (*netguard.Resolver, *netguard.Guard) {
 			rt := d.srv.Runtime()
 			return rt.Resolver, rt.Guard
@@ -226,7 +239,9 @@ func (d *Daemon) serveDNS(l *Loaded) error {
 		return err
 	}
 	d.log.Info().Str("listener", "dns").Str("address", g.Addr()).Msg("listening")
-	go func() { d.errc <- g.Run(context.Background()) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	d.stopDNS = cancel
+	go func() { d.errc <- g.Run(ctx) }()
 	return nil
 }
 
@@ -314,8 +329,29 @@ func (d *Daemon) withPlaceholders(l *Loaded, rt *proxy.Runtime) error {
 	return err
 }
 
-// Close drains: in-flight requests get limits.drain, then every connection is closed,
-// the watcher and the credential refreshers stop, and the log is flushed.
+// drainSettle is how long Close lets the connections accepted just before it
+// become requests before the drain begins (bounded by half of limits.drain).
+const drainSettle = 500 * time.Millisecond
+
+// settle stops accepting, then gives the connections accepted just before the
+// time to become requests, which the drain then waits for: a request head still
+// arriving, a tunnel whose first request has not come yet (a hook call between
+// its CONNECT and its POST). The drain alone would close them unanswered. Under
+// the supervisor, new connections go meanwhile to the sockets' other holders: a
+// worker started by an upgrade, or the backlog.
+func (d *Daemon) settle(drain time.Duration) {
+	for _, ln := range d.serving {
+		ln.Close()
+	}
+	if len(d.serving) > 0 {
+		time.Sleep(min(drainSettle, drain/2))
+	}
+}
+
+// Close drains: it stops accepting and lets the connections accepted just before
+// become requests (settle), then in-flight requests get limits.drain, then every
+// connection is closed, the watcher and the credential refreshers stop, and the
+// log is flushed.
 func (d *Daemon) Close() {
 	drain := d.srv.Runtime().Limits.Drain
 	d.log.Info().Dur("drain_timeout", drain).Msg("draining")
@@ -324,9 +360,15 @@ func (d *Daemon) Close() {
 	if d.stopWatch != nil {
 		d.stopWatch()
 	}
+	if d.stopDNS != nil {
+		// The DNS guard's queries are answered at once: nothing to drain. A new
+		// worker (an upgrade) answers the next ones from the same sockets.
+		d.stopDNS()
+	}
 	if d.admin != nil {
 		d.admin.Close()
 	}
+	d.settle(drain)
 	if err := d.srv.Shutdown(ctx); err != nil {
 		d.log.Warn().Err(err).Msg("drain timed out; open connections closed")
 	}
@@ -335,10 +377,4 @@ func (d *Daemon) Close() {
 	}
 	d.log.Info().Msg("egressd stopped")
 	os.Stdout.Sync() // the log: every record is written by now (Shutdown waited)
-}
-
-func closeAll(lns []net.Listener) {
-	for _, ln := range lns {
-		ln.Close()
-	}
 }

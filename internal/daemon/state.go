@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -52,6 +53,31 @@ func (d *Daemon) Ready() (bool, map[string]any) {
 	}
 	return store.Ready(), body
 }
+
+// readyPoll is how often WaitReady asks Ready.
+const readyPoll = 50 * time.Millisecond
+
+// WaitReady waits until Ready says ready (true), or ctx ends (false).
+func (d *Daemon) WaitReady(ctx context.Context) bool {
+	t := time.NewTicker(readyPoll)
+	defer t.Stop()
+	for {
+		if ok, _ := d.Ready(); ok {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+}
+
+// HoldUntilReady makes Start wait, once it has built everything and before it
+// serves, until Ready says ready or ctx ends: a worker started for an upgrade
+// takes no connection before its credentials are read, while the old worker
+// serves them all.
+func (d *Daemon) HoldUntilReady(ctx context.Context) { d.hold = ctx }
 
 // What started a reload, as the reload log lines' source field says.
 const (

@@ -50,7 +50,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
 	"sync"
 	"time"
 
@@ -60,6 +59,7 @@ import (
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/netguard"
+	"github.com/egressd/egressd/internal/sockets"
 )
 
 // Defaults for the zero values of Options.
@@ -89,9 +89,6 @@ const (
 	// tcpReadTimeout bounds a TCP client's first query and every write to
 	// it; Options.TCPIdle the wait for each later query.
 	tcpReadTimeout = 2 * time.Second
-	// listenAttempts is how often Listen retries when Listen's port is 0
-	// and the free UDP port it got is taken for TCP.
-	listenAttempts = 16
 )
 
 // Options configures a Server.
@@ -101,6 +98,11 @@ type Options struct {
 	// wildcard address (0.0.0.0, ::) the guard asks the kernel which address
 	// each UDP query was sent to, for the sinkhole and the reply (dst.go).
 	Listen string
+	// PacketConn and Listener, when both are set, are the sockets to serve,
+	// already bound (inherited from egressd's supervising parent); Listen is
+	// then only their address.
+	PacketConn net.PacketConn
+	Listener   net.Listener
 	// Policy returns the current allowlist; it is called for every query,
 	// so a reload applies to the next one. Nil, or a nil result, refuses
 	// every query.
@@ -189,44 +191,27 @@ func orDefault[T int | time.Duration](v, def T) T {
 	return v
 }
 
-// Listen binds the UDP socket and the TCP listener on Options.Listen.
-// Calling it again does nothing.
+// Listen binds the UDP socket and the TCP listener on Options.Listen, or takes
+// Options.PacketConn and Options.Listener. Calling it again does nothing.
 func (s *Server) Listen() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.pc != nil {
 		return nil
 	}
-	host, port, err := net.SplitHostPort(s.o.Listen)
-	if err != nil {
-		return fmt.Errorf("dnsguard: listen %q: %w", s.o.Listen, err)
-	}
-	for attempt := 0; ; attempt++ {
-		pc, ln, err := listenBoth(host, port)
-		if err == nil {
-			s.pc = withDst(pc)
-			s.ln = newCapListener(ln, s.o.MaxTCPConnections, s.o.MaxTCPPerClient, s.logTCPCap)
-			return nil
+	pc, ln := s.o.PacketConn, s.o.Listener
+	if pc == nil || ln == nil {
+		addr, err := netip.ParseAddrPort(s.o.Listen)
+		if err != nil {
+			return fmt.Errorf("dnsguard: listen %q: %w", s.o.Listen, err)
 		}
-		if port != "0" || attempt == listenAttempts {
+		if pc, ln, err = sockets.ListenPair(addr); err != nil {
 			return fmt.Errorf("dnsguard: %w", err)
 		}
 	}
-}
-
-// listenBoth binds UDP on host:port, then TCP on the port UDP got.
-func listenBoth(host, port string) (net.PacketConn, net.Listener, error) {
-	pc, err := net.ListenPacket("udp", net.JoinHostPort(host, port))
-	if err != nil {
-		return nil, nil, err
-	}
-	udpPort := strconv.Itoa(pc.LocalAddr().(*net.UDPAddr).Port)
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, udpPort))
-	if err != nil {
-		pc.Close()
-		return nil, nil, err
-	}
-	return pc, ln, nil
+	s.pc = withDst(pc)
+	s.ln = newCapListener(ln, s.o.MaxTCPConnections, s.o.MaxTCPPerClient, s.logTCPCap)
+	return nil
 }
 
 // Addr is the bound ip:port (UDP and TCP), or "" before Listen.

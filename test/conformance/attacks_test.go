@@ -415,7 +415,7 @@ func h2StalledStreams(k *kase, stop <-chan struct{}, wg *sync.WaitGroup) {
 const h2Streams = 200
 
 // rssOf is egressd's RSS, for goroutines (no *testing.T).
-func rssOf(w *world) (int64, error) { return procfs.RSS(w.Pid()) }
+func rssOf(w *world) (int64, error) { return procfs.RSS(w.ServingPid()) }
 
 // idleTunnels is how many idle tunnels are open when TestSIGTERMWithIdleTunnels
 // sends SIGTERM.

@@ -126,7 +126,7 @@ func (w *world) dnsAddr(t *testing.T) string {
 // fds is egressd's open descriptor count now.
 func (w *world) fds(t *testing.T) int {
 	t.Helper()
-	n, err := procfs.FDs(w.Pid())
+	n, err := procfs.FDs(w.ServingPid())
 	if err != nil {
 		t.Fatal(err)
 	}

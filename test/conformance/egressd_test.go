@@ -35,6 +35,7 @@ type config struct {
 	// denyInTunnel is tls.deny_in_tunnel; default never, so a refused CONNECT's
 	// own status carries the verdict the attack cases assert.
 	denyInTunnel string
+	bin          string // the egressd binary; default the one TestMain built
 }
 
 // startEgressd writes the config, the credentials file (with the planted secret) and
@@ -50,7 +51,7 @@ func startEgressd(t *testing.T, fx *fixtures, c config) *egressd {
 	}
 	e := &egressd{t: t, credPath: filepath.Join(dir, "credentials.json")}
 	e.Egressd = egressdtest.StartT(t, egressdtest.Options{
-		Dir: dir, Config: c.egressdConfig(), Files: files, LoopbackOnly: true,
+		Bin: c.bin, Dir: dir, Config: c.egressdConfig(), Files: files, LoopbackOnly: true,
 		Wait: egressdtest.WaitReady, StartTimeout: startTimeout, StopTimeout: stopTimeout,
 	})
 	e.ProxyAddr, e.AdminAddr = e.Proxy, e.Admin

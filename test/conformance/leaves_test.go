@@ -149,7 +149,7 @@ func (w *world) handshake(host string) error {
 // rss is egressd's resident set now.
 func (w *world) rss(t *testing.T) int64 {
 	t.Helper()
-	n, err := procfs.RSS(w.Pid())
+	n, err := procfs.RSS(w.ServingPid())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,10 +58,10 @@ func takeSample(e *egressd, at time.Duration) (sample, error) {
 		return s, fmt.Errorf("/metrics lacks %s or %s", seriesGoroutines, seriesTunnels)
 	}
 	s.goroutines, s.tunnels = int64(g), int64(tu)
-	if s.fds, err = procFDs(e.Pid()); err != nil {
+	if s.fds, err = procFDs(e.ServingPid()); err != nil {
 		return s, err
 	}
-	s.rss, err = procRSS(e.Pid())
+	s.rss, err = procRSS(e.ServingPid())
 	return s, err
 }
 

@@ -108,7 +108,7 @@ func TestSoak(t *testing.T) {
 	}
 	evs := op.schedule(s.duration)
 	t.Logf("soaking egressd (pid %d) for %v: %d clients at %d req/s, %d reloads and rotations scheduled, POST /v1/reload served: %v; dir %s",
-		e.Pid(), s.duration, s.clients, s.rate, len(evs), adminReload, dir)
+		e.ServingPid(), s.duration, s.clients, s.rate, len(evs), adminReload, dir)
 
 	rep.loadAvgStart = loadAvg()
 	l.start = time.Now()

@@ -96,6 +96,11 @@ type Egressd struct {
 	exitCode int // set before exited is closed; -1 when killed by a signal
 	exitErr  error
 	stopOnce sync.Once
+	serving  struct { // ServingPid's progress through the log
+		mu  sync.Mutex
+		cur *Cursor
+		pid int
+	}
 }
 
 // Start writes the run's files, starts egressd and waits for what o.Wait asks. On

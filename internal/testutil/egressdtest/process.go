@@ -9,8 +9,36 @@ import (
 	"time"
 )
 
-// Pid is egressd's process ID.
+// Pid is egressd's process ID: the process Start started, which the signals go
+// to. Under the supervisor (the default) that is the parent, which serves
+// nothing; ServingPid is the process that serves.
 func (e *Egressd) Pid() int { return e.cmd.Process.Pid }
+
+// ServingPid is the process that serves connections, whose memory, descriptors
+// and CPU time are egressd's figures: the worker that logged the last "egressd
+// started" line (its "pid" field), or Pid when there is no such line (an egressd
+// run with --no-supervise logs its own PID there too). It reads only the log
+// written since its last call.
+func (e *Egressd) ServingPid() int {
+	e.serving.mu.Lock()
+	defer e.serving.mu.Unlock()
+	if e.serving.cur == nil {
+		e.serving.cur = &Cursor{e: e, Skip: func(b []byte) bool { return !bytes.Contains(b, startedMarker) }}
+	}
+	lines, _ := e.serving.cur.Next()
+	for _, l := range lines {
+		if l.Message() == "egressd started" && l.Num("pid") > 0 {
+			e.serving.pid = int(l.Num("pid"))
+		}
+	}
+	if e.serving.pid == 0 {
+		return e.Pid()
+	}
+	return e.serving.pid
+}
+
+// startedMarker finds the "egressd started" lines without decoding the others.
+var startedMarker = []byte(`"message":"egressd started"`)
 
 // Exited is closed once egressd has exited; ExitCode is valid then.
 func (e *Egressd) Exited() <-chan struct{} { return e.exited }
