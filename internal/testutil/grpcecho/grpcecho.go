@@ -2,7 +2,9 @@
 // server and called by a real grpc-go client: a raw-bytes codec (no generated
 // code), one unary and three streaming methods that answer each message
 // upper-cased, a custom trailer on every call, a status error when the first
-// message is "fail", and a record of the metadata each call carried.
+// message is "fail", and a record of the metadata each call carried. Two more
+// streaming methods serve the timing of streams (ticks.go): Ticks sends messages
+// apart in time and records when each left, Acks records each message it gets.
 package grpcecho
 
 import (
@@ -48,8 +50,9 @@ const FailMessage = "failed: präcondition 100%"
 
 // Service records the metadata of every call it serves.
 type Service struct {
-	mu sync.Mutex
-	md []metadata.MD
+	mu    sync.Mutex
+	md    []metadata.MD
+	calls map[string]*Record // by CallIDKey, for Ticks and Acks
 }
 
 // NewServer returns a grpc-go server (with opts) serving s with the raw codec.
@@ -61,6 +64,9 @@ func (s *Service) NewServer(opts ...grpc.ServerOption) *grpc.Server {
 		desc.Streams = append(desc.Streams, grpc.StreamDesc{StreamName: name, Handler: s.stream,
 			ServerStreams: true, ClientStreams: true})
 	}
+	desc.Streams = append(desc.Streams,
+		grpc.StreamDesc{StreamName: Ticks, Handler: s.ticks, ServerStreams: true, ClientStreams: true},
+		grpc.StreamDesc{StreamName: Acks, Handler: s.acks, ServerStreams: true, ClientStreams: true})
 	srv.RegisterService(&desc, nil)
 	return srv
 }
