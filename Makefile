@@ -24,10 +24,13 @@ run: build
 test: deps lint unit
 
 # deps installs what the tests need on a fresh machine (iproute2, util-linux,
-# iptables) and builds the Vault dev server once (cached outside the clone).
+# iptables; the real-client suite's curl, git and Python libraries from Debian,
+# its pinned undici from npm into $(CACHE)/node) and builds the Vault dev server
+# once (cached outside the clone).
 deps:
 	@scripts/install-test-deps.sh
 	@scripts/install-netns-deps.sh
+	@scripts/install-client-deps.sh $(CACHE)
 	@scripts/vaultdev.sh build >/dev/null
 
 lint: $(STATICCHECK)
@@ -42,10 +45,12 @@ $(STATICCHECK):
 # EGRESSD_REQUIRE_NETNS makes tests that must run in a loopback-only network
 # namespace fail, rather than skip, when one cannot be made; EGRESSD_REQUIRE_VAULT
 # makes the Vault integration tests fail rather than skip without a server, which
-# scripts/with-vault.sh starts for the run and stops after it.
+# scripts/with-vault.sh starts for the run and stops after it; EGRESSD_REQUIRE_CLIENTS
+# makes the real-client suite (test/clients) fail rather than skip a client that
+# deps did not install.
 unit:
-	scripts/with-vault.sh env EGRESSD_REQUIRE_NETNS=1 EGRESSD_REQUIRE_VAULT=1 \
-	  $(GO) test -race -count=1 -timeout 15m ./...
+	scripts/with-vault.sh env EGRESSD_REQUIRE_NETNS=1 EGRESSD_REQUIRE_VAULT=1 EGRESSD_REQUIRE_CLIENTS=1 \
+	  EGRESSD_CLIENTS_NODE_MODULES=$(CACHE)/node/node_modules $(GO) test -race -count=1 -timeout 15m ./...
 
 ## fuzz: each fuzz target for FUZZTIME (default 30s).
 FUZZTIME ?= 30s
