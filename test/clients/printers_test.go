@@ -27,12 +27,18 @@ var refusalPrinters = []clientCase{
 			"https://"+evilHost+path, "--fetch-retries", "0", "left-pad")
 		printed(t, w, path, o, "403 Forbidden (egressd: not_allowlisted)")
 	}},
-	// git prints the status code alone: "The requested URL returned error: 403".
+	// git prints the status code alone: "The requested URL returned error: 403";
+	// with GIT_CURL_VERBOSE=1 its trace shows the Egressd-Reason header.
 	{client: "git", name: "refused https not_allowlisted", tool: "git", run: func(t *testing.T, w *world, path string) {
-		o := w.run(t, nil, "git", "ls-remote", "https://"+evilHost+path+"repo.git")
+		url := "https://" + evilHost + path + "repo.git"
+		o := w.run(t, nil, "git", "ls-remote", url)
 		printed(t, w, path, o, "The requested URL returned error: 403")
 		if strings.Contains(o.stderr, "not_allowlisted") {
 			t.Errorf("git now names the reason: say so in docs/clients.md and docs/reasons.md\n%s", o)
+		}
+		o = w.run(t, []string{"GIT_CURL_VERBOSE=1"}, "git", "ls-remote", url)
+		if !strings.Contains(strings.ToLower(o.stderr), "egressd-reason: not_allowlisted") {
+			t.Errorf("GIT_CURL_VERBOSE=1 does not show Egressd-Reason\n%s", o)
 		}
 	}},
 }
