@@ -84,24 +84,28 @@ const (
 // client's read.
 func grpcTicks(t *testing.T, w *world, path string) {
 	tail := gcpSecret[:6]
-	ls, o := grpcRun(t, w, path, pubsubHost+":443", "-scenario", "ticks", "-ticks", itoa(tickCount),
-		"-tick-gap", tickGap.String(), "-tail", tail)
-	if st := lastStatus(ls); st.Code != "OK" {
-		t.Fatalf("status %s %q, want OK\n%s", st.Code, st.Message, o)
-	}
-	msgs := ls[:len(ls)-1]
-	rec := w.up.svc.Call(path)
-	if rec == nil || len(msgs) != tickCount || len(rec.Sent()) != tickCount {
-		t.Fatalf("the client read %d messages of %d\n%s", len(msgs), tickCount, o)
-	}
-	var lat []time.Duration
-	for i, m := range msgs {
-		if want := grpcecho.TickMessage(i, tail); m.Msg != want {
-			t.Errorf("message %d is %q, want %q", i, m.Msg, want)
+	label := func(i int) string { return grpcecho.TickMessage(i, "<token start>") }
+	w.lat.measure(t, "grpc", label, func(run int) []time.Duration {
+		callID := path + itoa(run) + "/"
+		ls, o := grpcRun(t, w, callID, pubsubHost+":443", "-scenario", "ticks", "-ticks", itoa(tickCount),
+			"-tick-gap", tickGap.String(), "-tail", tail)
+		if st := lastStatus(ls); st.Code != "OK" {
+			t.Fatalf("status %s %q, want OK\n%s", st.Code, st.Message, o)
 		}
-		lat = append(lat, time.Unix(0, m.At).Sub(rec.Sent()[i]))
-	}
-	w.lat.add(t, "grpc", lat, func(i int) string { return grpcecho.TickMessage(i, "<token start>") })
+		msgs := ls[:len(ls)-1]
+		rec := w.up.svc.Call(callID)
+		if rec == nil || len(msgs) != tickCount || len(rec.Sent()) != tickCount {
+			t.Fatalf("the client read %d messages of %d\n%s", len(msgs), tickCount, o)
+		}
+		var lat []time.Duration
+		for i, m := range msgs {
+			if want := grpcecho.TickMessage(i, tail); m.Msg != want {
+				t.Errorf("message %d is %q, want %q", i, m.Msg, want)
+			}
+			lat = append(lat, time.Unix(0, m.At).Sub(rec.Sent()[i]))
+		}
+		return lat
+	})
 }
 
 // grpcPlaceholder: a bidirectional stream to the placeholder's trusted domain,

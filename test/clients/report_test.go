@@ -72,10 +72,29 @@ type latencies struct {
 	kind map[string][]time.Duration
 }
 
-// add records one stream's latencies (message i described by label) and fails t
-// for each past maxLatency.
-func (l *latencies) add(t *testing.T, kind string, d []time.Duration, label func(int) string) {
+// timedRuns is how often a timed stream may run. A message egressd holds back is
+// late in every run, at the same place; one delayed by a machine busy with other
+// work (the suite shares two cores with the rest of make test, and egressd is
+// built with -race) is late at random. So a stream with a late message runs once
+// more, and that run decides; the first is logged.
+const timedRuns = 2
+
+// measure runs stream (run n gets a path of its own) until no message is later
+// than maxLatency or it ran timedRuns times, records the last run's latencies
+// (message i described by label) and fails t for each of them past maxLatency.
+func (l *latencies) measure(t *testing.T, kind string, label func(int) string, stream func(run int) []time.Duration) {
 	t.Helper()
+	var d []time.Duration
+	for run := range timedRuns {
+		d = stream(run)
+		late := lateOnes(d, label)
+		if len(late) == 0 {
+			break
+		}
+		if run+1 < timedRuns {
+			t.Logf("%s run %d: %s; late: %s; running it once more", kind, run+1, distribution(d), strings.Join(late, ", "))
+		}
+	}
 	l.mu.Lock()
 	if l.kind == nil {
 		l.kind = map[string][]time.Duration{}
@@ -83,12 +102,20 @@ func (l *latencies) add(t *testing.T, kind string, d []time.Duration, label func
 	l.kind[kind] = append(l.kind[kind], d...)
 	l.mu.Unlock()
 	t.Logf("%s latency from the upstream's flush: %s", kind, distribution(d))
+	for _, late := range lateOnes(d, label) {
+		t.Errorf("%s %s after the upstream flushed it, want within %v%s", kind, late, maxLatency, holdBackNote)
+	}
+}
+
+// lateOnes describes each latency of d past maxLatency.
+func lateOnes(d []time.Duration, label func(int) string) []string {
+	var out []string
 	for i, x := range d {
 		if x > maxLatency {
-			t.Errorf("%s %d (%s) was read %v after the upstream flushed it, want within %v%s", kind, i, label(i),
-				x.Round(time.Millisecond), maxLatency, holdBackNote)
+			out = append(out, fmt.Sprintf("%d (%s) read %v", i, label(i), x.Round(time.Millisecond)))
 		}
 	}
+	return out
 }
 
 // report logs the mode's distributions on t.

@@ -33,7 +33,14 @@ type sseLine struct {
 // credential, masked by the stand-in), and each later event is timed from the
 // stand-in's flush to the client's read.
 func sseStream(t *testing.T, w *world, path string) {
-	p := ssePath + strings.TrimPrefix(path, "/clients/")
+	label := func(i int) string { return strings.Replace(sseDelta(i), openaiSecret[:6], "<token start>", 1) }
+	w.lat.measure(t, "sse", label, func(run int) []time.Duration {
+		return sseRun(t, w, ssePath+strings.TrimPrefix(path, "/clients/")+itoa(run)+"/")
+	})
+}
+
+// sseRun reads the stream at p and returns each event's latency.
+func sseRun(t *testing.T, w *world, p string) []time.Duration {
 	o := w.run(t, nil, python, script("sse_client.py"),
 		"https://"+openaiHost+p+"?n="+itoa(sseEvents)+"&gap="+sseGap.String())
 	ls := jsonLines[sseLine](o.stdout)
@@ -63,5 +70,5 @@ func sseStream(t *testing.T, w *world, path string) {
 		}
 		lat = append(lat, time.Unix(0, e.At).Sub(flushed[i]))
 	}
-	w.lat.add(t, "sse", lat, func(i int) string { return strings.Replace(sseDelta(i), openaiSecret[:6], "<token start>", 1) })
+	return lat
 }
