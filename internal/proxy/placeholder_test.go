@@ -32,6 +32,7 @@ func newPlaceholderWorld(t *testing.T) *world {
 		allowlist: []allowlist.Entry{
 			{Domain: "api.allowed.test"},
 			{Domain: "www.allowed.test", Credential: "rule"},
+			{Domain: "tx.allowed.test", Transform: []allowlist.Header{{Name: "X-Key", Value: "static-transform-value"}}},
 			{Domain: "*"},
 		},
 		credentials: map[string]string{
@@ -41,6 +42,7 @@ func newPlaceholderWorld(t *testing.T) *world {
 		},
 		envVars: map[string]string{"EV_KEY": "ev", "HDR_KEY": "hdr", "RULE_KEY": "rule"},
 	})
+	w.DNS.Set("tx.allowed.test", "A "+w.PublicIP)
 	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		recorded.Store(w, upstreamSeen{r.Header, r.URL, string(body), r.ContentLength, r.TransferEncoding})
@@ -145,6 +147,9 @@ func TestPlaceholderOutOfScopeIsRefused(t *testing.T) {
 		{"other host, body", "POST", "http://other.test/", `{"k":"` + ev + `"}`, "", "ev", "body"},
 		{"trusted host, location not named", "GET", "https://api.allowed.test/?k=" + hdr, "", "", "hdr", "query"},
 		{"no trusted_domains, entry names another", "GET", "https://api.allowed.test/", "", rule, "rule", "header"},
+		// The entry sets X-Key itself: the client's copy, placeholder and all, would be
+		// removed unseen if injection ran first.
+		{"other host, in a header the entry injects", "GET", "https://tx.allowed.test/", "", ev, "ev", "header"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -28,13 +28,18 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 		return nil, deny(allowlist.ReasonMethodNotAllowed, strings.ToLower(x.req.Method))
 	}
 	out := x.outbound(ctx, scheme)
+	// Placeholders first: a placeholder in a header the entry injects would otherwise
+	// be removed with the client's copy of that header, unseen, rather than refused.
+	if err := x.replacePlaceholders(out, d.Rule); err != nil {
+		return nil, err
+	}
 	res, err := x.rt.Injector.Apply(d.Rule, out.Header, x.req.Trailer)
 	if err != nil {
 		return nil, err
 	}
-	x.rec.Injected, x.rec.Credential, x.rec.CredentialVersion = res.Names, res.Credential, res.Version
-	if err := x.replacePlaceholders(out, d.Rule); err != nil {
-		return nil, err
+	x.rec.Injected, x.rec.CredentialVersion = res.Names, res.Version
+	if res.Credential != "" {
+		x.rec.Credential = res.Credential
 	}
 	x.scrubFor(out, res.Scrub)
 	x.body.trailers(x.req, out, res.Names)
