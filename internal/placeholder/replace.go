@@ -27,6 +27,7 @@ const MaxBody = 1 << 20
 
 // Locations a credential cannot name: a placeholder there is always refused.
 const (
+	LocationMethod     = "method"
 	LocationPath       = "path"
 	LocationHeaderName = "header_name"
 	LocationTrailer    = "trailer"
@@ -166,7 +167,7 @@ func (s *scope) add(id, val string) {
 // Apply replaces every placeholder in out's header values (inside Basic credentials too),
 // query and body with its credential's value, where the credential allows that location
 // for host (its trusted domains; without any, a host whose winning rule names it). A
-// placeholder anywhere else (those locations otherwise, the path, a header or trailer
+// placeholder anywhere else (those locations otherwise, the method, the path, a header or trailer
 // name, a trailer value) is a *ScopeError; a credential that cannot be served its
 // *credential.UnavailableError; over plain HTTP (plaintext) a replacement the rule does
 // not allow_plaintext is ErrPlaintext. On an error out must not be forwarded. A body
@@ -177,7 +178,7 @@ func (r *Replacer) Apply(out *http.Request, host string, rule *allowlist.Rule, p
 		return Result{}, nil
 	}
 	s := &scope{r: r, host: host, rule: rule, plaintext: plaintext}
-	for _, step := range []func(*http.Request) error{s.path, s.headers, s.query, s.trailerNames, s.body} {
+	for _, step := range []func(*http.Request) error{s.method, s.path, s.headers, s.query, s.trailerNames, s.body} {
 		if err := step(out); err != nil {
 			return Result{}, err
 		}
@@ -265,6 +266,12 @@ func containsFold(s, sub string) bool {
 		}
 	}
 	return false
+}
+
+// method refuses a placeholder in the request method, which a client may spell as
+// any token and an upstream may store or echo.
+func (s *scope) method(out *http.Request) error {
+	return s.refuse(out.Method, LocationMethod, true)
 }
 
 // path refuses a placeholder in the path, as sent or percent-decoded (any case).

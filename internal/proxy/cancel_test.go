@@ -2,8 +2,11 @@ package proxy_test
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -42,5 +45,43 @@ func TestClientCancelledIsNotAnUpstreamFailure(t *testing.T) {
 		if got != want {
 			t.Errorf("egressd_requests_total{reason=%q} = %v, want %v", reason, got, want)
 		}
+	}
+}
+
+// TestHTTP1ClientGoneNeverForwarded: an HTTP/1.1 client that closes its connection
+// while egressd is still resolving the target (here a DNS answer that takes 1.5 s)
+// gets nothing dialled or forwarded for it, and the request is logged as
+// client_cancelled, not as a response served.
+func TestHTTP1ClientGoneNeverForwarded(t *testing.T) {
+	w := newInjectWorld(t, worldOpts{})
+	w.DNS.SetFunc("slow.allowed.test", func(int) []string {
+		time.Sleep(1500 * time.Millisecond)
+		return []string{"A " + w.PublicIP}
+	})
+	before := w.Upstream.requests.Load()
+	for _, plain := range []bool{true, false} {
+		var c net.Conn
+		if plain {
+			c, _ = w.dialProxy(t)
+			io.WriteString(c, "GET http://slow.allowed.test/gone HTTP/1.1\r\nHost: slow.allowed.test\r\n\r\n")
+		} else {
+			c, _ = w.interceptedH1(t, "api.allowed.test")
+			w.DNS.SetFunc("api.allowed.test", func(int) []string {
+				time.Sleep(1500 * time.Millisecond)
+				return []string{"A " + w.PublicIP}
+			})
+			io.WriteString(c, "GET /gone HTTP/1.1\r\nHost: api.allowed.test\r\n\r\n")
+		}
+		time.Sleep(300 * time.Millisecond)
+		c.Close()
+		l := w.waitLog(t, func(m map[string]any) bool { return m["path"] == "/gone" })
+		if l["reason"] != "client_cancelled" {
+			t.Errorf("plain=%v: logged %v/%v status %v, want client_cancelled", plain, l["decision"], l["reason"], l["status"])
+		}
+		w.logs.Reset()
+	}
+	time.Sleep(time.Second)
+	if n := w.Upstream.requests.Load() - before; n != 0 {
+		t.Errorf("the upstream got %d requests from clients that had gone", n)
 	}
 }

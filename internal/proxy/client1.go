@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"context"
 	"net/http"
+	"time"
 )
 
 // serveHTTP1 serves one HTTP/1.x request, in any mode, and reports whether the
@@ -9,7 +11,10 @@ import (
 func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
 	x := newExchange(c, rt, req, rec, c.route)
 	x.body.deadline = &bodyDeadline{set: c.nc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
-	keep := serveRequest(c.ctx, x, h1Side{c: c, wantClose: req.Close || !req.ProtoAtLeast(1, 1)})
+	ctx, cancel := context.WithCancel(c.ctx)
+	defer cancel()
+	x.unwatch = c.watchGone(req, cancel)
+	keep := serveRequest(ctx, x, h1Side{c: c, wantClose: req.Close || !req.ProtoAtLeast(1, 1)})
 	c.hookKeepAlive.Store(x.preHook)
 	return keep
 }
@@ -58,4 +63,30 @@ func (s h1Side) respond(x *exchange, resp *http.Response) bool {
 func (c *conn) writeContinue() {
 	c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
 	c.bw.Flush()
+}
+
+// watchGone cancels the request (cancel) when its HTTP/1 client closes the
+// connection while egressd decides, dials or waits for the upstream, so that nothing
+// is dialled or forwarded for a client that has gone (client_cancelled), as an HTTP/2
+// RST_STREAM does. Like net/http's server it reads the connection meanwhile; a byte
+// it reads (a pipelined request) stays buffered for the next request. Only a request
+// whose body is complete can be watched: a request with a body, an upgrade or a
+// CONNECT is not. The returned stop ends the watch; call it before the connection is
+// read or lingered on again.
+func (c *conn) watchGone(req *http.Request, cancel context.CancelFunc) (stop func()) {
+	if req.ContentLength != 0 || len(req.TransferEncoding) > 0 || switchesProtocol(req) {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, err := c.br.Peek(1); err != nil && !isTimeout(err) {
+			cancel()
+		}
+	}()
+	return func() {
+		c.nc.SetReadDeadline(time.Unix(1, 0)) // ends the Peek
+		<-done
+		c.nc.SetReadDeadline(time.Time{})
+	}
 }

@@ -55,6 +55,9 @@ type exchange struct {
 	// forwarded (an HTTP/2 stream beyond the connection's stream rate); a pre-tool
 	// hook call gets the fail-closed deny instead.
 	throttled error
+	// unwatch, when set, stops watching for the client's going away (watchGone);
+	// serveRequest calls it before the response is written.
+	unwatch func()
 }
 
 func newExchange(c *conn, rt *Runtime, req *http.Request, rec *Record, rtt route) *exchange {
@@ -91,6 +94,9 @@ func serveRequest(ctx context.Context, x *exchange, cs clientSide) bool {
 	defer x.body.Close()
 	defer func() { x.rec.BytesIn += x.body.n.Load() }() // once the response has ended
 	resp, err := x.serve(ctx, cs)
+	if x.unwatch != nil {
+		x.unwatch()
+	}
 	if err != nil && ctx.Err() != nil && x.throttled == nil {
 		x.rec.refused(clientCancelled(err)) // nobody is left to answer
 		return false

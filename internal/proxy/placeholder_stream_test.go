@@ -102,6 +102,8 @@ func TestPlaceholderRefusedInPathNamesAndTrailers(t *testing.T) {
 		{"path %5F", "GET http://other.test/a/" + strings.ReplaceAll(ev, "_", "%5F") + "?x=1 HTTP/1.1\r\nHost: other.test\r\n", "path"},
 		{"path all %xx", "GET http://other.test/" + allEncoded + " HTTP/1.1\r\nHost: other.test\r\n", "path"},
 		{"path, trusted host", "GET http://api.allowed.test/" + ev + " HTTP/1.1\r\nHost: api.allowed.test\r\n", "path"},
+		{"method", ev + " http://other.test/ HTTP/1.1\r\nHost: other.test\r\n", "method"},
+		{"method, prefixed, trusted host", "X" + ev + " http://api.allowed.test/ HTTP/1.1\r\nHost: api.allowed.test\r\n", "method"},
 		{"header name", "GET http://other.test/ HTTP/1.1\r\nHost: other.test\r\nX-" + ev + ": 1\r\n", "header_name"},
 		{"header name, trusted host", "GET http://api.allowed.test/ HTTP/1.1\r\nHost: api.allowed.test\r\n" + ev + ": 1\r\n", "header_name"},
 		{"trailer name", "POST http://other.test/ HTTP/1.1\r\nHost: other.test\r\nTransfer-Encoding: chunked\r\nTrailer: X-" + ev + "\r\n", "trailer"},
