@@ -35,6 +35,8 @@ type config struct {
 	// denyInTunnel is tls.deny_in_tunnel; default never, so a refused CONNECT's
 	// own status carries the verdict the attack cases assert.
 	denyInTunnel string
+	// wrap prefixes egressd's command (egressdtest.Options.Wrap): a memory cgroup.
+	wrap []string
 }
 
 // startEgressd writes the config, the credentials file (with the planted secret) and
@@ -50,7 +52,7 @@ func startEgressd(t *testing.T, fx *fixtures, c config) *egressd {
 	}
 	e := &egressd{t: t, credPath: filepath.Join(dir, "credentials.json")}
 	e.Egressd = egressdtest.StartT(t, egressdtest.Options{
-		Dir: dir, Config: c.egressdConfig(), Files: files, LoopbackOnly: true,
+		Dir: dir, Config: c.egressdConfig(), Files: files, LoopbackOnly: true, Wrap: c.wrap,
 		Wait: egressdtest.WaitReady, StartTimeout: startTimeout, StopTimeout: stopTimeout,
 	})
 	e.ProxyAddr, e.AdminAddr = e.Proxy, e.Admin
