@@ -33,8 +33,20 @@ import (
 
 // shippedMemory is the memory limit of deploy/kubernetes' egressd container. A
 // race build of egressd gets four times as much: the race detector's shadow
-// memory grows with the heap.
+// memory grows with the heap, and each goroutine costs it far more. The race
+// build's budget is therefore set, not auto (raceLimits), and its attacks are
+// smaller (heldHeadConns): it is there to find races under the attack, while the
+// build an operator runs shows the memory figures.
 var shippedMemory = int64(256<<20) * int64(1+3*boolInt(egressdtest.RaceEnabled))
+
+// raceLimits are the limits of a race build's egressd: a budget of 16 MiB, so that
+// the smaller attack still meets it.
+func raceLimits() *egressdtest.Limits {
+	if !egressdtest.RaceEnabled {
+		return nil
+	}
+	return &egressdtest.Limits{Memory: "16MiB"}
+}
 
 // Bounds of each attack: how long it runs, and how long before the checks made
 // while it runs.
@@ -87,7 +99,8 @@ func TestOOMRoutes(t *testing.T) {
 
 func runOOMRoute(t *testing.T, tc oomRoute) {
 	cg := newMemoryCgroup(t, shippedMemory)
-	w := hooksWorld(t, config{wrap: cg.wrap()})
+	w := hooksWorld(t, config{wrap: cg.wrap(), limits: raceLimits()})
+	checkMemoryLimits(t, w)
 	k := w.begin(t)
 	idle := w.rss(t)
 	stop := make(chan struct{})
@@ -123,6 +136,30 @@ func runOOMRoute(t *testing.T, tc oomRoute) {
 	t.Logf("cgroup limit %d MiB; RSS idle %d MiB, peak %d MiB (cgroup peak %d MiB); attack: %s; refusal details %v; hook call: %s in %v; served again after %v",
 		shippedMemory>>20, idle>>20, peak.Load()>>20, cg.peak()>>20, tally, details, decision, took.Round(time.Millisecond),
 		served.Round(time.Millisecond))
+}
+
+// checkMemoryLimits asserts egressd's start line on memory: GOMEMLIMIT set to 90%
+// of the cgroup's limit (none is set in its environment), and the budget a quarter
+// of it (a race build's is set: raceLimits).
+func checkMemoryLimits(t *testing.T, w *world) {
+	t.Helper()
+	for _, l := range w.logLines() {
+		if l.Message() != "memory limits" {
+			continue
+		}
+		wantBudget, wantFrom := shippedMemory/4, "cgroup"
+		if egressdtest.RaceEnabled {
+			wantBudget, wantFrom = 16<<20, "limits.memory"
+		}
+		if got := int64(l.Num("memory_budget_bytes")); got != wantBudget || l.Str("memory_budget_from") != wantFrom {
+			t.Errorf("memory budget %d from %q, want %d from %s", got, l.Str("memory_budget_from"), wantBudget, wantFrom)
+		}
+		if got, want := int64(l.Num("gomemlimit_bytes")), int64(float64(shippedMemory)*0.9); got != want || l.Str("gomemlimit_from") != "cgroup" {
+			t.Errorf("GOMEMLIMIT %d from %q, want %d from the cgroup", got, l.Str("gomemlimit_from"), want)
+		}
+		return
+	}
+	t.Error(`no "memory limits" line at start`)
 }
 
 // servedDuringAttack makes a pre-tool hook call, which must get the endpoint's
@@ -161,8 +198,9 @@ func alive(t *testing.T, w *world, cg *memoryCgroup, tally *oomTally) {
 	}
 }
 
-// heldHeadConns is how many connections heldHeads keeps sending large heads on.
-const heldHeadConns = 2000
+// heldHeadConns is how many connections heldHeads keeps sending large heads on
+// (fewer in a race build: see shippedMemory).
+var heldHeadConns = 2000 - 1600*boolInt(egressdtest.RaceEnabled)
 
 // heldHead is a request head of about 63 KiB, within limits.max_header_bytes
 // (64 KiB), that never ends: 63 fields of a kilobyte each.
@@ -176,9 +214,10 @@ var heldHead = func() string {
 }()
 
 // heldHeads keeps heldHeadConns connections each sending heldHead and waiting,
-// within limits.read_header (10 s), reopening each a second after egressd ends
-// it: the attack is on memory; a flood of new connections is a CPU attack of its
-// own, and on a small machine it would starve the hook call this one measures.
+// within limits.read_header (10 s), reopening each 2 s after egressd ends it: the
+// attack is on memory; a flood of new connections is a CPU attack of its own (and
+// every refused one moves 63 KiB through loopback), which on a small machine would
+// starve the hook call this one measures.
 func heldHeads(w *world, stop <-chan struct{}, tally *oomTally) {
 	var wg sync.WaitGroup
 	for range heldHeadConns {
@@ -190,7 +229,7 @@ func heldHeads(w *world, stop <-chan struct{}, tally *oomTally) {
 				default:
 				}
 				tally.add(holdHead(w, stop))
-				until(stop, time.Second)
+				until(stop, 2*time.Second)
 			}
 		})
 	}
