@@ -30,7 +30,6 @@ func (s *Server) setMemory(rt *Runtime) {
 	rt.mem = s.mem
 }
 
-
 // The upstream HTTP/2 Transport's receive windows: how much of an upstream's
 // response it buffers before egressd has read it. Go's defaults (4 MiB a stream,
 // 1 GiB a connection) let one client that reads nothing, with a few streams,
