@@ -12,7 +12,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/egressd/egressd/internal/allowlist"
-	"github.com/egressd/egressd/internal/membudget"
 )
 
 // detailStreamRate is the overloaded detail of a stream beyond h2StreamRate.
@@ -21,16 +20,13 @@ const detailStreamRate = "stream_rate"
 // serveH2 serves an intercepted HTTP/2 connection until it ends, with net/http's
 // own HTTP/2 server (x/net/http2's server is deprecated in its favour).
 func (c *conn) serveH2(rt *Runtime, tc *tls.Conn, rtt route) {
-	window := holdClientWindow(rt.mem)
-	defer rt.mem.Release(membudget.H2Windows, window)
 	ln := newOneConnListener(tc)
 	srv := &http.Server{
-		Handler: &h2Handler{c: c, route: rtt, streams: rate.NewLimiter(h2StreamRate, h2StreamBurst),
-			noWindow: window == 0},
+		Handler:           &h2Handler{c: c, route: rtt, streams: rate.NewLimiter(h2StreamRate, h2StreamBurst)},
 		ReadHeaderTimeout: rt.Limits.ReadHeader,
 		IdleTimeout:       rt.Limits.ClientIdle,
 		MaxHeaderBytes:    rt.Limits.MaxHeaderBytes,
-		HTTP2:             h2Config(rt, window),
+		HTTP2:             h2Config(rt),
 		ErrorLog:          log.New(io.Discard, "", 0),
 		// OPTIONS * is the pipeline's to decide (method_not_allowed where injected,
 		// forwarded elsewhere), not net/http's to answer 200.
@@ -56,10 +52,9 @@ func (c *conn) serveH2(rt *Runtime, tc *tls.Conn, rtt route) {
 //     100 x (64 KiB + ~8 KiB) ~ 7 MiB at the default limits, in the worst case;
 //   - h2ConnWindow bytes of request body received and not yet read, over all its
 //     streams (flow control: the client may not send more), h2StreamWindow per
-//     stream; the connection's window is reserved from the memory budget, and
-//     is smaller when the budget is short (holdClientWindow); hook bodies, which
-//     egressd reads itself, are bounded process-wide by limits.hook_buffer_bytes
-//     instead;
+//     stream, which a stream with a body reserves from the memory budget
+//     (holdStreamWindow); hook bodies, which egressd reads itself, are bounded
+//     process-wide by limits.hook_buffer_bytes too;
 //   - frames of at most h2MaxFrame bytes (the protocol's default and minimum), so
 //     the frame buffer stays small.
 //
@@ -79,15 +74,12 @@ const (
 	h2MaxFrame     = 16 << 10
 )
 
-// h2Config is the HTTP/2 server's configuration for a connection whose window
-// holdClientWindow reserved (0: none, the smallest there is).
-func h2Config(rt *Runtime, window int64) *http.HTTP2Config {
-	window = max(window, h2MinConnWindow)
+func h2Config(rt *Runtime) *http.HTTP2Config {
 	return &http.HTTP2Config{
 		MaxConcurrentStreams:          h2MaxStreams,
 		MaxReadFrameSize:              h2MaxFrame,
-		MaxReceiveBufferPerConnection: int(window),
-		MaxReceiveBufferPerStream:     int(min(window, h2StreamWindow)),
+		MaxReceiveBufferPerConnection: h2ConnWindow,
+		MaxReceiveBufferPerStream:     h2StreamWindow,
 		WriteByteTimeout:              rt.Limits.ClientWrite,
 	}
 }
@@ -125,9 +117,6 @@ type h2Handler struct {
 	c       *conn // the outer connection
 	route   route // modeTunnel or modeRefused
 	streams *rate.Limiter
-	// noWindow: the memory budget could not hold the connection's receive
-	// window; every stream is refused.
-	noWindow bool
 }
 
 func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -137,12 +126,9 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := newRecord(h.c.l, h.c.nc.RemoteAddr())
 	defer rec.finish(&h.c.s.log, h.c.s.metrics)
 	x := newExchange(h.c, rt, r, rec, h.route)
-	switch {
-	case h.noWindow:
-		x.throttled = errH2Windows
-	case !h.streams.Allow():
-		x.throttled = deny(allowlist.ReasonOverloaded, detailStreamRate)
-	}
+	release, throttled := h.admit(rt, r)
+	defer release()
+	x.throttled = throttled
 	rc := http.NewResponseController(w)
 	x.body.deadline = &bodyDeadline{set: rc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
 	if h.c.lane {
@@ -152,6 +138,20 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Connection", "close")
 	}
 	serveRequest(r.Context(), x, h2Side{w})
+}
+
+// admit refuses a stream beyond the connection's rate of new streams, or one whose
+// receive window the memory budget cannot hold (holdStreamWindow); release gives
+// back what it reserved.
+func (h *h2Handler) admit(rt *Runtime, r *http.Request) (release func(), refused error) {
+	if !h.streams.Allow() {
+		return func() {}, deny(allowlist.ReasonOverloaded, detailStreamRate)
+	}
+	release, ok := holdStreamWindow(rt.mem, r)
+	if !ok {
+		return release, errH2Windows
+	}
+	return release, nil
 }
 
 // h2Side is the tail's client side on an HTTP/2 stream. net/http answers Expect:

@@ -103,24 +103,20 @@ func (b *heldBody) Close() error {
 	return err
 }
 
-// clientWindows are the connection windows an intercepted HTTP/2 client is offered,
-// largest first: under memory pressure a new connection gets a smaller window (less
-// throughput, the same answers) before it gets none. The smallest is the protocol's
-// initial window, which a client may fill before any setting of egressd's arrives.
-var clientWindows = []int64{h2ConnWindow, h2ConnWindow / 4, h2MinConnWindow}
-
-// h2MinConnWindow is RFC 9113's initial window (65,535 bytes), rounded up.
-const h2MinConnWindow = 64 << 10
-
-// holdClientWindow reserves the receive window of an intercepted HTTP/2
-// connection: the request bodies its client may send before egressd reads them.
-// It returns the window, or 0 when not even the smallest fits: the connection's
-// streams are then refused (overloaded, memory_h2_windows) and it buffers nothing.
-func holdClientWindow(mem *membudget.Budget) int64 {
-	for _, n := range clientWindows {
-		if mem.Reserve(membudget.H2Windows, n) {
-			return n
-		}
+// holdStreamWindow reserves what an intercepted HTTP/2 client may send on r's
+// stream before egressd reads it: its body's declared length, at most the stream's
+// window (h2StreamWindow); nothing for a stream without a body. A connection
+// buffers at most its window (h2ConnWindow) over all its streams, so what the
+// streams reserve bounds it, and idle connections cost the budget nothing. It
+// reports false, reserving nothing, when the budget cannot hold it; release gives
+// it back.
+func holdStreamWindow(mem *membudget.Budget, r *http.Request) (release func(), ok bool) {
+	n := int64(h2StreamWindow)
+	if r.ContentLength >= 0 {
+		n = min(n, r.ContentLength)
 	}
-	return 0
+	if !mem.Reserve(membudget.H2Windows, n) {
+		return func() {}, false
+	}
+	return func() { mem.Release(membudget.H2Windows, n) }, true
 }

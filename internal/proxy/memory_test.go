@@ -168,7 +168,7 @@ func TestUpstreamWindowsBounded(t *testing.T) {
 	})))
 	fr := zeroWindowClient(t, w, "api.allowed.test")
 	const streams = 16
-	openStreams(t, fr, "api.allowed.test", streams)
+	openStreams(t, fr, "GET", "api.allowed.test", streams)
 	waitFor(t, func() bool { return w.Upstream.requests.Load() >= streams }, "every stream to reach the upstream")
 	var last int64
 	for settled := 0; settled < 5; time.Sleep(100 * time.Millisecond) { // until the upstream stops getting anywhere
@@ -184,29 +184,41 @@ func TestUpstreamWindowsBounded(t *testing.T) {
 	t.Logf("%d streams: the upstream sent %d KiB before the windows closed", streams, last>>10)
 }
 
-// TestH2WindowsDrawOnTheBudget: an intercepted HTTP/2 connection's receive window
-// and each upstream HTTP/2 stream's are reserved from the budget; a client that
-// reads nothing and opens more streams than the budget's windows can hold has the
-// newest refused 503 overloaded (detail memory_h2_windows), and the windows return
-// to the budget when the connection ends.
+// TestH2WindowsDrawOnTheBudget: an intercepted HTTP/2 stream with a body reserves
+// its receive window from the budget, and so does each upstream HTTP/2 stream; a
+// client that reads nothing and opens more streams than the budget's windows can
+// hold has the newest refused 503 overloaded (detail memory_h2_windows), and the
+// windows return to the budget when the connection ends. With smallBudget the
+// windows have 4 MiB: 16 upstream streams, or 8 streams that also send a body.
 func TestH2WindowsDrawOnTheBudget(t *testing.T) {
-	w := newInjectWorld(t, worldOpts{limits: withBudget(smallBudget)})
-	w.Upstream.handler.Store(ptr(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		rw.Write(make([]byte, 1<<20)) // held by the windows: the client reads nothing
-	})))
-	fr := zeroWindowClient(t, w, "api.allowed.test")
-	waitFor(t, func() bool { return w.budgetHeld("h2_windows") == 1<<20 }, "the connection's 1 MiB window to be reserved")
-	const streams = 24 // 24 x 256 KiB, beside the connection's 1 MiB: past the 4 MiB left
-	openStreams(t, fr, "api.allowed.test", streams)
-	waitFor(t, func() bool { return fr.status("503") > 0 }, "a stream refused for the budget")
-	if got := w.budgetHeld("h2_windows"); got <= 0 || got > smallBudget/2 {
-		t.Errorf("HTTP/2 windows hold %.0f bytes of the budget, want some and at most %d", got, smallBudget/2)
+	for _, tc := range []struct {
+		name, method string
+		streams      int
+	}{
+		{"upstream windows", "GET", 24}, // 24 x 256 KiB upstream
+		{"client windows", "POST", 12},  // 12 x (256 KiB client + 256 KiB upstream)
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newInjectWorld(t, worldOpts{limits: withBudget(smallBudget)})
+			w.Upstream.handler.Store(ptr(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+				rw.WriteHeader(http.StatusOK)
+				http.NewResponseController(rw).Flush()
+				rw.Write(make([]byte, 1<<20)) // held by the windows: the client reads nothing
+				io.Copy(io.Discard, r.Body)   // a body that never comes
+			})))
+			fr := zeroWindowClient(t, w, "api.allowed.test")
+			openStreams(t, fr, tc.method, "api.allowed.test", tc.streams)
+			waitFor(t, func() bool { return fr.status("503") > 0 }, "a stream refused for the budget")
+			if got := w.budgetHeld("h2_windows"); got <= 0 || got > smallBudget/2 {
+				t.Errorf("HTTP/2 windows hold %.0f bytes of the budget, want some and at most %d", got, smallBudget/2)
+			}
+			waitFor(t, func() bool { return strings.Contains(w.logs.String(), `"detail":"memory_h2_windows"`) },
+				"the refusal's record, detail memory_h2_windows")
+			fr.Close()
+			waitFor(t, func() bool { return w.budgetHeld("h2_windows") == 0 }, "the windows to return to the budget")
+			t.Logf("%d %s streams: %d refused for the budget", tc.streams, tc.method, fr.status("503"))
+		})
 	}
-	waitFor(t, func() bool { return strings.Contains(w.logs.String(), `"detail":"memory_h2_windows"`) },
-		"the refusal's record, detail memory_h2_windows")
-	fr.Close()
-	waitFor(t, func() bool { return w.budgetHeld("h2_windows") == 0 }, "the windows to return to the budget")
-	t.Logf("%d streams: %d refused for the budget", streams, fr.status("503"))
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -274,18 +286,18 @@ func (f *lockedFramer) readNoWindow() {
 	}
 }
 
-// openStreams opens n GET streams to host.
-func openStreams(t *testing.T, fr *lockedFramer, host string, n int) {
+// openStreams opens n streams to host: GETs, or POSTs whose body never comes.
+func openStreams(t *testing.T, fr *lockedFramer, method, host string, n int) {
 	t.Helper()
 	var hdr strings.Builder
 	enc := hpack.NewEncoder(&hdr)
-	for _, f := range [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", host}, {":path", "/big"}} {
+	for _, f := range [][2]string{{":method", method}, {":scheme", "https"}, {":authority", host}, {":path", "/big"}} {
 		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
 	}
 	for i := range uint32(n) {
 		err := fr.write(func(f *http2.Framer) error {
 			return f.WriteHeaders(http2.HeadersFrameParam{StreamID: 2*i + 1, BlockFragment: []byte(hdr.String()),
-				EndStream: true, EndHeaders: true})
+				EndStream: method == "GET", EndHeaders: true})
 		})
 		if err != nil {
 			t.Fatal(err)
