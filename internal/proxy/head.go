@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 
@@ -172,7 +171,8 @@ var errHeadBudget = &refusal{Reason: allowlist.ReasonOverloaded, Detail: membudg
 	Err: errors.New("limits.memory reached: too many large request heads being read at once")}
 
 // read moves the head from br into the mapping until its end has been scanned,
-// or it exceeds max bytes, or a page does not fit in the budget.
+// or it exceeds max bytes, or a page does not fit in the budget. br holds what
+// scan has scanned so far (a full buffer, without the head's end).
 func (lh *largeHead) read(br *bufio.Reader, scan *headScan, max int) error {
 	// The first page is reserved before anything is mapped: a connection the
 	// budget refuses costs no system call.
@@ -183,27 +183,13 @@ func (lh *largeHead) read(br *bufio.Reader, scan *headScan, max int) error {
 	// The mapping holds the largest head and what may follow it in br.
 	m, err := unix.Mmap(-1, 0, max+headChunk, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
-		return fmt.Errorf("mapping a request head: %w", err)
+		return errHeadBudget // the kernel's memory, not only the budget's, is short
 	}
 	lh.buf = m[:0]
-	scan.seen = 0 // counts the bytes moved from here on
+	b, _ := br.Peek(scan.seen) // no end in it: moved as it is
+	end := -1
 	for {
-		b, _ := br.Peek(br.Buffered())
-		if len(b) == 0 {
-			if _, err := br.Peek(1); err != nil {
-				if err == io.EOF {
-					err = io.ErrUnexpectedEOF
-				}
-				return err
-			}
-			continue
-		}
-		start := scan.seen
-		end := scan.feed(b)
-		if end >= 0 {
-			b = b[:end]
-		}
-		if start+len(b) > max {
+		if len(lh.buf)+len(b) > max {
 			return errHeadTooLarge
 		}
 		if err := lh.append(b); err != nil {
@@ -213,7 +199,25 @@ func (lh *largeHead) read(br *bufio.Reader, scan *headScan, max int) error {
 		if end >= 0 {
 			return nil
 		}
+		if b, err = peekMore(br); err != nil {
+			return err
+		}
+		if end = scan.feed(b); end >= 0 {
+			b = b[:end]
+		}
 	}
+}
+
+// peekMore waits for bytes in br and returns all it holds.
+func peekMore(br *bufio.Reader) ([]byte, error) {
+	if _, err := br.Peek(1); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	b, _ := br.Peek(br.Buffered())
+	return b, nil
 }
 
 // append copies b after what the mapping holds, reserving the pages it reaches
