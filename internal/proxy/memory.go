@@ -15,10 +15,11 @@ import (
 //   - hook bodies get a standing share, limits.hook_buffer_bytes, at most half the
 //     budget (but one hook body always): set aside, so that no flood of heads or
 //     HTTP/2 windows can take the memory a hook call's body needs;
-//   - large request heads may take at most a quarter: honest heads beyond the
-//     connection's 4 KiB buffer are rare, and each held connection also costs its
-//     goroutine and buffers outside the budget, so heads held open by the
-//     thousand must leave room for those;
+//   - large request heads may take at most an eighth (8 MiB at the shipped
+//     256 MiB limit: 128 heads of 64 KiB, a thousand of 5 KiB): honest heads
+//     beyond the connection's 4 KiB buffer are rare, and each held connection
+//     also costs its goroutine and buffers outside the budget, so heads held
+//     open by the thousand must leave room for those;
 //   - HTTP/2 receive windows take what is left.
 func (s *Server) setMemory(rt *Runtime) {
 	limit, _ := membudget.Resolve(rt.Limits.Memory)
@@ -26,7 +27,7 @@ func (s *Server) setMemory(rt *Runtime) {
 	share := membudget.HookShare(limit, rt.Limits.HookBufferBytes, rt.Limits.HookBodyBytes)
 	s.mem.SetAside(membudget.HookBodies, share)
 	s.hookBuf.limit.Store(share)
-	s.mem.SetCap(membudget.Heads, limit/4)
+	s.mem.SetCap(membudget.Heads, limit/8)
 	rt.mem = s.mem
 }
 

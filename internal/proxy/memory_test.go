@@ -20,7 +20,7 @@ import (
 )
 
 // smallBudget is limits.memory in these tests: hook bodies get half of it, large
-// request heads at most a quarter (2 MiB), HTTP/2 windows what is left.
+// request heads at most an eighth (1 MiB), HTTP/2 windows what is left.
 const smallBudget = 8 << 20
 
 func withBudget(n int64) func(*config.Limits) {
@@ -61,13 +61,13 @@ func largeHead(i int) string {
 
 // TestLargeHeadsDrawOnTheBudget: connections that each send most of a large
 // request head and stall hold it in memory the budget counts; once large heads
-// hold their quarter of it, the next is refused 503 overloaded (detail
+// hold their eighth of it, the next is refused 503 overloaded (detail
 // memory_heads) while it still arrives. A request with an ordinary head is served
 // meanwhile (it costs nothing beyond its connection's buffer), and the stalled
 // heads' memory returns to the budget when their connections end.
 func TestLargeHeadsDrawOnTheBudget(t *testing.T) {
 	w := newWorld(t, worldOpts{limits: withBudget(smallBudget)})
-	const conns = 48 // 48 x 60 KiB: more than the heads' 2 MiB
+	const conns = 24 // 24 x 60 KiB: more than the heads' 1 MiB
 	type sent struct {
 		c  net.Conn
 		br *bufio.Reader
@@ -78,9 +78,9 @@ func TestLargeHeadsDrawOnTheBudget(t *testing.T) {
 		io.WriteString(c, largeHead(i))
 		all = append(all, sent{c, br})
 	}
-	waitFor(t, func() bool { return w.budgetHeld("heads") > smallBudget/4-64<<10 }, "the heads to fill their share")
-	if got := w.budgetHeld("heads"); got <= 0 || got > smallBudget/4 {
-		t.Errorf("heads hold %.0f bytes of the budget, want some and at most %d", got, smallBudget/4)
+	waitFor(t, func() bool { return w.budgetHeld("heads") > smallBudget/8-64<<10 }, "the heads to fill their share")
+	if got := w.budgetHeld("heads"); got <= 0 || got > smallBudget/8 {
+		t.Errorf("heads hold %.0f bytes of the budget, want some and at most %d", got, smallBudget/8)
 	}
 	var refused int
 	var held []net.Conn
