@@ -43,14 +43,16 @@ $(STATICCHECK):
 	GOBIN=$(CACHE)/bin GOFLAGS= $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 # EGRESSD_REQUIRE_NETNS makes tests that must run in a loopback-only network
-# namespace fail, rather than skip, when one cannot be made; EGRESSD_REQUIRE_VAULT
-# makes the Vault integration tests fail rather than skip without a server, which
-# scripts/with-vault.sh starts for the run and stops after it; EGRESSD_REQUIRE_CLIENTS
-# makes the real-client suite (test/clients) fail rather than skip a client that
-# deps did not install.
+# namespace fail, rather than skip, when one cannot be made; EGRESSD_REQUIRE_CGROUP
+# likewise those that run egressd in a memory cgroup they make (as root);
+# EGRESSD_REQUIRE_VAULT makes the Vault integration tests fail rather than skip
+# without a server, which scripts/with-vault.sh starts for the run and stops after it;
+# EGRESSD_REQUIRE_CLIENTS makes the real-client suite (test/clients) fail rather than
+# skip a client that deps did not install.
 unit:
-	scripts/with-vault.sh env EGRESSD_REQUIRE_NETNS=1 EGRESSD_REQUIRE_VAULT=1 EGRESSD_REQUIRE_CLIENTS=1 \
-	  EGRESSD_CLIENTS_NODE_MODULES=$(CACHE)/node/node_modules $(GO) test -race -count=1 -timeout 15m ./...
+	scripts/with-vault.sh env EGRESSD_REQUIRE_NETNS=1 EGRESSD_REQUIRE_CGROUP=1 EGRESSD_REQUIRE_VAULT=1 \
+	  EGRESSD_REQUIRE_CLIENTS=1 EGRESSD_CLIENTS_NODE_MODULES=$(CACHE)/node/node_modules \
+	  $(GO) test -race -count=1 -timeout 15m ./...
 
 ## fuzz: each fuzz target for FUZZTIME (default 30s).
 FUZZTIME ?= 30s

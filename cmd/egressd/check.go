@@ -20,6 +20,7 @@ import (
 	"github.com/egressd/egressd/internal/credential/file"
 	"github.com/egressd/egressd/internal/daemon"
 	"github.com/egressd/egressd/internal/hooks"
+	"github.com/egressd/egressd/internal/membudget"
 	"github.com/egressd/egressd/internal/netguard"
 )
 
@@ -50,6 +51,7 @@ func cmdCheck(args []string) int {
 		}
 		rep.Problems = append(rep.Problems, l.Cfg.Warnings...)
 		rep.Problems = append(rep.Problems, lintPolicy(l)...)
+		rep.Problems = append(rep.Problems, lintMemory(l.Cfg)...)
 		creds := lintCredentials(l)
 		rep.Problems = append(rep.Problems, creds...)
 		rep.Problems = append(rep.Problems, lintSplicedReflection(l)...)
@@ -117,6 +119,25 @@ func lintHooks(l *daemon.Loaded) []config.Problem {
 		FailClosed: l.Cfg.Hooks.FailClosed,
 	})
 	return problemsOf(findings, "hooks.json", ":", file)
+}
+
+// lintMemory warns when the limits cannot fit the memory limit check can see (the
+// cgroup's, else GOMEMLIMIT): the budget and egressd's own footprint, the
+// connections every listener may hold beside them, a hook buffer the budget caps.
+// Where egressd runs elsewhere, check sees that machine's limit, not this one's.
+func lintMemory(cfg *config.Config) []config.Problem {
+	limit, from := membudget.MemoryLimit()
+	if from == "" {
+		return nil
+	}
+	budget, _ := membudget.Resolve(cfg.Limits.Memory)
+	d := membudget.Demand{Budget: budget, Listeners: len(cfg.Listeners), MaxConns: cfg.Limits.MaxConnections,
+		HookBuffer: cfg.Limits.HookBufferBytes, HookBodyMax: cfg.Limits.HookBodyBytes}
+	var out []config.Problem
+	for _, s := range d.Shortfalls(limit, from) {
+		out = append(out, config.Problem{Path: s.Key, Msg: s.Msg, Warning: true})
+	}
+	return out
 }
 
 // lintPolicy warns about credentials and auth transforms on "*" or broad wildcards.

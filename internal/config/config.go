@@ -294,6 +294,9 @@ type SecretRef struct {
 	File       string
 }
 
+// MemoryAuto is limits.memory's spelling of auto (Limits.Memory 0).
+const MemoryAuto = "auto"
+
 // Limits bound each way a client or upstream can hold a resource. All
 // positive.
 type Limits struct {
@@ -314,6 +317,10 @@ type Limits struct {
 	HookBufferBytes int64
 	ClientWrite     time.Duration // a client that reads nothing for this long is closed
 	Drain           time.Duration // SIGTERM: in-flight work gets this long, then exit
+	// Memory is the one budget of everything a client can make egressd hold, in
+	// bytes; 0 is auto (a share of the memory limit egressd can see, resolved at
+	// start and on reload: internal/membudget).
+	Memory int64
 }
 
 // Log configures the logger.

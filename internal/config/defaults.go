@@ -112,6 +112,13 @@ const (
 	// egressd writes to it (pipelining without reading, a stalled download), so
 	// it cannot hold a connection slot and a goroutine forever.
 	DefaultClientWrite = 30 * time.Second
+	// DefaultMemory is limits.memory's default, auto (0): a quarter of the
+	// cgroup's memory limit (or of GOMEMLIMIT), 256 MiB when neither is set.
+	DefaultMemory int64 = 0
+	// MinMemory is the smallest explicit limits.memory: hook bodies get half of
+	// the budget (at most limits.hook_buffer_bytes), and one of the default
+	// size must fit there with room for the rest.
+	MinMemory int64 = 8 << 20
 	// DefaultDrain is how long SIGTERM lets in-flight requests finish before
 	// egressd closes what is left (tunnels, WebSockets) and exits; the
 	// Kubernetes terminationGracePeriodSeconds must be longer.

@@ -3,6 +3,7 @@ package config
 import (
 	"time"
 
+	"github.com/docker/go-units"
 	"gopkg.in/yaml.v3"
 )
 
@@ -127,6 +128,32 @@ type rawLimits struct {
 	HookBuffer     *int64      `yaml:"hook_buffer_bytes"`
 	ClientWrite    rawDuration `yaml:"client_write"`
 	Drain          rawDuration `yaml:"drain"`
+	Memory         rawByteSize `yaml:"memory"`
+}
+
+// rawByteSize is limits.memory: "auto", or a size in bytes ("192MiB", "1g",
+// 201326592; units are binary, as docker's --memory reads them), parsed as it is
+// decoded so that a bad one is reported on its line. set with n == 0 is auto.
+type rawByteSize struct {
+	set bool
+	n   int64
+}
+
+func (r *rawByteSize) decodeNode(d *decoder, n *yaml.Node, path string) {
+	s, ok := d.scalar(n, path, `"auto" or a size such as "192MiB"`)
+	if !ok {
+		return
+	}
+	if s == MemoryAuto {
+		r.set = true
+		return
+	}
+	v, err := units.RAMInBytes(s)
+	if err != nil || v <= 0 {
+		d.errorAt(path, n.Line, `invalid size %s: use "auto" or a number of bytes with an optional unit, such as "192MiB" or "1GiB"`, quoteShort(s))
+		return
+	}
+	r.set, r.n = true, v
 }
 
 type rawLog struct {

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/docker/go-units"
+
 	"github.com/egressd/egressd/internal/allowlist"
 )
 
@@ -494,7 +496,22 @@ func (v *validator) limits(r rawLimits) Limits {
 		v.ps.errorf(p+"hook_buffer_bytes", "must be at least limits.hook_body_bytes (%d): one hook body must fit", l.HookBodyBytes)
 		l.HookBufferBytes = l.HookBodyBytes
 	}
+	l.Memory = v.memory(r.Memory, l.HookBodyBytes)
 	return l
+}
+
+// memory checks limits.memory: auto (0), or a size that holds two hook bodies
+// (hook bodies get half of the budget) and at least MinMemory.
+func (v *validator) memory(r rawByteSize, hookBody int64) int64 {
+	if r.n == 0 {
+		return DefaultMemory
+	}
+	if least := max(MinMemory, 2*hookBody); r.n < least {
+		v.ps.errorf("limits.memory", `must be "auto" or at least %s: half of it holds hook bodies, and one of limits.hook_body_bytes must fit`,
+			units.BytesSize(float64(least)))
+		return DefaultMemory
+	}
+	return r.n
 }
 
 func (v *validator) log(r rawLog) Log {

@@ -101,6 +101,7 @@ const UnsafeWarning = "network.unsafe_allow_cidrs is set: internal addresses it 
 // credential store and the Runtime are built first, and any failure closes what was
 // opened.
 func (d *Daemon) Start(l *Loaded) error {
+	d.setMemoryLimits(l.Cfg.Limits)
 	socks, err := d.listen(l)
 	if err != nil {
 		return err

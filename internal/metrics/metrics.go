@@ -2,8 +2,12 @@
 package metrics
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/egressd/egressd/internal/membudget"
 )
 
 // Decision label values of requests_total.
@@ -35,6 +39,12 @@ type Metrics struct {
 	ConfigReloads     *prometheus.CounterVec   // config_reloads_total{result}
 	Scrubbed          *prometheus.CounterVec   // scrubbed_total{rule}
 	OAuthRefresh      *prometheus.CounterVec   // oauth_refresh_total{credential,result}
+	// MemoryBudget is memory_budget_bytes{holder}, read from the budget when
+	// scraped (ObserveMemory); MemoryBudgetLimit is memory_budget_limit_bytes.
+	MemoryBudget      *pulledGaugeVec
+	MemoryBudgetLimit prometheus.GaugeFunc
+
+	memory atomic.Pointer[memorySource] // ObserveMemory's budget
 }
 
 // New registers every series on a fresh registry, with Go and process collectors.
@@ -76,8 +86,15 @@ func New() *Metrics {
 			Name: "egressd_oauth_refresh_total", Help: "oauth2 token calls by credential ID and result (ok, error).",
 		}, []string{"credential", "result"}),
 	}
+	m.MemoryBudget = &pulledGaugeVec{GaugeVec: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "egressd_memory_budget_bytes", Help: "Bytes of the memory budget (limits.memory) each holder holds.",
+	}, []string{"holder"}), src: &m.memory}
+	m.MemoryBudgetLimit = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "egressd_memory_budget_limit_bytes", Help: "The memory budget's size in bytes (limits.memory, auto resolved).",
+	}, m.budgetLimit)
 	m.Registry.MustRegister(m.Requests, m.Duration, m.TunnelsActive, m.Bytes, m.CredentialRefresh,
 		m.CredentialAge, m.LeafCache, m.HookRequests, m.ConfigReloads, m.Scrubbed, m.OAuthRefresh,
+		m.MemoryBudget, m.MemoryBudgetLimit,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.initKnown()
 	return m
@@ -93,6 +110,9 @@ func (m *Metrics) initKnown() {
 	}
 	for _, r := range []string{"ok", "error"} {
 		m.ConfigReloads.WithLabelValues(r)
+	}
+	for _, h := range membudget.Holders() {
+		m.MemoryBudget.WithLabelValues(h.String())
 	}
 }
 
@@ -114,4 +134,50 @@ func (m *Metrics) InitListener(name string, denials, failures []string) {
 		m.Requests.WithLabelValues(name, DecisionError, r)
 	}
 	m.Duration.WithLabelValues(name)
+}
+
+// ObserveMemory makes every scrape read the memory budget from b: what each holder
+// holds (hookBodies, when set, reports the hook bodies buffered rather than their
+// standing share) and the budget's size. A nil *Metrics (tests) ignores it.
+func (m *Metrics) ObserveMemory(b *membudget.Budget, hookBodies func() int64) {
+	if m == nil {
+		return
+	}
+	m.memory.Store(&memorySource{b: b, hookBodies: hookBodies})
+}
+
+type memorySource struct {
+	b          *membudget.Budget
+	hookBodies func() int64
+}
+
+func (s *memorySource) held(h membudget.Holder) int64 {
+	if h == membudget.HookBodies && s.hookBodies != nil {
+		return s.hookBodies()
+	}
+	return s.b.Held(h)
+}
+
+// budgetLimit is memory_budget_limit_bytes: 0 until ObserveMemory.
+func (m *Metrics) budgetLimit() float64 {
+	if src := m.memory.Load(); src != nil {
+		return float64(src.b.Limit())
+	}
+	return 0
+}
+
+// pulledGaugeVec is memory_budget_bytes: its values are read from the budget
+// when scraped, so that reserving and releasing memory costs no metric update.
+type pulledGaugeVec struct {
+	*prometheus.GaugeVec
+	src *atomic.Pointer[memorySource]
+}
+
+func (p *pulledGaugeVec) Collect(ch chan<- prometheus.Metric) {
+	if src := p.src.Load(); src != nil {
+		for _, h := range membudget.Holders() {
+			p.WithLabelValues(h.String()).Set(float64(src.held(h)))
+		}
+	}
+	p.GaugeVec.Collect(ch)
 }

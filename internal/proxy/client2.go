@@ -52,8 +52,9 @@ func (c *conn) serveH2(rt *Runtime, tc *tls.Conn, rtt route) {
 //     100 x (64 KiB + ~8 KiB) ~ 7 MiB at the default limits, in the worst case;
 //   - h2ConnWindow bytes of request body received and not yet read, over all its
 //     streams (flow control: the client may not send more), h2StreamWindow per
-//     stream; hook bodies, which egressd reads itself, are bounded process-wide by
-//     limits.hook_buffer_bytes instead;
+//     stream, which a stream with a body reserves from the memory budget
+//     (holdStreamWindow); hook bodies, which egressd reads itself, are bounded
+//     process-wide by limits.hook_buffer_bytes too;
 //   - frames of at most h2MaxFrame bytes (the protocol's default and minimum), so
 //     the frame buffer stays small.
 //
@@ -125,9 +126,9 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := newRecord(h.c.l, h.c.nc.RemoteAddr())
 	defer rec.finish(&h.c.s.log, h.c.s.metrics)
 	x := newExchange(h.c, rt, r, rec, h.route)
-	if !h.streams.Allow() {
-		x.throttled = deny(allowlist.ReasonOverloaded, detailStreamRate)
-	}
+	release, throttled := h.admit(rt, r)
+	defer release()
+	x.throttled = throttled
 	rc := http.NewResponseController(w)
 	x.body.deadline = &bodyDeadline{set: rc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
 	if h.c.lane {
@@ -137,6 +138,20 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Connection", "close")
 	}
 	serveRequest(r.Context(), x, h2Side{w})
+}
+
+// admit refuses a stream beyond the connection's rate of new streams, or one whose
+// receive window the memory budget cannot hold (holdStreamWindow); release gives
+// back what it reserved.
+func (h *h2Handler) admit(rt *Runtime, r *http.Request) (release func(), refused error) {
+	if !h.streams.Allow() {
+		return func() {}, deny(allowlist.ReasonOverloaded, detailStreamRate)
+	}
+	release, ok := holdStreamWindow(rt.mem, r)
+	if !ok {
+		return release, errH2Windows
+	}
+	return release, nil
 }
 
 // h2Side is the tail's client side on an HTTP/2 stream. net/http answers Expect:

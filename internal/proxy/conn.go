@@ -68,8 +68,8 @@ type conn struct {
 
 func newConn(s *Server, l *listener, nc net.Conn) *conn {
 	c := &conn{s: s, l: l, nc: nc}
-	c.head = headReader{r: nc, limit: -1}
-	c.br = bufio.NewReaderSize(&c.head, 4096)
+	c.head = headReader{r: nc}
+	c.br = bufio.NewReaderSize(&c.head, headChunk)
 	c.bw = bufio.NewWriterSize(&clientWriter{Conn: nc, d: s.Runtime().Limits.ClientWrite}, 4096)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c
@@ -91,7 +91,7 @@ func (c *conn) serve() {
 func (c *conn) serveLoop() {
 	for c.nextRequest() {
 		rt := c.s.Runtime()
-		req, err := readRequest(c.br, &c.head, rt.Limits.MaxHeaderBytes)
+		req, err := readRequest(c.br, &c.head, rt.Limits.MaxHeaderBytes, c.s.mem)
 		if !c.waited() {
 			return
 		}
@@ -151,12 +151,17 @@ func (c *conn) refuseHead(rt *Runtime, req *http.Request, err error) {
 		rec.Method = req.Method
 	}
 	defer rec.finish(&c.s.log, c.s.metrics)
-	if err == errHeadTooLarge {
+	switch {
+	case err == errHeadTooLarge:
 		c.writeRefusal(rt, rec, &refusal{Reason: allowlist.ReasonBadRequest, Detail: "header_too_large", Err: err},
 			http.StatusRequestHeaderFieldsTooLarge)
-		return
+	case err == errHeadBudget:
+		// The head is still arriving: close after the answer, and read what
+		// follows it for a moment so that the close does not destroy the answer.
+		c.refuseAndClose(rt, rec, err)
+	default:
+		c.writeRefusal(rt, rec, badRequestFrom(err), 0)
 	}
-	c.writeRefusal(rt, rec, badRequestFrom(err), 0)
 }
 
 // writeRefusal records err on rec and writes its response. A status of 0 means the

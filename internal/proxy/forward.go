@@ -43,5 +43,9 @@ func (rt *Runtime) viaTransport(tr *http.Transport, out *http.Request, rec *Reco
 			}
 		}
 	}
-	return tr.RoundTrip(out.WithContext(httptrace.WithClientTrace(out.Context(), trace)))
+	hold, err := rt.holdUpstreamWindow(tr, rec)
+	if err != nil {
+		return nil, err
+	}
+	return hold.keep(tr.RoundTrip(out.WithContext(httptrace.WithClientTrace(out.Context(), trace))))
 }

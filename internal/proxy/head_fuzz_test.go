@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"io"
+	"strings"
 	"testing"
 )
 
@@ -33,17 +34,23 @@ func FuzzReadRequest(f *testing.F) {
 		"GET / HTTP/1.0\r\n\r\n",
 		"POST /x HTTP/1.0\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /y HTTP/1.1\r\nHost: a\r\n\r\n",
 		"POST /x HTTP/1.0\r\nHost: a\r\ntransfer-encoding: identity\r\nConnection: keep-alive\r\n\r\n",
+		// Heads beyond the read buffer (headChunk), read into reserved chunks.
+		"POST /x HTTP/1.1\r\nHost: a\r\nX-Big: " + strings.Repeat("b", 6000) + "\r\nContent-Length: 4\r\n\r\nabcdGET /y HTTP/1.1\r\nHost: a\r\n\r\n",
+		"GET /x HTTP/1.1\r\n" + strings.Repeat("X-Many: 0123456789abcdef\r\n", 180) + "\r\n" + strings.Repeat("GET /p HTTP/1.1\r\nHost: a\r\n\r\n", 3),
+		"GET /x HTTP/1.1\r\nHost: a\r\nX-A: " + strings.Repeat("a", 5000) + "\r\n folded\r\n\r\n",
+		"POST /x HTTP/1.1\r\n" + strings.Repeat("X-P: 1\r\n", 700) + "Content-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
 	} {
 		f.Add([]byte(s), uint16(4096))
 		f.Add([]byte(s), uint16(40))
+		f.Add([]byte(s), uint16(8000))
 	}
 	f.Fuzz(func(t *testing.T, data []byte, limit uint16) {
 		max := 16 + int(limit)%(8<<10)
-		h := &headReader{r: bytes.NewReader(data), limit: -1}
+		h := &headReader{r: bytes.NewReader(data)}
 		br := bufio.NewReaderSize(h, 4096)
 		for range 3 {
 			start := len(data) - remaining(h, br)
-			req, err := readRequest(br, h, max)
+			req, err := readRequest(br, h, max, nil)
 			if err != nil {
 				return
 			}
@@ -65,7 +72,7 @@ func FuzzReadRequest(f *testing.F) {
 
 // remaining returns how many input bytes neither h nor br has handed out yet.
 func remaining(h *headReader, br *bufio.Reader) int {
-	return h.r.(*bytes.Reader).Len() + br.Buffered()
+	return h.r.(*bytes.Reader).Len() + len(h.replay) + br.Buffered()
 }
 
 // rawHead returns the request head at the start of raw, as net/http's parser
@@ -124,8 +131,8 @@ func TestReadRequestAcceptsPlainHeads(t *testing.T) {
 		"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n\r\nabcd",
 		"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
 	} {
-		h := &headReader{r: bytes.NewReader([]byte(s)), limit: -1}
-		req, err := readRequest(bufio.NewReader(h), h, 4096)
+		h := &headReader{r: bytes.NewReader([]byte(s))}
+		req, err := readRequest(bufio.NewReader(h), h, 4096, nil)
 		if err != nil {
 			t.Errorf("%q: %v", s, err)
 			continue

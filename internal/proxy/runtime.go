@@ -7,6 +7,7 @@ import (
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/inject"
+	"github.com/egressd/egressd/internal/membudget"
 	"github.com/egressd/egressd/internal/netguard"
 	"github.com/egressd/egressd/internal/placeholder"
 	mitm "github.com/egressd/egressd/internal/tls"
@@ -50,6 +51,8 @@ type Runtime struct {
 	h1 *h1Pool
 	// h2Only remembers the upstreams that refused ALPN http/1.1 (upstream2.go).
 	h2Only h2OnlySet
+	// mem is the Server's memory budget (memory.go); nil grants everything.
+	mem *membudget.Budget
 }
 
 // Prepare builds the Runtime's dialer and transport. Call it once before use.
@@ -84,7 +87,12 @@ func (rt *Runtime) newTransport(h2 bool) *http.Transport {
 		ResponseHeaderTimeout:  rt.Limits.ResponseHeader,
 		MaxResponseHeaderBytes: maxResponseHeaderBytes,
 	}
-	if !h2 {
+	if h2 {
+		tr.HTTP2 = &http.HTTP2Config{
+			MaxReceiveBufferPerStream:     upstreamStreamWindow,
+			MaxReceiveBufferPerConnection: upstreamConnWindow,
+		}
+	} else {
 		tlsConf.NextProtos = []string{"http/1.1"}
 		// A non-nil, empty TLSNextProto turns HTTP/2 off (net/http's documented switch).
 		tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/membudget"
 	"github.com/egressd/egressd/internal/metrics"
 )
 
@@ -27,8 +28,12 @@ type Server struct {
 	// open holds the spliced tunnels and upgraded connections (redecide.go).
 	live openSet
 
-	// hookBuf is the process-wide budget of buffered hook bodies (hookbuf.go).
+	// hookBuf is the process-wide budget of buffered hook bodies (hookbuf.go),
+	// a standing share of mem.
 	hookBuf hookBudget
+	// mem is the one memory budget (limits.memory) that large request heads,
+	// hook bodies and HTTP/2 receive windows draw on (memory.go).
+	mem *membudget.Budget
 
 	closing atomic.Bool
 	mu      sync.Mutex
@@ -41,9 +46,11 @@ type Server struct {
 
 // New returns a Server that serves with rt.
 func New(rt *Runtime, log zerolog.Logger, m *metrics.Metrics) *Server {
-	s := &Server{log: log, metrics: m, conns: map[*conn]struct{}{}, lns: map[net.Listener]struct{}{}}
+	s := &Server{log: log, metrics: m, conns: map[*conn]struct{}{}, lns: map[net.Listener]struct{}{},
+		mem: membudget.New(0)}
+	s.setMemory(rt)
 	s.rt.Store(rt)
-	s.hookBuf.limit.Store(rt.Limits.HookBufferBytes)
+	m.ObserveMemory(s.mem, s.hookBuf.used.Load)
 	s.initRules(rt)
 	return s
 }
@@ -57,7 +64,7 @@ func (s *Server) Runtime() *Runtime { return s.rt.Load() }
 func (s *Server) Swap(rt *Runtime) *Runtime {
 	s.swapMu.Lock()
 	defer s.swapMu.Unlock()
-	s.hookBuf.limit.Store(rt.Limits.HookBufferBytes)
+	s.setMemory(rt)
 	s.initRules(rt)
 	old := s.rt.Swap(rt)
 	if open, ended := s.redecide(rt); ended > 0 {

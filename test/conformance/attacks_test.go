@@ -257,6 +257,12 @@ func attackDial(w *world) (net.Conn, error) {
 
 // attackTunnel opens a CONNECT tunnel to host:443 and completes TLS in it.
 func attackTunnel(w *world, host string) (net.Conn, error) {
+	return attackTunnelALPN(w, host, "http/1.1")
+}
+
+// attackTunnelALPN is attackTunnel offering the protocol alpn; h2 must be what the
+// handshake settles on.
+func attackTunnelALPN(w *world, host, alpn string) (*tls.Conn, error) {
 	nc, err := attackDial(w)
 	if err != nil {
 		return nil, err
@@ -268,10 +274,10 @@ func attackTunnel(w *world, host string) (net.Conn, error) {
 		nc.Close()
 		return nil, fmt.Errorf("CONNECT %s: %v", host, err)
 	}
-	tc := tls.Client(nc, &tls.Config{ServerName: host, RootCAs: w.roots, NextProtos: []string{"http/1.1"}})
-	if err := tc.Handshake(); err != nil {
+	tc := tls.Client(nc, &tls.Config{ServerName: host, RootCAs: w.roots, NextProtos: []string{alpn}})
+	if err := tc.Handshake(); err != nil || alpn == "h2" && tc.ConnectionState().NegotiatedProtocol != alpn {
 		nc.Close()
-		return nil, err
+		return nil, fmt.Errorf("TLS with ALPN %s to %s: %v (protocol %q)", alpn, host, err, tc.ConnectionState().NegotiatedProtocol)
 	}
 	return tc, nil
 }

@@ -36,6 +36,8 @@ type config struct {
 	// own status carries the verdict the attack cases assert.
 	denyInTunnel string
 	bin          string // the egressd binary; default the one TestMain built
+	// wrap prefixes egressd's command (egressdtest.Options.Wrap): a memory cgroup.
+	wrap []string
 }
 
 // startEgressd writes the config, the credentials file (with the planted secret) and
@@ -51,7 +53,7 @@ func startEgressd(t *testing.T, fx *fixtures, c config) *egressd {
 	}
 	e := &egressd{t: t, credPath: filepath.Join(dir, "credentials.json")}
 	e.Egressd = egressdtest.StartT(t, egressdtest.Options{
-		Bin: c.bin, Dir: dir, Config: c.egressdConfig(), Files: files, LoopbackOnly: true,
+		Bin: c.bin, Dir: dir, Config: c.egressdConfig(), Files: files, LoopbackOnly: true, Wrap: c.wrap,
 		Wait: egressdtest.WaitReady, StartTimeout: startTimeout, StopTimeout: stopTimeout,
 	})
 	e.ProxyAddr, e.AdminAddr = e.Proxy, e.Admin

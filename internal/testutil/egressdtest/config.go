@@ -152,6 +152,7 @@ type Limits struct {
 	HookBuffer     int64  `yaml:"hook_buffer_bytes,omitempty"`
 	ClientWrite    string `yaml:"client_write,omitempty"`
 	Drain          string `yaml:"drain,omitempty"`
+	Memory         string `yaml:"memory,omitempty"` // "auto" or a size such as "64MiB"
 }
 
 // Log is the logger: the suites read JSON.

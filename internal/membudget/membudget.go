@@ -1,0 +1,140 @@
+// Package membudget is egressd's one memory budget (limits.memory): every buffer
+// a client can make egressd hold beyond a connection's own small buffers — a large
+// request head being read, hook bodies, HTTP/2 receive windows — is reserved from
+// it before it is allocated, and released when it is freed.
+//
+// Invariant: the bytes reserved never exceed the limit, except by a standing share
+// (SetAside) taken while a smaller limit is installed. A reservation that does not
+// fit is refused, never waited for: the holder that asked last is the one refused
+// (with overloaded, by its caller), so what is already held keeps working and a
+// flood cannot push egressd past its memory limit into an OOM kill.
+package membudget
+
+import (
+	"sync/atomic"
+)
+
+// Holder names what a reservation holds; it labels egressd_memory_budget_bytes and
+// the detail of a refusal (Detail).
+type Holder uint8
+
+// The holders. Hook bodies have a standing share (SetAside), the others reserve as
+// they go.
+const (
+	Heads      Holder = iota // request heads beyond the connection's own read buffer
+	HookBodies               // hook request and decision bodies (limits.hook_buffer_bytes)
+	H2Windows                // HTTP/2 receive windows: intercepted clients' and upstreams'
+	numHolders
+)
+
+var holderNames = [numHolders]string{"heads", "hook_bodies", "h2_windows"}
+
+func (h Holder) String() string { return holderNames[h] }
+
+// Detail is the refusal detail of a reservation for h that did not fit.
+func (h Holder) Detail() string { return "memory_" + holderNames[h] }
+
+// Holders lists every holder, for exporting each from the start.
+func Holders() []Holder {
+	hs := make([]Holder, numHolders)
+	for i := range hs {
+		hs[i] = Holder(i)
+	}
+	return hs
+}
+
+// Budget is a limit in bytes and what each holder has reserved of it. A nil
+// *Budget grants every reservation (tests that build parts of egressd alone).
+// Safe for concurrent use.
+type Budget struct {
+	limit atomic.Int64
+	used  atomic.Int64
+	held  [numHolders]atomic.Int64
+	caps  [numHolders]atomic.Int64 // 0: none
+}
+
+// New returns a budget of limit bytes.
+func New(limit int64) *Budget {
+	b := &Budget{}
+	b.limit.Store(limit)
+	return b
+}
+
+// Reserve takes n bytes for h, or reports false (taking nothing) when they do not
+// fit beside what is already reserved, or past h's cap.
+func (b *Budget) Reserve(h Holder, n int64) bool {
+	if b == nil || n <= 0 {
+		return true
+	}
+	if held := b.held[h].Add(n); b.caps[h].Load() > 0 && held > b.caps[h].Load() {
+		b.held[h].Add(-n)
+		return false
+	}
+	for {
+		used := b.used.Load()
+		if used+n > b.limit.Load() {
+			b.held[h].Add(-n)
+			return false
+		}
+		if b.used.CompareAndSwap(used, used+n) {
+			return true
+		}
+	}
+}
+
+// SetCap bounds what h may reserve to n bytes of the budget (0: no bound beyond
+// the budget's), so that no one holder can take what the others need.
+func (b *Budget) SetCap(h Holder, n int64) {
+	if b != nil {
+		b.caps[h].Store(n)
+	}
+}
+
+// Release gives back n bytes h reserved.
+func (b *Budget) Release(h Holder, n int64) {
+	if b == nil || n <= 0 {
+		return
+	}
+	b.held[h].Add(-n)
+	b.used.Add(-n)
+}
+
+// SetAside makes h's standing share n bytes, replacing the one it had: the share
+// is taken even past the limit (a reload that lowers it), and the other holders'
+// reservations are then refused until enough is released. The share's own bound
+// is its holder's business (hook bodies: limits.hook_buffer_bytes).
+func (b *Budget) SetAside(h Holder, n int64) {
+	if b == nil {
+		return
+	}
+	old := b.held[h].Swap(n)
+	b.used.Add(n - old)
+}
+
+// Held is what h has reserved (or set aside).
+func (b *Budget) Held(h Holder) int64 {
+	if b == nil {
+		return 0
+	}
+	return b.held[h].Load()
+}
+
+// Used is what every holder has reserved.
+func (b *Budget) Used() int64 {
+	if b == nil {
+		return 0
+	}
+	return b.used.Load()
+}
+
+// Limit is the budget's size in bytes.
+func (b *Budget) Limit() int64 {
+	if b == nil {
+		return 0
+	}
+	return b.limit.Load()
+}
+
+// SetLimit installs a new size (a reload). What is held stays held; new
+// reservations are measured against the new size.
+func (b *Budget) SetLimit(n int64) { b.limit.Store(n) }

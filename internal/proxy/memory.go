@@ -1,0 +1,123 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+
+	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/membudget"
+)
+
+// setMemory sizes the memory budget for rt (limits.memory; auto is resolved again,
+// so a reload follows a changed cgroup limit) and divides it:
+//   - hook bodies get a standing share, limits.hook_buffer_bytes, at most half the
+//     budget (but one hook body always): set aside, so that no flood of heads or
+//     HTTP/2 windows can take the memory a hook call's body needs;
+//   - large request heads may take at most an eighth (8 MiB at the shipped
+//     256 MiB limit: 128 heads of 64 KiB, a thousand of 5 KiB): honest heads
+//     beyond the connection's 4 KiB buffer are rare, and each held connection
+//     also costs its goroutine and buffers outside the budget, so heads held
+//     open by the thousand must leave room for those;
+//   - HTTP/2 receive windows take what is left.
+func (s *Server) setMemory(rt *Runtime) {
+	limit, _ := membudget.Resolve(rt.Limits.Memory)
+	s.mem.SetLimit(limit)
+	share := membudget.HookShare(limit, rt.Limits.HookBufferBytes, rt.Limits.HookBodyBytes)
+	s.mem.SetAside(membudget.HookBodies, share)
+	s.hookBuf.limit.Store(share)
+	s.mem.SetCap(membudget.Heads, limit/8)
+	rt.mem = s.mem
+}
+
+// The upstream HTTP/2 Transport's receive windows: how much of an upstream's
+// response it buffers before egressd has read it. Go's defaults (4 MiB a stream,
+// 1 GiB a connection) let one client that reads nothing, with a few streams,
+// make egressd buffer hundreds of MiB of an upstream's data; these bound one
+// connection to about a megabyte. A stream still moves 256 KiB per round trip, a
+// few MiB/s at ordinary latencies.
+const (
+	upstreamStreamWindow = 256 << 10
+	upstreamConnWindow   = 1 << 20
+)
+
+// errH2Windows refuses a request or stream whose HTTP/2 window the budget cannot hold.
+var errH2Windows = &refusal{Reason: allowlist.ReasonOverloaded, Detail: membudget.H2Windows.Detail(),
+	Err: errors.New("limits.memory reached: too many HTTP/2 receive windows held at once")}
+
+// windowHold is one upstream HTTP/2 stream's window, reserved while its response
+// body is open: what the Transport may buffer for it.
+type windowHold struct {
+	mem  *membudget.Budget
+	once sync.Once
+}
+
+// holdUpstreamWindow reserves a stream's window for a request sent on tr when tr
+// may speak HTTP/2. Hook calls reserve none: egressd reads their answers itself,
+// from the hook share (hookbuf.go), so a flood of other holders cannot deny them.
+func (rt *Runtime) holdUpstreamWindow(tr *http.Transport, rec *Record) (*windowHold, error) {
+	if tr != rt.transport || rec.HookEvent != "" {
+		return nil, nil
+	}
+	if !rt.mem.Reserve(membudget.H2Windows, upstreamStreamWindow) {
+		return nil, errH2Windows
+	}
+	return &windowHold{mem: rt.mem}, nil
+}
+
+// keep ties the window to resp's body, or releases it when there is none to
+// buffer: a failed round trip, an HTTP/1.1 answer, a protocol switch.
+func (h *windowHold) keep(resp *http.Response, err error) (*http.Response, error) {
+	if h == nil {
+		return resp, err
+	}
+	if err != nil || resp.ProtoMajor != 2 || resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == http.NoBody {
+		h.release()
+		return resp, err
+	}
+	resp.Body = &heldBody{ReadCloser: resp.Body, h: h}
+	return resp, nil
+}
+
+func (h *windowHold) release() {
+	h.once.Do(func() { h.mem.Release(membudget.H2Windows, upstreamStreamWindow) })
+}
+
+// heldBody releases its window when the body ends or is closed, whichever is first.
+type heldBody struct {
+	io.ReadCloser
+	h *windowHold
+}
+
+func (b *heldBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.h.release()
+	}
+	return n, err
+}
+
+func (b *heldBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.h.release()
+	return err
+}
+
+// holdStreamWindow reserves what an intercepted HTTP/2 client may send on r's
+// stream before egressd reads it: its body's declared length, at most the stream's
+// window (h2StreamWindow); nothing for a stream without a body. A connection
+// buffers at most its window (h2ConnWindow) over all its streams, so what the
+// streams reserve bounds it, and idle connections cost the budget nothing. It
+// reports false, reserving nothing, when the budget cannot hold it; release gives
+// it back.
+func holdStreamWindow(mem *membudget.Budget, r *http.Request) (release func(), ok bool) {
+	n := int64(h2StreamWindow)
+	if r.ContentLength >= 0 {
+		n = min(n, r.ContentLength)
+	}
+	if !mem.Reserve(membudget.H2Windows, n) {
+		return func() {}, false
+	}
+	return func() { mem.Release(membudget.H2Windows, n) }, true
+}
