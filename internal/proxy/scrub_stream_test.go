@@ -225,7 +225,9 @@ func TestScrubLargeBodyBoundedMemory(t *testing.T) {
 	}
 	grown := int64(peak.Load()) - int64(base)
 	t.Logf("heap in use grew by at most %.1f MiB while streaming %d MiB", float64(grown)/(1<<20), bigBody>>20)
-	if grown > 24<<20 {
+	// Half the body: a scrubber that buffered it would grow by all of it. The figure is
+	// the whole test process's, so goroutines left by earlier tests add to it.
+	if grown > bigBody/2 {
 		t.Errorf("the heap grew by %d MiB while streaming a %d MiB body", grown>>20, bigBody>>20)
 	}
 }
