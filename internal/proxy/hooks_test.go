@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/pkg/hookauth"
@@ -193,4 +195,60 @@ func TestHookKeepAliveNeverEvicted(t *testing.T) {
 	if status, body, _ := w.hookCall(t, "https://policy.allowed.test/pre"); status != 200 || body["decision"] != "allow" {
 		t.Errorf("second hook call on the kept connection: %d %v, want the endpoint's allow", status, body)
 	}
+}
+
+// TestHookAnswerMislabelled: an endpoint's well-formed deny labelled with a
+// Content-Encoding it does not have ("none", "UTF-8", "gzip" or "br" on plain
+// JSON), on a hook host whose entry injects (so the answer is masked), reaches
+// the runtime as that deny: the bytes egressd checked, masked, in identity
+// encoding with their own length, and counted as a deny. Decoded by the label,
+// it was a 502 or a body cut short, which the runtime reads as allow.
+func TestHookAnswerMislabelled(t *testing.T) {
+	const hookKey = "hook-key-0123456789"
+	w := newWorld(t, worldOpts{hooksJSON: hooksJSON, hookBodyBytes: 4096, credentials: map[string]string{},
+		allowlist: []allowlist.Entry{{Domain: "policy.allowed.test", Transform: []allowlist.Header{{Name: "X-Hook-Key", Value: hookKey}}}}})
+	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
+	for _, coding := range []string{"none", "UTF-8", "gzip", "br", "identity, gzip"} {
+		t.Run(coding, func(t *testing.T) {
+			var acceptEncoding string
+			w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				acceptEncoding = r.Header.Get("Accept-Encoding")
+				rw.Header().Set("Content-Type", "application/json")
+				rw.Header().Set("Content-Encoding", coding)
+				io.WriteString(rw, `{"decision":"deny","reason":"no curl for `+r.Header.Get("X-Hook-Key")+`"}`)
+			})
+			denies := w.hookOutcomes("deny")
+			req, _ := http.NewRequest("POST", "https://policy.allowed.test/pre", strings.NewReader(`{"tool":"code_execution"}`))
+			req.Header.Set("Accept-Encoding", "gzip, br")
+			resp, err := w.interceptingClient().Do(req)
+			if err != nil {
+				t.Fatalf("the runtime's call failed (%v): it reads that as allow", err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			want := `{"decision":"deny","reason":"no curl for ` + stars(len(hookKey)) + `"}`
+			if err != nil || resp.StatusCode != 200 || string(body) != want {
+				t.Fatalf("runtime got %d %q (%v), want the endpoint's deny, masked: %s", resp.StatusCode, body, err, want)
+			}
+			if ce := resp.Header.Get("Content-Encoding"); ce != "" || resp.ContentLength != int64(len(want)) {
+				t.Errorf("answer labelled Content-Encoding %q, Content-Length %d; want none and %d", ce, resp.ContentLength, len(want))
+			}
+			if acceptEncoding != "identity" {
+				t.Errorf("the endpoint was asked for Accept-Encoding %q, want identity", acceptEncoding)
+			}
+			// Counted once written: after the runtime may have read it.
+			for deadline := time.Now().Add(time.Second); w.hookOutcomes("deny") == denies && time.Now().Before(deadline); {
+				time.Sleep(5 * time.Millisecond)
+			}
+			if got := w.hookOutcomes("deny") - denies; got != 1 {
+				t.Errorf("hook_requests_total{outcome=deny} went up by %v, want 1", got)
+			}
+		})
+	}
+}
+
+// hookOutcomes reads egressd_hook_requests_total{event=pre_tool_execution,outcome}.
+func (w *world) hookOutcomes(outcome string) float64 {
+	return testutil.ToFloat64(w.Metrics.HookRequests.WithLabelValues("pre_tool_execution", outcome))
 }

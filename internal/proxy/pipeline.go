@@ -49,6 +49,10 @@ type exchange struct {
 	scrub   *scrub.Set // masks what injection set, in the response (scrub.go)
 	stage   stage      // how far serve got
 	preHook bool       // the request is a pre-tool hook call
+	// hook is the hook the request calls, and hookOutcome what the runtime is
+	// answered (a hook_requests_total outcome), counted once it is written.
+	hook        *hooks.Match
+	hookOutcome string
 	// throttled, when set, refuses the request before anything is decided or
 	// forwarded (an HTTP/2 stream beyond the connection's stream rate); a pre-tool
 	// hook call gets the fail-closed deny instead.
@@ -93,6 +97,7 @@ func serveRequest(ctx context.Context, x *exchange, cs clientSide) bool {
 		x.rec.refused(clientCancelled(err)) // nobody is left to answer
 		return false
 	}
+	defer x.countHook()
 	if err != nil {
 		return cs.refuse(x, err)
 	}
@@ -150,11 +155,7 @@ func (x *exchange) callHook(ctx context.Context, m hooks.Match, cs clientSide) (
 	if x.throttled != nil {
 		refusal = x.throttled
 	}
-	resp, err := x.serveHook(ctx, m, refusal)
-	if err != nil {
-		return nil, err
-	}
-	return x.scrubbed(resp), nil
+	return x.serveHook(ctx, m, refusal)
 }
 
 // refusedInTunnel records a request inside a refused tunnel and returns its refusal.
