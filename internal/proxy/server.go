@@ -87,9 +87,11 @@ type listener struct {
 	cfg  config.Listener
 	sem  chan struct{}
 	lane chan struct{}
-	// lingering holds cut lane connections given cutLinger to send their call
-	// (lane.go).
-	lingering lingerQueue
+	// overflow counts the connections accepted beyond the bound (being
+	// admitted, in the lane, cut); at maxOverflow the accept loop waits
+	// (awaitRoom).
+	overflow    atomic.Int64
+	maxOverflow int64
 }
 
 // Serve accepts connections on ln until Shutdown. Beyond limits.max_connections
@@ -101,10 +103,12 @@ func (s *Server) Serve(ln net.Listener, cfg config.Listener) error {
 		return nil
 	}
 	defer s.trackListener(ln, false)
-	l := &listener{cfg: cfg, sem: make(chan struct{}, s.Runtime().Limits.MaxConnections), lane: make(chan struct{}, hookLane)}
+	l := &listener{cfg: cfg, sem: make(chan struct{}, s.Runtime().Limits.MaxConnections), lane: make(chan struct{}, hookLane),
+		maxOverflow: overflowBound()}
 	s.InitMetrics(cfg)
 	var backoff time.Duration
 	for {
+		s.awaitRoom(l)
 		nc, err := ln.Accept()
 		if err != nil {
 			if s.closing.Load() {
@@ -135,6 +139,7 @@ func (s *Server) accept(l *listener, nc net.Conn) {
 	case l.sem <- struct{}{}:
 		s.serveConn(l, nc)
 	default:
+		l.overflow.Add(1)
 		go s.acceptOverloaded(l, nc)
 	}
 }
@@ -151,9 +156,11 @@ func (s *Server) serveIn(c *conn, sem chan struct{}) {
 	if !s.trackConn(c, true) {
 		c.release()
 		c.nc.Close()
+		c.ended()
 		return
 	}
 	go func() {
+		defer c.ended()
 		defer c.release()
 		defer s.trackConn(c, false)
 		if l.cfg.Mode == config.ModeTransparent {
