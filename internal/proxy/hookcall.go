@@ -157,7 +157,7 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 		return nil, prepErr
 	}
 	limit := x.rt.Limits.HookBodyBytes
-	reqBuf := &hookBuffer{b: x.budget}
+	reqBuf := &hookBuffer{b: x.budget, client: hookClient(x.rec)}
 	defer reqBuf.release()
 	body, err := reqBuf.read(x.body, limit, x.req.ContentLength)
 	if err != nil {
@@ -196,7 +196,7 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 	defer resp.Body.Close()
 	// The decision's buffer is released when the call returns, before the answer is
 	// written: the endpoint, not the sandbox, chose its size.
-	respBuf := &hookBuffer{b: x.budget}
+	respBuf := &hookBuffer{b: x.budget, client: hookClient(x.rec)}
 	defer respBuf.release()
 	rbody, err := respBuf.read(resp.Body, limit, resp.ContentLength)
 	rbody = bytes.Clone(rbody) // written to the client after the buffer is released
