@@ -43,13 +43,14 @@ func cmdCheck(args []string) int {
 			rep.OK = false
 			rep.Problems = append(rep.Problems, config.Problem{Msg: err.Error()})
 		}
+		// l.Cfg.Warnings may hold errors that do not stop `run` (hooks.identify).
 		rep.Problems = append(rep.Problems, l.Cfg.Warnings...)
 		rep.Problems = append(rep.Problems, lintPolicy(l)...)
 		creds := lintCredentials(l)
 		rep.Problems = append(rep.Problems, creds...)
 		lint := lintHooks(l)
 		rep.Problems = append(rep.Problems, lint...)
-		for _, p := range append(lint, creds...) {
+		for _, p := range slices.Concat(lint, creds, l.Cfg.Warnings) {
 			rep.OK = rep.OK && p.Warning
 		}
 		// Errors first, as the config loader orders its own problems.
@@ -162,12 +163,15 @@ func lintCredentials(l *daemon.Loaded) []config.Problem {
 // credentialRef is where the config or policy names a credential ID.
 type credentialRef struct{ id, path, file string }
 
-// credentialRefs lists the credential IDs the policy (and the hook signing key) names,
-// each with the path that names it.
+// credentialRefs lists the credential IDs the policy (and the hook signing key and
+// runtime token) names, each with the path that names it.
 func credentialRefs(l *daemon.Loaded) []credentialRef {
 	var refs []credentialRef
 	if id := l.Cfg.Hooks.SigningKey.Credential; id != "" {
 		refs = append(refs, credentialRef{id, "hooks.signing_key.credential", ""})
+	}
+	if id := l.Cfg.Hooks.RuntimeAuth.Credential; id != "" {
+		refs = append(refs, credentialRef{id, "hooks.runtime_auth.credential", ""})
 	}
 	prefix := "policy.allowlist"
 	if l.Cfg.Policy.File != "" {

@@ -70,6 +70,10 @@ type conn struct {
 	route route
 	// requests counts the requests the connection has carried.
 	requests int
+	// authIdent is what the tunnel's CONNECT presented as Proxy-Authorization
+	// under hooks.identify runtime_auth (identify.go); inner connections and
+	// HTTP/2 streams inherit it.
+	authIdent string
 
 	ctx    context.Context
 	cancel context.CancelFunc

@@ -32,19 +32,28 @@ type Hooks struct {
 	Index      *hooks.Index
 	Signer     *hooks.Signer
 	FailClosed bool // hooks.fail_closed: pre-tool failures become an explicit deny
-	// ByListener is true when a hooks listener exists: then only its traffic is
-	// hook traffic. Otherwise any listener's traffic is matched by URL alone.
-	ByListener bool
+	// Identify is how the runtime's calls are told from the sandbox's
+	// (identify.go): config.IdentifyListener (only a hooks listener's traffic),
+	// IdentifyRuntimeAuth (traffic that presents RuntimeToken) or IdentifyURL
+	// (any traffic to a hook URL).
+	Identify string
+	// RuntimeToken returns hooks.runtime_auth's token; an error when it cannot
+	// be had.
+	RuntimeToken func() ([]byte, error)
 }
 
 // hookMatch reports whether the request is a hook call: a POST to the URL of an
-// http hook of an enabled group, on a hooks listener if one exists.
+// http hook of an enabled group that egressd can tell is the runtime's (x.ident).
 func (x *exchange) hookMatch(role string) (hooks.Match, bool) {
 	h := x.rt.Hooks
 	if h == nil || h.Index == nil || x.req.Method != http.MethodPost || x.locate() != nil {
 		return hooks.Match{}, false
 	}
-	if h.ByListener && role != "hooks" {
+	authIdent := x.authIdent
+	if authIdent == "" {
+		authIdent = h.authIdent(x.req.Header)
+	}
+	if x.ident = h.callIdent(role, authIdent); x.ident == "" {
 		return hooks.Match{}, false
 	}
 	return h.Index.Lookup(x.scheme, x.target.Host, x.target.Port, x.req.URL.EscapedPath())
@@ -184,7 +193,7 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 		inject.Remove(out.Header, "Accept-Encoding")
 		out.Header["Accept-Encoding"] = []string{"identity"}
 	}
-	assertion, err := x.rt.Hooks.Signer.SignCall(m, x.rt.Env, x.rt.Hooks.ByListener, body)
+	assertion, err := x.rt.Hooks.Signer.SignCall(m, x.rt.Env, x.ident, body)
 	if err != nil {
 		return nil, &hookError{"hook signing key unavailable", err}
 	}

@@ -45,7 +45,7 @@ func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHe
 	inner := newConn(c.s, c.l, tc)
 	inner.route = tunnelRoute(t, why)
 	inner.slot, inner.lane, inner.cutCtx, inner.laneRoot = c.slot, c.lane, c.cutCtx, c.laneRoot
-	inner.release = c.release
+	inner.release, inner.authIdent = c.release, c.authIdent
 	inner.ctx, inner.cancel = context.WithCancel(c.ctx) // the outer's end (or cut) ends it
 	if c.s.trackConn(inner, true) {
 		defer c.s.trackConn(inner, false)

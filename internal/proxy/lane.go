@@ -231,15 +231,15 @@ var errLaneCut = deny(allowlist.ReasonOverloaded, "hook_lane_cut")
 // again when the connection is served.
 func (c *conn) hookCandidate(rt *Runtime) bool {
 	h := rt.Hooks
-	if h == nil || h.Index.Len() == 0 || h.ByListener && c.l.cfg.Role != config.RoleHooks {
+	if h == nil || h.Index.Len() == 0 {
 		return false
 	}
 	if c.l.cfg.Mode == config.ModeTransparent {
-		return c.transparentCandidate(h.Index)
+		return h.callIdent(c.l.cfg.Role, "") != "" && c.transparentCandidate(h.Index)
 	}
 	req := c.peekHead()
 	switch {
-	case req == nil:
+	case req == nil || h.callIdent(c.l.cfg.Role, h.authIdent(req.Header)) == "":
 		return false
 	case req.Method == http.MethodConnect:
 		t, err := allowlist.ParseAuthority(req.RequestURI, 0)

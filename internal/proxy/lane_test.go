@@ -152,7 +152,7 @@ func TestHookLaneOnHooksListener(t *testing.T) {
 	w := newLaneWorld(t, 4)
 	rt := *w.Server.Runtime()
 	byListener := *rt.Hooks
-	byListener.ByListener = true
+	byListener.Identify = config.IdentifyListener
 	rt.Hooks = &byListener
 	w.Server.Swap(&rt)
 	hooksLn := listenOn(t, "127.0.0.1:0")

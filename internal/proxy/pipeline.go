@@ -53,6 +53,9 @@ type exchange struct {
 	// answered (a hook_requests_total outcome), counted once it is written.
 	hook        *hooks.Match
 	hookOutcome string
+	// authIdent is what the request's tunnel presented (conn.authIdent), and
+	// ident how the call was told to be the runtime's (identify.go).
+	authIdent, ident string
 	// throttled, when set, refuses the request before anything is decided or
 	// forwarded (an HTTP/2 stream beyond the connection's stream rate); a pre-tool
 	// hook call gets the fail-closed deny instead.
@@ -62,7 +65,7 @@ type exchange struct {
 func newExchange(c *conn, rt *Runtime, req *http.Request, rec *Record, rtt route) *exchange {
 	rec.Method = req.Method
 	return &exchange{rt: rt, srv: c.s, metrics: c.s.metrics, budget: &c.s.hookBuf, cut: c.cutCtx, lane: c.laneRoot,
-		role: c.l.cfg.Role, req: req, rec: rec, body: newRequestBody(req), route: rtt}
+		role: c.l.cfg.Role, req: req, rec: rec, body: newRequestBody(req), route: rtt, authIdent: c.authIdent}
 }
 
 // stage is how far serve got with a request. The HTTP/1 side reads it to know
