@@ -44,8 +44,11 @@ type conn struct {
 	laneRoot *conn
 	inCall   atomic.Bool
 	// closedFor is set on an outer connection egressd cuts or closes: the detail
-	// its egress line gives (recordClose); cutTimer closes a cut one.
+	// its egress line gives (recordClose); lifeTimer cuts a lane connection at
+	// the end of its life, cutTimer closes a cut one. Both are stopped when the
+	// connection ends: a pending timer keeps the connection and its buffers.
 	closedFor atomic.Pointer[string]
+	lifeTimer *time.Timer
 	cutTimer  atomic.Pointer[time.Timer]
 	// release gives the connection's slot back (once; serveIn); onEnd, when set,
 	// gives back its place beyond the listener's bound (awaitRoom) once the
@@ -90,6 +93,9 @@ func newConn(s *Server, l *listener, nc net.Conn) *conn {
 
 // ended runs once the connection has been closed for good.
 func (c *conn) ended() {
+	if c.lifeTimer != nil {
+		c.lifeTimer.Stop()
+	}
 	if t := c.cutTimer.Load(); t != nil {
 		t.Stop()
 	}

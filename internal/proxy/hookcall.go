@@ -75,7 +75,8 @@ func (x *exchange) serveHook(ctx context.Context, m hooks.Match, prepErr error) 
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	ctx, prepErr = x.laneCut(ctx, prepErr)
+	ctx, stopCut, prepErr := x.laneCut(ctx, prepErr)
+	defer stopCut()
 	// egressd reads the body itself: the whole of it must arrive within the hook's
 	// deadline (not limits.read_header per read, which a trickle could stretch
 	// without end), and a call cut short stops waiting for it at once.
@@ -140,18 +141,19 @@ func (x *exchange) validatedAnswer(resp *bufferedResponse) (*http.Response, stri
 }
 
 // laneCut makes a cut of the lane connection (lane.go) end the call: one already
-// cut is refused at once, one cut meanwhile sees its context end.
-func (x *exchange) laneCut(ctx context.Context, prepErr error) (context.Context, error) {
+// cut is refused at once, one cut meanwhile sees its context end. The function
+// it returns stops watching for the cut.
+func (x *exchange) laneCut(ctx context.Context, prepErr error) (context.Context, func(), error) {
 	if x.cut == nil {
-		return ctx, prepErr
+		return ctx, func() {}, prepErr
 	}
 	x.lane.inCall.Store(true)
 	if x.cut.Err() != nil && prepErr == nil {
 		prepErr = errLaneCut
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	context.AfterFunc(x.cut, func() { cancel(errLaneCut) })
-	return ctx, prepErr
+	stop := context.AfterFunc(x.cut, func() { cancel(errLaneCut) })
+	return ctx, func() { stop(); cancel(nil) }, prepErr
 }
 
 // bufferedResponse is an upstream response whose body has been read.

@@ -112,13 +112,7 @@ func (s *Server) admit(l *listener, nc net.Conn) {
 func (s *Server) admitting(l *listener) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
-	for c := range s.conns {
-		if c.l == l && c.slot == slotAdmit {
-			n++
-		}
-	}
-	return n
+	return len(l.bySlot[slotAdmit])
 }
 
 // serveLane serves c in a lane slot, cutting the oldest lane connection when
@@ -135,7 +129,7 @@ func (s *Server) serveLane(l *listener, c *conn, rt *Runtime) {
 	c.slot, c.lane, c.laneAt = slotLane, true, time.Now()
 	c.cutCtx, c.cutFn = context.WithCancel(context.Background())
 	c.laneRoot = c
-	time.AfterFunc(laneLife(rt), c.cut)
+	c.lifeTimer = time.AfterFunc(laneLife(rt), c.cut)
 	s.serveIn(c, sem)
 	if sem != l.lane {
 		c.cut()
@@ -160,8 +154,8 @@ func laneLife(rt *Runtime) time.Duration {
 func (s *Server) cutOldestLane(l *listener) bool {
 	s.mu.Lock()
 	var oldest *conn
-	for c := range s.conns {
-		if c.l == l && c.laneRoot == c && !c.isCut.Load() && cutsBefore(c, oldest) {
+	for c := range l.lanes {
+		if cutsBefore(c, oldest) {
 			oldest = c
 		}
 	}
@@ -195,6 +189,9 @@ func (c *conn) cut() {
 		return
 	}
 	c.closedFor.CompareAndSwap(nil, &detailLaneCutValue)
+	c.s.mu.Lock()
+	delete(c.l.lanes, c)
+	c.s.mu.Unlock()
 	c.release()
 	c.cutFn()
 	wait, detail := cutLinger, detailLaneLinger

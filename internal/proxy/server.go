@@ -92,6 +92,12 @@ type listener struct {
 	// (awaitRoom).
 	overflow    atomic.Int64
 	maxOverflow int64
+	// bySlot holds the listener's connections holding a main slot and those
+	// being admitted (the ones a newcomer may evict: slots.go), and lanes its
+	// lane connections not yet cut (lane.go); guarded by Server.mu, so that
+	// neither an eviction nor a cut scans every connection a flood holds.
+	bySlot map[slotKind]map[*conn]struct{}
+	lanes  map[*conn]struct{}
 }
 
 // Serve accepts connections on ln until Shutdown. Beyond limits.max_connections
@@ -104,7 +110,8 @@ func (s *Server) Serve(ln net.Listener, cfg config.Listener) error {
 	}
 	defer s.trackListener(ln, false)
 	l := &listener{cfg: cfg, sem: make(chan struct{}, s.Runtime().Limits.MaxConnections), lane: make(chan struct{}, hookLane),
-		maxOverflow: overflowBound()}
+		maxOverflow: overflowBound(), lanes: map[*conn]struct{}{},
+		bySlot: map[slotKind]map[*conn]struct{}{slotMain: {}, slotAdmit: {}}}
 	s.InitMetrics(cfg)
 	var backoff time.Duration
 	for {
@@ -193,8 +200,16 @@ func (s *Server) trackConn(c *conn, add bool) bool {
 			return false
 		}
 		s.conns[c] = struct{}{}
+		if byKind := c.l.bySlot[c.slot]; byKind != nil {
+			byKind[c] = struct{}{}
+		}
+		if c.slot == slotLane && c.laneRoot == c && !c.isCut.Load() {
+			c.l.lanes[c] = struct{}{}
+		}
 	} else {
 		delete(s.conns, c)
+		delete(c.l.bySlot[c.slot], c)
+		delete(c.l.lanes, c)
 	}
 	return true
 }
