@@ -189,13 +189,7 @@ func (w *world) connectRaw(t *testing.T) net.Conn {
 // pre-tool call gets the fail-closed deny at once, a post-tool call 503
 // overloaded; once they are gone, calls are served again.
 func TestHookBufferBudget(t *testing.T) {
-	w := newWorld(t, worldOpts{allowlist: hookEntries, hooksJSON: hooksJSON, credentials: map[string]string{},
-		limits: func(l *config.Limits) { l.HookBodyBytes, l.HookBufferBytes = 64<<10, 128<<10 }})
-	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
-	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		io.WriteString(rw, `{"decision":"allow"}`)
-	})
+	w := newAllowHookWorld(t, func(l *config.Limits) { l.HookBodyBytes, l.HookBufferBytes = 64<<10, 128<<10 })
 	var stalled []net.Conn
 	for _, from := range []string{"127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"} { // each call reserves 32,768 bytes
 		tc, _ := w.interceptedH1From(t, from, "policy.allowed.test")
@@ -252,12 +246,7 @@ func (w *world) interceptedH1From(t *testing.T, from, host string) (*tls.Conn, *
 // Reserved by declared length they held 40 MiB, and every real call got the
 // deny until they closed.
 func TestHookBudgetDeclaredLength(t *testing.T) {
-	w := newWorld(t, worldOpts{allowlist: hookEntries, hooksJSON: hooksJSON, credentials: map[string]string{}})
-	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
-	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		io.WriteString(rw, `{"decision":"allow"}`)
-	})
+	w := newAllowHookWorld(t, nil)
 	for range 40 {
 		tc, _ := w.interceptedH1(t, "policy.allowed.test")
 		io.WriteString(tc, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Length: 1048575\r\n\r\nx")
@@ -273,13 +262,7 @@ func TestHookBudgetDeclaredLength(t *testing.T) {
 // endpoint's allow. Without the share, the first client took the whole budget and
 // every call, from anyone, got the deny.
 func TestHookBudgetClientShare(t *testing.T) {
-	w := newWorld(t, worldOpts{allowlist: hookEntries, hooksJSON: hooksJSON, credentials: map[string]string{},
-		limits: func(l *config.Limits) { l.HookBodyBytes, l.HookBufferBytes = 64<<10, 256<<10 }})
-	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
-	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		io.WriteString(rw, `{"decision":"allow"}`)
-	})
+	w := newAllowHookWorld(t, func(l *config.Limits) { l.HookBodyBytes, l.HookBufferBytes = 64<<10, 256<<10 })
 	for range 8 { // 8 x 32,768 bytes: the whole budget, but for the share
 		tc, _ := w.interceptedH1From(t, "127.0.0.2", "policy.allowed.test")
 		io.WriteString(tc, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Length: 32767\r\n\r\n"+strings.Repeat("x", 30000))

@@ -194,11 +194,16 @@ func TestCutLaneConnectionStillAnswered(t *testing.T) {
 	wantFailClosedDeny(t, "the cut call", real)
 }
 
-// newLaneWorld is a world with the hook entries and hooks.json, whose hook endpoint
-// allows every call, at limits.max_connections n.
+// newLaneWorld is newAllowHookWorld at limits.max_connections n.
 func newLaneWorld(t *testing.T, n int) *world {
+	return newAllowHookWorld(t, func(l *config.Limits) { l.MaxConnections = n })
+}
+
+// newAllowHookWorld is a world with the hook entries and hooks.json, whose hook
+// endpoint allows every call, with limits changed by limits (nil: the defaults).
+func newAllowHookWorld(t *testing.T, limits func(*config.Limits)) *world {
 	w := newWorld(t, worldOpts{allowlist: append(hookEntries, defaultEntries...), hooksJSON: hooksJSON,
-		credentials: map[string]string{}, limits: func(l *config.Limits) { l.MaxConnections = n }})
+		credentials: map[string]string{}, limits: limits})
 	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
 	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
