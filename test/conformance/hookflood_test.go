@@ -117,7 +117,7 @@ func runCallFlood(t *testing.T, w *world, realAddr string) []string {
 	var outcomes []string
 	var took []time.Duration
 	for end := time.Now().Add(floodCallsFor - 1500*time.Millisecond); time.Now().Before(end); time.Sleep(floodCallGap) {
-		o, d := hookflood.Call(realAddr, "policy.allowed.test", hookAllowPath, w.roots, hookTimeout+raceSlack+5*time.Second)
+		o, d := hookCaller(realAddr, w).Call(hookTimeout + raceSlack + 5*time.Second)
 		outcomes, took = append(outcomes, o), append(took, d)
 		if d > hookTimeout+raceSlack {
 			t.Errorf("real call took %v, past its timeout %v", d, hookTimeout)
@@ -149,6 +149,11 @@ func runCallFlood(t *testing.T, w *world, realAddr string) []string {
 	return outcomes
 }
 
+// hookCaller makes the runtime's calls to the endpoint that allows, at proxy.
+func hookCaller(proxy string, w *world) hookflood.Caller {
+	return hookflood.Caller{Proxy: proxy, Host: "policy.allowed.test", Path: hookAllowPath, Roots: w.roots}
+}
+
 // holdSlots fills n connection slots with spliced tunnels, TLS done with the
 // upstream, then idle: serving connections, never evicted.
 func holdSlots(k *kase, n int) {
@@ -175,7 +180,7 @@ func TestHookDeclaredLengthFlood(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond) // egressd has read their heads and their byte
 	for i := range 5 {
-		if o, took := hookflood.Call(w.ProxyAddr, "policy.allowed.test", hookAllowPath, w.roots, hookTimeout); o != hookflood.Allow {
+		if o, took := hookCaller(w.ProxyAddr, w).Call(hookTimeout); o != hookflood.Allow {
 			t.Errorf("real call %d beside 40 calls declaring 1 MiB: %s after %v, want the endpoint's allow", i, o, took)
 		}
 	}

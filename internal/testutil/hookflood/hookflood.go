@@ -13,6 +13,7 @@ package hookflood
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -24,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +36,7 @@ import (
 type Options struct {
 	Proxy string // egressd's proxy listener, host:port
 	Host  string // the hook host: CONNECT target and SNI
+	Port  int    // the hook URL's port; 0 means 443
 	Path  string // the hook URL's path
 	// Rate is how many fake calls begin each second, for For; each connection
 	// lives at most Hold, and at most MaxOpen are open at once.
@@ -111,7 +114,8 @@ func (f *flood) fakeCall() {
 	nc.SetDeadline(time.Now().Add(f.o.Hold))
 	stop := context.AfterFunc(f.ctx, func() { nc.Close() })
 	defer stop()
-	br, err := connect(nc, f.o.Host)
+	authority := hostPort(f.o.Host, f.o.Port)
+	br, err := connect(nc, authority)
 	if err != nil {
 		return
 	}
@@ -120,16 +124,21 @@ func (f *flood) fakeCall() {
 	if tc.Handshake() != nil {
 		return
 	}
-	if _, err := fmt.Fprintf(tc, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: 1000000\r\n\r\nx", f.o.Path, f.o.Host); err != nil {
+	if _, err := fmt.Fprintf(tc, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: 1000000\r\n\r\nx", f.o.Path, authority); err != nil {
 		return
 	}
 	f.posted.Add(1)
 	io.Copy(io.Discard, tc)
 }
 
-// connect sends a CONNECT to host:443 on nc and reads egressd's 200.
-func connect(nc net.Conn, host string) (*bufio.Reader, error) {
-	if _, err := fmt.Fprintf(nc, "CONNECT %s:443 HTTP/1.1\r\nHost: %s:443\r\n\r\n", host, host); err != nil {
+// hostPort is host:port, port 0 meaning 443.
+func hostPort(host string, port int) string {
+	return net.JoinHostPort(host, strconv.Itoa(cmp.Or(port, 443)))
+}
+
+// connect sends a CONNECT to authority on nc and reads egressd's 200.
+func connect(nc net.Conn, authority string) (*bufio.Reader, error) {
+	if _, err := fmt.Fprintf(nc, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", authority, authority); err != nil {
 		return nil, err
 	}
 	br := bufio.NewReader(nc)
@@ -157,34 +166,49 @@ const (
 	Deny  = "deny"  // a deny: the endpoint's, or egressd's fail-closed one
 )
 
-// Call makes one pre-tool hook call as the runtime does, on a new connection to
-// proxy: CONNECT to host, TLS trusting roots, a POST of a tool call to path. It
-// returns Allow, Deny, or what went wrong instead (a transport error, another
-// status), with how long the call took; within bounds it at most.
-func Call(proxy, host, path string, roots *x509.CertPool, within time.Duration) (string, time.Duration) {
+// Caller makes pre-tool hook calls as the runtime does, each on a new
+// connection to Proxy: CONNECT to the hook host, TLS trusting Roots, a POST of
+// Body (a small tool call when nil) to Path.
+type Caller struct {
+	Proxy string
+	Host  string
+	Port  int // 0 means 443
+	Path  string
+	Body  []byte
+	Roots *x509.CertPool
+}
+
+// Call makes one call and returns Allow, Deny, or what went wrong instead (a
+// transport error, another status), with how long the call took; within bounds
+// it.
+func (c Caller) Call(within time.Duration) (string, time.Duration) {
 	start := time.Now()
-	o := call(proxy, host, path, roots, start.Add(within))
+	o := c.call(start.Add(within))
 	return o, time.Since(start)
 }
 
-func call(proxy, host, path string, roots *x509.CertPool, deadline time.Time) string {
-	nc, err := net.DialTimeout("tcp", proxy, time.Until(deadline))
+func (c Caller) call(deadline time.Time) string {
+	nc, err := net.DialTimeout("tcp", c.Proxy, time.Until(deadline))
 	if err != nil {
 		return "dial: " + err.Error()
 	}
 	defer nc.Close()
 	nc.SetDeadline(deadline)
-	br, err := connect(nc, host)
+	authority := hostPort(c.Host, c.Port)
+	br, err := connect(nc, authority)
 	if err != nil {
 		return "CONNECT: " + err.Error()
 	}
-	tc := tls.Client(&bufConn{Conn: nc, r: br}, &tls.Config{ServerName: host, RootCAs: roots, NextProtos: []string{"http/1.1"}})
+	tc := tls.Client(&bufConn{Conn: nc, r: br}, &tls.Config{ServerName: c.Host, RootCAs: c.Roots, NextProtos: []string{"http/1.1"}})
 	if err := tc.Handshake(); err != nil {
 		return "TLS: " + err.Error()
 	}
-	body := `{"tool":"code_execution","input":"ls"}`
+	body := c.Body
+	if body == nil {
+		body = []byte(`{"tool":"code_execution","input":"ls"}`)
+	}
 	fmt.Fprintf(tc, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		path, host, len(body), body)
+		c.Path, authority, len(body), body)
 	resp, err := http.ReadResponse(bufio.NewReader(tc), &http.Request{Method: http.MethodPost})
 	if err != nil {
 		return "POST: " + err.Error()
