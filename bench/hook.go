@@ -275,7 +275,7 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 			rows[i].add(d, x)
 		}
 	}
-	attacked, err := measureHookUnderAttack(ctx, env, direct, call, lo)
+	attacked, err := measureHookUnderAttack(ctx, env)
 	if err != nil {
 		return nil, err
 	}
@@ -364,12 +364,7 @@ func (r *report) writeHookNote(w io.Writer) {
 			signedDur(h.Egressd.P99US-b.Egressd.P99US), dur(h.Egressd.P99US), dur(b.Egressd.P99US))
 	}
 	fmt.Fprintf(w, " (a signed pre_tool_execution call vs the same %d-byte POST to a URL of the same entry that is no hook's)\n", hookBodySize)
-	if a := r.path(hookAttackRow); a != nil && a.Egressd.P50US > 0 && a.Attack != nil {
-		at := a.Attack
-		fmt.Fprintf(w, "hook under attack (%d attacking connections, %d/%d tunnels held before/after the window, max_connections %d; an ordinary request got %d %s): p50 %s, p99 %s, vs %s and %s idle\n",
-			at.Conns, at.HeldBefore, at.HeldAfter, at.MaxConnections, at.ProbeStatus, at.ProbeReason,
-			dur(a.Egressd.P50US), dur(a.Egressd.P99US), dur(h.Egressd.P50US), dur(h.Egressd.P99US))
-	}
+	r.writeAttackNote(w)
 }
 
 // signedDur is dur with a sign.

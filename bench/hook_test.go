@@ -103,7 +103,7 @@ func TestHookServer(t *testing.T) {
 	}
 	aud, _ := hookauth.Origin(hs.url(hookURLPath))
 	body := hookRequestBody()
-	good, err := signer.SignCall(hooks.Match{Group: hookGroup, Event: hooks.EventPre, URL: hs.url(hookURLPath), Audience: aud}, envBench, false, body)
+	good, err := signer.SignCall(hooks.Match{Group: hookGroup, Event: hooks.EventPre, URL: hs.url(hookURLPath), Audience: aud}, envBench, hookauth.IdentURL, body)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -14,48 +15,59 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
+	"github.com/egressd/egressd/internal/testutil/hookflood"
 )
 
-// The "hook under attack" row (issue 12): the hook row's calls, made while
-// attackConns connections hold the listener of an egressd of its own, whose
-// limits.max_connections is attackMaxConnections: the attack fills it, so the
-// hook lane (internal/proxy/lane.go) is what serves the measured calls. Half
-// the attackers pose as the runtime (a tunnel to the hook host and a hook call
-// whose body trickles in one byte every 500 ms, reopened when egressd cuts or
-// denies it), half hold tunnels to the upstream with TLS done and then idle.
-// Beside the hook row, it shows what a full listener costs the runtime's calls.
+// The "hook under attack" row: the runtime's pre-tool calls, each on a new
+// connection (CONNECT to the hook host, TLS, the POST), made one after another
+// through an egressd of its own while spliced tunnels hold every one of its
+// limits.max_connections and the sandbox floods it with floodRate fake calls a
+// second (internal/testutil/hookflood, in a child process: CONNECT, TLS, a POST
+// whose body never ends). Its hooks.identify is url, so the fakes contest the hook
+// lane (lane.go) with the real calls. The runtime reads a call that fails in
+// transport as "allow": every real call must get an answer, the endpoint's allow
+// or egressd's deny. The row's direct columns are the same calls through the
+// same egressd before the flood (idle); its egressd columns, during it.
 const (
 	hookAttackRow        = "hook-attack"
-	attackConns          = 200
-	attackMaxConnections = 128 // below attackConns: the listener is full
-	// attackClients bounds the measured hook callers: a runtime makes one
-	// pre-tool call at a time, and more callers than the lane's 32 slots would
-	// cut each other's calls (the newest arrival cuts the oldest).
-	attackClients = 8
+	attackMaxConnections = 64 // every one held by a spliced tunnel
+	floodRate            = 1000
+	// floodFor bounds the flood; the measured calls run in its middle,
+	// floodSettle after its start until floodSettle before its end.
+	floodFor    = 6 * time.Second
+	floodSettle = time.Second
+	floodHold   = 3 * time.Second // a fake connection's longest life
+	floodOpen   = 8000            // fake connections open at once, at most
+	// callGap spaces the real calls, as tool calls are; callWithin bounds one.
+	callGap    = 50 * time.Millisecond
+	callWithin = (hookTimeout + 5) * time.Second
 )
 
-// attackSummary is what the hook-attack row's attack held: how many of its
-// connections had their tunnel up, and what an ordinary request got meanwhile.
+// attackSummary is what the hook-attack row's attack did, and what the real
+// calls got.
 type attackSummary struct {
-	Conns          int `json:"conns"`
 	MaxConnections int `json:"max_connections"`
-	// Held is the attack's tunnels that were up just before and just after
-	// the measured window.
-	HeldBefore int64 `json:"held_before"`
-	HeldAfter  int64 `json:"held_after"`
+	// Held is the spliced tunnels that held the listener's slots.
+	Held int64 `json:"held"`
 	// ProbeStatus is the status of an ordinary GET through egressd during
-	// the attack (503 when the listener is full), ProbeReason its reason header.
+	// the flood (503 when the listener is full), ProbeReason its reason header.
 	ProbeStatus int    `json:"probe_status"`
 	ProbeReason string `json:"probe_reason,omitempty"`
-	// Refused is egressd's log lines for the attackers' own connections:
-	// tunnels refused 503 overloaded, fake calls cut from the lane or denied
-	// at the body deadline. Moved out of the row's unexpected lines; a measured
-	// call cut or denied still counts as a client error (Egressd-Hook: fail-closed).
+	// Flood is what the fake calls did.
+	Flood hookflood.Stats `json:"flood"`
+	// Outcomes counts the real calls under the flood by what they got: allow,
+	// deny, or what went wrong. NotAnswered is those that got neither.
+	Outcomes    map[string]int64 `json:"outcomes"`
+	NotAnswered int64            `json:"not_answered"`
+	// Refused is egressd's log lines for the fake calls: cut from the lane,
+	// denied, overloaded. Moved out of the row's unexpected lines.
 	Refused map[string]int64 `json:"refused,omitempty"`
 }
 
-// attackLine tells the log keys (unexpectedKey) of the attack's own refusals.
-var attackLine = regexp.MustCompile(`reason=overloaded|detail=body_timeout`)
+// attackLine tells the log keys (unexpectedKey) of the fake calls' own ends.
+var attackLine = regexp.MustCompile(`reason=overloaded|detail=body_timeout|detail=malformed_body|detail=client_tls|detail=client_untrusted_ca|detail=not_tls|reason=client_cancelled`)
 
 func (s *attackSummary) takeAttackLines(log *logSummary) {
 	for k, n := range log.Unexpected {
@@ -69,62 +81,53 @@ func (s *attackSummary) takeAttackLines(log *logSummary) {
 	}
 }
 
-// measureHookUnderAttack runs one round of the hook calls through an egressd
-// started for the row while the attack holds its connections; direct is the
-// hook row's last direct run.
-func measureHookUnderAttack(ctx context.Context, env pathEnv, direct, call customTarget, lo loadOptions) (pathResult, error) {
-	rb := &rowBuilder{res: pathResult{Path: hookAttackRow, Description: fmt.Sprintf(
-		"the hook row's calls, from at most %d clients, through an egressd with limits.max_connections %d while %d connections hold its listener: %d fake hook calls to the hook URL whose bodies trickle (1 byte / 500 ms, reopened when cut) and %d idle tunnels to the upstream",
-		attackClients, attackMaxConnections, attackConns, attackConns/2, attackConns/2), Injects: call.method + " as the hook row"}}
+// measureHookUnderAttack measures the real calls idle, then under the flood.
+func measureHookUnderAttack(ctx context.Context, env pathEnv) (pathResult, error) {
+	rb := &rowBuilder{res: pathResult{Path: hookAttackRow, NewConnPerRequest: true, Description: fmt.Sprintf(
+		"pre-tool calls to the hook URL, one at a time, each on a new connection (CONNECT, TLS, POST), through an egressd with limits.max_connections %d held by spliced tunnels and hooks.identify url, "+
+			"while %d fake calls a second flood it (CONNECT, TLS, a POST whose body never ends); direct columns: the same calls before the flood",
+		attackMaxConnections, floodRate), Injects: "as the hook row"}}
 	ae, roots, err := startAttackEgressd(ctx, env)
 	if err != nil {
 		return pathResult{}, fmt.Errorf("%s: %w", hookAttackRow, err)
 	}
 	defer ae.stop()
-	call.proxy, call.roots = ae.proxyURL, roots
-	lo.clients = min(lo.clients, attackClients)
 	proxyAddr := strings.TrimPrefix(ae.proxyURL, "http://")
-	sum := &attackSummary{Conns: attackConns, MaxConnections: attackMaxConnections}
-	var held atomic.Int64
+	hs := env.w.up.hook
+	caller := hookflood.Caller{Proxy: proxyAddr, Host: hookHost, Port: portNum(hs.addr), Path: hookURLPath,
+		Body: hookRequestBody(), Roots: roots}
+	sum := &attackSummary{MaxConnections: attackMaxConnections}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for i := range attackConns {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if i%2 == 0 {
-					trickleHookCall(proxyAddr, env.w.up.hook.url(hookURLPath), roots, &held, stop)
-				} else {
-					idleTunnel(proxyAddr, env.w.up.tlsAddr, env.w.up.roots, &held, stop)
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-		})
-	}
 	defer func() { close(stop); wg.Wait() }()
-	before := env.w.up.hook.counts()
-	d, err := runCustomLoad(ctx, direct, lo, nil) // with the row's client count, before the attack
+	sum.Held = holdSlots(&wg, stop, proxyAddr, env.w.up)
+
+	before := hs.counts()
+	idle, _ := realCalls(ctx, caller, floodFor-2*floodSettle, nil)
+	idle.fillHook(hs.counts().sub(before))
+	fl, err := hookflood.Start("", hookflood.Options{Proxy: proxyAddr, Host: hookHost, Port: caller.Port, Path: hookURLPath,
+		Rate: floodRate, For: floodFor, Hold: floodHold, MaxOpen: floodOpen})
 	if err != nil {
-		return pathResult{}, fmt.Errorf("direct: %w", err)
+		return pathResult{}, err
 	}
-	d.fillHook(env.w.up.hook.counts().sub(before))
-	time.Sleep(3 * time.Second) // the attack's connections are in place
+	defer fl.Stop()
+	time.Sleep(floodSettle)
 	sum.ProbeStatus, sum.ProbeReason = probeOrdinary(proxyAddr, localhostAddr(env.w.up.httpAddr))
-	sum.HeldBefore = held.Load()
-	before = env.w.up.hook.counts()
+	before = hs.counts()
 	x, err := measureVia(ae, env.dns, func(cpu func() (time.Duration, error)) (runResult, error) {
-		return runCustomLoad(ctx, call, lo, cpu)
+		r, outcomes := realCalls(ctx, caller, floodFor-2*floodSettle-time.Second, cpu)
+		sum.Outcomes = outcomes
+		return r, nil
 	})
 	if err != nil {
-		return pathResult{}, fmt.Errorf("hook calls under attack: %w", err)
+		return pathResult{}, err
 	}
-	sum.HeldAfter = held.Load()
-	x.r.fillHook(env.w.up.hook.counts().sub(before)) // the fake calls' bodies never arrive: only the measured calls count
-	rb.add(d, x)
+	if sum.Flood, err = fl.Wait(); err != nil {
+		return pathResult{}, err
+	}
+	x.r.fillHook(hs.counts().sub(before))
+	sum.NotAnswered = x.r.Errors
+	rb.add(idle, x)
 	res := rb.finish(ae)
 	sum.takeAttackLines(&res.Log)
 	res.Attack = sum
@@ -132,23 +135,69 @@ func measureHookUnderAttack(ctx context.Context, env pathEnv, direct, call custo
 	return res, nil
 }
 
-// problems says when the attack did not fill the listener, so the row would
-// not measure the hook lane.
-func (s *attackSummary) problems() []string {
-	if s.ProbeStatus != http.StatusServiceUnavailable {
-		return []string{fmt.Sprintf("an ordinary request during the attack got %d, not 503 overloaded: the listener was not full", s.ProbeStatus)}
+// realCalls makes the runtime's calls one after another, callGap apart, for d,
+// and returns them as a run (a call that got no answer is an error, counted by
+// what went wrong) with the calls counted by outcome. cpu, when set, is
+// egressd's CPU time, sampled over the run.
+func realCalls(ctx context.Context, c hookflood.Caller, d time.Duration, cpu func() (time.Duration, error)) (runResult, map[string]int64) {
+	var r runResult
+	outcomes := map[string]int64{}
+	var cpu0 time.Duration
+	if cpu != nil {
+		cpu0, _ = cpu()
 	}
-	if s.HeldBefore < int64(s.MaxConnections) {
-		return []string{fmt.Sprintf("the attack held %d tunnels, fewer than limits.max_connections %d", s.HeldBefore, s.MaxConnections)}
+	start := time.Now()
+	for time.Since(start) < d && ctx.Err() == nil {
+		o, took := c.Call(callWithin)
+		outcomes[o]++
+		r.Total++
+		if o != hookflood.Allow && o != hookflood.Deny {
+			r.Errors++
+			addCount(&r.ErrorKinds, o, 1)
+			continue
+		}
+		r.hist.record(took)
+		time.Sleep(callGap)
 	}
-	return nil
+	r.Seconds = time.Since(start).Seconds()
+	if cpu != nil {
+		if cpu1, err := cpu(); err == nil {
+			r.CPUSeconds = (cpu1 - cpu0).Seconds()
+		} else {
+			r.CPUError = err.Error()
+		}
+	}
+	r.Requests = int64(r.hist.n)
+	r.ReqPerSec = float64(r.hist.n) / r.Seconds
+	r.ClientConns = r.Total
+	r.setLatencies()
+	return r, outcomes
 }
 
-// startAttackEgressd starts the hook-attack row's egressd (same config as the
-// first one but for limits.max_connections) in a directory of its own, and
-// points the hook endpoint's verifier at its signing key.
+// problems says when the row did not measure what it claims: the listener
+// was not full, the flood fell short, or a real call got no answer.
+func (s *attackSummary) problems() []string {
+	var out []string
+	if s.ProbeStatus != http.StatusServiceUnavailable {
+		out = append(out, fmt.Sprintf("an ordinary request during the flood got %d, not 503 overloaded: the listener was not full", s.ProbeStatus))
+	}
+	if s.Held < int64(s.MaxConnections) {
+		out = append(out, fmt.Sprintf("%d spliced tunnels held the listener, fewer than limits.max_connections %d", s.Held, s.MaxConnections))
+	}
+	if rate := s.Flood.Rate(); rate < 0.95*floodRate {
+		out = append(out, fmt.Sprintf("the flood began %.0f fake calls a second, not %d", rate, floodRate))
+	}
+	if s.NotAnswered > 0 {
+		out = append(out, fmt.Sprintf("%d real calls got no answer (the runtime reads that as allow): %v", s.NotAnswered, s.Outcomes))
+	}
+	return out
+}
+
+// startAttackEgressd starts the hook-attack row's egressd (the first one's
+// config but for limits.max_connections and hooks.identify url) in a directory
+// of its own, and points the hook endpoint's verifier at its signing key.
 func startAttackEgressd(ctx context.Context, env pathEnv) (*egressd, *x509.CertPool, error) {
-	cfg, files := benchConfig(env.w.up, env.dns.Addr, nil, attackMaxConnections)
+	cfg, files := attackConfig(env.w.up, env.dns.Addr)
 	ae, err := startEgressd(ctx, env.o.egressd, filepath.Join(env.dir, hookAttackRow), cfg, files)
 	if err != nil {
 		return nil, nil, fmt.Errorf("egressd: %w", err)
@@ -165,6 +214,27 @@ func startAttackEgressd(ctx context.Context, env pathEnv) (*egressd, *x509.CertP
 		return nil, nil, err
 	}
 	return ae, roots, nil
+}
+
+// attackConfig is the hook-attack row's egressd config: benchConfig's, with
+// limits.max_connections attackMaxConnections and hooks.identify url.
+func attackConfig(up *upstream, dnsAddr string) (*egressdtest.Config, map[string]string) {
+	cfg, files := benchConfig(up, dnsAddr, nil, attackMaxConnections)
+	cfg.Hooks.Identify = "url"
+	return cfg, files
+}
+
+// holdSlots opens attackMaxConnections spliced tunnels to the upstream, TLS
+// done, held until stop, and returns how many are up.
+func holdSlots(wg *sync.WaitGroup, stop <-chan struct{}, proxyAddr string, up *upstream) int64 {
+	var held atomic.Int64
+	var up1 sync.WaitGroup
+	for range attackMaxConnections {
+		up1.Add(1)
+		wg.Go(func() { idleTunnel(proxyAddr, up.tlsAddr, up.roots, &held, up1.Done, stop) })
+	}
+	up1.Wait()
+	return held.Load()
 }
 
 // probeOrdinary sends one ordinary GET (no hook call) through egressd at
@@ -185,52 +255,34 @@ func probeOrdinary(proxyAddr, authority string) (int, string) {
 	return resp.StatusCode, resp.Header.Get("Egressd-Reason")
 }
 
-// attackTunnel opens a CONNECT tunnel to authority through egressd and
-// completes TLS with sni inside it; the connection then has a minute.
-func attackTunnel(proxyAddr, authority, sni string, roots *x509.CertPool) (net.Conn, error) {
+// idleTunnel holds a tunnel to the upstream, TLS done, until stop; up runs once
+// it is up or has failed.
+func idleTunnel(proxyAddr, upstreamTLS string, roots *x509.CertPool, held *atomic.Int64, up func(), stop <-chan struct{}) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	tc, err := openTunnel(ctx, proxyAddr, authority, &tls.Config{ServerName: sni, RootCAs: roots, NextProtos: []string{"http/1.1"}})
+	c, err := openTunnel(ctx, proxyAddr, localhostAddr(upstreamTLS), &tls.Config{ServerName: "localhost", RootCAs: roots, NextProtos: []string{"http/1.1"}})
 	if err != nil {
-		return nil, err
-	}
-	_ = tc.SetDeadline(time.Now().Add(time.Minute))
-	return tc, nil
-}
-
-// trickleHookCall poses as the runtime: a hook call whose body never quite arrives.
-func trickleHookCall(proxyAddr, hookURL string, roots *x509.CertPool, held *atomic.Int64, stop <-chan struct{}) {
-	host := strings.TrimPrefix(hookURL, "https://")
-	host = host[:strings.IndexByte(host, '/')]
-	c, err := attackTunnel(proxyAddr, host, hookHost, roots)
-	if err != nil {
+		up()
 		return
 	}
 	defer c.Close()
 	held.Add(1)
-	defer held.Add(-1)
-	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n", hookURLPath, host, hookBodySize)
-	for range hookBodySize {
-		select {
-		case <-stop:
-			return
-		case <-time.After(500 * time.Millisecond):
-		}
-		if _, err := c.Write([]byte("x")); err != nil {
-			return
-		}
-	}
-}
-
-// idleTunnel holds a tunnel to the upstream, TLS done, until stop.
-func idleTunnel(proxyAddr, upstreamTLS string, roots *x509.CertPool, held *atomic.Int64, stop <-chan struct{}) {
-	c, err := attackTunnel(proxyAddr, localhostAddr(upstreamTLS), "localhost", roots)
-	if err != nil {
-		time.Sleep(time.Second)
-		return
-	}
-	defer c.Close()
-	held.Add(1)
-	defer held.Add(-1)
+	up()
 	<-stop
+}
+
+// writeAttackNote prints the hook-attack row: the real calls under the flood
+// beside the same calls idle, and how many got no answer.
+func (r *report) writeAttackNote(w io.Writer) {
+	a := r.path(hookAttackRow)
+	if a == nil || a.Attack == nil {
+		return
+	}
+	at := a.Attack
+	fmt.Fprintf(w, "hook under attack (%.0f fake calls/s begun, %.0f/s reached their POST, %d open at most; max_connections %d held by %d spliced tunnels; an ordinary request got %d %s; egressd %.2f CPU-s/s): "+
+		"real calls p50 %s, p99 %s, vs %s and %s idle; %d calls %v; got anything but an answer: %d\n",
+		at.Flood.Rate(), at.Flood.PostRate(), at.Flood.PeakOpen, at.MaxConnections, at.Held, at.ProbeStatus, at.ProbeReason,
+		a.Egressd.CPUSeconds/max(a.Egressd.Seconds, 1e-9),
+		dur(a.Egressd.P50US), dur(a.Egressd.P99US), dur(a.Direct.P50US), dur(a.Direct.P99US),
+		a.Egressd.Total, at.Outcomes, at.NotAnswered)
 }

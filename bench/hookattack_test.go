@@ -3,36 +3,45 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/egressd/egressd/internal/testutil/hookflood"
 )
 
-// The attack row's egressd gets its own limits.max_connections, below the
-// attacker count, so the attack fills the listener.
-func TestAttackConfigMaxConnections(t *testing.T) {
-	if attackMaxConnections >= attackConns {
-		t.Fatalf("attackMaxConnections %d must be below attackConns %d", attackMaxConnections, attackConns)
-	}
-	cfg, files := benchConfig(testUpstream(), "127.0.0.1:5353", nil, attackMaxConnections)
-	if loaded, _ := loadConfig(t, cfg, files); loaded.Limits.MaxConnections != attackMaxConnections {
-		t.Errorf("max_connections %d, want %d", loaded.Limits.MaxConnections, attackMaxConnections)
+// The attack row's egressd has its own limits.max_connections, which the held
+// tunnels fill, and hooks.identify url, so the fake calls contest the hook lane.
+func TestAttackConfig(t *testing.T) {
+	up := testUpstream()
+	up.hook = &hookServer{addr: "127.0.0.1:1444"}
+	cfg, files := attackConfig(up, "127.0.0.1:5353")
+	loaded, _ := loadConfig(t, cfg, files)
+	if loaded.Limits.MaxConnections != attackMaxConnections || loaded.Hooks.Identify != "url" {
+		t.Errorf("max_connections %d, identify %q; want %d, url", loaded.Limits.MaxConnections, loaded.Hooks.Identify, attackMaxConnections)
 	}
 }
 
-// A row whose ordinary probe was served, or whose attack held fewer tunnels
-// than the limit, is a problem: it did not measure the hook lane.
+// A row whose ordinary probe was served, whose tunnels held fewer slots than
+// the limit, whose flood fell short, or where a real call got no answer, has a
+// problem saying so.
 func TestAttackSummaryProblems(t *testing.T) {
-	full := attackSummary{Conns: 200, MaxConnections: 128, HeldBefore: 150, ProbeStatus: 503}
+	full := attackSummary{MaxConnections: 64, Held: 64, ProbeStatus: 503,
+		Flood: hookflood.Stats{Begun: 6000, Seconds: 6}, Outcomes: map[string]int64{"allow": 10}}
 	if p := full.problems(); len(p) != 0 {
 		t.Errorf("full listener: %v", p)
 	}
-	served := full
-	served.ProbeStatus = 200
-	if p := served.problems(); len(p) != 1 || !strings.Contains(p[0], "not full") {
-		t.Errorf("probe served: %v", p)
-	}
-	few := full
-	few.HeldBefore = 100
-	if p := few.problems(); len(p) != 1 || !strings.Contains(p[0], "fewer") {
-		t.Errorf("few held: %v", p)
+	for name, c := range map[string]struct {
+		change func(*attackSummary)
+		want   string
+	}{
+		"probe served":    {func(s *attackSummary) { s.ProbeStatus = 200 }, "not full"},
+		"few held":        {func(s *attackSummary) { s.Held = 60 }, "fewer"},
+		"flood short":     {func(s *attackSummary) { s.Flood.Begun = 3000 }, "fake calls a second"},
+		"call unanswered": {func(s *attackSummary) { s.NotAnswered = 1 }, "got no answer"},
+	} {
+		s := full
+		c.change(&s)
+		if p := s.problems(); len(p) != 1 || !strings.Contains(p[0], c.want) {
+			t.Errorf("%s: %v", name, p)
+		}
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
+	"github.com/egressd/egressd/internal/testutil/hookflood"
 )
 
 // Exit codes: the report was printed and no request failed; it was printed but
@@ -72,6 +73,7 @@ type options struct {
 }
 
 func main() {
+	hookflood.MainIfChild() // the hook-attack row's flood runs in a child (hookattack.go)
 	os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr))
 }
 

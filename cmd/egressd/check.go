@@ -49,6 +49,7 @@ func cmdCheck(args []string) int {
 			rep.OK = false
 			rep.Problems = append(rep.Problems, config.Problem{Msg: err.Error()})
 		}
+		// l.Cfg.Warnings may hold errors that do not stop `run` (hooks.identify).
 		rep.Problems = append(rep.Problems, l.Cfg.Warnings...)
 		rep.Problems = append(rep.Problems, lintPolicy(l)...)
 		rep.Problems = append(rep.Problems, lintMemory(l.Cfg)...)
@@ -57,7 +58,7 @@ func cmdCheck(args []string) int {
 		rep.Problems = append(rep.Problems, lintSplicedReflection(l)...)
 		lint := lintHooks(l)
 		rep.Problems = append(rep.Problems, lint...)
-		for _, p := range append(lint, creds...) {
+		for _, p := range slices.Concat(lint, creds, l.Cfg.Warnings) {
 			rep.OK = rep.OK && p.Warning
 		}
 		// Errors first, as the config loader orders its own problems.
@@ -248,12 +249,15 @@ func splicedEntries(l *daemon.Loaded, envs []*credential.EnvVar) []string {
 // credentialRef is where the config or policy names a credential ID.
 type credentialRef struct{ id, path, file string }
 
-// credentialRefs lists the credential IDs the policy (and the hook signing key) names,
-// each with the path that names it.
+// credentialRefs lists the credential IDs the policy (and the hook signing key and
+// runtime token) names, each with the path that names it.
 func credentialRefs(l *daemon.Loaded) []credentialRef {
 	var refs []credentialRef
 	if id := l.Cfg.Hooks.SigningKey.Credential; id != "" {
 		refs = append(refs, credentialRef{id, "hooks.signing_key.credential", ""})
+	}
+	if id := l.Cfg.Hooks.RuntimeAuth.Credential; id != "" {
+		refs = append(refs, credentialRef{id, "hooks.runtime_auth.credential", ""})
 	}
 	prefix := "policy.allowlist"
 	if l.Cfg.Policy.File != "" {

@@ -475,3 +475,36 @@ func TestCheckFindsWhatRunHits(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckIdentify: pre-tool http hooks failed closed, with nothing that tells
+// the runtime's calls from the sandbox's (no role: hooks listener, no
+// hooks.runtime_auth), are an error naming both fixes; either fix passes, and
+// hooks.identify: url passes with a warning saying what it costs.
+func TestCheckIdentify(t *testing.T) {
+	env := `{"network": {"allowlist": [{"domain": "policy.example.com"}]},
+ "sources": [{"path": ".agents/hooks.json", "content": {"gate": {"pre_tool_execution": [{"matcher": "code_execution",
+   "hooks": [{"type": "http", "url": "https://policy.example.com/pre", "timeout": 5}]}]}}}]}`
+	check := func(yaml string) result {
+		t.Helper()
+		dir := writeFiles(t, map[string]string{"egressd.yaml": yaml, "environment.json": env,
+			"credentials.json": `{"runtime-token": {"token": "t0ken"}}`})
+		return egressd(t, "check", "--config", filepath.Join(dir, "egressd.yaml"))
+	}
+	res := check(minimalConfig)
+	if res.code != 1 || !strings.Contains(res.stdout, "error: hooks.identify: pre_tool_execution http hooks are failed closed") ||
+		!strings.Contains(res.stdout, "role: hooks") || !strings.Contains(res.stdout, "hooks.runtime_auth") {
+		t.Errorf("no way to identify the runtime: %s, want exit 1 and an error naming both fixes", res)
+	}
+	withListener := strings.Replace(minimalConfig, "listeners: [{name: sandbox, address: 127.0.0.1:15001}]",
+		"listeners: [{name: sandbox, address: 127.0.0.1:15001}, {name: hooks, address: 127.0.0.1:15003, role: hooks}]", 1)
+	withAuth := minimalConfig + "hooks: {runtime_auth: {credential: runtime-token}}\n"
+	for name, yaml := range map[string]string{"hooks listener": withListener, "runtime auth": withAuth} {
+		if res := check(yaml); res.code != 0 || strings.Contains(res.stdout, "hooks.identify") {
+			t.Errorf("%s: %s, want exit 0 and nothing about hooks.identify", name, res)
+		}
+	}
+	res = check(minimalConfig + "hooks: {identify: url}\n")
+	if res.code != 0 || !strings.Contains(res.stdout, "warning: hooks.identify: url: any listener's traffic to a hook URL") {
+		t.Errorf("identify url: %s, want exit 0 and a warning saying what it costs", res)
+	}
+}

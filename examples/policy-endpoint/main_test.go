@@ -34,7 +34,7 @@ func TestEndpoint(t *testing.T) {
 	post := pre
 	post.Event = hooks.EventPost
 	signed := func(m hooks.Match, body string) string {
-		jws, err := signer.SignCall(m, "env_demo", true, []byte(body))
+		jws, err := signer.SignCall(m, "env_demo", hookauth.IdentListener, []byte(body))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -36,6 +36,14 @@ const (
 	RoleHooks   = "hooks"   // traffic from this listener is hook traffic
 )
 
+// Values of Hooks.Identify: how the agent runtime's hook calls are told from the
+// sandbox's (docs/hooks.md).
+const (
+	IdentifyListener    = "listener"     // only a role: hooks listener's traffic is hook traffic
+	IdentifyRuntimeAuth = "runtime_auth" // traffic that presents hooks.runtime_auth as Proxy-Authorization
+	IdentifyURL         = "url"          // any traffic to a hook URL: the sandbox can pose as the runtime
+)
+
 // Values of TLS.DenyInTunnel: how a refused CONNECT is answered.
 const (
 	DenyInTunnelAuto   = "auto"   // inside TLS wherever tls.intercept is not none
@@ -285,6 +293,13 @@ type Hooks struct {
 	// Default true.
 	FailClosed bool
 	SigningKey SecretRef
+	// Identify is how the runtime's hook calls are told from the sandbox's:
+	// IdentifyListener (the default), IdentifyRuntimeAuth (the default when
+	// RuntimeAuth is set) or IdentifyURL.
+	Identify string
+	// RuntimeAuth names the token the runtime presents as Proxy-Authorization
+	// (identify runtime_auth); the sandbox must never hold it.
+	RuntimeAuth SecretRef
 }
 
 // SecretRef names a secret by credential ID or file: exactly one, or

@@ -102,9 +102,11 @@ type rawVaultAuth struct {
 }
 
 type rawHooks struct {
-	File       string       `yaml:"file"`
-	FailClosed *bool        `yaml:"fail_closed"` // nil: true
-	SigningKey rawSecretRef `yaml:"signing_key"`
+	File        string       `yaml:"file"`
+	FailClosed  *bool        `yaml:"fail_closed"` // nil: true
+	SigningKey  rawSecretRef `yaml:"signing_key"`
+	Identify    string       `yaml:"identify"`     // "": runtime_auth when RuntimeAuth is set, else listener
+	RuntimeAuth rawSecretRef `yaml:"runtime_auth"` // {credential: ID} or {file: path}
 }
 
 type rawSecretRef struct {

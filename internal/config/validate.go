@@ -453,6 +453,23 @@ func (v *validator) hooks(r rawHooks) Hooks {
 	if r.SigningKey.Credential != "" && r.SigningKey.File != "" {
 		v.ps.errorf("hooks.signing_key", "set credential or file, not both")
 	}
+	h.RuntimeAuth = SecretRef{Credential: r.RuntimeAuth.Credential, File: v.path(r.RuntimeAuth.File)}
+	auth := h.RuntimeAuth != SecretRef{}
+	def := IdentifyListener
+	if auth {
+		def = IdentifyRuntimeAuth
+	}
+	h.Identify = v.oneOf(r.Identify, "hooks.identify", def, IdentifyListener, IdentifyRuntimeAuth, IdentifyURL)
+	switch {
+	case r.RuntimeAuth.Credential != "" && r.RuntimeAuth.File != "":
+		v.ps.errorf("hooks.runtime_auth", "set credential or file, not both")
+	case h.Identify == IdentifyRuntimeAuth && !auth:
+		v.ps.errorf("hooks.runtime_auth", "required with identify: runtime_auth: "+
+			"{credential: ID} or {file: path} naming the token the runtime presents as Proxy-Authorization")
+	case h.Identify != IdentifyRuntimeAuth && auth:
+		v.ps.errorf("hooks.runtime_auth", "used only with identify: runtime_auth (identify is %s): "+
+			"remove it, or set identify: runtime_auth", h.Identify)
+	}
 	return h
 }
 

@@ -29,7 +29,7 @@ import (
 // outlive reloads and are built by the Daemon.
 func buildRuntime(l *Loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds inject.Credentials, signer *hooks.Signer) (*proxy.Runtime, error) {
 	cfg := l.Cfg
-	hk, err := runtimeHooks(l, signer)
+	hk, err := runtimeHooks(l, signer, creds)
 	if err != nil {
 		return nil, err
 	}
@@ -102,12 +102,14 @@ func newLeaves(cfg *config.Config, m *metrics.Metrics) (*mitm.Leaves, error) {
 	}), nil
 }
 
-// credentialIDs lists the credential IDs the policy (and the hook signing key)
-// references, sorted.
+// credentialIDs lists the credential IDs the policy (and the hook signing key and
+// runtime token) references, sorted.
 func credentialIDs(l *Loaded) []string {
 	var ids []string
-	if id := l.Cfg.Hooks.SigningKey.Credential; id != "" {
-		ids = append(ids, id)
+	for _, id := range []string{l.Cfg.Hooks.SigningKey.Credential, l.Cfg.Hooks.RuntimeAuth.Credential} {
+		if id != "" && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
 	}
 	for _, r := range l.Policy.Allowlist.Rules() {
 		if r.Credential != "" && !slices.Contains(ids, r.Credential) {

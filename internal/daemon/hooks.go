@@ -1,14 +1,19 @@
 package daemon
 
 import (
+	"bytes"
 	"fmt"
 	"os"
+	"slices"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/credential/oauth"
 	"github.com/egressd/egressd/internal/hooks"
+	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/internal/placeholder"
 	"github.com/egressd/egressd/internal/proxy"
 )
@@ -43,17 +48,107 @@ func LoadHooks(cfg *config.Config) (*hooks.Index, error) {
 	return hooks.NewIndex(f), nil
 }
 
-// runtimeHooks is the Runtime's view of the hooks of config l.
-func runtimeHooks(l *Loaded, signer *hooks.Signer) (*proxy.Hooks, error) {
+// runtimeHooks is the Runtime's view of the hooks of config l. When nothing can
+// tell the runtime's calls from the sandbox's (identify listener without a hooks
+// listener), hook calls are told by their URL on every listener: they are then
+// failed closed, where matching nothing would forward them as anyone's request.
+// What that costs is a problem on l (identifyProblem).
+func runtimeHooks(l *Loaded, signer *hooks.Signer, creds inject.Credentials) (*proxy.Hooks, error) {
 	ix, err := LoadHooks(l.Cfg)
 	if err != nil || ix == nil {
 		return nil, err
 	}
-	byListener := false
-	for _, lc := range l.Cfg.Listeners {
-		byListener = byListener || lc.Role == config.RoleHooks
+	hc := l.Cfg.Hooks
+	h := &proxy.Hooks{Index: ix, Signer: signer, FailClosed: hc.FailClosed, Identify: hc.Identify}
+	if p, ok := identifyProblem(l.Cfg, ix); ok {
+		l.Cfg.Warnings = append(l.Cfg.Warnings, p)
 	}
-	return &proxy.Hooks{Index: ix, Signer: signer, FailClosed: l.Cfg.Hooks.FailClosed, ByListener: byListener}, nil
+	switch {
+	case h.Identify == config.IdentifyListener && !hasHooksListener(l.Cfg):
+		h.Identify = config.IdentifyURL
+	case h.Identify == config.IdentifyRuntimeAuth:
+		h.RuntimeToken = runtimeToken(hc.RuntimeAuth, creds)
+	}
+	return h, nil
+}
+
+func hasHooksListener(cfg *config.Config) bool {
+	return slices.ContainsFunc(cfg.Listeners, func(lc config.Listener) bool { return lc.Role == config.RoleHooks })
+}
+
+// identifyProblem says what hooks.identify costs: an error (which `check` fails on
+// and `run` logs, serving meanwhile) when pre-tool http hooks are failed closed
+// and nothing tells the runtime from the sandbox; a warning when url is chosen.
+func identifyProblem(cfg *config.Config, ix *hooks.Index) (config.Problem, bool) {
+	const cost = "the sandbox can then send what egressd serves as the runtime's hook calls: it can fill the hook lane " +
+		"with fake calls, and have egressd sign its own requests to a hook URL (ident url)"
+	switch {
+	case cfg.Hooks.Identify == config.IdentifyURL:
+		return config.Problem{Path: "hooks.identify", Warning: true,
+			Msg: "url: any listener's traffic to a hook URL is a hook call; " + cost}, true
+	case cfg.Hooks.Identify != config.IdentifyListener || hasHooksListener(cfg) || !cfg.Hooks.FailClosed ||
+		!slices.ContainsFunc(ix.Matches(), func(m hooks.Match) bool { return m.Event == hooks.EventPre }):
+		return config.Problem{}, false
+	}
+	return config.Problem{Path: "hooks.identify", Msg: "pre_tool_execution http hooks are failed closed, but nothing " +
+		"tells the runtime's calls from the sandbox's: add a listener with role: hooks that only the runtime reaches " +
+		"(its HTTPS_PROXY), or set hooks.runtime_auth to a token the runtime presents as Proxy-Authorization; " +
+		"hooks.identify: url accepts the risk. Until then hook calls are matched by URL on every listener, and " + cost}, true
+}
+
+// runtimeToken returns hooks.runtime_auth's token: a credential's, read from the
+// store at each call (it may rotate), or a file's, read again at most once a
+// second after a failure.
+func runtimeToken(ref config.SecretRef, creds inject.Credentials) func() ([]byte, error) {
+	if ref.Credential != "" {
+		return func() ([]byte, error) {
+			v, err := creds.Get(ref.Credential)
+			if err != nil {
+				return nil, err
+			}
+			tok, ok := v.Token()
+			if !ok || tok == "" {
+				return nil, fmt.Errorf(`hooks.runtime_auth: credential %s is not {"token": "..."}`, ref.Credential)
+			}
+			return []byte(tok), nil
+		}
+	}
+	f := &tokenFile{path: ref.File}
+	f.read()
+	return f.get
+}
+
+// tokenFile is hooks.runtime_auth's file.
+type tokenFile struct {
+	path  string
+	mu    sync.Mutex
+	token []byte
+	err   error
+	at    time.Time
+}
+
+func (f *tokenFile) get() ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil && time.Since(f.at) >= time.Second {
+		f.readLocked()
+	}
+	return f.token, f.err
+}
+
+func (f *tokenFile) read() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.readLocked()
+}
+
+func (f *tokenFile) readLocked() {
+	data, err := os.ReadFile(f.path)
+	f.at = time.Now()
+	f.token, f.err = bytes.TrimSpace(data), err
+	if err == nil && len(f.token) == 0 {
+		f.err = fmt.Errorf("hooks.runtime_auth: %s is empty", f.path)
+	}
 }
 
 // placeholders builds the policy's placeholder replacer (nil when its env section names no

@@ -1,6 +1,10 @@
 package hooks
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/egressd/egressd/pkg/hookauth"
+)
 
 // BenchmarkSignCall is the work a signed hook call adds to an intercepted POST:
 // the claims (with the SHA-256 of a 512-byte body) and one Ed25519 signature.
@@ -12,7 +16,7 @@ func BenchmarkSignCall(b *testing.B) {
 	body := make([]byte, 512)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := s.SignCall(testMatch, "env_demo", true, body); err != nil {
+		if _, err := s.SignCall(testMatch, "env_demo", hookauth.IdentListener, body); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -274,8 +274,8 @@ func (s *Signer) Sign(c hookauth.Claims) (string, error) {
 }
 
 // SignCall signs the claims of one call to m's hook URL: NewClaims at time.Now.
-func (s *Signer) SignCall(m Match, env string, byListener bool, body []byte) (string, error) {
-	return s.Sign(NewClaims(m, env, byListener, body, time.Now()))
+func (s *Signer) SignCall(m Match, env, ident string, body []byte) (string, error) {
+	return s.Sign(NewClaims(m, env, ident, body, time.Now()))
 }
 
 // JWKS returns the public keys, current first, then the replaced keys whose assertions
@@ -377,13 +377,9 @@ func keyOf(v credential.Value) (*signingKey, error) {
 
 // NewClaims returns the claims of one hook call: iss egressd, aud m.Audience, env,
 // m's group and event, the SHA-256 of body (the exact bytes forwarded upstream), iat
-// now and exp now+60 s, a random 128-bit jti, and ident "listener" when the call came
-// in on a hooks listener, else "url".
-func NewClaims(m Match, env string, byListener bool, body []byte, now time.Time) hookauth.Claims {
-	ident := hookauth.IdentURL
-	if byListener {
-		ident = hookauth.IdentListener
-	}
+// now and exp now+60 s, a random 128-bit jti, and ident: how egressd knew the call
+// was the runtime's (hookauth.IdentListener, IdentRuntimeAuth or IdentURL).
+func NewClaims(m Match, env, ident string, body []byte, now time.Time) hookauth.Claims {
 	return hookauth.Claims{
 		Issuer:     hookauth.Issuer,
 		Audience:   m.Audience,

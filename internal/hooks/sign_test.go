@@ -60,7 +60,7 @@ func verify(t *testing.T, s *Signer, jws string, body []byte) (*hookauth.Claims,
 func TestNewClaims(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	body := []byte(`{"tool_call":{"name":"code_execution"}}`)
-	c := NewClaims(testMatch, "env_demo", true, body, now)
+	c := NewClaims(testMatch, "env_demo", hookauth.IdentListener, body, now)
 	want := hookauth.Claims{Issuer: "egressd", Audience: "https://policy.example.com", Env: "env_demo",
 		Group: "security-gate", Event: "pre_tool_execution", BodySHA256: hookauth.BodySHA256(body),
 		IssuedAt: now.Unix(), Expiry: now.Unix() + 60, ID: c.ID, Ident: "listener"}
@@ -70,7 +70,7 @@ func TestNewClaims(t *testing.T) {
 	if len(c.ID) != 22 || strings.ContainsAny(c.ID, "+/=") {
 		t.Errorf("jti %q is not 128 bits base64url", c.ID)
 	}
-	if c2 := NewClaims(testMatch, "env_demo", false, body, now); c2.ID == c.ID || c2.Ident != "url" {
+	if c2 := NewClaims(testMatch, "env_demo", hookauth.IdentURL, body, now); c2.ID == c.ID || c2.Ident != "url" {
 		t.Errorf("second claims: %+v", c2)
 	}
 }
@@ -80,7 +80,7 @@ func TestSignHeaderAndJWKS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	jws, err := s.SignCall(testMatch, "env_demo", true, []byte("{}"))
+	jws, err := s.SignCall(testMatch, "env_demo", hookauth.IdentListener, []byte("{}"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func TestKeyIDIsRFC7638Thumbprint(t *testing.T) {
 
 func TestSignRefusesIncompleteClaims(t *testing.T) {
 	s, _ := NewSigner(newKey(t))
-	good := NewClaims(testMatch, "e", true, nil, time.Now())
+	good := NewClaims(testMatch, "e", hookauth.IdentListener, nil, time.Now())
 	for _, mutate := range []func(*hookauth.Claims){
 		func(c *hookauth.Claims) { c.Issuer = "" },
 		func(c *hookauth.Claims) { c.Audience = "" },
@@ -154,7 +154,7 @@ func withClock(s *Signer) *fakeClock {
 func TestRotateKeepsPreviousKey(t *testing.T) {
 	s, _ := NewSigner(newKey(t))
 	clock := withClock(s)
-	old, _ := s.SignCall(testMatch, "e", true, nil)
+	old, _ := s.SignCall(testMatch, "e", hookauth.IdentListener, nil)
 	oldKid, _ := s.KeyID()
 	if err := s.Rotate(newKey(t)); err != nil {
 		t.Fatal(err)
@@ -211,7 +211,7 @@ func TestRotationWithoutGap(t *testing.T) {
 		return v
 	}
 	sign := func() string {
-		jws, err := s.Sign(NewClaims(testMatch, "e", true, nil, clock.now()))
+		jws, err := s.Sign(NewClaims(testMatch, "e", hookauth.IdentListener, nil, clock.now()))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -296,7 +296,7 @@ func (f *fakeCreds) set(t *testing.T, version, token string) {
 func TestCredentialSignerFollowsTheStore(t *testing.T) {
 	creds := &fakeCreds{err: &credential.UnavailableError{ID: "hook-signing-key", Cause: credential.CauseNeverRead}}
 	s := NewCredentialSigner(creds, "hook-signing-key")
-	if _, err := s.SignCall(testMatch, "e", true, nil); !errors.Is(err, ErrNoSigningKey) {
+	if _, err := s.SignCall(testMatch, "e", hookauth.IdentListener, nil); !errors.Is(err, ErrNoSigningKey) {
 		t.Fatalf("before the first read: %v, want ErrNoSigningKey", err)
 	}
 	if string(s.JWKS()) != `{"keys":[]}` {
@@ -304,7 +304,7 @@ func TestCredentialSignerFollowsTheStore(t *testing.T) {
 	}
 
 	creds.set(t, "v1", keyPEM(t, newKey(t)))
-	first, err := s.SignCall(testMatch, "e", true, nil)
+	first, err := s.SignCall(testMatch, "e", hookauth.IdentListener, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,13 +323,13 @@ func TestCredentialSignerFollowsTheStore(t *testing.T) {
 	}
 
 	creds.set(t, "v3", "not-a-pem-key") // a bad rotation fails closed, never signs with a stale key
-	if _, err := s.SignCall(testMatch, "e", true, nil); !errors.Is(err, ErrNoSigningKey) || strings.Contains(err.Error(), "not-a-pem-key") {
+	if _, err := s.SignCall(testMatch, "e", hookauth.IdentListener, nil); !errors.Is(err, ErrNoSigningKey) || strings.Contains(err.Error(), "not-a-pem-key") {
 		t.Errorf("bad key: %v", err)
 	}
 	creds.mu.Lock()
 	creds.err = &credential.UnavailableError{ID: "hook-signing-key", Cause: credential.CauseStale}
 	creds.mu.Unlock()
-	if _, err := s.SignCall(testMatch, "e", true, nil); !errors.Is(err, ErrNoSigningKey) {
+	if _, err := s.SignCall(testMatch, "e", hookauth.IdentListener, nil); !errors.Is(err, ErrNoSigningKey) {
 		t.Errorf("unavailable: %v", err)
 	}
 	if ids := jwksKids(t, s); len(ids) != 2 {

@@ -53,8 +53,11 @@ func (s h1Side) respond(x *exchange, resp *http.Response) bool {
 	}
 	upgrade := x.stage != stageHook && switchesProtocol(x.req) // and the upstream declined it
 	keep, err := writeResponse(s.c.bw, x.req.Method, wantClose || upgrade, resp, x.rec)
-	if upgrade && err == nil {
-		s.c.lingerClose() // what the client sent ahead belongs to the other protocol
+	if err == nil && (upgrade || x.stage == stageHook && !keep) {
+		// What the client sent ahead belongs to the other protocol; a hook call's
+		// body may still be on its way (a cut call is answered before it is
+		// read): closing over unread bytes would reset the answer away.
+		s.c.lingerClose()
 	}
 	return err == nil && keep && x.body.drain()
 }

@@ -43,8 +43,18 @@ type conn struct {
 	// inner connection runs in); inCall is set on it once a hook call has begun.
 	laneRoot *conn
 	inCall   atomic.Bool
-	// release gives the connection's slot back (once; serveIn).
+	// closedFor is set on an outer connection egressd cuts or closes: the detail
+	// its egress line gives (recordClose); lifeTimer cuts a lane connection at
+	// the end of its life, cutTimer closes a cut one. Both are stopped when the
+	// connection ends: a pending timer keeps the connection and its buffers.
+	closedFor atomic.Pointer[string]
+	lifeTimer *time.Timer
+	cutTimer  atomic.Pointer[time.Timer]
+	// release gives the connection's slot back (once; serveIn); onEnd, when set,
+	// gives back its place beyond the listener's bound (awaitRoom) once the
+	// connection has ended (ended).
 	release func()
+	onEnd   func()
 	// tunneling is set once the connection carries bytes egressd does not frame
 	// (a tunnel, an upgrade) or is the outside of an intercepted tunnel, whose
 	// requests are counted on the inner connection, or in streams for HTTP/2.
@@ -61,6 +71,12 @@ type conn struct {
 
 	// route is the connection's mode (mode.go), fixed before its first request.
 	route route
+	// requests counts the requests the connection has carried.
+	requests int
+	// authIdent is what the tunnel's CONNECT presented as Proxy-Authorization
+	// under hooks.identify runtime_auth (identify.go); inner connections and
+	// HTTP/2 streams inherit it.
+	authIdent string
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -73,6 +89,19 @@ func newConn(s *Server, l *listener, nc net.Conn) *conn {
 	c.bw = bufio.NewWriterSize(&clientWriter{Conn: nc, d: s.Runtime().Limits.ClientWrite}, 4096)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c
+}
+
+// ended runs once the connection has been closed for good.
+func (c *conn) ended() {
+	if c.lifeTimer != nil {
+		c.lifeTimer.Stop()
+	}
+	if t := c.cutTimer.Load(); t != nil {
+		t.Stop()
+	}
+	if c.onEnd != nil {
+		c.onEnd()
+	}
 }
 
 // abort ends the connection and everything it is waiting on.
@@ -93,6 +122,7 @@ func (c *conn) serveLoop() {
 		rt := c.s.Runtime()
 		req, err := readRequest(c.br, &c.head, rt.Limits.MaxHeaderBytes, c.s.mem)
 		if !c.waited() {
+			c.closeEvicted(rt)
 			return
 		}
 		if err != nil {
@@ -116,6 +146,9 @@ func (c *conn) nextRequest() bool {
 	}
 	c.waitFor(rt.Limits.ClientIdle)
 	if _, err := c.br.Peek(1); err != nil {
+		if c.waitSince.Load() == evicted {
+			c.closeEvicted(rt)
+		}
 		return false
 	}
 	c.nc.SetReadDeadline(time.Now().Add(rt.Limits.ReadHeader))
@@ -135,10 +168,35 @@ func (c *conn) handle(rt *Runtime, req *http.Request) bool {
 	rec := newRecord(c.l, c.nc.RemoteAddr())
 	rec.Method = req.Method
 	defer rec.finish(&c.s.log, c.s.metrics)
+	defer c.recordClose(rec)
+	c.requests++
 	if c.route.mode == modeExplicit && req.Method == http.MethodConnect {
 		return c.serveConnect(rt, req, rec)
 	}
 	return c.serveHTTP1(rt, req, rec)
+}
+
+// closeEvicted answers and records a connection whose slot a newcomer took
+// while it waited for its client (slots.go): 503 overloaded when the client has
+// begun a request or has yet to send its first, then a half-close and a bounded
+// drain. An idle keep-alive connection is only recorded: an answer it did not ask
+// for would be read as the answer to its next request.
+func (c *conn) closeEvicted(rt *Runtime) {
+	if c.release != nil { // the newcomer waits for the slot (slotWait), not for this answer
+		c.release()
+		c.l.overflow.Add(1)
+		defer c.l.overflow.Add(-1)
+	}
+	rec := newRecord(c.l, c.nc.RemoteAddr())
+	defer rec.finish(&c.s.log, c.s.metrics)
+	why := deny(allowlist.ReasonOverloaded, detailEvicted)
+	if c.requests > 0 && c.br.Buffered() == 0 {
+		rec.refused(why)
+		return
+	}
+	c.nc.SetDeadline(time.Now().Add(time.Second))
+	c.writeRefusalHead(rt, rec, why, 0, true)
+	c.lingerClose()
 }
 
 // refuseHead answers a request head that could not be read or was malformed.
@@ -210,15 +268,14 @@ func (c *conn) lingerClose() {
 	io.CopyN(io.Discard, c.nc, lingerBytes)
 }
 
-func (c *conn) rejectOverloadedResponse() {
-	rec := newRecord(c.l, c.nc.RemoteAddr())
-	defer rec.finish(&c.s.log, c.s.metrics)
-	c.writeRefusal(c.s.Runtime(), rec, deny(allowlist.ReasonOverloaded, ""), 0)
-}
-
-// rejectOverloaded answers a connection beyond the listener's bound with 503 and closes it.
-func (c *conn) rejectOverloaded() {
+// rejectOverloaded answers a connection beyond the listener's bound with 503
+// overloaded (detail names why, when it is not merely that) and closes it, after
+// a half-close and a bounded drain so that the answer is read, not reset.
+func (c *conn) rejectOverloaded(detail string) {
 	defer c.abort()
 	c.nc.SetDeadline(time.Now().Add(time.Second))
-	c.rejectOverloadedResponse()
+	rec := newRecord(c.l, c.nc.RemoteAddr())
+	defer rec.finish(&c.s.log, c.s.metrics)
+	c.writeRefusalHead(c.s.Runtime(), rec, deny(allowlist.ReasonOverloaded, detail), 0, true)
+	c.lingerClose()
 }

@@ -17,6 +17,7 @@ import (
 // never parsed.
 func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 	rec.Scheme = "connect"
+	c.authIdent = rt.Hooks.authIdent(req.Header)
 	t, err := allowlist.ParseAuthority(req.RequestURI, 0)
 	if err != nil {
 		return c.refuseAndClose(rt, rec, badHost("connect_target", err))

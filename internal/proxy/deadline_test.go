@@ -1,7 +1,9 @@
 package proxy_test
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"io"
 	"net"
@@ -185,20 +187,15 @@ func (w *world) connectRaw(t *testing.T) net.Conn {
 }
 
 // Buffered hook bodies share one process-wide budget: while stalled hook bodies
-// hold it, a pre-tool call gets the fail-closed deny at once, a post-tool call
-// 503 overloaded; once they are gone, calls are served again.
+// hold it (their bytes sent, two clients each holding its half of it), a
+// pre-tool call gets the fail-closed deny at once, a post-tool call 503
+// overloaded; once they are gone, calls are served again.
 func TestHookBufferBudget(t *testing.T) {
-	w := newWorld(t, worldOpts{allowlist: hookEntries, hooksJSON: hooksJSON, credentials: map[string]string{},
-		limits: func(l *config.Limits) { l.HookBodyBytes, l.HookBufferBytes = 64<<10, 64<<10 }})
-	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
-	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		io.WriteString(rw, `{"decision":"allow"}`)
-	})
+	w := newAllowHookWorld(t, func(l *config.Limits) { l.HookBodyBytes, l.HookBufferBytes = 64<<10, 128<<10 })
 	var stalled []net.Conn
-	for i := 0; i < 2; i++ { // the first declares (and is reserved) 65,500 of 65,536 bytes; the second does not fit
-		tc, _ := w.interceptedH1(t, "policy.allowed.test")
-		io.WriteString(tc, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Length: 65500\r\n\r\n"+strings.Repeat("x", 30000))
+	for _, from := range []string{"127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"} { // each call reserves 32,768 bytes
+		tc, _ := w.interceptedH1From(t, from, "policy.allowed.test")
+		io.WriteString(tc, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Length: 32767\r\n\r\n"+strings.Repeat("x", 30000))
 		stalled = append(stalled, tc)
 	}
 	time.Sleep(300 * time.Millisecond) // egressd reads what was sent
@@ -219,5 +216,61 @@ func TestHookBufferBudget(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	if status, body, _ := w.hookCall(t, "https://policy.allowed.test/pre"); body["decision"] != "allow" {
 		t.Fatalf("after the stall: %d %v, want the endpoint's allow", status, body)
+	}
+}
+
+// interceptedH1From opens an intercepted HTTP/1.1 tunnel to host from the local
+// address from (another client than 127.0.0.1, for the hook budget's shares).
+func (w *world) interceptedH1From(t *testing.T, from, host string) (*tls.Conn, *bufio.Reader) {
+	t.Helper()
+	d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	c, err := d.Dial("tcp", w.ProxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	io.WriteString(c, "CONNECT "+host+":443 HTTP/1.1\r\nHost: "+host+":443\r\n\r\n")
+	if resp, err := http.ReadResponse(br, &http.Request{Method: "CONNECT"}); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("CONNECT %s from %s: %v %v", host, from, resp, err)
+	}
+	tc := tls.Client(&replayConn{Conn: c, br: br}, &tls.Config{ServerName: host, RootCAs: w.CAPool, NextProtos: []string{"http/1.1"}})
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	return tc, bufio.NewReader(tc)
+}
+
+// TestHookBudgetDeclaredLength: forty hook calls that each declare almost
+// limits.hook_body_bytes (1 MiB) and send one byte hold one chunk each of the
+// 32 MiB budget, not what they declare: a real call gets the endpoint's allow.
+// Reserved by declared length they held 40 MiB, and every real call got the
+// deny until they closed.
+func TestHookBudgetDeclaredLength(t *testing.T) {
+	w := newAllowHookWorld(t, nil)
+	for range 40 {
+		tc, _ := w.interceptedH1(t, "policy.allowed.test")
+		io.WriteString(tc, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Length: 1048575\r\n\r\nx")
+	}
+	time.Sleep(300 * time.Millisecond) // egressd has read their heads and their byte
+	if status, body, _ := w.hookCall(t, "https://policy.allowed.test/pre"); status != 200 || body["decision"] != "allow" {
+		t.Fatalf("real call beside 40 calls declaring 1 MiB: %d %v, want the endpoint's allow", status, body)
+	}
+}
+
+// TestHookBudgetClientShare: a client that sends the bytes to fill the hook
+// budget holds at most half of it; a call from another client still gets the
+// endpoint's allow. Without the share, the first client took the whole budget and
+// every call, from anyone, got the deny.
+func TestHookBudgetClientShare(t *testing.T) {
+	w := newAllowHookWorld(t, func(l *config.Limits) { l.HookBodyBytes, l.HookBufferBytes = 64<<10, 256<<10 })
+	for range 8 { // 8 x 32,768 bytes: the whole budget, but for the share
+		tc, _ := w.interceptedH1From(t, "127.0.0.2", "policy.allowed.test")
+		io.WriteString(tc, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Length: 32767\r\n\r\n"+strings.Repeat("x", 30000))
+	}
+	time.Sleep(300 * time.Millisecond) // egressd has read what they sent
+	if status, body, _ := w.hookCall(t, "https://policy.allowed.test/pre"); status != 200 || body["decision"] != "allow" {
+		t.Fatalf("call from another client while one holds its share: %d %v, want the endpoint's allow", status, body)
 	}
 }

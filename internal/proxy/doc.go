@@ -29,7 +29,7 @@
 //	client2.go      HTTP/2 inside an intercepted tunnel, its client side (h2Side)
 //	pipeline.go     the request path in one screen, and the one request tail
 //	target.go       the target stage: the request's target, by connection mode
-//	hookcall.go     hook calls; hookbuf.go: their body budget
+//	hookcall.go     hook calls; hookbuf.go: their body budget; identify.go: whose call it is
 //	prepare.go      decide and prepare the outbound request (strip, inject, placeholders)
 //	scope.go        placeholders out of scope in a streaming body or a switched connection
 //	headers.go      hop-by-hop and Egressd-* stripping, Upgrade and TE checks

@@ -349,7 +349,8 @@ func TestMaxConnectionsAnswers503(t *testing.T) {
 
 // TestMaxConnectionsEvictsSlowHead: at limits.max_connections, a connection still
 // sending its request head, past evictAfter (slots.go), gives its slot to a new
-// client.
+// client, and is answered 503 overloaded (evicted_waiting) before it is closed,
+// with a log line: a connection egressd accepted is never closed unanswered.
 func TestMaxConnectionsEvictsSlowHead(t *testing.T) {
 	w := newWorld(t, worldOpts{limits: func(l *config.Limits) { l.MaxConnections = 1 }})
 	slow, err := net.Dial("tcp", w.ProxyAddr)
@@ -364,10 +365,17 @@ func TestMaxConnectionsEvictsSlowHead(t *testing.T) {
 		t.Fatalf("newcomer: %d %q, want 200 in the slow client's slot", resp.StatusCode, resp.Header.Get("Egressd-Reason"))
 	}
 	slow.SetReadDeadline(time.Now().Add(2 * time.Second))
+	br := bufio.NewReader(slow)
+	evictedResp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("slow connection closed unanswered after its slot was taken: %v", err)
+	}
+	assertRefused(t, evictedResp, 503, "overloaded", "evicted_waiting")
 	var ne net.Error
-	if n, err := slow.Read(make([]byte, 1)); err == nil || errors.As(err, &ne) && ne.Timeout() {
+	if n, err := br.Read(make([]byte, 1)); err == nil || errors.As(err, &ne) && ne.Timeout() {
 		t.Errorf("slow connection still open after its slot was taken (read %d, %v)", n, err)
 	}
+	w.waitLog(t, func(l map[string]any) bool { return l["detail"] == "evicted_waiting" && l["reason"] == "overloaded" })
 	if n := w.Upstream.requests.Load(); n != 1 {
 		t.Errorf("upstream saw %d requests, want 1 (the newcomer's)", n)
 	}

@@ -27,3 +27,23 @@ func (s *Server) HoldLane() (release func()) {
 // OpenConns is how many spliced tunnels and upgraded connections are registered
 // to be decided again on a change of state (redecide.go).
 func (s *Server) OpenConns() int { return s.live.len() }
+
+// SetOverflowBound makes listeners served from now on hold at most n connections
+// beyond limits.max_connections (awaitRoom), and returns the function that undoes it.
+func SetOverflowBound(n int64) (restore func()) {
+	overflowBoundFor = n
+	return func() { overflowBoundFor = 0 }
+}
+
+// Admitting is how many connections are being admitted to a hook lane.
+func (s *Server) Admitting() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for c := range s.conns {
+		if c.slot == slotAdmit {
+			n++
+		}
+	}
+	return n
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,13 @@ import (
 // call fails with overloaded: the fail-closed deny for a pre-tool call, 503 for
 // anything else.
 //
+// A body is reserved as its bytes arrive, not by the length it declares: a call
+// that declares a megabyte and sends one byte holds one hookChunk, so forty such
+// calls cannot take a 32 MiB budget from real calls. And one client (a source
+// address on a listener) holds at most half of the budget: a client that sends
+// the bytes to fill it still leaves a client of its own to the runtime, when the
+// runtime has one (another address, or a hooks listener).
+//
 // A released buffer still counts (as garbage) until egressd has forced a garbage
 // collection: otherwise the collector's pacing (the heap may grow to twice what is
 // live before it runs) would let a stream of hook bodies cost twice the budget.
@@ -33,6 +41,9 @@ type hookBudget struct {
 	garbage atomic.Int64 // released since the last forced collection
 	gcMu    sync.Mutex
 	gcGen   atomic.Int64 // collections so far
+	// shares holds what each client has reserved (by hookClient).
+	sharesMu sync.Mutex
+	shares   map[string]int64
 }
 
 // detailHookBuffer is the log detail of a hook call refused for the budget.
@@ -40,17 +51,46 @@ const detailHookBuffer = "hook_buffer"
 
 var errHookBuffer = errors.New("limits.hook_buffer_bytes reached: too many hook bodies buffered at once")
 
-// reserve takes n bytes of the budget, or reports false when they do not fit,
-// collecting the garbage first when that would make them fit.
-func (b *hookBudget) reserve(n int64) bool {
+// reserve takes n bytes of the budget for client, or reports false when they do
+// not fit in the budget or the client's share, collecting the garbage first when
+// that would make them fit.
+func (b *hookBudget) reserve(client string, n int64) bool {
+	if !b.takeShare(client, n) {
+		return false
+	}
 	if b.tryReserve(n) {
 		return true
 	}
-	if b.used.Load()+n > b.limit.Load() || b.garbage.Load() == 0 {
+	if b.used.Load()+n <= b.limit.Load() && b.garbage.Load() > 0 {
+		b.collect()
+		if b.tryReserve(n) {
+			return true
+		}
+	}
+	b.giveShare(client, n)
+	return false
+}
+
+// takeShare takes n bytes of client's share: half the budget.
+func (b *hookBudget) takeShare(client string, n int64) bool {
+	b.sharesMu.Lock()
+	defer b.sharesMu.Unlock()
+	if b.shares[client]+n > b.limit.Load()/2 {
 		return false
 	}
-	b.collect()
-	return b.tryReserve(n)
+	if b.shares == nil {
+		b.shares = map[string]int64{}
+	}
+	b.shares[client] += n
+	return true
+}
+
+func (b *hookBudget) giveShare(client string, n int64) {
+	b.sharesMu.Lock()
+	defer b.sharesMu.Unlock()
+	if b.shares[client] -= n; b.shares[client] <= 0 {
+		delete(b.shares, client)
+	}
 }
 
 func (b *hookBudget) tryReserve(n int64) bool {
@@ -81,13 +121,28 @@ func (b *hookBudget) collect() {
 	b.gcGen.Add(1)
 }
 
-func (b *hookBudget) release(n int64) {
+// release returns n bytes of client's reservation: as garbage, or straight to
+// the kernel when unmapped.
+func (b *hookBudget) release(client string, n int64, unmapped bool) {
 	b.used.Add(-n)
-	b.garbage.Add(n)
+	if !unmapped {
+		b.garbage.Add(n)
+	}
+	b.giveShare(client, n)
 }
 
-// hookChunk is the first reservation for a body of unknown length; it doubles as
-// the body grows.
+// hookClient is a hook call's client for the budget's shares: its source
+// address on its listener.
+func hookClient(rec *Record) string {
+	host, _, err := net.SplitHostPort(rec.Client)
+	if err != nil {
+		host = rec.Client
+	}
+	return rec.Listener + " " + host
+}
+
+// hookChunk is the first reservation for a body; it doubles as the body's bytes
+// arrive, up to the declared length when there is one.
 const hookChunk = 32 << 10
 
 // hookBuffer is one hook body read into reserved memory. Release returns the
@@ -101,6 +156,7 @@ const hookChunk = 32 << 10
 // reader, which stops at release, and the decision is copied out.
 type hookBuffer struct {
 	b        *hookBudget
+	client   string // hookClient
 	reserved int64
 	mu       sync.Mutex
 	mapped   []byte // the current mapping, when the buffer is one
@@ -117,12 +173,16 @@ func (h *hookBuffer) release() {
 	h.freed = true
 	if h.mapped != nil {
 		unix.Munmap(h.mapped)
-		h.b.used.Add(-int64(len(h.mapped))) // returned to the kernel: no garbage
-		h.reserved -= int64(len(h.mapped))
+		h.give(int64(len(h.mapped)), true) // returned to the kernel: no garbage
 		h.mapped = nil
 	}
-	h.b.release(h.reserved)
-	h.reserved = 0
+	h.give(h.reserved, false)
+}
+
+// give returns n bytes of h's reservation.
+func (h *hookBuffer) give(n int64, unmapped bool) {
+	h.b.release(h.client, n, unmapped)
+	h.reserved -= n
 }
 
 // reader reads body, which h holds, until h is released.
@@ -148,23 +208,24 @@ var errHookBufferReleased = errors.New("hook body read after the call ended")
 
 // read reads r to its end, or to limit+1 bytes (the caller tells "too large" from
 // the length), reserving every byte of capacity before allocating it. hint is the
-// declared length, or -1.
+// declared length, or -1: it caps the buffer's growth (a body of the declared
+// length fits at once when its bytes have come), never its first reservation.
 func (h *hookBuffer) read(r io.Reader, limit, hint int64) ([]byte, error) {
-	// A declared length is reserved and allocated at once: growing the buffer
-	// would leave garbage, and garbage is memory the budget does not see. (A body
-	// that declares a megabyte and stalls takes a megabyte of the budget; sending
-	// it would cost the sandbox nothing more.)
-	size := int64(hookChunk)
+	most := limit + 1
 	if hint >= 0 {
-		size = hint + 1 // +1: room to read the EOF, or one byte too many
+		most = min(most, hint+1) // +1: room to read the EOF, or one byte too many
 	}
-	buf, err := h.grow(nil, min(size, limit+1))
+	buf, err := h.grow(nil, min(hookChunk, most))
 	for err == nil {
 		if len(buf) == cap(buf) {
 			if int64(len(buf)) > limit {
 				return buf, nil
 			}
-			if buf, err = h.grow(buf, min(2*int64(cap(buf)), limit+1)); err != nil {
+			next := min(2*int64(cap(buf)), limit+1)
+			if int64(cap(buf)) < most {
+				next = min(next, most)
+			}
+			if buf, err = h.grow(buf, next); err != nil {
 				break
 			}
 		}
@@ -178,29 +239,32 @@ func (h *hookBuffer) read(r io.Reader, limit, hint int64) ([]byte, error) {
 	return buf, err
 }
 
-// grow returns buf with capacity size, reserved first.
+// grow returns buf with capacity size, reserved first. The buffer it replaces is
+// released: unmapped, or counted as garbage until the next forced collection.
 func (h *hookBuffer) grow(buf []byte, size int64) ([]byte, error) {
-	more := size - int64(cap(buf))
-	if !h.b.reserve(more) {
+	if !h.b.reserve(h.client, size) {
 		return buf, &refusal{Reason: allowlist.ReasonOverloaded, Detail: detailHookBuffer, Err: errHookBuffer}
 	}
-	h.reserved += more
+	h.reserved += size
+	var grown, mapped []byte
 	if size < mmapMin {
-		grown := make([]byte, len(buf), size)
-		copy(grown, buf)
-		return grown, nil
+		grown = make([]byte, len(buf), size)
+	} else {
+		m, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+		if err != nil {
+			h.give(size, true)
+			return buf, fmt.Errorf("mapping a hook body buffer: %w", err)
+		}
+		grown, mapped = m[:len(buf)], m
 	}
-	m, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-	if err != nil {
-		return buf, fmt.Errorf("mapping a hook body buffer: %w", err)
-	}
-	grown := m[:len(buf)]
 	copy(grown, buf)
-	if h.mapped != nil {
+	switch {
+	case h.mapped != nil:
 		unix.Munmap(h.mapped)
-		h.b.used.Add(-int64(len(h.mapped)))
-		h.reserved -= int64(len(h.mapped))
+		h.give(int64(len(h.mapped)), true)
+	case cap(buf) > 0:
+		h.give(int64(cap(buf)), false)
 	}
-	h.mapped = m
+	h.mapped = mapped
 	return grown, nil
 }

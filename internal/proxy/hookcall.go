@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/hooks"
+	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/pkg/hookauth"
 )
 
@@ -31,19 +32,28 @@ type Hooks struct {
 	Index      *hooks.Index
 	Signer     *hooks.Signer
 	FailClosed bool // hooks.fail_closed: pre-tool failures become an explicit deny
-	// ByListener is true when a hooks listener exists: then only its traffic is
-	// hook traffic. Otherwise any listener's traffic is matched by URL alone.
-	ByListener bool
+	// Identify is how the runtime's calls are told from the sandbox's
+	// (identify.go): config.IdentifyListener (only a hooks listener's traffic),
+	// IdentifyRuntimeAuth (traffic that presents RuntimeToken) or IdentifyURL
+	// (any traffic to a hook URL).
+	Identify string
+	// RuntimeToken returns hooks.runtime_auth's token; an error when it cannot
+	// be had.
+	RuntimeToken func() ([]byte, error)
 }
 
 // hookMatch reports whether the request is a hook call: a POST to the URL of an
-// http hook of an enabled group, on a hooks listener if one exists.
+// http hook of an enabled group that egressd can tell is the runtime's (x.ident).
 func (x *exchange) hookMatch(role string) (hooks.Match, bool) {
 	h := x.rt.Hooks
 	if h == nil || h.Index == nil || x.req.Method != http.MethodPost || x.locate() != nil {
 		return hooks.Match{}, false
 	}
-	if h.ByListener && role != "hooks" {
+	authIdent := x.authIdent
+	if authIdent == "" {
+		authIdent = h.authIdent(x.req.Header)
+	}
+	if x.ident = h.callIdent(role, authIdent); x.ident == "" {
 		return hooks.Match{}, false
 	}
 	return h.Index.Lookup(x.scheme, x.target.Host, x.target.Port, x.req.URL.EscapedPath())
@@ -53,9 +63,11 @@ func (x *exchange) hookMatch(role string) (hooks.Match, bool) {
 // read (bounded), signed and forwarded as read. A pre-tool call with fail_closed is
 // answered within the hook's timeout minus a margin, and every way it can fail —
 // egressd's own refusal included — becomes 200 {"decision":"deny"}; a well-formed
-// allow or deny passes through unchanged.
+// allow or deny is answered from the bytes egressd checked (validatedAnswer). The
+// outcome is left on the exchange, to be counted once the answer is written.
 func (x *exchange) serveHook(ctx context.Context, m hooks.Match, prepErr error) (*http.Response, error) {
 	x.rec.HookGroup, x.rec.HookEvent = m.Group, m.Event
+	x.hook = &m
 	failClosed := m.Event == hooks.EventPre && x.rt.Hooks.FailClosed
 	deadline := time.Now().Add(hooks.Deadline(m.Timeout))
 	if failClosed {
@@ -63,7 +75,8 @@ func (x *exchange) serveHook(ctx context.Context, m hooks.Match, prepErr error) 
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	ctx, prepErr = x.laneCut(ctx, prepErr)
+	ctx, stopCut, prepErr := x.laneCut(ctx, prepErr)
+	defer stopCut()
 	// egressd reads the body itself: the whole of it must arrive within the hook's
 	// deadline (not limits.read_header per read, which a trickle could stretch
 	// without end), and a call cut short stops waiting for it at once.
@@ -72,42 +85,75 @@ func (x *exchange) serveHook(ctx context.Context, m hooks.Match, prepErr error) 
 		defer d.expireOn(ctx)()
 	}
 	resp, err := x.forwardHook(ctx, m, prepErr)
-	if err == nil && failClosed {
-		var verdict string
-		if verdict, err = hooks.Verdict(resp.StatusCode, resp.bodyBytes, x.rt.Limits.HookBodyBytes); err == nil {
-			x.countHook(m, verdict)
-			return resp.Response, nil
-		}
-	}
 	switch {
+	case err == nil && failClosed:
+		var answer *http.Response
+		if answer, x.hookOutcome, err = x.validatedAnswer(resp); err == nil {
+			return answer, nil
+		}
 	case err == nil:
-		x.countHook(m, hookForwarded)
-		return resp.Response, nil
-	case failClosed:
-		x.countHook(m, hookFailClosed)
-		rf := classify(err)
-		x.rec.fail(rf.Reason, rf.Detail)
-		x.rec.Error = err.Error()
-		return denyResponse(hookFailure(err)), nil
-	default:
-		x.countHook(m, hookFailed)
+		answer := x.scrubbed(resp.Response)
+		x.hookOutcome = hookForwarded
+		if answer != resp.Response {
+			x.hookOutcome = hookFailed // refused: a body the scrubber cannot read
+		}
+		return answer, nil
+	}
+	if !failClosed {
+		x.hookOutcome = hookFailed
 		return nil, err // the caller writes the refusal
 	}
+	x.hookOutcome = hookFailClosed
+	rf := classify(err)
+	x.rec.fail(rf.Reason, rf.Detail)
+	x.rec.Error = err.Error()
+	return denyResponse(hookFailure(err)), nil
+}
+
+// validatedAnswer is the pre-tool answer for the runtime, made from the decision
+// bytes egressd read: masked with the request's scrub set, then checked
+// (hooks.Verdict), and sent as checked, in identity encoding with its own
+// Content-Length. The endpoint's Content-Encoding is dropped, not decoded: a label
+// egressd cannot decode ("none", "UTF-8", "br" on plain JSON) would otherwise make
+// the scrubber refuse a deny or cut it mid-body, and the runtime would read that
+// failure as "allow". A body that really is compressed is no JSON, and gets the
+// deny. It returns the verdict too, or why the answer is no decision.
+func (x *exchange) validatedAnswer(resp *bufferedResponse) (*http.Response, string, error) {
+	body := resp.bodyBytes
+	h := resp.Header
+	for _, name := range []string{"Content-Encoding", "Content-Length", "Transfer-Encoding"} {
+		inject.Remove(h, name)
+	}
+	if x.scrub.Active() {
+		sc := &scrubber{set: x.scrub, x: x}
+		sc.head(resp.Response)
+		sc.add(x.scrub.Bytes(body))
+	}
+	verdict, err := hooks.Verdict(resp.StatusCode, body, x.rt.Limits.HookBodyBytes)
+	if err != nil {
+		return nil, "", err
+	}
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	return &http.Response{
+		StatusCode: resp.StatusCode, Status: resp.Status, ProtoMajor: 1, ProtoMinor: 1, Header: h,
+		ContentLength: int64(len(body)), Body: io.NopCloser(bytes.NewReader(body)),
+	}, verdict, nil
 }
 
 // laneCut makes a cut of the lane connection (lane.go) end the call: one already
-// cut is refused at once, one cut meanwhile sees its context end.
-func (x *exchange) laneCut(ctx context.Context, prepErr error) (context.Context, error) {
+// cut is refused at once, one cut meanwhile sees its context end. The function
+// it returns stops watching for the cut.
+func (x *exchange) laneCut(ctx context.Context, prepErr error) (context.Context, func(), error) {
 	if x.cut == nil {
-		return ctx, prepErr
+		return ctx, func() {}, prepErr
 	}
 	x.lane.inCall.Store(true)
 	if x.cut.Err() != nil && prepErr == nil {
 		prepErr = errLaneCut
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	context.AfterFunc(x.cut, func() { cancel(errLaneCut) })
-	return ctx, prepErr
+	stop := context.AfterFunc(x.cut, func() { cancel(errLaneCut) })
+	return ctx, func() { stop(); cancel(nil) }, prepErr
 }
 
 // bufferedResponse is an upstream response whose body has been read.
@@ -122,7 +168,7 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 		return nil, prepErr
 	}
 	limit := x.rt.Limits.HookBodyBytes
-	reqBuf := &hookBuffer{b: x.budget}
+	reqBuf := &hookBuffer{b: x.budget, client: hookClient(x.rec)}
 	defer reqBuf.release()
 	body, err := reqBuf.read(x.body, limit, x.req.ContentLength)
 	if err != nil {
@@ -143,7 +189,13 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 	}
 	out.Body, out.ContentLength = io.NopCloser(reqBuf.reader(body)), int64(len(body))
 	out.TransferEncoding = nil
-	assertion, err := x.rt.Hooks.Signer.SignCall(m, x.rt.Env, x.rt.Hooks.ByListener, body)
+	if m.Event == hooks.EventPre {
+		// The decision is checked and answered as bytes (validatedAnswer): ask
+		// for them uncompressed.
+		inject.Remove(out.Header, "Accept-Encoding")
+		out.Header["Accept-Encoding"] = []string{"identity"}
+	}
+	assertion, err := x.rt.Hooks.Signer.SignCall(m, x.rt.Env, x.ident, body)
 	if err != nil {
 		return nil, &hookError{"hook signing key unavailable", err}
 	}
@@ -155,7 +207,7 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 	defer resp.Body.Close()
 	// The decision's buffer is released when the call returns, before the answer is
 	// written: the endpoint, not the sandbox, chose its size.
-	respBuf := &hookBuffer{b: x.budget}
+	respBuf := &hookBuffer{b: x.budget, client: hookClient(x.rec)}
 	defer respBuf.release()
 	rbody, err := respBuf.read(resp.Body, limit, resp.ContentLength)
 	rbody = bytes.Clone(rbody) // written to the client after the buffer is released
@@ -216,8 +268,10 @@ func denyResponse(reason string) *http.Response {
 	}
 }
 
-func (x *exchange) countHook(m hooks.Match, outcome string) {
-	if x.metrics != nil {
-		x.metrics.HookRequests.WithLabelValues(m.Event, outcome).Inc()
+// countHook counts the hook call's outcome, once its answer has been written:
+// the label says what the runtime got, not what the endpoint sent.
+func (x *exchange) countHook() {
+	if x.hook != nil && x.hookOutcome != "" && x.metrics != nil {
+		x.metrics.HookRequests.WithLabelValues(x.hook.Event, x.hookOutcome).Inc()
 	}
 }

@@ -3,12 +3,17 @@ package proxy_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
@@ -193,4 +198,155 @@ func TestHookKeepAliveNeverEvicted(t *testing.T) {
 	if status, body, _ := w.hookCall(t, "https://policy.allowed.test/pre"); status != 200 || body["decision"] != "allow" {
 		t.Errorf("second hook call on the kept connection: %d %v, want the endpoint's allow", status, body)
 	}
+}
+
+// TestHookAnswerMislabelled: an endpoint's well-formed deny labelled with a
+// Content-Encoding it does not have ("none", "UTF-8", "gzip" or "br" on plain
+// JSON), on a hook host whose entry injects (so the answer is masked), reaches
+// the runtime as that deny: the bytes egressd checked, masked, in identity
+// encoding with their own length, and counted as a deny. Decoded by the label,
+// it was a 502 or a body cut short, which the runtime reads as allow.
+func TestHookAnswerMislabelled(t *testing.T) {
+	const hookKey = "hook-key-0123456789"
+	w := newWorld(t, worldOpts{hooksJSON: hooksJSON, hookBodyBytes: 4096, credentials: map[string]string{},
+		allowlist: []allowlist.Entry{{Domain: "policy.allowed.test", Transform: []allowlist.Header{{Name: "X-Hook-Key", Value: hookKey}}}}})
+	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
+	for _, coding := range []string{"none", "UTF-8", "gzip", "br", "identity, gzip"} {
+		t.Run(coding, func(t *testing.T) {
+			var acceptEncoding string
+			w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				acceptEncoding = r.Header.Get("Accept-Encoding")
+				rw.Header().Set("Content-Type", "application/json")
+				rw.Header().Set("Content-Encoding", coding)
+				io.WriteString(rw, `{"decision":"deny","reason":"no curl for `+r.Header.Get("X-Hook-Key")+`"}`)
+			})
+			denies := w.hookOutcomes("deny")
+			req, _ := http.NewRequest("POST", "https://policy.allowed.test/pre", strings.NewReader(`{"tool":"code_execution"}`))
+			req.Header.Set("Accept-Encoding", "gzip, br")
+			resp, err := w.interceptingClient().Do(req)
+			if err != nil {
+				t.Fatalf("the runtime's call failed (%v): it reads that as allow", err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			want := `{"decision":"deny","reason":"no curl for ` + stars(len(hookKey)) + `"}`
+			if err != nil || resp.StatusCode != 200 || string(body) != want {
+				t.Fatalf("runtime got %d %q (%v), want the endpoint's deny, masked: %s", resp.StatusCode, body, err, want)
+			}
+			if ce := resp.Header.Get("Content-Encoding"); ce != "" || resp.ContentLength != int64(len(want)) {
+				t.Errorf("answer labelled Content-Encoding %q, Content-Length %d; want none and %d", ce, resp.ContentLength, len(want))
+			}
+			if acceptEncoding != "identity" {
+				t.Errorf("the endpoint was asked for Accept-Encoding %q, want identity", acceptEncoding)
+			}
+			// Counted once written: after the runtime may have read it.
+			for deadline := time.Now().Add(time.Second); w.hookOutcomes("deny") == denies && time.Now().Before(deadline); {
+				time.Sleep(5 * time.Millisecond)
+			}
+			if got := w.hookOutcomes("deny") - denies; got != 1 {
+				t.Errorf("hook_requests_total{outcome=deny} went up by %v, want 1", got)
+			}
+		})
+	}
+}
+
+// hookOutcomes reads egressd_hook_requests_total{event=pre_tool_execution,outcome}.
+func (w *world) hookOutcomes(outcome string) float64 {
+	return testutil.ToFloat64(w.Metrics.HookRequests.WithLabelValues("pre_tool_execution", outcome))
+}
+
+// TestHookRuntimeAuth: with hooks.identify runtime_auth, a call to a hook URL is
+// the runtime's only when its CONNECT (or request) presents the runtime's token
+// as Proxy-Authorization (Basic with the token as password, or Bearer): it is
+// signed (ident runtime_auth) and failed closed; the same call without the token
+// is the sandbox's ordinary request, forwarded unsigned, and with every slot held
+// it gets no hook lane. When the token cannot be read, calls to hook URLs are
+// matched by URL (ident url) and failed closed rather than forwarded as anyone's.
+func TestHookRuntimeAuth(t *testing.T) {
+	const token = "runtime-token-0123456789"
+	w := newLaneWorld(t, 2)
+	var mu sync.Mutex
+	var tokenErr error
+	var idents []string
+	rt := *w.Server.Runtime()
+	h := *rt.Hooks
+	h.Identify = config.IdentifyRuntimeAuth
+	h.RuntimeToken = func() ([]byte, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return []byte(token), tokenErr
+	}
+	rt.Hooks = &h
+	w.Server.Swap(&rt)
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		idents = append(idents, assertionIdent(r.Header.Get(hookauth.HeaderName)))
+		mu.Unlock()
+		io.WriteString(rw, `{"decision":"allow"}`)
+	})
+	call := func(userinfo string) string {
+		t.Helper()
+		c := w.interceptingClient()
+		pu, _ := url.Parse("http://" + userinfo + w.ProxyAddr)
+		c.Transport.(*http.Transport).Proxy = http.ProxyURL(pu)
+		req, _ := http.NewRequest("POST", "https://policy.allowed.test/pre", strings.NewReader(`{"tool":"code_execution"}`))
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		c.CloseIdleConnections()
+		time.Sleep(20 * time.Millisecond) // its slot is free again
+		mu.Lock()
+		defer mu.Unlock()
+		return idents[len(idents)-1]
+	}
+	if got := call("runtime:" + token + "@"); got != "runtime_auth" {
+		t.Errorf("call presenting the token: ident %q, want runtime_auth", got)
+	}
+	if got := call("runtime:wrong-token@"); got != "" {
+		t.Errorf("call presenting another token: ident %q, want no assertion (not a hook call)", got)
+	}
+	if got := call(""); got != "" {
+		t.Errorf("call without the token: ident %q, want no assertion (not a hook call)", got)
+	}
+	mu.Lock()
+	tokenErr = errString("credential unavailable")
+	mu.Unlock()
+	if got := call(""); got != "url" {
+		t.Errorf("call with the token unreadable: ident %q, want url (matched by URL, failed closed)", got)
+	}
+	mu.Lock()
+	tokenErr = nil
+	mu.Unlock()
+
+	w.fillSlots(t, 2) // a call without the token gets no lane slot; one with it does
+	raw := func(auth string) *http.Response {
+		c, br := w.dialProxy(t)
+		io.WriteString(c, "CONNECT policy.allowed.test:443 HTTP/1.1\r\nHost: policy.allowed.test:443\r\n"+auth+"\r\n")
+		resp, err := http.ReadResponse(br, &http.Request{Method: "CONNECT"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	assertRefusedStatus(t, raw(""), 503, "overloaded")
+	if resp := raw("Proxy-Authorization: Bearer " + token + "\r\n"); resp.StatusCode != 200 {
+		t.Errorf("CONNECT with the token, every slot held: %d, want 200 in the hook lane", resp.StatusCode)
+	}
+}
+
+// assertionIdent is the ident claim of an Egressd-Hook-Assertion, "" without one.
+func assertionIdent(jws string) string {
+	parts := strings.Split(jws, ".")
+	if len(parts) != 3 {
+		return ""
+	}
+	payload, _ := base64.RawURLEncoding.DecodeString(parts[1])
+	var c struct{ Ident string }
+	json.Unmarshal(payload, &c)
+	return c.Ident
 }

@@ -52,6 +52,7 @@ func (c *conn) serveInner(nc net.Conn, rtt route) {
 	inner := newConn(c.s, c.l, nc)
 	inner.route = rtt
 	inner.slot, inner.lane, inner.cutCtx, inner.laneRoot = c.slot, c.lane, c.cutCtx, c.laneRoot
+	inner.release, inner.authIdent = c.release, c.authIdent
 	inner.ctx, inner.cancel = context.WithCancel(c.ctx) // the outer's end (or cut) ends it
 	if c.s.trackConn(inner, true) {
 		defer c.s.trackConn(inner, false)

@@ -6,7 +6,6 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"slices"
 	"sync"
 	"time"
 
@@ -38,25 +37,34 @@ import (
 // So a real hook call, the newest arrival, gets its lane slot within laneWait and
 // then the endpoint's answer or the deny within its timeout, never a 503; the
 // attacker can at most turn its own tool calls into denies.
+//
+// A connection egressd has accepted is never closed without an answer and an
+// egress line (reason overloaded, a detail naming the path; recordClose): the
+// runtime reads a close as "allow". What bounds the connections held beyond
+// limits.max_connections is the listener's accept loop instead (awaitRoom): at
+// maxOverflow, newer connections wait in the kernel's backlog, unaccepted.
 const (
 	hookLane  = 32                     // lane slots per listener
 	admitHead = 2 * time.Second        // the newcomer's first head must arrive within this
 	laneWait  = 500 * time.Millisecond // a newcomer waits this long for a cut connection's slot
-	cutGrace  = time.Second            // a cut connection is closed after this, answered or not
+	cutGrace  = time.Second            // a cut connection in a call is closed after this, answered or not
 	// Connections being admitted at once: beyond maxAdmitting, the oldest that
-	// has waited evictAfter for its head is cut (a younger one may be a real
-	// call whose head is on the way); beyond maxAdmittingHard, the oldest
-	// whatever its wait, which bounds what a flood of silent connections holds.
-	maxAdmitting     = 64
-	maxAdmittingHard = 4 * maxAdmitting
+	// has waited evictAfter for its head is answered 503 and closed (a younger
+	// one may be a real call whose head is on the way, and is never cut).
+	maxAdmitting = 64
 	// A cut connection that has not begun its call yet (still in its TLS
 	// handshake, or sending its head: under load, a real call's) may take up to
 	// cutLinger to send it and get the deny, rather than a close the runtime
-	// would read as allow; at most maxLingering at once per listener, beyond
-	// which the one cut longest ago keeps cutGrace only (lingerQueue). They
-	// hold no slot.
-	cutLinger    = 5 * time.Second
-	maxLingering = 2 * hookLane
+	// would read as allow. It holds no slot; maxOverflow bounds how many there
+	// are.
+	cutLinger = 5 * time.Second
+)
+
+// Details of the egress lines of connections egressd closes.
+const (
+	detailAdmitEvicted = "admission_evicted" // beyond maxAdmitting, its head not sent within evictAfter
+	detailLaneCut      = "hook_lane_cut"     // cut from the hook lane (its call gets the deny)
+	detailLaneLinger   = "hook_lane_linger"  // cut, and its call not sent within cutLinger
 )
 
 // slotKind is what a connection holds.
@@ -69,17 +77,20 @@ const (
 )
 
 // admit reads nc's first head and serves a pre-tool hook call in the lane, or
-// answers anything else 503 overloaded.
+// answers anything else 503 overloaded. nc holds one of l's overflow places
+// (awaitRoom), given back when the connection ends.
 func (s *Server) admit(l *listener, nc net.Conn) {
 	rt := s.Runtime()
 	c := newConn(s, l, nc)
 	c.slot = slotAdmit
-	if !s.trackConn(c, true) {
+	c.onEnd = sync.OnceFunc(func() { l.overflow.Add(-1) })
+	if !s.trackConn(c, true) { // shutting down
 		nc.Close()
+		c.ended()
 		return
 	}
-	if n := s.admitting(l); n > maxAdmitting {
-		s.evictWaiting(l, slotAdmit, admitEvictAfter(n))
+	if s.admitting(l) > maxAdmitting {
+		s.evictWaiting(l, slotAdmit, evictAfter)
 	}
 	c.waitFor(admitHead)
 	candidate := c.hookCandidate(rt)
@@ -87,34 +98,21 @@ func (s *Server) admit(l *listener, nc net.Conn) {
 	s.trackConn(c, false)
 	switch {
 	case evicted:
-		nc.Close()
+		c.rejectOverloaded(detailAdmitEvicted)
 	case !candidate:
-		c.rejectOverloaded()
+		c.rejectOverloaded("")
 	default:
 		s.serveLane(l, c, rt)
+		return
 	}
-}
-
-// admitEvictAfter is how long the connection cut for the n-th admission must
-// have waited for its head.
-func admitEvictAfter(n int) time.Duration {
-	if n > maxAdmittingHard {
-		return 0
-	}
-	return evictAfter
+	c.ended()
 }
 
 // admitting counts l's connections being admitted.
 func (s *Server) admitting(l *listener) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
-	for c := range s.conns {
-		if c.l == l && c.slot == slotAdmit {
-			n++
-		}
-	}
-	return n
+	return len(l.bySlot[slotAdmit])
 }
 
 // serveLane serves c in a lane slot, cutting the oldest lane connection when
@@ -131,7 +129,7 @@ func (s *Server) serveLane(l *listener, c *conn, rt *Runtime) {
 	c.slot, c.lane, c.laneAt = slotLane, true, time.Now()
 	c.cutCtx, c.cutFn = context.WithCancel(context.Background())
 	c.laneRoot = c
-	time.AfterFunc(laneLife(rt), c.cut)
+	c.lifeTimer = time.AfterFunc(laneLife(rt), c.cut)
 	s.serveIn(c, sem)
 	if sem != l.lane {
 		c.cut()
@@ -156,8 +154,8 @@ func laneLife(rt *Runtime) time.Duration {
 func (s *Server) cutOldestLane(l *listener) bool {
 	s.mu.Lock()
 	var oldest *conn
-	for c := range s.conns {
-		if c.l == l && c.laneRoot == c && !c.isCut.Load() && cutsBefore(c, oldest) {
+	for c := range l.lanes {
+		if cutsBefore(c, oldest) {
 			oldest = c
 		}
 	}
@@ -181,58 +179,46 @@ func cutsBefore(a, b *conn) bool {
 }
 
 // cut gives the connection's lane slot to the newcomer at once; its hook call, in
-// progress or still to come within cutGrace, is answered with the fail-closed deny
-// without waiting for the body or the endpoint; after cutGrace it is closed.
+// progress or still to come, is answered with the fail-closed deny without
+// waiting for the body or the endpoint. A connection in its call is closed after
+// cutGrace whatever it does; one that has not begun it yet has cutLinger to send
+// it (the newest arrival is the likeliest real call, and the lane cuts the oldest
+// first, so a real call is often cut mid-handshake).
 func (c *conn) cut() {
 	if !c.isCut.CompareAndSwap(false, true) {
 		return
 	}
+	c.closedFor.CompareAndSwap(nil, &detailLaneCutValue)
+	c.s.mu.Lock()
+	delete(c.l.lanes, c)
+	c.s.mu.Unlock()
 	c.release()
 	c.cutFn()
-	if !c.inCall.Load() {
-		c.l.lingering.add(c)
+	wait, detail := cutLinger, detailLaneLinger
+	if c.inCall.Load() {
+		wait, detail = cutGrace, detailLaneCut
+	}
+	c.cutTimer.Store(time.AfterFunc(wait, func() { c.closeFor(detail) }))
+}
+
+// detailLaneCutValue is detailLaneCut, addressable for closedFor.
+var detailLaneCutValue = detailLaneCut
+
+// closeFor closes the connection for the reason its egress line names.
+func (c *conn) closeFor(detail string) {
+	c.closedFor.Store(&detail)
+	c.abort()
+}
+
+// recordClose makes the record of a connection egressd cut or closed say so:
+// reason overloaded, the detail naming the path. Records of requests inside an
+// intercepted tunnel say what happened to them; the tunnel's says why it ended.
+func (c *conn) recordClose(rec *Record) {
+	d := c.closedFor.Load()
+	if d == nil || c.laneRoot != c || rec.Reason == allowlist.ReasonOverloaded {
 		return
 	}
-	time.AfterFunc(cutGrace, c.abort)
-}
-
-// lingerQueue holds a listener's cut lane connections that had not begun their
-// call, each given cutLinger to send it. At maxLingering, the one cut longest
-// ago makes room for the newest, closed once its own cutGrace has passed: the
-// newest is the likeliest to be a real call (the lane cuts the oldest first),
-// and a burst of fake ones cut before it no longer leaves it cutGrace only.
-type lingerQueue struct {
-	mu sync.Mutex
-	q  []*lingerer
-}
-
-type lingerer struct {
-	c     *conn
-	cutAt time.Time
-	timer *time.Timer
-}
-
-func (lq *lingerQueue) add(c *conn) {
-	lq.mu.Lock()
-	defer lq.mu.Unlock()
-	if len(lq.q) >= maxLingering {
-		old := lq.q[0]
-		lq.q = lq.q[1:]
-		if old.timer.Stop() {
-			time.AfterFunc(time.Until(old.cutAt.Add(cutGrace)), old.c.abort)
-		}
-	}
-	e := &lingerer{c: c, cutAt: time.Now()}
-	e.timer = time.AfterFunc(cutLinger, func() { lq.remove(e); c.abort() })
-	lq.q = append(lq.q, e)
-}
-
-func (lq *lingerQueue) remove(e *lingerer) {
-	lq.mu.Lock()
-	defer lq.mu.Unlock()
-	if i := slices.Index(lq.q, e); i >= 0 {
-		lq.q = slices.Delete(lq.q, i, i+1)
-	}
+	rec.Reason, rec.Detail = allowlist.ReasonOverloaded, *d
 }
 
 var errLaneCut = deny(allowlist.ReasonOverloaded, "hook_lane_cut")
@@ -242,15 +228,15 @@ var errLaneCut = deny(allowlist.ReasonOverloaded, "hook_lane_cut")
 // again when the connection is served.
 func (c *conn) hookCandidate(rt *Runtime) bool {
 	h := rt.Hooks
-	if h == nil || h.Index.Len() == 0 || h.ByListener && c.l.cfg.Role != config.RoleHooks {
+	if h == nil || h.Index.Len() == 0 {
 		return false
 	}
 	if c.l.cfg.Mode == config.ModeTransparent {
-		return c.transparentCandidate(h.Index)
+		return h.callIdent(c.l.cfg.Role, "") != "" && c.transparentCandidate(h.Index)
 	}
 	req := c.peekHead()
 	switch {
-	case req == nil:
+	case req == nil || h.callIdent(c.l.cfg.Role, h.authIdent(req.Header)) == "":
 		return false
 	case req.Method == http.MethodConnect:
 		t, err := allowlist.ParseAuthority(req.RequestURI, 0)

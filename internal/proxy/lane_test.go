@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/proxy"
 )
 
 // With every connection slot held by serving connections (here: idle tunnels,
@@ -150,7 +152,7 @@ func TestHookLaneOnHooksListener(t *testing.T) {
 	w := newLaneWorld(t, 4)
 	rt := *w.Server.Runtime()
 	byListener := *rt.Hooks
-	byListener.ByListener = true
+	byListener.Identify = config.IdentifyListener
 	rt.Hooks = &byListener
 	w.Server.Swap(&rt)
 	hooksLn := listenOn(t, "127.0.0.1:0")
@@ -192,11 +194,16 @@ func TestCutLaneConnectionStillAnswered(t *testing.T) {
 	wantFailClosedDeny(t, "the cut call", real)
 }
 
-// newLaneWorld is a world with the hook entries and hooks.json, whose hook endpoint
-// allows every call, at limits.max_connections n.
+// newLaneWorld is newAllowHookWorld at limits.max_connections n.
 func newLaneWorld(t *testing.T, n int) *world {
+	return newAllowHookWorld(t, func(l *config.Limits) { l.MaxConnections = n })
+}
+
+// newAllowHookWorld is a world with the hook entries and hooks.json, whose hook
+// endpoint allows every call, with limits changed by limits (nil: the defaults).
+func newAllowHookWorld(t *testing.T, limits func(*config.Limits)) *world {
 	w := newWorld(t, worldOpts{allowlist: append(hookEntries, defaultEntries...), hooksJSON: hooksJSON,
-		credentials: map[string]string{}, limits: func(l *config.Limits) { l.MaxConnections = n }})
+		credentials: map[string]string{}, limits: limits})
 	w.DNS.Set("policy.allowed.test", "A "+w.PublicIP)
 	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -266,53 +273,90 @@ func TestRealCallNotEvictedBetweenStages(t *testing.T) {
 
 // TestAdmittedCallNotCutByNewerArrivals: with every slot held, a real call being
 // admitted to the hook lane whose head is slow to arrive (as under load) is not
-// cut when more than 64 newer connections are admitted meanwhile: only one that
-// has waited evictAfter for its head is. Cut, it was closed with no answer.
+// cut when hundreds of newer connections are admitted meanwhile: only one that
+// has waited evictAfter for its head is, and that one is answered 503 overloaded
+// (admission_evicted) before it is closed. Cut past 256 admissions, the call was
+// closed with no answer and no log line.
 func TestAdmittedCallNotCutByNewerArrivals(t *testing.T) {
 	w := newLaneWorld(t, 2)
 	w.fillSlots(t, 2)
 	c, br := w.dialProxy(t)
 	time.Sleep(50 * time.Millisecond) // being admitted, its head not yet sent
-	for range 70 {                    // more than maxAdmitting, each silent
-		w.dialProxy(t)
+	var silent []net.Conn
+	dialled := time.Now()
+	for range 300 { // more than maxAdmitting, and than the 256 once cut whatever their age
+		s, _ := w.dialProxy(t)
+		silent = append(silent, s)
 	}
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
 	io.WriteString(c, "CONNECT policy.allowed.test:443 HTTP/1.1\r\nHost: policy.allowed.test:443\r\n\r\n")
 	if resp, err := http.ReadResponse(br, &http.Request{Method: "CONNECT"}); err != nil || resp.StatusCode != 200 {
-		t.Fatalf("the call's CONNECT after 70 newer arrivals: %v %v (closed: the runtime reads that as allow)", resp, err)
+		t.Fatalf("the call's CONNECT after 300 newer arrivals: %v %v (closed: the runtime reads that as allow)", resp, err)
 	}
 	tc := tls.Client(&replayConn{Conn: c, br: br}, &tls.Config{ServerName: "policy.allowed.test", RootCAs: w.CAPool})
 	if status, b := postHookCall(t, tc); status != 200 || !strings.Contains(b, `"decision":"allow"`) {
-		t.Fatalf("the call after 70 newer arrivals: %d %s, want the endpoint's allow", status, b)
+		t.Fatalf("the call after 300 newer arrivals: %d %s, want the endpoint's allow", status, b)
+	}
+
+	time.Sleep(time.Until(dialled.Add(1300 * time.Millisecond))) // the first silent ones have waited evictAfter
+	w.dialProxy(t)                                               // the next arrival has the oldest of them evicted
+	if time.Since(dialled) > admitHead-200*time.Millisecond {
+		t.Skipf("the silent connections were dialled %v ago: their admission may have ended by itself", time.Since(dialled))
+	}
+	evicted := 0
+	for i, c := range silent {
+		if wantOverloaded(t, "silent connection "+strconv.Itoa(i), c, "").Detail == "admission_evicted" {
+			evicted++
+		}
+	}
+	if evicted != 1 {
+		t.Errorf("%d silent connections answered admission_evicted, want the 1 that waited longest", evicted)
+	}
+	w.waitLog(t, func(l map[string]any) bool { return l["detail"] == "admission_evicted" && l["reason"] == "overloaded" })
+}
+
+// admitHead is how long a connection being admitted has for its first head.
+const admitHead = 2 * time.Second
+
+// TestOverflowWaitsInBacklog: connections beyond limits.max_connections are held
+// up to the listener's overflow bound; past it, newer ones wait unaccepted in the
+// kernel's backlog instead of being accepted only to be closed (or an older one
+// closed for them). Every one of them gets an answer in the end: here, silent
+// ones, the 503 overloaded when their head never comes.
+func TestOverflowWaitsInBacklog(t *testing.T) {
+	const bound, conns = 100, 160
+	defer proxy.SetOverflowBound(bound)()
+	w := newLaneWorld(t, 2)
+	w.fillSlots(t, 2)
+	var silent []net.Conn
+	for range conns {
+		c, _ := w.dialProxy(t)
+		silent = append(silent, c)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := w.Server.Admitting(); n > bound {
+		t.Errorf("%d connections being admitted, past the overflow bound %d", n, bound)
+	}
+	for i, c := range silent {
+		wantOverloaded(t, "silent connection "+strconv.Itoa(i), c, "")
 	}
 }
 
-// TestAdmissionBoundedUnderFlood: silent connections flooding a full listener are
-// held at most 256 at a time (maxAdmittingHard) however young: beyond it the oldest
-// is closed at once, so the flood's descriptors and buffers stay bounded.
-func TestAdmissionBoundedUnderFlood(t *testing.T) {
-	w := newLaneWorld(t, 2)
-	w.fillSlots(t, 2)
-	start := time.Now()
-	var flood []net.Conn
-	for range 256 + 24 {
-		c, _ := w.dialProxy(t)
-		flood = append(flood, c)
+// wantOverloaded reads c's answer: 503 overloaded with the given detail, then the
+// close. A close without the answer fails the test.
+func wantOverloaded(t *testing.T, what string, c net.Conn, detail string) refusalBody {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(8 * time.Second))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("%s closed without an answer: %v", what, err)
 	}
-	time.Sleep(200 * time.Millisecond)
-	closed, until := 0, time.Now().Add(50*time.Millisecond)
-	for _, c := range flood { // the oldest to wait, not quite the first dialled
-		c.SetReadDeadline(until)
-		if _, err := c.Read(make([]byte, 1)); err != nil && !isTimeoutErr(err) {
-			closed++
-		}
+	rb := assertRefused(t, resp, 503, "overloaded", detail)
+	if _, err := br.ReadByte(); err == nil || isTimeoutErr(err) {
+		t.Errorf("%s still open after its 503: %v", what, err)
 	}
-	if took := time.Since(start); took > 900*time.Millisecond {
-		t.Skipf("the flood and its check took %v, past evictAfter: age alone may have closed them", took)
-	}
-	if closed < 20 {
-		t.Errorf("%d of %d silent connections closed, want the oldest cut to keep 256 at most", closed, len(flood))
-	}
+	return rb
 }
 
 // postHookCall sends a pre-tool hook call on tc and returns the answer's status
@@ -383,10 +427,11 @@ func TestHookLaneNoSlotStillAnswered(t *testing.T) {
 }
 
 // TestCutCallLingersPastFullLinger: a real call cut before it sent its request,
-// while 64 cut connections already linger (the sandbox opened them in a burst),
-// still has cutLinger to send it: the connection lingering longest makes room,
-// after its own cutGrace. It was given cutGrace only, and closed with no answer
-// when its request came later than that.
+// with 64 cut connections lingering before it and 128 arriving after (the sandbox
+// opened them in a burst), still has cutLinger to send it: lingering connections
+// are bounded by what they cost (the listener's overflow bound), not by a count.
+// At 64 lingering, the one cut longest ago was closed 1 s after its cut, with no
+// answer, when its request came later than that.
 func TestCutCallLingersPastFullLinger(t *testing.T) {
 	w := newLaneWorld(t, 2)
 	w.fillSlots(t, 2)
@@ -394,12 +439,19 @@ func TestCutCallLingersPastFullLinger(t *testing.T) {
 		w.slowHookConn(t)
 	}
 	real := w.slowHookConn(t) // cut by the 32nd arrival after it
-	for range 64 {
+	opened := time.Now()
+	for range 2 * 64 {
 		w.slowHookConn(t)
 	}
 	time.Sleep(1500 * time.Millisecond) // past cutGrace
+	if took := time.Since(opened); took > cutLinger-500*time.Millisecond {
+		t.Skipf("the arrivals after the call took %v: it may have been cut cutLinger ago", took)
+	}
 	wantFailClosedDeny(t, "the cut call", real)
 }
+
+// cutLinger is how long a cut lane connection has to send its call.
+const cutLinger = 5 * time.Second
 
 // slowHookConn opens a lane connection to the hook host, TLS done, its request
 // not yet sent: a real call under load, or a fake one.
@@ -410,4 +462,82 @@ func (w *world) slowHookConn(t *testing.T) *tls.Conn {
 		t.Fatal(err)
 	}
 	return tc
+}
+
+// TestCutCloseRecorded: a lane connection cut before it sent its call, that then
+// sends nothing within cutLinger, is closed with an egress line saying so (reason
+// overloaded, detail hook_lane_linger); one cut in its call is answered with the
+// deny and its tunnel's line says hook_lane_cut. Both were closed with no line
+// naming why.
+func TestCutCloseRecorded(t *testing.T) {
+	w := newLaneWorld(t, 2)
+	w.fillSlots(t, 2)
+	silent := w.slowHookConn(t)
+	inCall := w.slowHookConn(t)
+	io.WriteString(inCall, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Length: 100\r\n\r\nx")
+	time.Sleep(100 * time.Millisecond) // the call has begun
+	for range 31 {                     // the lane's 33rd arrival cuts the call, the 34th the silent one
+		w.slowHookConn(t)
+	}
+	inCall.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(inCall), nil)
+	if err != nil {
+		t.Fatalf("the cut call got no answer: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), `"deny"`) || !strings.Contains(string(body), "(fail-closed)") {
+		t.Fatalf("the cut call got %d %s, want egressd's deny", resp.StatusCode, body)
+	}
+	w.slowHookConn(t)
+	tunnelLine := func(detail string) func(map[string]any) bool {
+		return func(l map[string]any) bool {
+			return l["method"] == "CONNECT" && l["reason"] == "overloaded" && l["detail"] == detail
+		}
+	}
+	w.waitLog(t, tunnelLine("hook_lane_cut"))
+	silent.SetReadDeadline(time.Now().Add(cutLinger + 2*time.Second))
+	start := time.Now()
+	if n, err := silent.Read(make([]byte, 1)); err == nil || isTimeoutErr(err) {
+		t.Fatalf("the silent cut connection still open after %v (read %d, %v)", time.Since(start), n, err)
+	}
+	w.waitLog(t, tunnelLine("hook_lane_linger"))
+}
+
+// TestCutAnswerNotReset: a call cut while its body is still coming is answered
+// with the deny, and egressd then half-closes and drains what the client still
+// sends before it closes. The client here sends its whole body before it reads
+// the answer (as many HTTP clients do), and gives up on a failed write. Closed
+// over unread bytes, the connection was reset: the client's next write failed,
+// and it never read the deny, a transport error the runtime reads as allow.
+func TestCutAnswerNotReset(t *testing.T) {
+	w := newLaneWorld(t, 2)
+	w.fillSlots(t, 2)
+	call := w.slowHookConn(t)
+	const chunk, chunks = 4 << 10, 12
+	io.WriteString(call, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Length: "+strconv.Itoa(chunk*chunks)+"\r\n\r\n")
+	write := func(i int) {
+		call.SetWriteDeadline(time.Now().Add(time.Second))
+		if _, err := call.Write(bytes.Repeat([]byte("x"), chunk)); err != nil {
+			t.Fatalf("writing the body's chunk %d after the cut: %v (the runtime gives up: allow)", i, err)
+		}
+	}
+	write(0)
+	time.Sleep(100 * time.Millisecond) // the call has begun
+	for range 32 {                     // the lane's 33rd arrival cuts the call
+		w.slowHookConn(t)
+	}
+	time.Sleep(50 * time.Millisecond) // the deny is written, and egressd is done with the connection
+	for i := 1; i < chunks; i++ {
+		write(i)
+		time.Sleep(10 * time.Millisecond)
+	}
+	call.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(call), nil)
+	if err != nil {
+		t.Fatalf("the cut call's answer was lost (%v): the runtime reads that as allow", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || !strings.Contains(string(body), `"deny"`) {
+		t.Fatalf("the cut call got %d %s (%v), want egressd's deny whole", resp.StatusCode, body, err)
+	}
 }

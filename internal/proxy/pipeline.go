@@ -51,6 +51,13 @@ type exchange struct {
 	ph      placeholder.Result // what placeholders became (prepare.go)
 	stage   stage              // how far serve got
 	preHook bool               // the request is a pre-tool hook call
+	// hook is the hook the request calls, and hookOutcome what the runtime is
+	// answered (a hook_requests_total outcome), counted once it is written.
+	hook        *hooks.Match
+	hookOutcome string
+	// authIdent is what the request's tunnel presented (conn.authIdent), and
+	// ident how the call was told to be the runtime's (identify.go).
+	authIdent, ident string
 	// throttled, when set, refuses the request before anything is decided or
 	// forwarded (an HTTP/2 stream beyond the connection's stream rate); a pre-tool
 	// hook call gets the fail-closed deny instead.
@@ -63,7 +70,7 @@ type exchange struct {
 func newExchange(c *conn, rt *Runtime, req *http.Request, rec *Record, rtt route) *exchange {
 	rec.Method = req.Method
 	return &exchange{rt: rt, srv: c.s, metrics: c.s.metrics, budget: &c.s.hookBuf, cut: c.cutCtx, lane: c.laneRoot,
-		role: c.l.cfg.Role, req: req, rec: rec, body: newRequestBody(req), route: rtt}
+		role: c.l.cfg.Role, req: req, rec: rec, body: newRequestBody(req), route: rtt, authIdent: c.authIdent}
 }
 
 // stage is how far serve got with a request. The HTTP/1 side reads it to know
@@ -101,6 +108,7 @@ func serveRequest(ctx context.Context, x *exchange, cs clientSide) bool {
 		x.rec.refused(clientCancelled(err)) // nobody is left to answer
 		return false
 	}
+	defer x.countHook()
 	if err != nil {
 		return cs.refuse(x, err)
 	}
@@ -168,11 +176,7 @@ func (x *exchange) callHook(ctx context.Context, m hooks.Match, cs clientSide) (
 	if x.throttled != nil {
 		refusal = x.throttled
 	}
-	resp, err := x.serveHook(ctx, m, refusal)
-	if err != nil {
-		return nil, err
-	}
-	return x.scrubbed(resp), nil
+	return x.serveHook(ctx, m, refusal)
 }
 
 // refusedInTunnel records a request inside a refused tunnel and returns its refusal.

@@ -94,9 +94,17 @@ type listener struct {
 	cfg  config.Listener
 	sem  chan struct{}
 	lane chan struct{}
-	// lingering holds cut lane connections given cutLinger to send their call
-	// (lane.go).
-	lingering lingerQueue
+	// overflow counts the connections accepted beyond the bound (being
+	// admitted, in the lane, cut); at maxOverflow the accept loop waits
+	// (awaitRoom).
+	overflow    atomic.Int64
+	maxOverflow int64
+	// bySlot holds the listener's connections holding a main slot and those
+	// being admitted (the ones a newcomer may evict: slots.go), and lanes its
+	// lane connections not yet cut (lane.go); guarded by Server.mu, so that
+	// neither an eviction nor a cut scans every connection a flood holds.
+	bySlot map[slotKind]map[*conn]struct{}
+	lanes  map[*conn]struct{}
 }
 
 // Serve accepts connections on ln until Shutdown. Beyond limits.max_connections
@@ -108,10 +116,13 @@ func (s *Server) Serve(ln net.Listener, cfg config.Listener) error {
 		return nil
 	}
 	defer s.trackListener(ln, false)
-	l := &listener{cfg: cfg, sem: make(chan struct{}, s.Runtime().Limits.MaxConnections), lane: make(chan struct{}, hookLane)}
+	l := &listener{cfg: cfg, sem: make(chan struct{}, s.Runtime().Limits.MaxConnections), lane: make(chan struct{}, hookLane),
+		maxOverflow: overflowBound(), lanes: map[*conn]struct{}{},
+		bySlot: map[slotKind]map[*conn]struct{}{slotMain: {}, slotAdmit: {}}}
 	s.InitMetrics(cfg)
 	var backoff time.Duration
 	for {
+		s.awaitRoom(l)
 		nc, err := ln.Accept()
 		if err != nil {
 			if s.closing.Load() {
@@ -142,6 +153,7 @@ func (s *Server) accept(l *listener, nc net.Conn) {
 	case l.sem <- struct{}{}:
 		s.serveConn(l, nc)
 	default:
+		l.overflow.Add(1)
 		go s.acceptOverloaded(l, nc)
 	}
 }
@@ -158,9 +170,11 @@ func (s *Server) serveIn(c *conn, sem chan struct{}) {
 	if !s.trackConn(c, true) {
 		c.release()
 		c.nc.Close()
+		c.ended()
 		return
 	}
 	go func() {
+		defer c.ended()
 		defer c.release()
 		defer s.trackConn(c, false)
 		if l.cfg.Mode == config.ModeTransparent {
@@ -193,8 +207,16 @@ func (s *Server) trackConn(c *conn, add bool) bool {
 			return false
 		}
 		s.conns[c] = struct{}{}
+		if byKind := c.l.bySlot[c.slot]; byKind != nil {
+			byKind[c] = struct{}{}
+		}
+		if c.slot == slotLane && c.laneRoot == c && !c.isCut.Load() {
+			c.l.lanes[c] = struct{}{}
+		}
 	} else {
 		delete(s.conns, c)
+		delete(c.l.bySlot[c.slot], c)
+		delete(c.l.lanes, c)
 	}
 	return true
 }

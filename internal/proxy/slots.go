@@ -3,6 +3,8 @@ package proxy
 import (
 	"net"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // A listener at limits.max_connections gives a new connection the slot of the
@@ -70,9 +72,8 @@ func (s *Server) evictWaiting(l *listener, kind slotKind, minWait time.Duration)
 	for {
 		var oldest *conn
 		since := time.Now().Add(-minWait).UnixNano()
-		for c := range s.conns {
-			if w := c.waitSince.Load(); c.l == l && c.slot == kind && w > 0 && !c.hookKeepAlive.Load() &&
-				w <= since {
+		for c := range l.bySlot[kind] {
+			if w := c.waitSince.Load(); w > 0 && !c.hookKeepAlive.Load() && w <= since {
 				oldest, since = c, w
 			}
 		}
@@ -92,10 +93,52 @@ func (s *Server) evictWaiting(l *listener, kind slotKind, minWait time.Duration)
 // between the hook lane and 503.
 func (s *Server) acceptOverloaded(l *listener, nc net.Conn) {
 	if s.evictWaiting(l, slotMain, evictAfter) && takeSlot(l.sem, slotWait) {
+		l.overflow.Add(-1)
 		s.serveConn(l, nc)
 		return
 	}
 	s.admit(l, nc)
+}
+
+// Connections a listener holds beyond limits.max_connections (being admitted,
+// in the hook lane, cut and given cutLinger to send their call) are bounded by
+// what they cost, not by a count a flood fills in milliseconds: overflowMemory
+// at overflowConnBytes each, and a quarter of the file descriptors egressd may
+// open. A lane connection past its TLS handshake costs egressd about 54 KiB of
+// RSS (a goroutine, the read and write buffers of the connection and of the
+// tunnel inside it, the TLS state, and the collector's headroom over them).
+const (
+	overflowMemory    = 32 << 20
+	overflowConnBytes = 64 << 10
+	// overflowPoll is how often a waiting accept loop looks again.
+	overflowPoll = 5 * time.Millisecond
+)
+
+// overflowBoundFor, when set, replaces overflowBound's memory bound (tests).
+var overflowBoundFor int64
+
+// overflowBound is a listener's maxOverflow.
+func overflowBound() int64 {
+	n := int64(overflowMemory / overflowConnBytes)
+	if overflowBoundFor > 0 {
+		n = overflowBoundFor
+	}
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil && lim.Cur != unix.RLIM_INFINITY {
+		n = min(n, int64(lim.Cur/4))
+	}
+	return max(n, hookLane+maxAdmitting)
+}
+
+// awaitRoom holds l's accept loop while l holds maxOverflow connections beyond
+// its bound and no slot is free. Newer connections then wait in the kernel's
+// backlog, neither answered nor closed: accepted, each would have to be answered
+// 503 or closed, which the runtime reads as "allow" when it is a hook call, or
+// else an older connection closed in its place, which may be a real call mid-way.
+func (s *Server) awaitRoom(l *listener) {
+	for l.overflow.Load() >= l.maxOverflow && len(l.sem) == cap(l.sem) && !s.closing.Load() {
+		time.Sleep(overflowPoll)
+	}
 }
 
 // takeSlot takes a slot of sem, waiting up to d for one.

@@ -29,6 +29,9 @@ func (c *conn) serveTransparent() {
 	c.waitFor(rt.Limits.ReadHeader)
 	first, err := c.br.Peek(1)
 	if err != nil {
+		if c.waitSince.Load() == evicted {
+			c.closeEvicted(rt)
+		}
 		return
 	}
 	if first[0] != recordTypeHandshake { // plain HTTP
@@ -40,6 +43,7 @@ func (c *conn) serveTransparent() {
 	rec := newRecord(c.l, c.nc.RemoteAddr())
 	rec.Scheme = "tls"
 	defer rec.finish(&c.s.log, c.s.metrics)
+	defer c.recordClose(rec)
 	c.serveTransparentTLS(rt, rec)
 }
 

@@ -44,7 +44,11 @@ const (
 	// IdentListener: the call came in on a listener with role hooks, which only the
 	// agent runtime's hook client uses.
 	IdentListener = "listener"
-	// IdentURL: no hooks listener is configured, so any sandbox traffic to the hook URL
+	// IdentRuntimeAuth: the call presented the runtime's own token
+	// (hooks.runtime_auth) as Proxy-Authorization, which the sandbox never holds.
+	IdentRuntimeAuth = "runtime_auth"
+	// IdentURL: egressd matched the call by its URL alone (hooks.identify: url, or no
+	// way to tell the runtime from the sandbox), so any sandbox traffic to the hook URL
 	// is signed; the assertion proves egressd forwarded it, not that the runtime made it.
 	IdentURL = "url"
 )

@@ -93,7 +93,7 @@ func (w *world) verifier(t *testing.T, mod ...func(*hookauth.Options)) *hookauth
 // sign signs the claims of a call to match at t0 (before any mutation).
 func sign(t *testing.T, s signer, mutate ...func(*hookauth.Claims)) string {
 	t.Helper()
-	c := hooks.NewClaims(match, "env_demo", true, body, t0)
+	c := hooks.NewClaims(match, "env_demo", hookauth.IdentListener, body, t0)
 	for _, m := range mutate {
 		m(&c)
 	}
@@ -428,7 +428,7 @@ func swapPayload(t *testing.T, good, payload string) string {
 func signRaw(t *testing.T, w *world, member string) string {
 	t.Helper()
 	kid, _ := w.signer.KeyID()
-	payload, _ := json.Marshal(hooks.NewClaims(match, "env_demo", true, body, t0))
+	payload, _ := json.Marshal(hooks.NewClaims(match, "env_demo", hookauth.IdentListener, body, t0))
 	var m map[string]json.RawMessage
 	json.Unmarshal(payload, &m)
 	k, v, _ := strings.Cut(member, ":")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/x509"
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -31,7 +32,14 @@ type config struct {
 	limits    *egressdtest.Limits // limits; nil: egressd's defaults
 	maxStale  string              // credentials.max_stale; default 5m
 	hooks     string              // hooks.json, written beside the config and named by hooks.file
-	dnsListen string              // dns.listen; "" = no DNS guard (see world.dnsAddr)
+	// hooksListener adds a listener "hooks" with role hooks; identify is
+	// hooks.identify.
+	hooksListener bool
+	identify      string
+	// load runs egressd's build for load scenarios (envLoadEgressd), when there
+	// is one.
+	load      bool
+	dnsListen string // dns.listen; "" = no DNS guard (see world.dnsAddr)
 	// denyInTunnel is tls.deny_in_tunnel; default never, so a refused CONNECT's
 	// own status carries the verdict the attack cases assert.
 	denyInTunnel string
@@ -52,8 +60,12 @@ func startEgressd(t *testing.T, fx *fixtures, c config) *egressd {
 		files["hooks.json"] = c.hooks
 	}
 	e := &egressd{t: t, credPath: filepath.Join(dir, "credentials.json")}
+	bin := c.bin
+	if c.load {
+		bin = os.Getenv(envLoadEgressd)
+	}
 	e.Egressd = egressdtest.StartT(t, egressdtest.Options{
-		Bin: c.bin, Dir: dir, Config: c.egressdConfig(), Files: files, LoopbackOnly: true, Wrap: c.wrap,
+		Bin: bin, Dir: dir, Config: c.egressdConfig(), Files: files, LoopbackOnly: true, Wrap: c.wrap,
 		Wait: egressdtest.WaitReady, StartTimeout: startTimeout, StopTimeout: stopTimeout,
 	})
 	e.ProxyAddr, e.AdminAddr = e.Proxy, e.Admin
@@ -89,7 +101,10 @@ func (c config) egressdConfig() *egressdtest.Config {
 		cfg.DNS = &egressdtest.DNS{Listen: c.dnsListen}
 	}
 	if c.hooks != "" {
-		cfg.Hooks = &egressdtest.Hooks{File: "hooks.json"}
+		cfg.Hooks = &egressdtest.Hooks{File: "hooks.json", Identify: c.identify}
+	}
+	if c.hooksListener {
+		cfg.Listeners = append(cfg.Listeners, egressdtest.Listener{Name: "hooks", Address: "127.0.0.1:0", Mode: "proxy", Role: "hooks"})
 	}
 	return cfg
 }

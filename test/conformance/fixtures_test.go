@@ -217,6 +217,19 @@ func newEchoServer() *echoServer {
 // with {"decision": "allow"} (and records it). Every other path echoes.
 const hookAllowPath = "/hooks/allow"
 
+// hookMislabelledPath is the echo upstream's policy endpoint that denies, reflecting
+// the request's Authorization, with the Content-Encoding ?ce names (mislabelledDeny).
+const hookMislabelledPath = "/hooks/mislabelled"
+
+// mislabelledDeny answers a plain JSON deny labelled with the Content-Encoding of
+// ?ce, whatever it is: a decoder egressd ran by the label would fail on it.
+func mislabelledDeny(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Encoding", r.URL.Query().Get("ce"))
+	fmt.Fprintf(w, `{"decision":"deny","reason":%q}`, "no curl for "+r.Header.Get("Authorization"))
+}
+
 // secretMark stands for the secret in the echo's answers.
 const secretMark = "<SECRET>"
 
@@ -246,6 +259,8 @@ func (e *echoServer) route(w http.ResponseWriter, r *http.Request) bool {
 		w.WriteHeader(http.StatusFound)
 	case r.URL.Path == bigPath: // a large answer, for clients that never read it
 		writeBig(w)
+	case r.URL.Path == hookMislabelledPath:
+		mislabelledDeny(w, r)
 	case path.Clean(r.URL.Path) == hookAllowPath: // as most servers, it resolves dot segments
 		e.Record(e.Read(r))
 		w.Header().Set("Content-Type", "application/json")

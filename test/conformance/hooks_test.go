@@ -18,14 +18,16 @@ const downIP = "93.184.216.99"
 const hookTimeout = 3 * time.Second
 
 // hooksJSON is the hooks world's hooks.json: pre hooks on an endpoint that is down
-// (https and http), one on the echo upstream's policy endpoint (answers allow), and
-// one whose URL is written with a dot segment.
+// (https and http), one on the echo upstream's policy endpoint (answers allow), one
+// whose URL is written with a dot segment, and one on the credential host whose
+// deny comes mislabelled (hookMislabelledPath).
 const hooksJSON = `{
   "security-gate": {"pre_tool_execution": [{"matcher": "code_execution", "hooks": [
     {"type": "http", "url": "https://down.allowed.test/pre", "timeout": 3},
     {"type": "http", "url": "http://down.allowed.test/plain", "timeout": 3},
     {"type": "http", "url": "https://policy.allowed.test` + hookAllowPath + `", "timeout": 3},
-    {"type": "http", "url": "https://written.allowed.test/v1/x/../check", "timeout": 3}
+    {"type": "http", "url": "https://written.allowed.test/v1/x/../check", "timeout": 3},
+    {"type": "http", "url": "https://api.allowed.test` + hookMislabelledPath + `", "timeout": 3}
   ]}]}
 }`
 
@@ -112,5 +114,32 @@ func (k *kase) assertFailClosed(resp *http.Response, start time.Time) {
 	}
 	if took > hookTimeout {
 		k.t.Errorf("the deny came after %s, past the hook's timeout %s", took, hookTimeout)
+	}
+}
+
+// TestHookDenyMislabelled: the endpoint, on a hook host whose entry injects a
+// credential (api.allowed.test), answers a well-formed deny that reflects the
+// credential and carries a Content-Encoding it does not have: "none", "UTF-8",
+// "gzip" and "br" on plain JSON. The runtime reads the deny, masked, in identity
+// encoding; decoded by the label, it was a 502 or a body cut short, which the
+// runtime reads as allow.
+func TestHookDenyMislabelled(t *testing.T) {
+	w := hooksWorld(t, config{})
+	for _, coding := range []string{"none", "UTF-8", "gzip", "br"} {
+		t.Run(coding, func(t *testing.T) {
+			k := w.begin(t)
+			c := k.intercepted("api.allowed.test")
+			k.send(c, "POST "+hookMislabelledPath+"?ce="+coding+" HTTP/1.1\r\nHost: api.allowed.test\r\nContent-Length: 2\r\n\r\n{}")
+			resp := k.response(c, http.MethodPost)
+			body := string(k.body(resp))
+			var d struct{ Decision, Reason string }
+			if resp.StatusCode != http.StatusOK || json.Unmarshal([]byte(body), &d) != nil || d.Decision != "deny" ||
+				!strings.HasPrefix(d.Reason, "no curl for ***") {
+				t.Fatalf("the runtime got %d %q, want the endpoint's deny, its credential masked", resp.StatusCode, body)
+			}
+			if ce := resp.Header.Get("Content-Encoding"); ce != "" {
+				t.Errorf("the deny reached the runtime labelled Content-Encoding %q", ce)
+			}
+		})
 	}
 }

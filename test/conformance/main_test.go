@@ -12,10 +12,12 @@
 package conformance_test
 
 import (
+	"fmt"
 	"os"
 	"testing"
 
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
+	"github.com/egressd/egressd/internal/testutil/hookflood"
 	"github.com/egressd/egressd/internal/testutil/netns"
 )
 
@@ -26,8 +28,17 @@ import (
 const envBinary = "EGRESSD_CONFORMANCE_BIN"
 
 func TestMain(m *testing.M) {
+	hookflood.MainIfChild() // a child the fake-call flood runs in (hookflood_test.go)
 	build := egressdtest.BuildOptions{Prebuilt: os.Getenv(envBinary), Race: egressdtest.RaceEnabled}
 	os.Exit(egressdtest.Main(m, build, func(m *testing.M) int {
+		if !netns.Inside() {
+			cleanup, err := buildLoadBinaries()
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "conformance:", err)
+				return 1
+			}
+			defer cleanup()
+		}
 		code := netns.Main(m)
 		if netns.Inside() && code == 0 {
 			code = checkSinksUntouched()

@@ -64,6 +64,11 @@ func usePrebuilt(bin string) (string, func(), error) {
 }
 
 func goBuild(bin string, o BuildOptions) error {
+	return BuildPackage(pkg, bin, o)
+}
+
+// BuildPackage builds the command pkg (an import path) into bin, as o says.
+func BuildPackage(pkg, bin string, o BuildOptions) error {
 	args := []string{"build", "-o", bin}
 	if o.Race {
 		args = append(args, "-race")

@@ -122,11 +122,13 @@ type VaultAuth struct {
 	Mount        string `yaml:"mount,omitempty"`
 }
 
-// Hooks is the hooks file and its signing key.
+// Hooks is the hooks file, its signing key and how hook calls are identified.
 type Hooks struct {
-	File       string     `yaml:"file,omitempty"`
-	FailClosed *bool      `yaml:"fail_closed,omitempty"`
-	SigningKey *SecretRef `yaml:"signing_key,omitempty"`
+	File        string     `yaml:"file,omitempty"`
+	FailClosed  *bool      `yaml:"fail_closed,omitempty"`
+	SigningKey  *SecretRef `yaml:"signing_key,omitempty"`
+	Identify    string     `yaml:"identify,omitempty"`
+	RuntimeAuth *SecretRef `yaml:"runtime_auth,omitempty"`
 }
 
 // SecretRef names a secret by credential ID or file.
