@@ -85,3 +85,15 @@ func TestHTTP1ClientGoneNeverForwarded(t *testing.T) {
 		t.Errorf("the upstream got %d requests from clients that had gone", n)
 	}
 }
+
+// TestTunnelClosedBeforeHelloIsCancelled: a client that closes a CONNECT tunnel
+// before sending a byte gave up; it did not send a malformed ClientHello.
+func TestTunnelClosedBeforeHelloIsCancelled(t *testing.T) {
+	w := newWorld(t, worldOpts{})
+	c := w.connect(t, "www.allowed.test:443")
+	c.Close()
+	l := w.waitLog(t, func(m map[string]any) bool { return m["method"] == "CONNECT" })
+	if l["reason"] != "client_cancelled" {
+		t.Errorf("logged %v/%v, want client_cancelled", l["reason"], l["detail"])
+	}
+}

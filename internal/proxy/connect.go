@@ -124,14 +124,22 @@ func (c *conn) servePlainTunnel(t allowlist.Target, why error) {
 
 // readClientHello reads the client's ClientHello without consuming it, within the
 // wait begun by waitFor: a connection evicted meanwhile gets the refusal instead,
-// one whose first byte is not a TLS handshake record errPlainHTTP, and one that
-// does not parse as a ClientHello not_tls.
+// one whose first byte is not a TLS handshake record errPlainHTTP, one the client
+// closed before its first byte client_cancelled, and one that does not parse as a
+// ClientHello not_tls.
 func (c *conn) readClientHello() (*clientHello, error) {
-	if first, err := c.br.Peek(1); err == nil && first[0] != recordTypeHandshake {
+	first, err := c.br.Peek(1)
+	switch {
+	case err == nil && first[0] != recordTypeHandshake:
 		if !c.waited() {
 			return nil, deny(allowlist.ReasonOverloaded, detailEvicted)
 		}
 		return nil, errPlainHTTP
+	case err != nil && isClosed(err):
+		if !c.waited() {
+			return nil, deny(allowlist.ReasonOverloaded, detailEvicted)
+		}
+		return nil, clientCancelled(err) // the client left without a byte, not a bad hello
 	}
 	hello, err := peekClientHello(c.br)
 	if !c.waited() {
