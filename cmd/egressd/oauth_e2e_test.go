@@ -24,7 +24,7 @@ import (
 const (
 	oauthHost   = "auth.oauth-e2e.test" // the token endpoint: not on the allowlist
 	oauthSecret = "cs-PLANTED-e2e-4411"
-	oauthRT     = "rt-PLANTED-e2e-5522"
+	oauthRT     = "snap-PLANTED-e2e-5522"
 )
 
 // tokenEndpoint is an HTTPS oauth2 token endpoint on 127.0.0.1 that issues

@@ -445,7 +445,7 @@ func TestReloadConfigMapSwap(t *testing.T) {
 // TestReloadNeedsRestart: a reload that changes the listener and admin addresses or the
 // log level warns, naming each key, keeps serving where egressd started, and applies
 // the rest of the config. With the DNS guard on, a new network.resolver needs no
-// restart: the guard reads it from the current Runtime on every query.
+// restart: the guard reads it from the current Snapshot on every query.
 func TestReloadNeedsRestart(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil)

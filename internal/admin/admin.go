@@ -19,7 +19,7 @@ import (
 
 // State is what the admin endpoints read from the running process.
 type State interface {
-	Runtime() *proxy.Runtime
+	Snapshot() *proxy.Snapshot
 	ConfigInfo() (hash string, loaded time.Time)
 	// LastReload is the outcome of the last reload; the zero value before any.
 	LastReload() ReloadStatus
@@ -75,7 +75,7 @@ func Handler(st State, m *metrics.Metrics) http.Handler {
 		writeJSON(w, code, body)
 	})
 	mux.HandleFunc("GET /v1/sandbox/env", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, st.Runtime().Placeholders.Env())
+		writeJSON(w, http.StatusOK, st.Snapshot().Placeholders.Env())
 	})
 	mux.HandleFunc("GET /ca.pem", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/x-pem-file")
@@ -97,9 +97,9 @@ func Handler(st State, m *metrics.Metrics) http.Handler {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "missing url parameter"})
 			return
 		}
-		rt := st.Runtime()
-		res := explain.URL(rt.Policy, rt.Guard, rt.Env, raw)
-		writeJSON(w, http.StatusOK, explain.Credential(res, explain.FromStore(rt.Injector.Credentials())))
+		snap := st.Snapshot()
+		res := explain.URL(snap.Policy, snap.Guard, snap.Env, raw)
+		writeJSON(w, http.StatusOK, explain.Credential(res, explain.FromStore(snap.Injector.Credentials())))
 	})
 	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, _ *http.Request) {
 		reload(w, st)

@@ -32,10 +32,10 @@ import (
 // telemetryKey is a transform value: explain must name its header, never show it.
 const telemetryKey = "admin-test-secret-value"
 
-// fakeState is the admin endpoints' view of a running egressd, with a Runtime
+// fakeState is the admin endpoints' view of a running egressd, with a Snapshot
 // built the way the daemon builds one (no listener, no network: explain is offline).
 type fakeState struct {
-	rt     *proxy.Runtime
+	snap   *proxy.Snapshot
 	hash   string
 	loaded time.Time
 
@@ -46,7 +46,7 @@ type fakeState struct {
 	last   admin.ReloadStatus
 }
 
-func (s *fakeState) Runtime() *proxy.Runtime { return s.rt }
+func (s *fakeState) Snapshot() *proxy.Snapshot { return s.snap }
 
 func (s *fakeState) JWKS() []byte { return []byte(`{"keys":[]}`) }
 
@@ -91,14 +91,14 @@ func newState(t *testing.T) *fakeState {
 		t.Fatal(err)
 	}
 	limits := config.Default().Limits
-	rt := &proxy.Runtime{
+	snap := &proxy.Snapshot{
 		Env: "env_admin", Policy: pol, Guard: guard, Limits: limits,
 		Resolver: netguard.NewResolver("", limits.DNS),
 	}
-	rt.Prepare()
-	t.Cleanup(rt.Close)
+	snap.Prepare()
+	t.Cleanup(snap.Close)
 	return &fakeState{
-		rt: rt, hash: "c0ffee", loaded: time.Date(2026, 3, 1, 12, 30, 0, 0, time.FixedZone("CET", 3600)),
+		snap: snap, hash: "c0ffee", loaded: time.Date(2026, 3, 1, 12, 30, 0, 0, time.FixedZone("CET", 3600)),
 		ready: true, detail: map[string]any{"config": "loaded"},
 	}
 }
@@ -421,10 +421,10 @@ func TestExplainCredentialHeaders(t *testing.T) {
 	}
 	store := credential.NewStore(file.New(credFile, file.Options{}), []string{"bearer", "example-api", "gone"}, credential.Options{})
 	store.RefreshNow(context.Background(), "")
-	st.rt = &proxy.Runtime{Env: "env_admin", Policy: pol, Guard: st.rt.Guard, Limits: st.rt.Limits,
-		Resolver: st.rt.Resolver, Injector: inject.New(pol, store)}
-	st.rt.Prepare()
-	t.Cleanup(st.rt.Close)
+	st.snap = &proxy.Snapshot{Env: "env_admin", Policy: pol, Guard: st.snap.Guard, Limits: st.snap.Limits,
+		Resolver: st.snap.Resolver, Injector: inject.New(pol, store)}
+	st.snap.Prepare()
+	t.Cleanup(st.snap.Close)
 	h := admin.Handler(st, metrics.New())
 	for _, tc := range []struct {
 		url, credHeaders, inject string

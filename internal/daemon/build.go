@@ -24,10 +24,10 @@ import (
 	mitm "github.com/egressd/egressd/internal/tls"
 )
 
-// buildRuntime turns a Loaded config into the Runtime requests are served with.
+// buildSnapshot turns a Loaded config into the Snapshot requests are served with.
 // self holds egressd's own bound addresses; the leaves and the credential store
 // outlive reloads and are built by the Daemon.
-func buildRuntime(l *Loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds inject.Credentials, signer *hooks.Signer) (*proxy.Runtime, error) {
+func buildSnapshot(l *Loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds inject.Credentials, signer *hooks.Signer) (*proxy.Snapshot, error) {
 	cfg := l.Cfg
 	hk, err := runtimeHooks(l, signer, creds)
 	if err != nil {
@@ -45,7 +45,7 @@ func buildRuntime(l *Loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds i
 	if err != nil {
 		return nil, err
 	}
-	rt := &proxy.Runtime{
+	snap := &proxy.Snapshot{
 		Env:         cfg.Environment,
 		Policy:      l.Policy.Allowlist,
 		Guard:       guard,
@@ -58,17 +58,17 @@ func buildRuntime(l *Loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds i
 		// DenyInTunnel: tls.deny_in_tunnel, resolved against tls.intercept.
 		DenyInTunnel: cfg.TLS.DenyInside(),
 	}
-	rt.Prepare()
+	snap.Prepare()
 	if err := pinHookLeaves(leaves, hk); err != nil {
 		// Not fatal: hooks.json may sit inside the sandbox, and a URL it names must not
 		// stop egressd. The leaf is minted again at the first tunnel to that host.
 		cfg.Warnings = append(cfg.Warnings, config.Problem{Path: "hooks", Warning: true, Msg: err.Error()})
 	}
-	return rt, nil
+	return snap, nil
 }
 
 // pinHookLeaves pins the interception leaves of the hook hosts (minting them now, at
-// start and on every reload that builds a Runtime), so that no flood of other TLS
+// start and on every reload that builds a Snapshot), so that no flood of other TLS
 // names evicts them or makes a hook call wait for a mint slot.
 func pinHookLeaves(leaves *mitm.Leaves, hk *proxy.Hooks) error {
 	if leaves == nil {
@@ -140,7 +140,7 @@ func storeKey(l *Loaded) string {
 }
 
 // newStore builds and starts the credential store for the policy's credential IDs, and
-// the oauth2 token manager over it (not started: it needs the Runtime's guard for its
+// the oauth2 token manager over it (not started: it needs the Snapshot's guard for its
 // token calls, see startOAuth). A Vault that cannot be reached, or refuses the login, is
 // not fatal: its credentials are unavailable (never_read, /readyz not ready) while the
 // backend keeps retrying.
@@ -180,10 +180,10 @@ func newStore(ctx context.Context, l *Loaded, log zerolog.Logger, m *metrics.Met
 	return store, oauth.New(store, oo), nil
 }
 
-// tokenClient is the HTTP client of oauth2 token calls: egressd's own, through rt's
+// tokenClient is the HTTP client of oauth2 token calls: egressd's own, through snap's
 // address guard and upstream TLS roots, never the sandbox's allowlist.
-func tokenClient(l *Loaded, rt *proxy.Runtime) *http.Client {
-	return oauth.NewClient(rt.Guard, rt.Resolver, rt.UpstreamTLS, l.Cfg.Limits.Dial)
+func tokenClient(l *Loaded, snap *proxy.Snapshot) *http.Client {
+	return oauth.NewClient(snap.Guard, snap.Resolver, snap.UpstreamTLS, l.Cfg.Limits.Dial)
 }
 
 // NewBackend builds the credential backend of l without reading from it.
@@ -201,7 +201,7 @@ func NewBackend(l *Loaded, log zerolog.Logger) (credential.Backend, error) {
 // preflight builds from l everything run builds before it serves, with the same
 // functions, and returns every error that would stop run from starting: the CA
 // (tls.ca_cert, tls.ca_key, or the state dir's), the hook signing key, the
-// credential backend, and the Runtime (hooks.json, the address guard,
+// credential backend, and the Snapshot (hooks.json, the address guard,
 // tls.upstream_ca_file). It writes, listens on and contacts nothing: a CA or a
 // signing key that run would generate in the state dir is left to run, and so
 // are the listen addresses (bound only by run). check reports these errors.
@@ -217,10 +217,10 @@ func Preflight(l *Loaded) []error {
 	if _, err := NewBackend(l, zerolog.Nop()); err != nil {
 		errs = append(errs, err)
 	}
-	rt, err := buildRuntime(l, nil, nil, creds, nil)
+	snap, err := buildSnapshot(l, nil, nil, creds, nil)
 	if err != nil {
 		return append(errs, err)
 	}
-	rt.Close()
+	snap.Close()
 	return errs
 }

@@ -1,5 +1,5 @@
 // Package daemon is a running egressd: it loads and validates the config (Load), builds
-// the Runtime, the interception CA, the hook signer and the credential store from it
+// the Snapshot, the interception CA, the hook signer and the credential store from it
 // (New, Start), serves the listeners, the admin endpoints and the DNS guard until the
 // context ends (Run), reloads on SIGHUP, POST /v1/reload or a file change, and drains
 // (Close). The credential store outlives reloads while its backend and IDs are
@@ -33,7 +33,7 @@ import (
 	mitm "github.com/egressd/egressd/internal/tls"
 )
 
-// drainTimeout bounds how long a reload keeps the previous Runtime's upstream
+// drainTimeout bounds how long a reload keeps the previous Snapshot's upstream
 // connections for the requests that still use it.
 const drainTimeout = 25 * time.Second
 
@@ -98,7 +98,7 @@ func (d *Daemon) Self() []netip.AddrPort { return slices.Clone(d.self) }
 const UnsafeWarning = "network.unsafe_allow_cidrs is set: internal addresses it names are reachable; for development and tests only"
 
 // Start opens the listeners and serves config l (from Load(cfgPath)): the CA, the
-// credential store and the Runtime are built first, and any failure closes what was
+// credential store and the Snapshot are built first, and any failure closes what was
 // opened.
 func (d *Daemon) Start(l *Loaded) error {
 	d.setMemoryLimits(l.Cfg.Limits)
@@ -110,12 +110,12 @@ func (d *Daemon) Start(l *Loaded) error {
 		socks.Close()
 		return err
 	}
-	rt, err := d.runtimeFor(l)
+	snap, err := d.runtimeFor(l)
 	if err != nil {
 		socks.Close()
 		return err
 	}
-	if rt.Guard.Unsafe() {
+	if snap.Guard.Unsafe() {
 		d.log.Warn().Msg(UnsafeWarning)
 	}
 	for _, w := range l.Cfg.Warnings {
@@ -128,7 +128,7 @@ func (d *Daemon) Start(l *Loaded) error {
 			d.metrics.HookRequests.WithLabelValues(ev, o)
 		}
 	}
-	d.srv = proxy.New(rt, d.log, d.metrics)
+	d.srv = proxy.New(snap, d.log, d.metrics)
 	d.store.Subscribe(d.srv.CredentialChanged)
 	if d.hold != nil {
 		d.WaitReady(d.hold)
@@ -210,23 +210,23 @@ func (d *Daemon) serveAdmin(ln net.Listener) {
 
 // serveDNS starts the DNS guard on its sockets, udp and tcp (nil unless dns.listen
 // is set).
-// It answers from the current Runtime's policy, resolver and guard, so a reload
+// It answers from the current Snapshot's policy, resolver and guard, so a reload
 // applies to the next query.
 func (d *Daemon) serveDNS(l *Loaded, udp, tcp *sockets.Socket) error {
 	if udp == nil || tcp == nil {
 		return nil
 	}
-	rt := d.srv.Runtime()
+	snap := d.srv.Snapshot()
 	g := dnsguard.New(dnsguard.Options{
 		Listen:     l.Cfg.DNS.Listen,
 		PacketConn: udp.PacketConn(),
 		Listener:   tcp.Listener(),
-		Policy:     func() *allowlist.Policy { return d.srv.Runtime().Policy },
-		Resolver:   rt.Resolver,
-		Guard:      rt.Guard,
+		Policy:     func() *allowlist.Policy { return d.srv.Snapshot().Policy },
+		Resolver:   snap.Resolver,
+		Guard:      snap.Guard,
 		Current: func() (*netguard.Resolver, *netguard.Guard) {
-			rt := d.srv.Runtime()
-			return rt.Resolver, rt.Guard
+			snap := d.srv.Snapshot()
+			return snap.Resolver, snap.Guard
 		},
 		Sinkhole:          l.Cfg.DNS.RefusedNames == config.RefusedNamesSinkhole,
 		Log:               d.log,
@@ -269,11 +269,11 @@ func (d *Daemon) Run(ctx context.Context, hup <-chan os.Signal) error {
 // Hangup is the reload a SIGHUP runs, synchronously; see Reload.
 func (d *Daemon) Hangup() (string, error) { return d.reload(ReloadSignal) }
 
-// runtimeFor builds the Runtime for l, reusing the running credential store when
+// runtimeFor builds the Snapshot for l, reusing the running credential store when
 // the backend and the credential IDs are unchanged, so a reload keeps last good values.
-// A new store replaces the running one only once the Runtime has been built: a reload
+// A new store replaces the running one only once the Snapshot has been built: a reload
 // that fails leaves the store, and so the credentials served, as they were.
-func (d *Daemon) runtimeFor(l *Loaded) (*proxy.Runtime, error) {
+func (d *Daemon) runtimeFor(l *Loaded) (*proxy.Snapshot, error) {
 	if d.signer == nil {
 		signer, err := hooks.NewSignerFromConfig(l.Cfg.Hooks.SigningKey, l.Cfg.StateDir, &d.live)
 		if err != nil {
@@ -281,19 +281,19 @@ func (d *Daemon) runtimeFor(l *Loaded) (*proxy.Runtime, error) {
 		}
 		d.signer = signer
 	}
-	// The store is replaced only after the new Runtime built: a rejected reload
+	// The store is replaced only after the new Snapshot built: a rejected reload
 	// leaves the running policy on the running store.
 	key := storeKey(l)
 	if d.store != nil && key == d.storeKey {
-		rt, err := buildRuntime(l, d.self, d.leaves, &d.live, d.signer)
+		snap, err := buildSnapshot(l, d.self, d.leaves, &d.live, d.signer)
 		if err == nil {
-			err = d.withPlaceholders(l, rt)
+			err = d.withPlaceholders(l, snap)
 		}
 		if err != nil {
 			return nil, err
 		}
-		d.live.p.Load().SetClient(tokenClient(l, rt))
-		return rt, nil
+		d.live.p.Load().SetClient(tokenClient(l, snap))
+		return snap, nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	store, tokens, err := newStore(ctx, l, d.log, d.metrics)
@@ -301,15 +301,15 @@ func (d *Daemon) runtimeFor(l *Loaded) (*proxy.Runtime, error) {
 		cancel()
 		return nil, err
 	}
-	rt, err := buildRuntime(l, d.self, d.leaves, &d.live, d.signer)
+	snap, err := buildSnapshot(l, d.self, d.leaves, &d.live, d.signer)
 	if err == nil {
-		err = d.withPlaceholders(l, rt)
+		err = d.withPlaceholders(l, snap)
 	}
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	tokens.SetClient(tokenClient(l, rt))
+	tokens.SetClient(tokenClient(l, snap))
 	tokens.Start(ctx)
 	if d.stop != nil {
 		d.stop()
@@ -319,14 +319,14 @@ func (d *Daemon) runtimeFor(l *Loaded) (*proxy.Runtime, error) {
 	if d.srv != nil { // a reload: at start, Start subscribes once the Server exists
 		store.Subscribe(d.srv.CredentialChanged)
 	}
-	return rt, nil
+	return snap, nil
 }
 
-// withPlaceholders gives rt the policy's placeholder replacer (the derivation key is
+// withPlaceholders gives snap the policy's placeholder replacer (the derivation key is
 // loaded, or created, in state_dir: run writes it, check does not).
-func (d *Daemon) withPlaceholders(l *Loaded, rt *proxy.Runtime) error {
+func (d *Daemon) withPlaceholders(l *Loaded, snap *proxy.Snapshot) error {
 	ph, err := Placeholders(l, &d.live)
-	rt.Placeholders = ph
+	snap.Placeholders = ph
 	return err
 }
 
@@ -354,7 +354,7 @@ func (d *Daemon) settle(drain time.Duration) {
 // connection is closed, the watcher and the credential refreshers stop, and the
 // log is flushed.
 func (d *Daemon) Close() {
-	drain := d.srv.Runtime().Limits.Drain
+	drain := d.srv.Snapshot().Limits.Drain
 	d.log.Info().Dur("drain_timeout", drain).Msg("draining")
 	ctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()

@@ -48,7 +48,7 @@ func LoadHooks(cfg *config.Config) (*hooks.Index, error) {
 	return hooks.NewIndex(f), nil
 }
 
-// runtimeHooks is the Runtime's view of the hooks of config l. When nothing can
+// runtimeHooks is the Snapshot's view of the hooks of config l. When nothing can
 // tell the runtime's calls from the sandbox's (identify listener without a hooks
 // listener), hook calls are told by their URL on every listener: they are then
 // failed closed, where matching nothing would forward them as anyone's request.

@@ -13,9 +13,9 @@ import (
 	"github.com/egressd/egressd/internal/proxy"
 )
 
-// Runtime, ConfigInfo, Ready and Reload make the Daemon the admin endpoints' State.
+// Snapshot, ConfigInfo, Ready and Reload make the Daemon the admin endpoints' State.
 
-func (d *Daemon) Runtime() *proxy.Runtime { return d.srv.Runtime() }
+func (d *Daemon) Snapshot() *proxy.Snapshot { return d.srv.Snapshot() }
 
 func (d *Daemon) ConfigInfo() (string, time.Time) {
 	d.mu.Lock()
@@ -91,9 +91,9 @@ const (
 // config was rejected; the running config then stays in force.
 func (d *Daemon) Reload() (string, error) { return d.reload(ReloadAdmin) }
 
-// reload validates the config, its policy and hooks.json anew and builds the Runtime
-// from them; only when every step succeeds is the Runtime swapped in, atomically.
-// Requests in flight finish on the Runtime they started with; each new request,
+// reload validates the config, its policy and hooks.json anew and builds the Snapshot
+// from them; only when every step succeeds is the Snapshot swapped in, atomically.
+// Requests in flight finish on the Snapshot they started with; each new request,
 // including each request inside an intercepted tunnel, takes the new one, and the
 // swap decides open tunnels and upgraded connections again, closing those the new
 // one refuses (proxy.Server.Swap). Any failure leaves the running config in force:
@@ -134,7 +134,7 @@ func (d *Daemon) reloadLocked(source string) (string, error) {
 		d.setLastReload(source, verr)
 		return "", verr
 	}
-	old := d.apply(c.l, c.rt)
+	old := d.apply(c.l, c.snap)
 	d.watch.reset(d.cfgPath, c.l, read)
 	d.metrics.ConfigReloads.WithLabelValues("ok").Inc()
 	d.setLastReload(source, nil)
@@ -145,12 +145,12 @@ func (d *Daemon) reloadLocked(source string) (string, error) {
 // candidate is a config a reload has Loaded, and what it would put in force.
 type candidate struct {
 	l        *Loaded // nil when the config could not be Loaded
-	rt       *proxy.Runtime
+	snap     *proxy.Snapshot
 	restart  []string // settings kept at their start value (restartKeys)
 	dnsGuard []string // settings the DNS guard keeps (dnsGuardKeys)
 }
 
-// prepare loads and validates the config and builds its Runtime, with the settings
+// prepare loads and validates the config and builds its Snapshot, with the settings
 // that need a restart pinned to the values egressd started with.
 func (d *Daemon) prepare() (candidate, error) {
 	var c candidate
@@ -162,20 +162,20 @@ func (d *Daemon) prepare() (candidate, error) {
 	pinRestartKeys(c.l.Cfg, d.boot)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	c.rt, err = d.runtimeFor(c.l)
+	c.snap, err = d.runtimeFor(c.l)
 	return c, err
 }
 
-// apply swaps rt in and returns the Runtime it replaced, whose idle upstream
+// apply swaps snap in and returns the Snapshot it replaced, whose idle upstream
 // connections it closes.
-func (d *Daemon) apply(l *Loaded, rt *proxy.Runtime) *proxy.Runtime {
+func (d *Daemon) apply(l *Loaded, snap *proxy.Snapshot) *proxy.Snapshot {
 	d.mu.Lock()
-	old := d.srv.Swap(rt)
+	old := d.srv.Swap(snap)
 	d.current, d.loadedAt = l, time.Now()
 	d.mu.Unlock()
 	old.Close()
 	// Requests in flight at the swap hand their upstream connections back to the old
-	// Runtime's pool when they finish; sweep it again once they have had the drain
+	// Snapshot's pool when they finish; sweep it again once they have had the drain
 	// time, rather than leave those connections to the 90 s idle timeout.
 	time.AfterFunc(drainTimeout, old.Close)
 	return old
@@ -184,10 +184,10 @@ func (d *Daemon) apply(l *Loaded, rt *proxy.Runtime) *proxy.Runtime {
 // logReloaded logs the reload that put c in force, with a summary of what is now
 // enforced, then its warnings: the settings it could not apply, the unsafe switch
 // turned on, the config's own warnings (as a start logs them).
-func (d *Daemon) logReloaded(source string, c candidate, old *proxy.Runtime) {
-	l, rt := c.l, c.rt
+func (d *Daemon) logReloaded(source string, c candidate, old *proxy.Snapshot) {
+	l, snap := c.l, c.snap
 	d.log.Info().Str("source", source).Str("config_hash", l.Cfg.Hash).
-		Int("rules", len(l.Policy.Allowlist.Rules())).Int("hooks", hookCount(rt)).
+		Int("rules", len(l.Policy.Allowlist.Rules())).Int("hooks", hookCount(snap)).
 		Strs("credentials", credentialIDs(l)).Msg("config reloaded")
 	for _, k := range c.restart {
 		d.log.Warn().Str("key", k).Msg("needs a restart: the reload keeps the value egressd started with")
@@ -195,7 +195,7 @@ func (d *Daemon) logReloaded(source string, c candidate, old *proxy.Runtime) {
 	for _, k := range c.dnsGuard {
 		d.log.Warn().Str("key", k).Msg("needs a restart for the DNS guard: the proxy applies the new value, the DNS guard keeps the old one")
 	}
-	if rt.Guard.Unsafe() && !old.Guard.Unsafe() {
+	if snap.Guard.Unsafe() && !old.Guard.Unsafe() {
 		d.log.Warn().Msg(UnsafeWarning)
 	}
 	for _, w := range l.Cfg.Warnings {
@@ -203,11 +203,11 @@ func (d *Daemon) logReloaded(source string, c candidate, old *proxy.Runtime) {
 	}
 }
 
-func hookCount(rt *proxy.Runtime) int {
-	if rt.Hooks == nil {
+func hookCount(snap *proxy.Snapshot) int {
+	if snap.Hooks == nil {
 		return 0
 	}
-	return rt.Hooks.Index.Len()
+	return snap.Hooks.Index.Len()
 }
 
 // JWKS is the hook signing keys' public half, for /.well-known/jwks.json.
@@ -257,7 +257,7 @@ func restartKeys(running, next *config.Config) []string {
 
 // dnsGuardKeys names the settings of next, differing from running, that the DNS guard
 // (when dns.listen is set) keeps until a restart: its per-query timeout. The policy,
-// resolver and address guard it reads from the current Runtime on every query.
+// resolver and address guard it reads from the current Snapshot on every query.
 func dnsGuardKeys(running, next *config.Config) []string {
 	if running.DNS.Listen == "" || running.Limits.DNS == next.Limits.DNS {
 		return nil
@@ -267,7 +267,7 @@ func dnsGuardKeys(running, next *config.Config) []string {
 
 // pinRestartKeys sets in next the values of running that a reload cannot change (see
 // restartKeys; dnsGuardKeys are not pinned, the proxy applies them), so
-// the Runtime is built for what actually runs: hook traffic is told apart by the
+// the Snapshot is built for what actually runs: hook traffic is told apart by the
 // listeners that exist, and the credential store keeps the signing key's credential.
 func pinRestartKeys(next, running *config.Config) {
 	next.Listeners = running.Listeners

@@ -86,7 +86,7 @@ func newConn(s *Server, l *listener, nc net.Conn) *conn {
 	c := &conn{s: s, l: l, nc: nc}
 	c.head = headReader{r: nc}
 	c.br = bufio.NewReaderSize(&c.head, headChunk)
-	c.bw = bufio.NewWriterSize(&clientWriter{Conn: nc, d: s.Runtime().Limits.ClientWrite}, 4096)
+	c.bw = bufio.NewWriterSize(&clientWriter{Conn: nc, d: s.Snapshot().Limits.ClientWrite}, 4096)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c
 }
@@ -119,17 +119,17 @@ func (c *conn) serve() {
 // serveLoop reads and serves requests until the connection is done.
 func (c *conn) serveLoop() {
 	for c.nextRequest() {
-		rt := c.s.Runtime()
-		req, err := readRequest(c.br, &c.head, rt.Limits.MaxHeaderBytes, c.s.mem)
+		snap := c.s.Snapshot()
+		req, err := readRequest(c.br, &c.head, snap.Limits.MaxHeaderBytes, c.s.mem)
 		if !c.waited() {
-			c.closeEvicted(rt)
+			c.closeEvicted(snap)
 			return
 		}
 		if err != nil {
-			c.refuseHead(rt, req, err)
+			c.refuseHead(snap, req, err)
 			return
 		}
-		if !c.handle(rt, req) || c.s.closing.Load() {
+		if !c.handle(snap, req) || c.s.closing.Load() {
 			return
 		}
 	}
@@ -138,20 +138,20 @@ func (c *conn) serveLoop() {
 // nextRequest waits up to limits.client_idle for the first byte of the next request,
 // then gives the client limits.read_header to send the whole head.
 func (c *conn) nextRequest() bool {
-	rt := c.s.Runtime()
+	snap := c.s.Snapshot()
 	c.idle.Store(true)
 	defer c.idle.Store(false)
 	if c.s.closing.Load() {
 		return false
 	}
-	c.waitFor(rt.Limits.ClientIdle)
+	c.waitFor(snap.Limits.ClientIdle)
 	if _, err := c.br.Peek(1); err != nil {
 		if c.waitSince.Load() == evicted {
-			c.closeEvicted(rt)
+			c.closeEvicted(snap)
 		}
 		return false
 	}
-	c.nc.SetReadDeadline(time.Now().Add(rt.Limits.ReadHeader))
+	c.nc.SetReadDeadline(time.Now().Add(snap.Limits.ReadHeader))
 	// An eviction between the Peek and the line above had its deadline overwritten.
 	return c.waitSince.Load() != evicted
 }
@@ -164,16 +164,16 @@ func (c *conn) recoverPanic() {
 }
 
 // handle serves one request and reports whether the connection may carry another.
-func (c *conn) handle(rt *Runtime, req *http.Request) bool {
+func (c *conn) handle(snap *Snapshot, req *http.Request) bool {
 	rec := newRecord(c.l, c.nc.RemoteAddr())
 	rec.Method = req.Method
 	defer rec.finish(&c.s.log, c.s.metrics)
 	defer c.recordClose(rec)
 	c.requests++
 	if c.route.mode == modeExplicit && req.Method == http.MethodConnect {
-		return c.serveConnect(rt, req, rec)
+		return c.serveConnect(snap, req, rec)
 	}
-	return c.serveHTTP1(rt, req, rec)
+	return c.serveHTTP1(snap, req, rec)
 }
 
 // closeEvicted answers and records a connection whose slot a newcomer took
@@ -181,7 +181,7 @@ func (c *conn) handle(rt *Runtime, req *http.Request) bool {
 // begun a request or has yet to send its first, then a half-close and a bounded
 // drain. An idle keep-alive connection is only recorded: an answer it did not ask
 // for would be read as the answer to its next request.
-func (c *conn) closeEvicted(rt *Runtime) {
+func (c *conn) closeEvicted(snap *Snapshot) {
 	if c.release != nil { // the newcomer waits for the slot (slotWait), not for this answer
 		c.release()
 		c.l.overflow.Add(1)
@@ -195,12 +195,12 @@ func (c *conn) closeEvicted(rt *Runtime) {
 		return
 	}
 	c.nc.SetDeadline(time.Now().Add(time.Second))
-	c.writeRefusalHead(rt, rec, why, 0, true)
+	c.writeRefusalHead(snap, rec, why, 0, true)
 	c.lingerClose()
 }
 
 // refuseHead answers a request head that could not be read or was malformed.
-func (c *conn) refuseHead(rt *Runtime, req *http.Request, err error) {
+func (c *conn) refuseHead(snap *Snapshot, req *http.Request, err error) {
 	if isTimeout(err) || isClosed(err) {
 		return // the client went away or never finished: nobody to answer
 	}
@@ -211,28 +211,28 @@ func (c *conn) refuseHead(rt *Runtime, req *http.Request, err error) {
 	defer rec.finish(&c.s.log, c.s.metrics)
 	switch {
 	case err == errHeadTooLarge:
-		c.writeRefusal(rt, rec, &refusal{Reason: allowlist.ReasonBadRequest, Detail: "header_too_large", Err: err},
+		c.writeRefusal(snap, rec, &refusal{Reason: allowlist.ReasonBadRequest, Detail: "header_too_large", Err: err},
 			http.StatusRequestHeaderFieldsTooLarge)
 	case err == errHeadBudget:
 		// The head is still arriving: close after the answer, and read what
 		// follows it for a moment so that the close does not destroy the answer.
-		c.refuseAndClose(rt, rec, err)
+		c.refuseAndClose(snap, rec, err)
 	default:
-		c.writeRefusal(rt, rec, badRequestFrom(err), 0)
+		c.writeRefusal(snap, rec, badRequestFrom(err), 0)
 	}
 }
 
 // writeRefusal records err on rec and writes its response. A status of 0 means the
 // status DESIGN.md assigns to the reason.
-func (c *conn) writeRefusal(rt *Runtime, rec *Record, err error, status int) {
-	c.writeRefusalHead(rt, rec, err, status, false)
+func (c *conn) writeRefusal(snap *Snapshot, rec *Record, err error, status int) {
+	c.writeRefusalHead(snap, rec, err, status, false)
 }
 
 // writeRefusalHead is writeRefusal, announcing Connection: close when closeConn is
 // set or the connection was accepted only to say why it is refused. The status
 // line's reason phrase names the reason (refusalPhrase).
-func (c *conn) writeRefusalHead(rt *Runtime, rec *Record, err error, status int, closeConn bool) {
-	code, h, body := refusalFor(rt, rec, err, status)
+func (c *conn) writeRefusalHead(snap *Snapshot, rec *Record, err error, status int, closeConn bool) {
+	code, h, body := refusalFor(snap, rec, err, status)
 	writeHeadPhrase(c.bw, code, refusalPhrase(code, rec.Reason), h, closeConn || c.route.mode == modeRefused)
 	n, _ := c.bw.Write(body)
 	rec.BytesOut += int64(n)
@@ -243,8 +243,8 @@ func (c *conn) writeRefusalHead(rt *Runtime, rec *Record, err error, status int,
 // ends the connection: whatever the client sent after the request (an optimistic
 // ClientHello, an h2c preface, a pipelined request) is read only to be discarded,
 // never parsed. It reports false, for the connection loop.
-func (c *conn) refuseAndClose(rt *Runtime, rec *Record, err error) bool {
-	c.writeRefusalHead(rt, rec, err, 0, true)
+func (c *conn) refuseAndClose(snap *Snapshot, rec *Record, err error) bool {
+	c.writeRefusalHead(snap, rec, err, 0, true)
 	c.lingerClose()
 	return false
 }
@@ -276,6 +276,6 @@ func (c *conn) rejectOverloaded(detail string) {
 	c.nc.SetDeadline(time.Now().Add(time.Second))
 	rec := newRecord(c.l, c.nc.RemoteAddr())
 	defer rec.finish(&c.s.log, c.s.metrics)
-	c.writeRefusalHead(c.s.Runtime(), rec, deny(allowlist.ReasonOverloaded, detail), 0, true)
+	c.writeRefusalHead(c.s.Snapshot(), rec, deny(allowlist.ReasonOverloaded, detail), 0, true)
 	c.lingerClose()
 }

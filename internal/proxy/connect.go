@@ -15,21 +15,21 @@ import (
 // CONNECT host; then splice bytes until either side is done, or terminate TLS. A
 // tunnel refused outright is answered with refuseAndClose: bytes sent ahead are
 // never parsed.
-func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
+func (c *conn) serveConnect(snap *Snapshot, req *http.Request, rec *Record) bool {
 	rec.Scheme = "connect"
-	c.authIdent = rt.Hooks.authIdent(req.Header)
+	c.authIdent = snap.Hooks.authIdent(req.Header)
 	t, err := allowlist.ParseAuthority(req.RequestURI, 0)
 	if err != nil {
-		return c.refuseAndClose(rt, rec, badHost("connect_target", err))
+		return c.refuseAndClose(snap, rec, badHost("connect_target", err))
 	}
 	rec.setTarget(t)
-	d := rt.Policy.DecideRequest(t, "")
+	d := snap.Policy.DecideRequest(t, "")
 	rec.setDecision(d)
-	plan := planTunnel(rt, t, d, false)
+	plan := planTunnel(snap, t, d, false)
 	var up net.Conn
 	if plan.kind == tunnelSpliced {
-		if up, err = rt.dialTarget(c.ctx, t); err != nil {
-			plan = refusedTunnel(rt, err, false)
+		if up, err = snap.dialTarget(c.ctx, t); err != nil {
+			plan = refusedTunnel(snap, err, false)
 		} else {
 			rec.setResolved(up.RemoteAddr())
 		}
@@ -37,7 +37,7 @@ func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 	plan = plan.readableFor(req.RequestURI, t)
 	switch plan.kind {
 	case tunnelRefused:
-		return c.refuseAndClose(rt, rec, plan.why)
+		return c.refuseAndClose(snap, rec, plan.why)
 	case tunnelRefusedInside:
 		rec.refused(plan.why)
 	}
@@ -45,32 +45,32 @@ func (c *conn) serveConnect(rt *Runtime, req *http.Request, rec *Record) bool {
 		closeIf(up)
 		return false
 	}
-	hello, err := c.checkClientHello(rt, t)
+	hello, err := c.checkClientHello(snap, t)
 	if errors.Is(err, errPlainHTTP) {
 		closeIf(up)
 		c.servePlainTunnel(t, plan.why)
 		return false
 	}
 	if err == nil {
-		plan, err = c.applyHelloPlan(rt, t, hello, plan)
+		plan, err = c.applyHelloPlan(snap, t, hello, plan)
 	}
 	switch {
 	case err != nil:
 		rec.refused(err)
 		closeIf(up)
 	case plan.kind == tunnelSpliced:
-		c.tunnel(rt, t, up, hello, rec)
+		c.tunnel(snap, t, up, hello, rec)
 	default:
 		closeIf(up) // an Encrypted Client Hello turned a spliced tunnel intercepted
-		c.serveIntercepted(rt, t, hello, rec, plan.why)
+		c.serveIntercepted(snap, t, hello, rec, plan.why)
 	}
 	return false
 }
 
 // applyHelloPlan is helloPlan with its refusal told to the client as the TLS alert
 // unrecognized_name: the client is speaking TLS and reads nothing else.
-func (c *conn) applyHelloPlan(rt *Runtime, t allowlist.Target, hello *clientHello, plan tunnelPlan) (tunnelPlan, error) {
-	plan, err := helloPlan(rt, t, hello, plan)
+func (c *conn) applyHelloPlan(snap *Snapshot, t allowlist.Target, hello *clientHello, plan tunnelPlan) (tunnelPlan, error) {
+	plan, err := helloPlan(snap, t, hello, plan)
 	if err != nil {
 		c.nc.Write(alertUnrecognizedName)
 	}
@@ -94,8 +94,8 @@ func (c *conn) acceptTunnel(rec *Record, why error) bool {
 // consuming it, and refuses a tunnel whose SNI names another host than the CONNECT
 // target (domain fronting) with the TLS alert unrecognized_name, or one that does
 // not start with a ClientHello at all.
-func (c *conn) checkClientHello(rt *Runtime, t allowlist.Target) (*clientHello, error) {
-	c.waitFor(rt.Limits.ReadHeader)
+func (c *conn) checkClientHello(snap *Snapshot, t allowlist.Target) (*clientHello, error) {
+	c.waitFor(snap.Limits.ReadHeader)
 	hello, err := c.readClientHello()
 	if err != nil {
 		return nil, err

@@ -20,20 +20,20 @@ func (e *dialError) Unwrap() error { return e.err }
 
 // resolve turns a decided target into checked addresses: an IP literal is checked as
 // is, a name is resolved once and every answer checked.
-func (rt *Runtime) resolve(ctx context.Context, t allowlist.Target) ([]netip.AddrPort, error) {
-	ctx, cancel := context.WithTimeout(ctx, rt.Limits.DNS)
+func (snap *Snapshot) resolve(ctx context.Context, t allowlist.Target) ([]netip.AddrPort, error) {
+	ctx, cancel := context.WithTimeout(ctx, snap.Limits.DNS)
 	defer cancel()
-	return rt.Guard.Resolve(ctx, rt.Resolver, t.Host, t.Addr, t.Port)
+	return snap.Guard.Resolve(ctx, snap.Resolver, t.Host, t.Addr, t.Port)
 }
 
 // dialTarget resolves, checks and dials t. The dialer checks each address again in
 // its Control hook, so nothing unchecked is ever connected to.
-func (rt *Runtime) dialTarget(ctx context.Context, t allowlist.Target) (net.Conn, error) {
-	addrs, err := rt.resolve(ctx, t)
+func (snap *Snapshot) dialTarget(ctx context.Context, t allowlist.Target) (net.Conn, error) {
+	addrs, err := snap.resolve(ctx, t)
 	if err != nil {
 		return nil, err
 	}
-	conn, err := rt.dialer.DialAddrs(ctx, addrs)
+	conn, err := snap.dialer.DialAddrs(ctx, addrs)
 	if err != nil {
 		var blocked *netguard.BlockedError
 		if errors.As(err, &blocked) {
@@ -72,10 +72,10 @@ func decidedTarget(ctx context.Context, addr string) (allowlist.Target, error) {
 
 // dialGuarded is the transports' DialContext: it dials the decided target that the
 // request's context carries (withTarget), resolved and checked, and nothing else.
-func (rt *Runtime) dialGuarded(ctx context.Context, _, addr string) (net.Conn, error) {
+func (snap *Snapshot) dialGuarded(ctx context.Context, _, addr string) (net.Conn, error) {
 	t, err := decidedTarget(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	return rt.dialTarget(ctx, t)
+	return snap.dialTarget(ctx, t)
 }

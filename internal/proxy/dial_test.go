@@ -42,8 +42,8 @@ func TestDialGuardedDialsOnlyTheDecidedTarget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt := &Runtime{Policy: pol, Guard: guard, Limits: config.Default().Limits}
-	rt.Prepare()
+	snap := &Snapshot{Policy: pol, Guard: guard, Limits: config.Default().Limits}
+	snap.Prepare()
 	ap := netip.MustParseAddrPort(canary.Addr().String())
 	decided := allowlist.Target{Host: ap.Addr().String(), Addr: ap.Addr(), Port: ap.Port()}
 	other := allowlist.Target{Host: "127.0.0.2", Addr: netip.MustParseAddr("127.0.0.2"), Port: ap.Port()}
@@ -57,7 +57,7 @@ func TestDialGuardedDialsOnlyTheDecidedTarget(t *testing.T) {
 		{"the decided target", withTarget(context.Background(), decided), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			nc, err := rt.dialGuarded(tc.ctx, "tcp", decided.String())
+			nc, err := snap.dialGuarded(tc.ctx, "tcp", decided.String())
 			if tc.want == nil {
 				if err != nil {
 					t.Fatalf("dial of the decided target: %v", err)

@@ -1,5 +1,5 @@
 // Package proxy is the only package that knows HTTP proxying: it accepts sandbox
-// connections, decides every request and tunnel on the current Runtime, forwards or
+// connections, decides every request and tunnel on the current Snapshot, forwards or
 // refuses, and writes one Record per request or tunnel.
 //
 // The HTTP/1 front end is a small loop over net/http's request parser rather than
@@ -25,8 +25,8 @@
 //	transparent.go  the transparent listener: original destination, SNI decision
 //	tlspeek.go      reading the ClientHello without consuming it
 //	intercept.go    terminating the client's TLS in an intercepted tunnel
-//	client1.go      the HTTP/1.x client side of a request (h1Side)
-//	client2.go      HTTP/2 inside an intercepted tunnel, its client side (h2Side)
+//	h1.go           the HTTP/1.x client side of a request (h1Side)
+//	h2.go           HTTP/2 inside an intercepted tunnel, its client side (h2Side)
 //	pipeline.go     the request path in one screen, and the one request tail
 //	target.go       the target stage: the request's target, by connection mode
 //	hookcall.go     hook calls; hookbuf.go: their body budget; identify.go: whose call it is
@@ -35,10 +35,10 @@
 //	headers.go      hop-by-hop and Egressd-* stripping, Upgrade and TE checks
 //	body.go         the client's request body as the upstream reads it
 //	forward.go      the round trip to the upstream
-//	upstream1.go    h1Pool, the upstream HTTP/1.1 pool for bodiless GET/HEAD
-//	upstream2.go    an HTTP/1 client's request again over HTTP/2 to an HTTP/2-only upstream
+//	h1pool.go       h1Pool, the upstream HTTP/1.1 pool for bodiless GET/HEAD
+//	h2only.go       an HTTP/1 client's request again over HTTP/2 to an HTTP/2-only upstream
 //	dial.go         resolve, check and dial the decided target
-//	runtime.go      Runtime: one reload's snapshot, its transports
+//	snapshot.go     Snapshot: what one reload decides and forwards with, its transports
 //	redecide.go     open tunnels and upgrades, decided again on every change of state
 //	scrub.go        masking injected values in responses
 //	respond.go      writing responses to the client, HTTP/1 and HTTP/2

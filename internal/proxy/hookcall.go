@@ -27,7 +27,7 @@ const (
 // HookOutcomes are the outcome label values exported from the start.
 var HookOutcomes = []string{hookAllow, hookDeny, hookFailClosed, hookForwarded, hookFailed}
 
-// Hooks is what a Runtime knows about the agent runtime's hook calls.
+// Hooks is what a Snapshot knows about the agent runtime's hook calls.
 type Hooks struct {
 	Index      *hooks.Index
 	Signer     *hooks.Signer
@@ -45,7 +45,7 @@ type Hooks struct {
 // hookMatch reports whether the request is a hook call: a POST to the URL of an
 // http hook of an enabled group that egressd can tell is the runtime's (x.ident).
 func (x *exchange) hookMatch(role string) (hooks.Match, bool) {
-	h := x.rt.Hooks
+	h := x.snap.Hooks
 	if h == nil || h.Index == nil || x.req.Method != http.MethodPost || x.locate() != nil {
 		return hooks.Match{}, false
 	}
@@ -68,7 +68,7 @@ func (x *exchange) hookMatch(role string) (hooks.Match, bool) {
 func (x *exchange) serveHook(ctx context.Context, m hooks.Match, prepErr error) (*http.Response, error) {
 	x.rec.HookGroup, x.rec.HookEvent = m.Group, m.Event
 	x.hook = &m
-	failClosed := m.Event == hooks.EventPre && x.rt.Hooks.FailClosed
+	failClosed := m.Event == hooks.EventPre && x.snap.Hooks.FailClosed
 	deadline := time.Now().Add(hooks.Deadline(m.Timeout))
 	if failClosed {
 		var cancel context.CancelFunc
@@ -129,7 +129,7 @@ func (x *exchange) validatedAnswer(resp *bufferedResponse) (*http.Response, stri
 		sc.head(resp.Response)
 		sc.add(x.scrub.Bytes(body))
 	}
-	verdict, err := hooks.Verdict(resp.StatusCode, body, x.rt.Limits.HookBodyBytes)
+	verdict, err := hooks.Verdict(resp.StatusCode, body, x.snap.Limits.HookBodyBytes)
 	if err != nil {
 		return nil, "", err
 	}
@@ -167,7 +167,7 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 	if prepErr != nil {
 		return nil, prepErr
 	}
-	limit := x.rt.Limits.HookBodyBytes
+	limit := x.snap.Limits.HookBodyBytes
 	reqBuf := &hookBuffer{b: x.budget, client: hookClient(x.rec)}
 	defer reqBuf.release()
 	body, err := reqBuf.read(x.body, limit, x.req.ContentLength)
@@ -195,12 +195,12 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 		inject.Remove(out.Header, "Accept-Encoding")
 		out.Header["Accept-Encoding"] = []string{"identity"}
 	}
-	assertion, err := x.rt.Hooks.Signer.SignCall(m, x.rt.Env, x.ident, body)
+	assertion, err := x.snap.Hooks.Signer.SignCall(m, x.snap.Env, x.ident, body)
 	if err != nil {
 		return nil, &hookError{"hook signing key unavailable", err}
 	}
 	out.Header.Set(hookauth.HeaderName, assertion)
-	resp, err := x.rt.roundTrip(out, x.rec)
+	resp, err := x.snap.roundTrip(out, x.rec)
 	if err != nil {
 		return nil, err
 	}

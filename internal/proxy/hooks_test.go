@@ -269,16 +269,16 @@ func TestHookRuntimeAuth(t *testing.T) {
 	var mu sync.Mutex
 	var tokenErr error
 	var idents []string
-	rt := *w.Server.Runtime()
-	h := *rt.Hooks
+	snap := *w.Server.Snapshot()
+	h := *snap.Hooks
 	h.Identify = config.IdentifyRuntimeAuth
 	h.RuntimeToken = func() ([]byte, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		return []byte(token), tokenErr
 	}
-	rt.Hooks = &h
-	w.Server.Swap(&rt)
+	snap.Hooks = &h
+	w.Server.Swap(&snap)
 	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		mu.Lock()

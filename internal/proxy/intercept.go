@@ -18,11 +18,11 @@ import (
 // serveIntercepted terminates the client's TLS with a leaf for the CONNECT target
 // (never for a name the client sends later) and serves the requests inside over
 // HTTP/2 or HTTP/1.1, as ALPN says. Each request is decided again, against the
-// target, on the Runtime current when it arrives; or, when the tunnel was refused
+// target, on the Snapshot current when it arrives; or, when the tunnel was refused
 // with why, answered with the refusal (modeRefused).
-func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHello, rec *Record, why error) {
+func (c *conn) serveIntercepted(snap *Snapshot, t allowlist.Target, hello *clientHello, rec *Record, why error) {
 	rec.Intercepted = true
-	if rt.Leaves == nil {
+	if snap.Leaves == nil {
 		rec.refused(&refusal{Reason: allowlist.ReasonUpstreamTLS, Detail: "no_ca",
 			Err: errors.New("interception needed but no CA is configured")})
 		return
@@ -31,15 +31,15 @@ func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHe
 	c.s.metrics.TunnelsActive.Inc()
 	defer c.s.metrics.TunnelsActive.Dec()
 	client := &replayConn{Conn: c.nc, r: io.MultiReader(bytes.NewReader(hello.raw), c.br)}
-	tc := tls.Server(client, rt.Leaves.ServerConfigFor(c.nc.RemoteAddr(), t.Host, []string{"h2", "http/1.1"}))
-	tc.SetDeadline(time.Now().Add(rt.Limits.ReadHeader))
+	tc := tls.Server(client, snap.Leaves.ServerConfigFor(c.nc.RemoteAddr(), t.Host, []string{"h2", "http/1.1"}))
+	tc.SetDeadline(time.Now().Add(snap.Limits.ReadHeader))
 	if err := tc.HandshakeContext(c.ctx); err != nil {
 		rec.refused(clientTLSFailure(err, client.wrote, t.Host))
 		return
 	}
 	tc.SetDeadline(time.Time{})
 	if tc.ConnectionState().NegotiatedProtocol == "h2" {
-		c.serveH2(rt, tc, tunnelRoute(t, why))
+		c.serveH2(snap, tc, tunnelRoute(t, why))
 		return
 	}
 	c.serveInner(tc, tunnelRoute(t, why))
@@ -48,9 +48,9 @@ func (c *conn) serveIntercepted(rt *Runtime, t allowlist.Target, hello *clientHe
 // serveInner serves the HTTP/1.x requests inside a tunnel, read from nc (the
 // terminated TLS, or the client's own bytes), on route: a connection of its own that
 // shares the outer one's slot, lane and end.
-func (c *conn) serveInner(nc net.Conn, rtt route) {
+func (c *conn) serveInner(nc net.Conn, via route) {
 	inner := newConn(c.s, c.l, nc)
-	inner.route = rtt
+	inner.route = via
 	inner.slot, inner.lane, inner.cutCtx, inner.laneRoot = c.slot, c.lane, c.cutCtx, c.laneRoot
 	inner.release, inner.authIdent = c.release, c.authIdent
 	inner.ctx, inner.cancel = context.WithCancel(c.ctx) // the outer's end (or cut) ends it

@@ -80,7 +80,7 @@ const (
 // answers anything else 503 overloaded. nc holds one of l's overflow places
 // (awaitRoom), given back when the connection ends.
 func (s *Server) admit(l *listener, nc net.Conn) {
-	rt := s.Runtime()
+	snap := s.Snapshot()
 	c := newConn(s, l, nc)
 	c.slot = slotAdmit
 	c.onEnd = sync.OnceFunc(func() { l.overflow.Add(-1) })
@@ -93,7 +93,7 @@ func (s *Server) admit(l *listener, nc net.Conn) {
 		s.evictWaiting(l, slotAdmit, evictAfter)
 	}
 	c.waitFor(admitHead)
-	candidate := c.hookCandidate(rt)
+	candidate := c.hookCandidate(snap)
 	evicted := !c.waited()
 	s.trackConn(c, false)
 	switch {
@@ -102,7 +102,7 @@ func (s *Server) admit(l *listener, nc net.Conn) {
 	case !candidate:
 		c.rejectOverloaded("")
 	default:
-		s.serveLane(l, c, rt)
+		s.serveLane(l, c, snap)
 		return
 	}
 	c.ended()
@@ -120,7 +120,7 @@ func (s *Server) admitting(l *listener) int {
 // it freed), c is served cut from the start, holding no slot: its call gets the
 // deny within cutLinger, as a cut connection's does, rather than a close before
 // it could send it.
-func (s *Server) serveLane(l *listener, c *conn, rt *Runtime) {
+func (s *Server) serveLane(l *listener, c *conn, snap *Snapshot) {
 	sem := l.lane
 	if !takeSlot(l.lane, 0) && !(s.cutOldestLane(l) && takeSlot(l.lane, laneWait)) {
 		sem = make(chan struct{}, 1) // a slot of its own, given back by the cut
@@ -129,7 +129,7 @@ func (s *Server) serveLane(l *listener, c *conn, rt *Runtime) {
 	c.slot, c.lane, c.laneAt = slotLane, true, time.Now()
 	c.cutCtx, c.cutFn = context.WithCancel(context.Background())
 	c.laneRoot = c
-	c.lifeTimer = time.AfterFunc(laneLife(rt), c.cut)
+	c.lifeTimer = time.AfterFunc(laneLife(snap), c.cut)
 	s.serveIn(c, sem)
 	if sem != l.lane {
 		c.cut()
@@ -138,12 +138,12 @@ func (s *Server) serveLane(l *listener, c *conn, rt *Runtime) {
 
 // laneLife bounds a lane connection: its TLS handshake and head, then the longest
 // hook deadline, then a second to write the answer.
-func laneLife(rt *Runtime) time.Duration {
+func laneLife(snap *Snapshot) time.Duration {
 	longest := time.Duration(0)
-	for _, m := range rt.Hooks.Index.Matches() {
+	for _, m := range snap.Hooks.Index.Matches() {
 		longest = max(longest, hooks.Deadline(m.Timeout))
 	}
-	return 2*rt.Limits.ReadHeader + longest + time.Second
+	return 2*snap.Limits.ReadHeader + longest + time.Second
 }
 
 // cutOldestLane cuts one of l's lane connections and reports whether there was
@@ -226,8 +226,8 @@ var errLaneCut = deny(allowlist.ReasonOverloaded, "hook_lane_cut")
 // hookCandidate reports whether the connection's first head may be a pre-tool
 // hook call on this listener. It reads without consuming: the head is parsed
 // again when the connection is served.
-func (c *conn) hookCandidate(rt *Runtime) bool {
-	h := rt.Hooks
+func (c *conn) hookCandidate(snap *Snapshot) bool {
+	h := snap.Hooks
 	if h == nil || h.Index.Len() == 0 {
 		return false
 	}

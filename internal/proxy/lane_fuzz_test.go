@@ -33,8 +33,8 @@ func FuzzHookCandidate(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	rt := &Runtime{Hooks: &Hooks{Index: hooks.NewIndex(file)}, Limits: config.Default().Limits}
-	s := New(rt, zerolog.Nop(), nil)
+	snap := &Snapshot{Hooks: &Hooks{Index: hooks.NewIndex(file)}, Limits: config.Default().Limits}
+	s := New(snap, zerolog.Nop(), nil)
 	l := &listener{cfg: config.Listener{Name: "sandbox", Mode: config.ModeProxy, Role: config.RoleSandbox}}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		a, b := net.Pipe()
@@ -42,7 +42,7 @@ func FuzzHookCandidate(f *testing.F) {
 		go func() { b.Write(data); b.Close() }()
 		a.SetDeadline(time.Now().Add(time.Second))
 		c := newConn(s, l, a)
-		got := c.hookCandidate(rt)
+		got := c.hookCandidate(snap)
 		rest, _ := io.ReadAll(c.br)
 		if !bytes.Equal(rest, data) {
 			t.Fatalf("the admission read consumed bytes: %q left of %q", rest, data)

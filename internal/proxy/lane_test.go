@@ -150,11 +150,11 @@ func TestHookLaneTransparent(t *testing.T) {
 // same call on the sandbox listener is no hook call and gets 503 overloaded.
 func TestHookLaneOnHooksListener(t *testing.T) {
 	w := newLaneWorld(t, 4)
-	rt := *w.Server.Runtime()
-	byListener := *rt.Hooks
+	snap := *w.Server.Snapshot()
+	byListener := *snap.Hooks
 	byListener.Identify = config.IdentifyListener
-	rt.Hooks = &byListener
-	w.Server.Swap(&rt)
+	snap.Hooks = &byListener
+	w.Server.Swap(&snap)
 	hooksLn := listenOn(t, "127.0.0.1:0")
 	go w.Server.Serve(hooksLn, config.Listener{Name: "hooks", Mode: config.ModeProxy, Role: config.RoleHooks})
 	sandboxAddr, hooksAddr := w.ProxyAddr, hooksLn.Addr().String()

@@ -10,7 +10,7 @@ import (
 	"github.com/egressd/egressd/internal/membudget"
 )
 
-// setMemory sizes the memory budget for rt (limits.memory; auto is resolved again,
+// setMemory sizes the memory budget for snap (limits.memory; auto is resolved again,
 // so a reload follows a changed cgroup limit) and divides it:
 //   - hook bodies get a standing share, limits.hook_buffer_bytes, at most half the
 //     budget (but one hook body always): set aside, so that no flood of heads or
@@ -21,14 +21,14 @@ import (
 //     also costs its goroutine and buffers outside the budget, so heads held
 //     open by the thousand must leave room for those;
 //   - HTTP/2 receive windows take what is left.
-func (s *Server) setMemory(rt *Runtime) {
-	limit, _ := membudget.Resolve(rt.Limits.Memory)
+func (s *Server) setMemory(snap *Snapshot) {
+	limit, _ := membudget.Resolve(snap.Limits.Memory)
 	s.mem.SetLimit(limit)
-	share := membudget.HookShare(limit, rt.Limits.HookBufferBytes, rt.Limits.HookBodyBytes)
+	share := membudget.HookShare(limit, snap.Limits.HookBufferBytes, snap.Limits.HookBodyBytes)
 	s.mem.SetAside(membudget.HookBodies, share)
 	s.hookBuf.limit.Store(share)
 	s.mem.SetCap(membudget.Heads, limit/8)
-	rt.mem = s.mem
+	snap.mem = s.mem
 }
 
 // The upstream HTTP/2 Transport's receive windows: how much of an upstream's
@@ -56,14 +56,14 @@ type windowHold struct {
 // holdUpstreamWindow reserves a stream's window for a request sent on tr when tr
 // may speak HTTP/2. Hook calls reserve none: egressd reads their answers itself,
 // from the hook share (hookbuf.go), so a flood of other holders cannot deny them.
-func (rt *Runtime) holdUpstreamWindow(tr *http.Transport, rec *Record) (*windowHold, error) {
-	if tr != rt.transport || rec.HookEvent != "" {
+func (snap *Snapshot) holdUpstreamWindow(tr *http.Transport, rec *Record) (*windowHold, error) {
+	if tr != snap.transport || rec.HookEvent != "" {
 		return nil, nil
 	}
-	if !rt.mem.Reserve(membudget.H2Windows, upstreamStreamWindow) {
+	if !snap.mem.Reserve(membudget.H2Windows, upstreamStreamWindow) {
 		return nil, errH2Windows
 	}
-	return &windowHold{mem: rt.mem}, nil
+	return &windowHold{mem: snap.mem}, nil
 }
 
 // keep ties the window to resp's body, or releases it when there is none to

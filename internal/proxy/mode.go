@@ -72,10 +72,10 @@ type tunnelPlan struct {
 // or trusts a placeholder; spliced otherwise. inTLS is set when the client has
 // already sent its ClientHello (a transparent listener), so a refusal can only be
 // answered inside TLS.
-func planTunnel(rt *Runtime, t allowlist.Target, d allowlist.Decision, inTLS bool) tunnelPlan {
-	hookHost := rt.Hooks != nil && rt.Hooks.Index != nil && rt.Hooks.Index.Intercepts(t.Host, t.Port)
+func planTunnel(snap *Snapshot, t allowlist.Target, d allowlist.Decision, inTLS bool) tunnelPlan {
+	hookHost := snap.Hooks != nil && snap.Hooks.Index != nil && snap.Hooks.Index.Intercepts(t.Host, t.Port)
 	switch {
-	case d.Allowed() && (d.Intercept || hookHost || rt.Placeholders.Intercepts(t.Host)):
+	case d.Allowed() && (d.Intercept || hookHost || snap.Placeholders.Intercepts(t.Host)):
 		return tunnelPlan{kind: tunnelIntercepted}
 	case d.Allowed():
 		return tunnelPlan{kind: tunnelSpliced}
@@ -83,15 +83,15 @@ func planTunnel(rt *Runtime, t allowlist.Target, d allowlist.Decision, inTLS boo
 	// A denied tunnel to a hook host is still accepted and intercepted when hooks
 	// fail closed: the runtime reads a refused CONNECT as "allow", so egressd answers
 	// the hook call inside with an explicit deny.
-	return refusedTunnel(rt, deny(d.Reason, d.Detail), inTLS || hookHost && rt.Hooks.FailClosed)
+	return refusedTunnel(snap, deny(d.Reason, d.Detail), inTLS || hookHost && snap.Hooks.FailClosed)
 }
 
 // refusedTunnel is the plan of a tunnel refused with why. It is answered inside TLS
 // (a leaf for the requested name, the refusal to the first request; clients show a
 // response body, never a CONNECT's) when inside is set or tls.deny_in_tunnel is in
 // effect with a CA; otherwise the refusal replaces the 200.
-func refusedTunnel(rt *Runtime, why error, inside bool) tunnelPlan {
-	if inside || rt.DenyInTunnel && rt.Leaves != nil {
+func refusedTunnel(snap *Snapshot, why error, inside bool) tunnelPlan {
+	if inside || snap.DenyInTunnel && snap.Leaves != nil {
 		return tunnelPlan{kind: tunnelRefusedInside, why: why}
 	}
 	return tunnelPlan{kind: tunnelRefused, why: why}
@@ -127,12 +127,12 @@ func (p tunnelPlan) readableFor(authority string, t allowlist.Target) tunnelPlan
 // needs SNI, and Encrypted Client Hello, whose inner hello could name any tenant of
 // the same edge, is intercepted where the sandbox trusts egressd's CA and refused
 // elsewhere. The SNI itself was checked against the target when the hello was read.
-func helloPlan(rt *Runtime, t allowlist.Target, hello *clientHello, plan tunnelPlan) (tunnelPlan, error) {
+func helloPlan(snap *Snapshot, t allowlist.Target, hello *clientHello, plan tunnelPlan) (tunnelPlan, error) {
 	if plan.kind != tunnelSpliced {
 		return plan, nil
 	}
 	switch {
-	case hello.ech && rt.Policy.Intercepts():
+	case hello.ech && snap.Policy.Intercepts():
 		return tunnelPlan{kind: tunnelIntercepted}, nil
 	case hello.ech:
 		return plan, &refusal{Reason: allowlist.ReasonHostMismatch, Detail: detailECH,

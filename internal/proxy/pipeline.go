@@ -16,23 +16,23 @@ import (
 //
 //	accept    Server.Serve -> accept: a slot (slots.go, lane.go), a conn (conn.go)
 //	mode      conn.route, fixed before the first request (mode.go)
-//	head      conn.serveLoop -> readRequest (head.go); HTTP/2: serveH2 (client2.go)
+//	head      conn.serveLoop -> readRequest (head.go); HTTP/2: serveH2 (h2.go)
 //	tunnel    conn.handle -> serveConnect (connect.go) or serveTransparentTLS
 //	          (transparent.go) -> planTunnel: splice (tunnel.go) or intercept.go
-//	request   serveHTTP1 (client1.go) or h2Handler (client2.go) -> serveRequest:
+//	request   serveHTTP1 (h1.go) or h2Handler (h2.go) -> serveRequest:
 //	  target    exchange.locate (target.go)
 //	  hook?     exchange.hookMatch -> serveHook (hookcall.go)
 //	  decide    exchange.prepare: Policy.DecideRequest, outbound, inject (prepare.go)
-//	  forward   Runtime.roundTrip (forward.go) -> dialGuarded (dial.go)
+//	  forward   Snapshot.roundTrip (forward.go) -> dialGuarded (dial.go)
 //	  scrub     exchange.scrubbed (scrub.go)
-//	  respond   clientSide.respond or .refuse (client1.go, client2.go; refuse.go)
+//	  respond   clientSide.respond or .refuse (h1.go, h2.go; refuse.go)
 //	record    Record.finish, deferred where the Record was made (record.go)
 
 // exchange is one request on its way through the pipeline: parse and normalise the
 // target, decide, prepare the outbound request (strip, inject), forward. The same
 // stages serve every connection mode, over HTTP/1.1 or HTTP/2.
 type exchange struct {
-	rt      *Runtime
+	snap    *Snapshot
 	srv     *Server
 	metrics *metrics.Metrics
 	budget  *hookBudget     // buffered hook bodies, process-wide
@@ -67,10 +67,10 @@ type exchange struct {
 	unwatch func()
 }
 
-func newExchange(c *conn, rt *Runtime, req *http.Request, rec *Record, rtt route) *exchange {
+func newExchange(c *conn, snap *Snapshot, req *http.Request, rec *Record, via route) *exchange {
 	rec.Method = req.Method
-	return &exchange{rt: rt, srv: c.s, metrics: c.s.metrics, budget: &c.s.hookBuf, cut: c.cutCtx, lane: c.laneRoot,
-		role: c.l.cfg.Role, req: req, rec: rec, body: newRequestBody(req), route: rtt, authIdent: c.authIdent}
+	return &exchange{snap: snap, srv: c.s, metrics: c.s.metrics, budget: &c.s.hookBuf, cut: c.cutCtx, lane: c.laneRoot,
+		role: c.l.cfg.Role, req: req, rec: rec, body: newRequestBody(req), route: via, authIdent: c.authIdent}
 }
 
 // stage is how far serve got with a request. The HTTP/1 side reads it to know
@@ -87,7 +87,7 @@ const (
 )
 
 // clientSide is the client's protocol, as the tail needs it: HTTP/1.x (h1Side,
-// client1.go) or HTTP/2 (h2Side, client2.go). respond and refuse report whether the
+// h1.go) or HTTP/2 (h2Side, h2.go). respond and refuse report whether the
 // connection may carry another request.
 type clientSide interface {
 	sendContinue() // answers Expect: 100-continue before the body is read
@@ -152,9 +152,9 @@ func (x *exchange) serve(ctx context.Context, cs clientSide) (*http.Response, er
 			cs.sendContinue()
 		}
 		x.stage = stageForward
-		x.body.deadline.forwarding(x.rt.Limits.StreamIdle)
+		x.body.deadline.forwarding(x.snap.Limits.StreamIdle)
 		var resp *http.Response
-		if resp, err = x.rt.roundTrip(out, x.rec); err == nil {
+		if resp, err = x.snap.roundTrip(out, x.rec); err == nil {
 			return x.scrubbed(resp), nil
 		}
 	}

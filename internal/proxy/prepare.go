@@ -16,7 +16,7 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 		return nil, err
 	}
 	scheme := x.scheme
-	d := x.rt.Policy.DecideRequest(x.target, scheme)
+	d := x.snap.Policy.DecideRequest(x.target, scheme)
 	x.rec.setDecision(d)
 	if x.route.inTunnel() {
 		x.rec.Intercepted = true
@@ -33,7 +33,7 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 	if err := x.replacePlaceholders(out, d.Rule); err != nil {
 		return nil, err
 	}
-	res, err := x.rt.Injector.Apply(d.Rule, out.Header, x.req.Trailer)
+	res, err := x.snap.Injector.Apply(d.Rule, out.Header, x.req.Trailer)
 	if err != nil {
 		return nil, err
 	}
@@ -53,13 +53,13 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 // it runs (upgradeSource): frames must stay uncompressed for that, so an upgrade
 // offers no extension.
 func (x *exchange) replacePlaceholders(out *http.Request, rule *allowlist.Rule) error {
-	pr, err := x.rt.Placeholders.Apply(out, x.target.Host, rule, x.scheme == "http")
+	pr, err := x.snap.Placeholders.Apply(out, x.target.Host, rule, x.scheme == "http")
 	x.ph = pr
 	if err != nil {
 		x.warnScope(err)
 		return err
 	}
-	if x.rt.Placeholders.Active() && upgradeType(x.req.Header) != "" {
+	if x.snap.Placeholders.Active() && upgradeType(x.req.Header) != "" {
 		inject.Remove(out.Header, "Sec-WebSocket-Extensions")
 	}
 	if len(pr.IDs) == 0 {

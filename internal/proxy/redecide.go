@@ -16,7 +16,7 @@ import (
 // change of state decides the open ones again with their admission's own checks and
 // ends those the new state refuses: Swap (a reload) all of them, CredentialChanged
 // those carrying the credential. Requests inside intercepted tunnels need none of
-// this: each is decided on the Runtime current when it arrives.
+// this: each is decided on the Snapshot current when it arrives.
 
 // detailPolicyReload is the detail of an open tunnel or upgraded connection ended
 // because the state changed under it: after a reload, a policy change or a
@@ -43,12 +43,12 @@ type openConn struct {
 	cut atomic.Pointer[refusal]
 }
 
-// decide decides o again on rt, with the checks that admitted it: the policy on its
+// decide decides o again on snap, with the checks that admitted it: the policy on its
 // target and port (and scheme), an entry naming the address for a tunnel without
 // SNI, the address guard on the address dialled, and the credential it carries. It
 // returns the refusal, with detail policy_reload, or nil to keep o.
-func (o *openConn) decide(rt *Runtime) *refusal {
-	d := rt.Policy.DecideRequest(o.target, o.scheme)
+func (o *openConn) decide(snap *Snapshot) *refusal {
+	d := snap.Policy.DecideRequest(o.target, o.scheme)
 	switch {
 	case !d.Allowed():
 		return changed(deny(d.Reason, ""))
@@ -56,12 +56,12 @@ func (o *openConn) decide(rt *Runtime) *refusal {
 		return changed(deny(allowlist.ReasonNotAllowlisted, ""))
 	}
 	if o.upstream.IsValid() {
-		if err := rt.Guard.Check(o.upstream); err != nil {
+		if err := snap.Guard.Check(o.upstream); err != nil {
 			return changed(classify(err))
 		}
 	}
 	if o.credential != "" {
-		if err := rt.credentialError(o.credential); err != nil {
+		if err := snap.credentialError(o.credential); err != nil {
 			return changed(classify(err))
 		}
 	}
@@ -95,9 +95,9 @@ func (o *openConn) ended(rec *Record) {
 // the original destination address.
 func namesAddress(d allowlist.Decision) bool { return d.Allowed() && d.Rule.Pattern != "*" }
 
-// credentialError is why credential id cannot be served on rt now, or nil.
-func (rt *Runtime) credentialError(id string) error {
-	creds := rt.Injector.Credentials()
+// credentialError is why credential id cannot be served on snap now, or nil.
+func (snap *Snapshot) credentialError(id string) error {
+	creds := snap.Injector.Credentials()
 	if creds == nil {
 		return &credential.UnavailableError{ID: id, Cause: credential.CauseNeverRead}
 	}
@@ -124,23 +124,23 @@ func resolvedAddr(rec *Record, port uint16) netip.AddrPort {
 }
 
 // register keeps o among the open connections until unregister, and decides it at
-// once on the current Runtime: a Swap or a revocation between its admission and now
+// once on the current Snapshot: a Swap or a revocation between its admission and now
 // did not see it. Either that pass sees o, or o sees what that pass installed.
 func (s *Server) register(o *openConn) {
 	s.live.add(o)
-	if rf := o.decide(s.Runtime()); rf != nil {
+	if rf := o.decide(s.Snapshot()); rf != nil {
 		o.end(rf)
 	}
 }
 
 func (s *Server) unregister(o *openConn) { s.live.remove(o) }
 
-// redecide decides every open connection again on rt and ends those it refuses.
+// redecide decides every open connection again on snap and ends those it refuses.
 // It returns how many were open and how many it ended.
-func (s *Server) redecide(rt *Runtime) (open, ended int) {
+func (s *Server) redecide(snap *Snapshot) (open, ended int) {
 	all := s.live.list("")
 	for _, o := range all {
-		if rf := o.decide(rt); rf != nil {
+		if rf := o.decide(snap); rf != nil {
 			o.end(rf)
 			ended++
 		}
@@ -154,7 +154,7 @@ func (s *Server) redecide(rt *Runtime) (open, ended int) {
 // credential store calls it after every read of id (credential.Store.Subscribe);
 // a credential that can be served costs one lookup.
 func (s *Server) CredentialChanged(id string) {
-	err := s.Runtime().credentialError(id)
+	err := s.Snapshot().credentialError(id)
 	if err == nil {
 		return
 	}

@@ -9,7 +9,7 @@ import (
 )
 
 // BenchmarkRedecide10k is what a reload adds for 10,000 open tunnels, every one
-// still allowed: deciding each again on the new Runtime (the policy, the address
+// still allowed: deciding each again on the new Snapshot (the policy, the address
 // guard) under a copy of the registry. Also reported: registering and removing one.
 func BenchmarkRedecide10k(b *testing.B) {
 	pol, err := allowlist.Compile([]allowlist.Entry{{Domain: "*.allowed.test"}, {Domain: "allowed.test"}}, allowlist.Options{})
@@ -20,7 +20,7 @@ func BenchmarkRedecide10k(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	rt := &Runtime{Policy: pol, Guard: guard}
+	snap := &Snapshot{Policy: pol, Guard: guard}
 	s := &Server{}
 	target := allowlist.Target{Host: "api.allowed.test", Port: 443}
 	for range 10_000 {
@@ -28,7 +28,7 @@ func BenchmarkRedecide10k(b *testing.B) {
 	}
 	b.Run("swap", func(b *testing.B) {
 		for b.Loop() {
-			if _, ended := s.redecide(rt); ended != 0 {
+			if _, ended := s.redecide(snap); ended != 0 {
 				b.Fatalf("%d ended", ended)
 			}
 		}

@@ -31,11 +31,11 @@ import (
 // endWithin is how soon a refused open connection must be closed.
 const endWithin = time.Second
 
-// runtimeWith is a Runtime like the running one with entries as its allowlist and,
+// runtimeWith is a Snapshot like the running one with entries as its allowlist and,
 // when not nil, guard as its address guard: what a reload of the policy builds.
-func (w *world) runtimeWith(t *testing.T, entries []allowlist.Entry, guard *netguard.Guard) *proxy.Runtime {
+func (w *world) runtimeWith(t *testing.T, entries []allowlist.Entry, guard *netguard.Guard) *proxy.Snapshot {
 	t.Helper()
-	old := w.Server.Runtime()
+	old := w.Server.Snapshot()
 	pol, err := allowlist.Compile(entries, allowlist.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -43,14 +43,14 @@ func (w *world) runtimeWith(t *testing.T, entries []allowlist.Entry, guard *netg
 	if guard == nil {
 		guard = old.Guard
 	}
-	rt := &proxy.Runtime{
+	snap := &proxy.Snapshot{
 		Env: old.Env, Policy: pol, Guard: guard, Resolver: old.Resolver, Limits: old.Limits,
 		UpstreamTLS: old.UpstreamTLS, Injector: inject.New(pol, old.Injector.Credentials()),
 		Leaves: old.Leaves, Hooks: old.Hooks, Placeholders: old.Placeholders, DenyInTunnel: old.DenyInTunnel,
 	}
-	rt.Prepare()
-	t.Cleanup(rt.Close)
-	return rt
+	snap.Prepare()
+	t.Cleanup(snap.Close)
+	return snap
 }
 
 // reload swaps in runtimeWith(entries, guard).
@@ -240,7 +240,7 @@ func (w *world) writeCredentials(doc string) error {
 
 // waitCredential waits until the store serves credential id as ok says.
 func (w *world) waitCredential(id string, ok func(version string, err error) bool) bool {
-	creds := w.Server.Runtime().Injector.Credentials()
+	creds := w.Server.Snapshot().Injector.Credentials()
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if v, err := creds.Get(id); ok(v.Version, err) {
 			return true
@@ -257,7 +257,7 @@ func TestRevocationEndsWebSocket(t *testing.T) {
 	w.Upstream.set(wsEchoAll)
 	ws := w.websocket(t, nil)
 	wsRoundTrip(t, ws, "before")
-	v0, _ := w.Server.Runtime().Injector.Credentials().Get("api")
+	v0, _ := w.Server.Snapshot().Injector.Credentials().Get("api")
 	if err := w.writeCredentials(`{"api": {"token": "tok-rotated-2"}}`); err != nil {
 		t.Fatal(err)
 	}
@@ -298,8 +298,8 @@ func TestSwapOrRevocationDuringUpgrade(t *testing.T) {
 		change                 func(t *testing.T, w *world) func()
 	}{
 		{"reload", "deny", "not_allowlisted", func(t *testing.T, w *world) func() {
-			rt := w.runtimeWith(t, []allowlist.Entry{{Domain: "other.test"}}, nil)
-			return func() { w.Server.Swap(rt) }
+			snap := w.runtimeWith(t, []allowlist.Entry{{Domain: "other.test"}}, nil)
+			return func() { w.Server.Swap(snap) }
 		}},
 		{"revocation", "error", "credential_unavailable", func(t *testing.T, w *world) func() {
 			return func() {

@@ -146,9 +146,9 @@ func statusFor(r allowlist.Reason) int {
 
 // refusalFor classifies err, records it on rec, and renders the response. A status
 // of 0 means the status DESIGN.md assigns to the reason.
-func refusalFor(rt *Runtime, rec *Record, err error, status int) (int, http.Header, []byte) {
+func refusalFor(snap *Snapshot, rec *Record, err error, status int) (int, http.Header, []byte) {
 	rf := rec.refused(err)
-	code, h, body := refusalResponse(rf, rec, rt.Env)
+	code, h, body := refusalResponse(rf, rec, snap.Env)
 	if status != 0 {
 		code = status
 	}

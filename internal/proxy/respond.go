@@ -146,8 +146,8 @@ func streamBody(src io.Reader, write func([]byte) error, flush func() error) (in
 }
 
 // writeRefusalRW writes a refusal through an http.ResponseWriter.
-func writeRefusalRW(w http.ResponseWriter, rt *Runtime, rec *Record, err error) {
-	code, hdr, body := refusalFor(rt, rec, err, 0)
+func writeRefusalRW(w http.ResponseWriter, snap *Snapshot, rec *Record, err error) {
+	code, hdr, body := refusalFor(snap, rec, err, 0)
 	for k, v := range hdr {
 		w.Header()[k] = v
 	}
@@ -171,13 +171,13 @@ func isGRPC(req *http.Request) bool {
 // Trailers-Only response (HTTP 200 with grpc-status and grpc-message in its head),
 // PERMISSION_DENIED for a denial and UNAVAILABLE for a failure, the message naming
 // the reason, so grpc.Code and status.Message show why. Egressd-Reason is set too.
-func writeGRPCRefusal(w http.ResponseWriter, rt *Runtime, rec *Record, err error) {
+func writeGRPCRefusal(w http.ResponseWriter, snap *Snapshot, rec *Record, err error) {
 	rf := rec.refused(err)
 	code := grpcUnavailable
 	if rf.Reason.IsDenial() {
 		code = grpcPermissionDenied
 	}
-	msg := "egressd: " + string(rf.Reason) + ": " + rf.Reason.Message(rec.Host, rec.Port, rt.Env, rf.Detail)
+	msg := "egressd: " + string(rf.Reason) + ": " + rf.Reason.Message(rec.Host, rec.Port, snap.Env, rf.Detail)
 	h := w.Header()
 	h.Set("Content-Type", "application/grpc")
 	h.Set("Egressd-Reason", string(rf.Reason))

@@ -28,10 +28,10 @@ func (x *exchange) warnScope(err error) {
 // the client: src, ended at the first placeholder (placeholder.Replacer.Upgraded),
 // which the record and a WARN then name. serveUpgrade closes both sides on it.
 func (x *exchange) upgradeSource(src io.Reader, protocol string) io.Reader {
-	if !x.rt.Placeholders.Active() {
+	if !x.snap.Placeholders.Active() {
 		return src
 	}
-	return &scopedStream{r: x.rt.Placeholders.Upgraded(src, x.target.Host, strings.EqualFold(protocol, "websocket")), x: x}
+	return &scopedStream{r: x.snap.Placeholders.Upgraded(src, x.target.Host, strings.EqualFold(protocol, "websocket")), x: x}
 }
 
 // scopedStream records the placeholder that ended a switched connection.

@@ -27,7 +27,7 @@ import (
 // joined with rule's (the entry's injected values, compiled once per value change by the
 // Injector). When that is anything, out is narrowed (narrowForScrub).
 func (x *exchange) scrubFor(out *http.Request, rule *scrub.Set) {
-	x.scrub = scrub.Join(x.rt.Placeholders.Scrub(), rule)
+	x.scrub = scrub.Join(x.snap.Placeholders.Scrub(), rule)
 	if x.scrub.Active() {
 		narrowForScrub(out.Header)
 	}
@@ -125,7 +125,7 @@ func (x *exchange) scrubbed(resp *http.Response) *http.Response {
 	}
 	if err != nil {
 		resp.Body.Close()
-		return refusedResponse(x.rt, x.rec, err)
+		return refusedResponse(x.snap, x.rec, err)
 	}
 	return resp
 }
@@ -437,8 +437,8 @@ func (c *scrubbedConn) Read(p []byte) (int, error) {
 }
 
 // refusedResponse renders err as a response the writers send like any other.
-func refusedResponse(rt *Runtime, rec *Record, err error) *http.Response {
-	code, h, body := refusalFor(rt, rec, err, 0)
+func refusedResponse(snap *Snapshot, rec *Record, err error) *http.Response {
+	code, h, body := refusalFor(snap, rec, err, 0)
 	return &http.Response{
 		StatusCode: code, ProtoMajor: 1, ProtoMinor: 1, Header: h,
 		ContentLength: int64(len(body)), Body: io.NopCloser(strings.NewReader(string(body))),

@@ -223,7 +223,7 @@ func benchEgressd(b *testing.B, dns string, upstreamCA *x509.CertPool, port uint
 		b.Fatal(err)
 	}
 	limits := config.Default().Limits
-	rt := &proxy.Runtime{
+	snap := &proxy.Snapshot{
 		Env: "env_bench", Policy: pol, Guard: guard, Limits: limits,
 		Resolver:    netguard.NewResolver(dns, limits.DNS),
 		UpstreamTLS: &tls.Config{RootCAs: upstreamCA, MinVersion: tls.VersionTLS12},
@@ -232,17 +232,17 @@ func benchEgressd(b *testing.B, dns string, upstreamCA *x509.CertPool, port uint
 	}
 	if envCreds > 0 {
 		creds, vars := newBenchEnvCreds(envCreds)
-		rt.Placeholders = placeholder.New([]byte("bench-placeholder-key-32-bytes!!"), "env_bench", vars, nil, creds)
+		snap.Placeholders = placeholder.New([]byte("bench-placeholder-key-32-bytes!!"), "env_bench", vars, nil, creds)
 	}
-	rt.Prepare()
+	snap.Prepare()
 	// The canonical log line is part of a request's cost: written, to nowhere.
-	srv := proxy.New(rt, zerolog.New(io.Discard), metrics.New())
+	srv := proxy.New(snap, zerolog.New(io.Discard), metrics.New())
 	go srv.Serve(ln, config.Listener{Name: "sandbox", Address: self, Mode: "proxy", Role: "sandbox"})
 	b.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		srv.Shutdown(ctx)
-		rt.Close()
+		snap.Close()
 	})
 	return ln.Addr().String(), ca.Cert
 }

@@ -16,12 +16,12 @@ import (
 	"github.com/egressd/egressd/internal/metrics"
 )
 
-// Server serves the sandbox-facing listeners. It holds the current Runtime; Swap
+// Server serves the sandbox-facing listeners. It holds the current Snapshot; Swap
 // replaces it atomically and requests already in flight keep the one they started
 // with, while open tunnels and upgraded connections are decided again on the new one.
 type Server struct {
-	rt      atomic.Pointer[Runtime]
-	swapMu  sync.Mutex // one Swap at a time, so the last Runtime installed decides last
+	snap    atomic.Pointer[Snapshot]
+	swapMu  sync.Mutex // one Swap at a time, so the last Snapshot installed decides last
 	log     zerolog.Logger
 	metrics *metrics.Metrics
 
@@ -44,43 +44,43 @@ type Server struct {
 	reflected sync.Map
 }
 
-// New returns a Server that serves with rt.
-func New(rt *Runtime, log zerolog.Logger, m *metrics.Metrics) *Server {
+// New returns a Server that serves with snap.
+func New(snap *Snapshot, log zerolog.Logger, m *metrics.Metrics) *Server {
 	s := &Server{log: log, metrics: m, conns: map[*conn]struct{}{}, lns: map[net.Listener]struct{}{},
 		mem: membudget.New(0)}
-	s.setMemory(rt)
-	s.rt.Store(rt)
+	s.setMemory(snap)
+	s.snap.Store(snap)
 	m.ObserveMemory(s.mem, s.hookBuf.used.Load)
-	s.initRules(rt)
+	s.initRules(snap)
 	return s
 }
 
-// Runtime returns the Runtime new requests are served with.
-func (s *Server) Runtime() *Runtime { return s.rt.Load() }
+// Snapshot returns the Snapshot new requests are served with.
+func (s *Server) Snapshot() *Snapshot { return s.snap.Load() }
 
-// Swap installs rt for new requests, decides every open tunnel and upgraded
+// Swap installs snap for new requests, decides every open tunnel and upgraded
 // connection again on it, ends those it refuses (redecide.go), and returns the
-// previous Runtime.
-func (s *Server) Swap(rt *Runtime) *Runtime {
+// previous Snapshot.
+func (s *Server) Swap(snap *Snapshot) *Snapshot {
 	s.swapMu.Lock()
 	defer s.swapMu.Unlock()
-	s.setMemory(rt)
-	s.initRules(rt)
-	old := s.rt.Swap(rt)
-	if open, ended := s.redecide(rt); ended > 0 {
+	s.setMemory(snap)
+	s.initRules(snap)
+	old := s.snap.Swap(snap)
+	if open, ended := s.redecide(snap); ended > 0 {
 		s.log.Info().Int("open", open).Int("closed", ended).
 			Msg("open connections the new policy refuses were closed")
 	}
 	return old
 }
 
-// initRules exports scrubbed_total for rt's rules that inject.
-func (s *Server) initRules(rt *Runtime) {
-	if rt == nil || rt.Policy == nil {
+// initRules exports scrubbed_total for snap's rules that inject.
+func (s *Server) initRules(snap *Snapshot) {
+	if snap == nil || snap.Policy == nil {
 		return
 	}
 	var names []string
-	for _, r := range rt.Policy.Rules() {
+	for _, r := range snap.Policy.Rules() {
 		if r.Injects() {
 			names = append(names, r.Pattern)
 		}
@@ -116,7 +116,7 @@ func (s *Server) Serve(ln net.Listener, cfg config.Listener) error {
 		return nil
 	}
 	defer s.trackListener(ln, false)
-	l := &listener{cfg: cfg, sem: make(chan struct{}, s.Runtime().Limits.MaxConnections), lane: make(chan struct{}, hookLane),
+	l := &listener{cfg: cfg, sem: make(chan struct{}, s.Snapshot().Limits.MaxConnections), lane: make(chan struct{}, hookLane),
 		maxOverflow: overflowBound(), lanes: map[*conn]struct{}{},
 		bySlot: map[slotKind]map[*conn]struct{}{slotMain: {}, slotAdmit: {}}}
 	s.InitMetrics(cfg)

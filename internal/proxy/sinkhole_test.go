@@ -102,9 +102,9 @@ func TestTransparentSinkhole(t *testing.T) {
 func startGuard(t *testing.T, w *world, sb *sandbox, o dnsguard.Options) {
 	t.Helper()
 	o.Listen = sb.hostIP + ":15053"
-	o.Policy = func() *allowlist.Policy { return w.Server.Runtime().Policy }
+	o.Policy = func() *allowlist.Policy { return w.Server.Snapshot().Policy }
 	o.Resolver = netguard.NewResolver(w.DNS.Addr, time.Second)
-	o.Guard = w.Server.Runtime().Guard
+	o.Guard = w.Server.Snapshot().Guard
 	g := dnsguard.New(o)
 	if err := g.Listen(); err != nil {
 		t.Fatal(err)

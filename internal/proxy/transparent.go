@@ -25,12 +25,12 @@ func (c *conn) serveTransparent() {
 		return
 	}
 	c.route = route{mode: modeTransparent, orig: orig}
-	rt := c.s.Runtime()
-	c.waitFor(rt.Limits.ReadHeader)
+	snap := c.s.Snapshot()
+	c.waitFor(snap.Limits.ReadHeader)
 	first, err := c.br.Peek(1)
 	if err != nil {
 		if c.waitSince.Load() == evicted {
-			c.closeEvicted(rt)
+			c.closeEvicted(snap)
 		}
 		return
 	}
@@ -44,12 +44,12 @@ func (c *conn) serveTransparent() {
 	rec.Scheme = "tls"
 	defer rec.finish(&c.s.log, c.s.metrics)
 	defer c.recordClose(rec)
-	c.serveTransparentTLS(rt, rec)
+	c.serveTransparentTLS(snap, rec)
 }
 
 // serveTransparentTLS decides on the ClientHello's SNI and splices or intercepts
 // (planTunnel); a refused connection is intercepted to answer the refusal over HTTP.
-func (c *conn) serveTransparentTLS(rt *Runtime, rec *Record) {
+func (c *conn) serveTransparentTLS(snap *Snapshot, rec *Record) {
 	hello, err := c.readClientHello()
 	if err != nil {
 		rec.refused(err)
@@ -63,26 +63,26 @@ func (c *conn) serveTransparentTLS(rt *Runtime, rec *Record) {
 		return
 	}
 	rec.setTarget(t)
-	d := rt.Policy.DecideRequest(t, "")
+	d := snap.Policy.DecideRequest(t, "")
 	rec.setDecision(d)
-	plan, err := c.applyHelloPlan(rt, t, hello, planTunnel(rt, t, d, true))
+	plan, err := c.applyHelloPlan(snap, t, hello, planTunnel(snap, t, d, true))
 	if err != nil {
 		rec.refused(err)
 		return
 	}
 	if plan.kind == tunnelSpliced {
-		up, err := rt.dialTarget(c.ctx, t)
+		up, err := snap.dialTarget(c.ctx, t)
 		if err == nil {
 			rec.setResolved(up.RemoteAddr())
-			c.tunnel(rt, t, up, hello, rec)
+			c.tunnel(snap, t, up, hello, rec)
 			return
 		}
 		rec.fail(classify(err).Reason, classify(err).Detail)
-		plan = refusedTunnel(rt, err, true)
+		plan = refusedTunnel(snap, err, true)
 	}
 	// Intercepted, or completed with a leaf for the SNI only to answer every request
 	// with the refusal, so the agent sees why instead of a reset.
-	c.serveIntercepted(rt, t, hello, rec, plan.why)
+	c.serveIntercepted(snap, t, hello, rec, plan.why)
 }
 
 // transparentTLSTarget is the SNI with the original port; without SNI, the original
@@ -94,7 +94,7 @@ func (c *conn) transparentTLSTarget(hello *clientHello) (allowlist.Target, error
 	}
 	ip := c.route.orig.Addr().Unmap()
 	t := allowlist.Target{Host: ip.String(), Addr: ip, Port: c.route.orig.Port()}
-	if !namesAddress(c.s.Runtime().Policy.Decide(t)) {
+	if !namesAddress(c.s.Snapshot().Policy.Decide(t)) {
 		return t, errors.New("ClientHello without SNI to an address no entry names")
 	}
 	return t, nil

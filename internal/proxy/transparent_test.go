@@ -110,9 +110,9 @@ func newTransparentWorld(t *testing.T) (*world, *sandbox) {
 	sb := w.serveTransparent(t)
 	guard := dnsguard.New(dnsguard.Options{
 		Listen:   sb.hostIP + ":15053",
-		Policy:   func() *allowlist.Policy { return w.Server.Runtime().Policy },
+		Policy:   func() *allowlist.Policy { return w.Server.Snapshot().Policy },
 		Resolver: netguard.NewResolver(w.DNS.Addr, time.Second),
-		Guard:    w.Server.Runtime().Guard,
+		Guard:    w.Server.Snapshot().Guard,
 	})
 	if err := guard.Listen(); err != nil {
 		t.Fatal(err)

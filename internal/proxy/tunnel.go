@@ -15,7 +15,7 @@ import (
 // tunnel splices the client connection and up, a tunnel to t, until both directions
 // end, or a change of state refuses it (redecide.go). The bytes already read from the
 // client (its ClientHello, and whatever is buffered) go first.
-func (c *conn) tunnel(rt *Runtime, t allowlist.Target, up net.Conn, hello *clientHello, rec *Record) {
+func (c *conn) tunnel(snap *Snapshot, t allowlist.Target, up net.Conn, hello *clientHello, rec *Record) {
 	defer up.Close()
 	o := &openConn{target: t, upstream: upstreamAddr(up.RemoteAddr()),
 		sniless: c.route.mode == modeTransparent && hello.serverName == "",
@@ -36,13 +36,13 @@ func (c *conn) tunnel(rt *Runtime, t allowlist.Target, up net.Conn, hello *clien
 	}
 	rec.BytesIn += int64(len(early))
 	c.br, c.bw = nil, nil // a tunnel holds no buffers
-	idle := rt.Limits.TunnelIdle
+	idle := snap.Limits.TunnelIdle
 	done := make(chan int64, 1)
 	go func() {
 		n, _ := pipe(up, c.nc, idle, c.nc, up)
 		done <- n
 	}()
-	out, _ := pipe(&clientWriter{Conn: c.nc, d: rt.Limits.ClientWrite}, up, idle, c.nc, up)
+	out, _ := pipe(&clientWriter{Conn: c.nc, d: snap.Limits.ClientWrite}, up, idle, c.nc, up)
 	rec.BytesOut += out
 	rec.BytesIn += <-done
 }
@@ -102,7 +102,7 @@ func (c *conn) serveUpgrade(x *exchange, resp *http.Response) {
 	rec := x.rec
 	up, ok := resp.Body.(io.ReadWriteCloser)
 	if !ok {
-		c.writeRefusal(c.s.Runtime(), rec, errors.New("upgrade response without a connection"), 0)
+		c.writeRefusal(c.s.Snapshot(), rec, errors.New("upgrade response without a connection"), 0)
 		return
 	}
 	defer up.Close()
@@ -121,7 +121,7 @@ func (c *conn) serveUpgrade(x *exchange, resp *http.Response) {
 	if err := c.bw.Flush(); err != nil {
 		return
 	}
-	idle := watchIdle(x.rt.Limits.StreamIdle, o.close)
+	idle := watchIdle(x.snap.Limits.StreamIdle, o.close)
 	defer idle.stop()
 	done := make(chan int64, 1)
 	src := x.upgradeSource(idle.reader(c.br), resp.Header.Get("Upgrade"))
@@ -133,7 +133,7 @@ func (c *conn) serveUpgrade(x *exchange, resp *http.Response) {
 		}
 		done <- n
 	}()
-	n, _ := io.Copy(&clientWriter{Conn: c.nc, d: c.s.Runtime().Limits.ClientWrite}, idle.reader(up))
+	n, _ := io.Copy(&clientWriter{Conn: c.nc, d: c.s.Snapshot().Limits.ClientWrite}, idle.reader(up))
 	c.nc.Close()
 	up.Close()
 	rec.BytesOut += n

@@ -212,29 +212,29 @@ func (w *world) startProxy(o worldOpts) {
 	if o.untrustedUpstream {
 		roots = x509.NewCertPool()
 	}
-	rt := &proxy.Runtime{
+	snap := &proxy.Snapshot{
 		Env: "env_test", Policy: pol, Guard: guard, Limits: limits,
 		Resolver:     netguard.NewResolver(w.DNS.Addr, limits.DNS),
 		UpstreamTLS:  &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
 		DenyInTunnel: o.denyInTunnel,
 	}
 	log := zerolog.New(w.logs)
-	rt.Leaves = w.interceptionCA()
-	rt.Hooks = w.hooks(o)
+	snap.Leaves = w.interceptionCA()
+	snap.Hooks = w.hooks(o)
 	store := w.credentialStore(o, log)
-	rt.Injector = inject.New(pol, store)
+	snap.Injector = inject.New(pol, store)
 	if o.envVars != nil {
-		rt.Placeholders = placeholder.New([]byte("world-test-placeholder-key-32byt"), "env_test", o.envVars, nil, store)
-		w.Env = rt.Placeholders.Env()
+		snap.Placeholders = placeholder.New([]byte("world-test-placeholder-key-32byt"), "env_test", o.envVars, nil, store)
+		w.Env = snap.Placeholders.Env()
 	}
-	rt.Prepare()
+	snap.Prepare()
 	w.Metrics = metrics.New()
-	w.Server = proxy.New(rt, log, w.Metrics)
+	w.Server = proxy.New(snap, log, w.Metrics)
 	store.Subscribe(w.Server.CredentialChanged) // as the daemon wires it
 	w.ProxyAddr = ln.Addr().String()
 	lc := config.Listener{Name: "sandbox", Address: self, Mode: "proxy", Role: "sandbox"}
 	go w.Server.Serve(ln, lc)
-	w.t.Cleanup(func() { w.Server.Shutdown(contextWithTimeout(w.t, 2*time.Second)); rt.Close() })
+	w.t.Cleanup(func() { w.Server.Shutdown(contextWithTimeout(w.t, 2*time.Second)); snap.Close() })
 }
 
 // hooks indexes o.hooksJSON and signs with a fresh key; w.Signer verifies.

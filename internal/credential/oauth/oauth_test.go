@@ -28,8 +28,8 @@ import (
 // Secrets planted in the tests: none may reach a log line, an error or a metric.
 const (
 	clientSecret = "cs-PLANTED-8d1f"
-	refresh1     = "rt-PLANTED-one-77a2"
-	refresh2     = "rt-PLANTED-two-91c3"
+	refresh1     = "snap-PLANTED-one-77a2"
+	refresh2     = "snap-PLANTED-two-91c3"
 )
 
 // endpoint is a TLS token endpoint (httptest) that records every call.

@@ -36,12 +36,12 @@ import (
 // on a loaded machine, the pool switched off in the other binary.
 //
 // Connections are keyed by scheme and decided target, dialled through the
-// Runtime's guarded dialer, verified with the upstream TLS policy, and reused only
+// Snapshot's guarded dialer, verified with the upstream TLS policy, and reused only
 // when the previous response was read to its end, neither side asked to close, and
 // nothing arrived on the connection while it was idle (quiet). Where it behaves
-// as the Transport does and where not, and why, is upstream1_diff_test.go's table.
+// as the Transport does and where not, and why, is h1pool_diff_test.go's table.
 type h1Pool struct {
-	// What the pool needs of its Runtime, handed over by newH1Pool so that the
+	// What the pool needs of its Snapshot, handed over by newH1Pool so that the
 	// pool never calls back into it.
 	dialTarget     func(context.Context, allowlist.Target) (net.Conn, error) // guarded (dial.go)
 	tlsConfig      func() *tls.Config                                        // the upstream TLS policy, a fresh copy
@@ -55,10 +55,10 @@ type h1Pool struct {
 	closed    bool
 }
 
-// newH1Pool is the pool of rt's upstream HTTP/1.1 connections.
-func newH1Pool(rt *Runtime) *h1Pool {
-	return &h1Pool{dialTarget: rt.dialTarget, tlsConfig: rt.upstreamTLSConfig, dialTimeout: rt.Limits.Dial,
-		responseHeader: rt.Limits.ResponseHeader, upstreamIdle: rt.Limits.UpstreamIdle, idle: map[h1Key][]*h1Conn{}}
+// newH1Pool is the pool of snap's upstream HTTP/1.1 connections.
+func newH1Pool(snap *Snapshot) *h1Pool {
+	return &h1Pool{dialTarget: snap.dialTarget, tlsConfig: snap.upstreamTLSConfig, dialTimeout: snap.Limits.Dial,
+		responseHeader: snap.Limits.ResponseHeader, upstreamIdle: snap.Limits.UpstreamIdle, idle: map[h1Key][]*h1Conn{}}
 }
 
 type h1Key struct{ scheme, addr string }
@@ -80,7 +80,7 @@ type h1Conn struct {
 const maxIdlePerTarget = 256
 
 // maxResponseHeaderBytes bounds an upstream's response head, its 1xx responses
-// included: net/http's default, set on the Transports too (runtime.go) so that
+// included: net/http's default, set on the Transports too (snapshot.go) so that
 // both paths refuse the same heads.
 const maxResponseHeaderBytes = 10 << 20
 
@@ -121,7 +121,7 @@ func (p *h1Pool) roundTrip(out *http.Request, rec *Record) (*http.Response, erro
 			return nil, ctx.Err()
 		}
 		if !reused && pc.alpnDeclined && errors.Is(err, errNothingRead) {
-			return nil, fmt.Errorf("%w: %w", errUnanswered, err) // perhaps HTTP/2 only (upstream2.go)
+			return nil, fmt.Errorf("%w: %w", errUnanswered, err) // perhaps HTTP/2 only (h2only.go)
 		}
 		if !reused || !errors.Is(err, errNothingRead) {
 			return nil, err

@@ -21,7 +21,7 @@ import (
 	"github.com/egressd/egressd/internal/testutil/testpki"
 )
 
-// The pool (upstream1.go) against net/http's Transport, configured as egressd
+// The pool (h1pool.go) against net/http's Transport, configured as egressd
 // configures transportH1: each case sends the same requests, built by the
 // pipeline's own outbound, through both to a raw upstream on loopback that
 // records every byte it reads, and compares, path against path, the upstream's
@@ -194,14 +194,14 @@ func checkDiff(t *testing.T, tc diffCase, pool, tr diffRun) {
 }
 
 // diffPath sends out one way.
-type diffPath func(rt *Runtime, out *http.Request) (*http.Response, error)
+type diffPath func(snap *Snapshot, out *http.Request) (*http.Response, error)
 
-func poolPath(rt *Runtime, out *http.Request) (*http.Response, error) {
-	return rt.h1.roundTrip(out, &Record{})
+func poolPath(snap *Snapshot, out *http.Request) (*http.Response, error) {
+	return snap.h1.roundTrip(out, &Record{})
 }
 
-func transportPath(rt *Runtime, out *http.Request) (*http.Response, error) {
-	return rt.viaTransport(rt.transportH1, out, &Record{}, nil)
+func transportPath(snap *Snapshot, out *http.Request) (*http.Response, error) {
+	return snap.viaTransport(snap.transportH1, out, &Record{}, nil)
 }
 
 // diffRun is what one path produced: what the upstream read on each connection,
@@ -221,15 +221,15 @@ func (r diffRun) transcript() string {
 
 func runDiff(t testing.TB, scheme string, tc diffCase, send diffPath) diffRun {
 	up := startDiffUpstream(t, scheme == "https", tc.steps)
-	rt := diffRuntime(t, up.ca)
-	defer rt.Close()
+	snap := diffSnapshot(t, up.ca)
+	defer snap.Close()
 	var run diffRun
 	for _, r := range tc.reqs {
 		time.Sleep(r.pause)
-		run.outcomes = append(run.outcomes, sendCopies(t, rt, send, scheme, up.addr, r)...)
+		run.outcomes = append(run.outcomes, sendCopies(t, snap, send, scheme, up.addr, r)...)
 	}
 	if len(tc.reqs) == 0 {
-		run.outcomes = sendCopies(t, rt, send, scheme, up.addr, get(0))
+		run.outcomes = sendCopies(t, snap, send, scheme, up.addr, get(0))
 	}
 	for _, c := range up.transcripts() {
 		run.conns = append(run.conns, strings.ReplaceAll(c, up.addr, "HOST"))
@@ -239,13 +239,13 @@ func runDiff(t testing.TB, scheme string, tc diffCase, send diffPath) diffRun {
 
 // sendCopies sends r.par copies of r at once (one when par is 0) and returns
 // what each caller got, sorted.
-func sendCopies(t testing.TB, rt *Runtime, send diffPath, scheme, addr string, r diffReq) []string {
+func sendCopies(t testing.TB, snap *Snapshot, send diffPath, scheme, addr string, r diffReq) []string {
 	n := max(r.par, 1)
 	out := make([]string, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			resp, err := send(rt, diffOutbound(t, r.head, scheme, addr))
+			resp, err := send(snap, diffOutbound(t, r.head, scheme, addr))
 			out[i] = diffOutcome(resp, err)
 		})
 	}
@@ -310,9 +310,9 @@ func writeSorted(b *strings.Builder, h http.Header) {
 	}
 }
 
-// diffRuntime is a Runtime whose guard opens loopback only (nothing leaves the
+// diffSnapshot is a Snapshot whose guard opens loopback only (nothing leaves the
 // machine), trusting ca for https.
-func diffRuntime(t testing.TB, ca *testpki.CA) *Runtime {
+func diffSnapshot(t testing.TB, ca *testpki.CA) *Snapshot {
 	guard, err := netguard.New(netguard.Options{UnsafeAllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
 	if err != nil {
 		t.Fatal(err)
@@ -323,11 +323,11 @@ func diffRuntime(t testing.TB, ca *testpki.CA) *Runtime {
 	}
 	limits := config.Default().Limits
 	limits.ResponseHeader = 8 * time.Second // reading the oversized head takes seconds under -race on a loaded machine
-	rt := &Runtime{Env: "env_test", Policy: pol, Guard: guard, Limits: limits,
+	snap := &Snapshot{Env: "env_test", Policy: pol, Guard: guard, Limits: limits,
 		Resolver:    netguard.NewResolver("127.0.0.1:1", limits.DNS), // never asked: targets are literals
 		UpstreamTLS: &tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12}}
-	rt.Prepare()
-	return rt
+	snap.Prepare()
+	return snap
 }
 
 // diffUpstream is a raw HTTP/1.1 upstream on loopback that answers request heads

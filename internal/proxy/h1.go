@@ -8,9 +8,9 @@ import (
 
 // serveHTTP1 serves one HTTP/1.x request, in any mode, and reports whether the
 // connection may carry another request.
-func (c *conn) serveHTTP1(rt *Runtime, req *http.Request, rec *Record) bool {
-	x := newExchange(c, rt, req, rec, c.route)
-	x.body.deadline = &bodyDeadline{set: c.nc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
+func (c *conn) serveHTTP1(snap *Snapshot, req *http.Request, rec *Record) bool {
+	x := newExchange(c, snap, req, rec, c.route)
+	x.body.deadline = &bodyDeadline{set: c.nc.SetReadDeadline, perRead: snap.Limits.ReadHeader}
 	ctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
 	x.unwatch = c.watchGone(req, cancel)
@@ -34,9 +34,9 @@ func (s h1Side) sendContinue() { s.c.writeContinue() }
 // belongs to another protocol and is never parsed.
 func (s h1Side) refuse(x *exchange, err error) bool {
 	if x.stage == stageLane || x.stage >= stagePrepare && switchesProtocol(x.req) {
-		return s.c.refuseAndClose(x.rt, x.rec, err)
+		return s.c.refuseAndClose(x.snap, x.rec, err)
 	}
-	s.c.writeRefusal(x.rt, x.rec, err, 0)
+	s.c.writeRefusal(x.snap, x.rec, err, 0)
 	return x.stage == stagePrepare && !s.wantClose && x.body.drain()
 }
 

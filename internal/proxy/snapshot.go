@@ -13,10 +13,10 @@ import (
 	mitm "github.com/egressd/egressd/internal/tls"
 )
 
-// Runtime is one immutable snapshot of everything a request is decided and forwarded
-// with. A reload builds a new Runtime and swaps it in; a request keeps the Runtime it
+// Snapshot is one immutable snapshot of everything a request is decided and forwarded
+// with. A reload builds a new Snapshot and swaps it in; a request keeps the Snapshot it
 // started with.
-type Runtime struct {
+type Snapshot struct {
 	Env      string
 	Policy   *allowlist.Policy
 	Guard    *netguard.Guard
@@ -47,34 +47,34 @@ type Runtime struct {
 	// than every client sharing one multiplexed stream.
 	transport   *http.Transport
 	transportH1 *http.Transport
-	// h1 serves HTTP/1.x GETs and HEADs without a body (upstream1.go).
+	// h1 serves HTTP/1.x GETs and HEADs without a body (h1pool.go).
 	h1 *h1Pool
-	// h2Only remembers the upstreams that refused ALPN http/1.1 (upstream2.go).
+	// h2Only remembers the upstreams that refused ALPN http/1.1 (h2only.go).
 	h2Only h2OnlySet
 	// mem is the Server's memory budget (memory.go); nil grants everything.
 	mem *membudget.Budget
 }
 
-// Prepare builds the Runtime's dialer and transport. Call it once before use.
-func (rt *Runtime) Prepare() {
-	if rt.Injector == nil {
-		rt.Injector = inject.New(rt.Policy, nil)
+// Prepare builds the Snapshot's dialer and transport. Call it once before use.
+func (snap *Snapshot) Prepare() {
+	if snap.Injector == nil {
+		snap.Injector = inject.New(snap.Policy, nil)
 	}
-	rt.dialer = rt.Guard.NewDialer(rt.Limits.Dial)
-	rt.transport = rt.newTransport(true)
-	rt.transportH1 = rt.newTransport(false)
-	rt.h1 = newH1Pool(rt)
+	snap.dialer = snap.Guard.NewDialer(snap.Limits.Dial)
+	snap.transport = snap.newTransport(true)
+	snap.transportH1 = snap.newTransport(false)
+	snap.h1 = newH1Pool(snap)
 }
 
 // newTransport builds one upstream transport. It is not a Clone of the other:
 // Transport.Clone settles the HTTP/2 defaults first and would copy "h2" into the
 // HTTP/1.1 transport's ALPN list.
-func (rt *Runtime) newTransport(h2 bool) *http.Transport {
-	tlsConf := rt.upstreamTLSConfig()
+func (snap *Snapshot) newTransport(h2 bool) *http.Transport {
+	tlsConf := snap.upstreamTLSConfig()
 	tr := &http.Transport{
 		// Never follow HTTP_PROXY/HTTPS_PROXY from egressd's own environment.
 		Proxy:       nil,
-		DialContext: rt.dialGuarded,
+		DialContext: snap.dialGuarded,
 		// Compression is the client's business: asking for gzip and decompressing
 		// would change what the sandbox receives.
 		DisableCompression:     true,
@@ -82,9 +82,9 @@ func (rt *Runtime) newTransport(h2 bool) *http.Transport {
 		ForceAttemptHTTP2:      h2,
 		MaxIdleConns:           1024,
 		MaxIdleConnsPerHost:    256,
-		IdleConnTimeout:        rt.Limits.UpstreamIdle,
-		TLSHandshakeTimeout:    rt.Limits.Dial,
-		ResponseHeaderTimeout:  rt.Limits.ResponseHeader,
+		IdleConnTimeout:        snap.Limits.UpstreamIdle,
+		TLSHandshakeTimeout:    snap.Limits.Dial,
+		ResponseHeaderTimeout:  snap.Limits.ResponseHeader,
 		MaxResponseHeaderBytes: maxResponseHeaderBytes,
 	}
 	if h2 {
@@ -100,18 +100,18 @@ func (rt *Runtime) newTransport(h2 bool) *http.Transport {
 	return tr
 }
 
-// Close releases the Runtime's idle upstream connections.
-func (rt *Runtime) Close() {
-	if rt.transport != nil {
-		rt.transport.CloseIdleConnections()
-		rt.transportH1.CloseIdleConnections()
-		rt.h1.closeIdle()
+// Close releases the Snapshot's idle upstream connections.
+func (snap *Snapshot) Close() {
+	if snap.transport != nil {
+		snap.transport.CloseIdleConnections()
+		snap.transportH1.CloseIdleConnections()
+		snap.h1.closeIdle()
 	}
 }
 
-func (rt *Runtime) upstreamTLSConfig() *tls.Config {
-	if rt.UpstreamTLS != nil {
-		return rt.UpstreamTLS.Clone()
+func (snap *Snapshot) upstreamTLSConfig() *tls.Config {
+	if snap.UpstreamTLS != nil {
+		return snap.UpstreamTLS.Clone()
 	}
 	return &tls.Config{MinVersion: tls.VersionTLS12}
 }

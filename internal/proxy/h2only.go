@@ -22,30 +22,6 @@ import (
 // detailHTTP2Only names an upstream that accepts only HTTP/2.
 const detailHTTP2Only = "http2_only"
 
-// sendH1 forwards an HTTP/1.x client's request over HTTP/1.1, or over HTTP/2 to an
-// upstream known or found to speak only that. It is found so by its TLS alert
-// no_application_protocol (ALPN http/1.1 refused), or, on a fresh connection whose
-// handshake confirmed no protocol, by closing without answering (grpc-go's
-// servers complete such a handshake, then close).
-func (rt *Runtime) sendH1(out *http.Request, rec *Record) (*http.Response, error) {
-	if rt.h2Only.has(out.URL.Host) {
-		return rt.sendH2Only(out, rec, nil)
-	}
-	var resp *http.Response
-	var err error
-	var declined atomic.Bool
-	if h1Eligible(out) {
-		resp, err = rt.h1.roundTrip(out, rec)
-	} else {
-		resp, err = rt.viaTransport(rt.transportH1, out, rec, &declined)
-	}
-	if err != nil && out.URL.Scheme == "https" &&
-		(refusedHTTP1(err) || errors.Is(err, errUnanswered) || (declined.Load() && isClosed(err))) {
-		return rt.sendH2Only(out, rec, err)
-	}
-	return resp, err
-}
-
 // errUnanswered marks a fresh upstream connection whose TLS handshake confirmed no
 // ALPN protocol and that closed before answering an HTTP/1.1 request.
 var errUnanswered = errors.New("the upstream confirmed no ALPN protocol and closed without answering HTTP/1.1")
@@ -62,15 +38,15 @@ func refusedHTTP1(err error) bool {
 // nil when it is already known to) and remembers it. A request that HTTP/2 cannot
 // carry (an Upgrade), or whose body was already sent, gets the refusal that says
 // so; the client's retry then goes over HTTP/2.
-func (rt *Runtime) sendH2Only(out *http.Request, rec *Record, cause error) (*http.Response, error) {
-	rt.h2Only.add(out.URL.Host)
+func (snap *Snapshot) sendH2Only(out *http.Request, rec *Record, cause error) (*http.Response, error) {
+	snap.h2Only.add(out.URL.Host)
 	if cause == nil {
 		cause = errors.New("the upstream accepts only HTTP/2")
 	}
 	if len(out.Header["Upgrade"]) > 0 || !rewind(out.Body) {
 		return nil, &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: detailHTTP2Only, Err: cause}
 	}
-	return rt.viaTransport(rt.transport, out, rec, nil)
+	return snap.viaTransport(snap.transport, out, rec, nil)
 }
 
 // rewind reports whether body can be sent again: none, or the client's body with

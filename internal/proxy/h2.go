@@ -19,14 +19,14 @@ const detailStreamRate = "stream_rate"
 
 // serveH2 serves an intercepted HTTP/2 connection until it ends, with net/http's
 // own HTTP/2 server (x/net/http2's server is deprecated in its favour).
-func (c *conn) serveH2(rt *Runtime, tc *tls.Conn, rtt route) {
+func (c *conn) serveH2(snap *Snapshot, tc *tls.Conn, via route) {
 	ln := newOneConnListener(tc)
 	srv := &http.Server{
-		Handler:           &h2Handler{c: c, route: rtt, streams: rate.NewLimiter(h2StreamRate, h2StreamBurst)},
-		ReadHeaderTimeout: rt.Limits.ReadHeader,
-		IdleTimeout:       rt.Limits.ClientIdle,
-		MaxHeaderBytes:    rt.Limits.MaxHeaderBytes,
-		HTTP2:             h2Config(rt),
+		Handler:           &h2Handler{c: c, route: via, streams: rate.NewLimiter(h2StreamRate, h2StreamBurst)},
+		ReadHeaderTimeout: snap.Limits.ReadHeader,
+		IdleTimeout:       snap.Limits.ClientIdle,
+		MaxHeaderBytes:    snap.Limits.MaxHeaderBytes,
+		HTTP2:             h2Config(snap),
 		ErrorLog:          log.New(io.Discard, "", 0),
 		// OPTIONS * is the pipeline's to decide (method_not_allowed where injected,
 		// forwarded elsewhere), not net/http's to answer 200.
@@ -74,13 +74,13 @@ const (
 	h2MaxFrame     = 16 << 10
 )
 
-func h2Config(rt *Runtime) *http.HTTP2Config {
+func h2Config(snap *Snapshot) *http.HTTP2Config {
 	return &http.HTTP2Config{
 		MaxConcurrentStreams:          h2MaxStreams,
 		MaxReadFrameSize:              h2MaxFrame,
 		MaxReceiveBufferPerConnection: h2ConnWindow,
 		MaxReceiveBufferPerStream:     h2StreamWindow,
-		WriteByteTimeout:              rt.Limits.ClientWrite,
+		WriteByteTimeout:              snap.Limits.ClientWrite,
 	}
 }
 
@@ -122,15 +122,15 @@ type h2Handler struct {
 func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.c.streams.Add(1)
 	defer h.c.streams.Add(-1)
-	rt := h.c.s.Runtime()
+	snap := h.c.s.Snapshot()
 	rec := newRecord(h.c.l, h.c.nc.RemoteAddr())
 	defer rec.finish(&h.c.s.log, h.c.s.metrics)
-	x := newExchange(h.c, rt, r, rec, h.route)
-	release, throttled := h.admit(rt, r)
+	x := newExchange(h.c, snap, r, rec, h.route)
+	release, throttled := h.admit(snap, r)
 	defer release()
 	x.throttled = throttled
 	rc := http.NewResponseController(w)
-	x.body.deadline = &bodyDeadline{set: rc.SetReadDeadline, perRead: rt.Limits.ReadHeader}
+	x.body.deadline = &bodyDeadline{set: rc.SetReadDeadline, perRead: snap.Limits.ReadHeader}
 	if h.c.lane {
 		// A lane connection carries one call (lane.go); net/http answers this
 		// with a GOAWAY, so the runtime's next call takes a new connection
@@ -143,11 +143,11 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // admit refuses a stream beyond the connection's rate of new streams, or one whose
 // receive window the memory budget cannot hold (holdStreamWindow); release gives
 // back what it reserved.
-func (h *h2Handler) admit(rt *Runtime, r *http.Request) (release func(), refused error) {
+func (h *h2Handler) admit(snap *Snapshot, r *http.Request) (release func(), refused error) {
 	if !h.streams.Allow() {
 		return func() {}, deny(allowlist.ReasonOverloaded, detailStreamRate)
 	}
-	release, ok := holdStreamWindow(rt.mem, r)
+	release, ok := holdStreamWindow(snap.mem, r)
 	if !ok {
 		return release, errH2Windows
 	}
@@ -167,10 +167,10 @@ func (h2Side) sendContinue() {}
 // refused tunnel is refused too.
 func (s h2Side) refuse(x *exchange, err error) bool {
 	if isGRPC(x.req) {
-		writeGRPCRefusal(s.w, x.rt, x.rec, err)
+		writeGRPCRefusal(s.w, x.snap, x.rec, err)
 		return false
 	}
-	writeRefusalRW(s.w, x.rt, x.rec, err)
+	writeRefusalRW(s.w, x.snap, x.rec, err)
 	return false
 }
 
