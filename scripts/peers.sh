@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The peer proxies egressd's bench measures beside egressd (bench/peers.go):
+# The peer proxies egressd's bench measures beside egressd (tools/bench/peers.go):
 #
 #   goproxy      tools/peers (goproxybare): a bare github.com/elazarl/goproxy
 #                v1.9.3 forward proxy, MITM for the hosts it is told to

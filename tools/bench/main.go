@@ -5,7 +5,7 @@
 // 127.0.0.0/8 (the transparent path's, in network namespaces of its own:
 // transparent.go), and every load loop is bounded in both time and request count.
 //
-//	go run ./bench -egressd bin/egressd [-duration 4s] [-rounds 1] [-clients 64] [-size 1024] [-paths plain,connect,...] [-vaultdev PATH|off] [-peers goproxy,smokescreen|off] [-idle-tunnels N] [-json]
+//	go run ./tools/bench -egressd bin/egressd [-duration 4s] [-rounds 1] [-clients 64] [-size 1024] [-paths plain,connect,...] [-vaultdev PATH|off] [-peers goproxy,smokescreen|off] [-idle-tunnels N] [-json]
 package main
 
 import (
@@ -125,7 +125,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.keep, "keep", false, "keep the temp dir (egressd config and log) and print its path")
 	fs.StringVar(&o.vaultdev, "vaultdev", "", "Vault dev server binary for the vault path; default: what "+vaultdevScript+" build prints, when run from the repository root; \""+vaultdevOff+"\" skips the path")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: go run ./bench -egressd bin/egressd [flags]")
+		fmt.Fprintln(stderr, "usage: go run ./tools/bench -egressd bin/egressd [flags]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
