@@ -14,35 +14,32 @@ import (
 
 // Bounds on a child's lifecycle, so a broken build cannot hang the bench.
 const (
-	// startTimeout bounds the wait for a child to be ready.
 	startTimeout = 10 * time.Second
-	// stopTimeout bounds the wait after SIGTERM before SIGKILL. Every client
-	// connection is closed by then, so a drain has nothing to wait for.
+	// stopTimeout: every client connection is closed by SIGTERM, so a drain
+	// has nothing to wait for.
 	stopTimeout = 10 * time.Second
 )
 
-// child is a process the bench starts (a peer, Vault; egressd is
-// egressdtest's): started in its own
-// process group, so Ctrl-C reaches only the bench, which stops it with SIGTERM;
-// Pdeathsig stops it if the bench dies without cleaning up.
+// child is a process the bench starts (a peer; egressd and Vault are
+// internal/testutil's): in its own process group, so Ctrl-C reaches only the
+// bench, which stops it with SIGTERM; Pdeathsig stops it if the bench dies.
 type child struct {
-	cmd *exec.Cmd
-
-	exited   chan struct{} // closed when the process has been reaped
-	exitErr  error         // valid once exited is closed
-	stopOnce sync.Once
-	stopMsg  string
+	cmd              *exec.Cmd
+	outPath, logPath string        // its stdout and stderr
+	exited           chan struct{} // closed once reaped
+	exitErr          error
+	stopOnce         sync.Once
+	stopMsg          string
 }
 
-// startChild starts cmd with its stdout and stderr written to the files at
-// outPath and errPath.
-func startChild(cmd *exec.Cmd, outPath, errPath string) (*child, error) {
+func startChild(cmd *exec.Cmd, outPath, logPath string) (*child, error) {
+	c := &child{cmd: cmd, outPath: outPath, logPath: logPath, exited: make(chan struct{})}
 	stdout, err := os.Create(outPath)
 	if err != nil {
 		return nil, err
 	}
 	defer stdout.Close()
-	stderr, err := os.Create(errPath)
+	stderr, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
@@ -52,7 +49,6 @@ func startChild(cmd *exec.Cmd, outPath, errPath string) (*child, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	c := &child{cmd: cmd, exited: make(chan struct{})}
 	go func() {
 		c.exitErr = cmd.Wait()
 		close(c.exited)
@@ -93,5 +89,13 @@ func (c *child) stop() string {
 
 func (c *child) pid() int { return c.cmd.Process.Pid }
 
-// cpuTime is the process's CPU time so far (user + system).
 func (c *child) cpuTime() (time.Duration, error) { return procfs.CPU(c.pid()) }
+
+// logTail is the end of its stderr, for an error message.
+func (c *child) logTail() string {
+	b, _ := os.ReadFile(c.logPath)
+	if len(b) == 0 {
+		return ""
+	}
+	return "; it said:\n" + string(b[max(0, len(b)-1000):])
+}

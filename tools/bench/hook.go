@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,50 +9,35 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/egressd/egressd/internal/testutil/echo"
 	"github.com/egressd/egressd/pkg/hookauth"
 )
 
 // The hook path: a pre_tool_execution hook call, as an agent runtime makes it
-// before every tool call, through egressd, which recognises the hook URL from
-// hooks.json, reads the POST body, signs it (Egressd-Hook-Assertion), forwards
-// it, and buffers and checks the endpoint's decision. It is compared with the
-// same POSTs to a URL of the same allowlist entry that is no hook URL: the
-// same interception and transform, so the difference is what a hook call adds.
-//
-// The endpoint (hookServer) runs in the bench process on its own port, with
-// the upstream's certificate; egressd gets an allowlist entry for hookHost on
-// that port (with the intercept path's transform) and hooks.file naming one
-// hook. Both are in the config only when the hook path runs (up.hook is set).
+// before every tool call, through egressd, which signs the POST body, forwards
+// it and checks the endpoint's decision. It is compared with the same POSTs to
+// a URL of the same entry that is no hook's, so the difference is what a hook
+// call adds. The endpoint runs in the bench process with the upstream's leaf.
 
 const (
-	hookHost = "hook." + benchZone
-	// hookURLPath is the hook URL's path in hooks.json; hookOtherPath is a
-	// path on the same host and entry that no hook names.
-	hookURLPath   = "/pre"
-	hookOtherPath = "/audit"
+	hookHost      = "hook." + benchZone
+	hookURLPath   = "/pre"   // the hook URL's path in hooks.json
+	hookOtherPath = "/audit" // a path of the same entry that no hook names
+	hookOtherRow  = "intercept-post"
 	hookGroup     = "bench-gate"
-	// hookTimeout is the hook's timeout in hooks.json, in seconds: egressd
-	// waits for the endpoint that long minus half a second.
-	hookTimeout = 10
-	// hookBodySize is the size of the JSON tool call every POST sends.
-	hookBodySize = 512
-	// hookAllowBody is what the endpoint answers, and what the client must get
-	// back unchanged (egressd's fail-closed deny is anything else).
+	hookTimeout   = 10 // seconds, in hooks.json
+	hookBodySize  = 512
+	// hookAllowBody is what the client must get back unchanged: egressd's
+	// fail-closed deny is anything else.
 	hookAllowBody = `{"decision":"allow"}`
 	// hookVerifyEvery: the endpoint verifies the first assertion of every run
-	// and then every hookVerifyEvery-th one with pkg/hookauth (signature, aud,
-	// env, exp, body_sha256, jti); all of them are checked for presence.
+	// and then every hookVerifyEvery-th with pkg/hookauth, which is too slow
+	// for every request.
 	hookVerifyEvery = 1024
-	// hookOtherRow is the row of the non-hook POSTs the hook row is compared with.
-	hookOtherRow = "intercept-post"
-	// hookMaxBody bounds what the endpoint reads of a request.
-	hookMaxBody = 64 << 10
-	// envBench is the bench configs' environment (baseConfig), the env
-	// claim of every assertion.
-	envBench = "env_bench"
+	hookMaxBody     = 64 << 10
+	envBench        = "env_bench" // the env claim of every assertion
+
 )
 
 var hookAllow = []byte(hookAllowBody)
@@ -63,18 +47,18 @@ var hookAllow = []byte(hookAllowBody)
 const hooksJSON = `{"` + hookGroup + `": {"pre_tool_execution": [{"matcher": "code_execution", "hooks": [{"type": "http", "url": %q, "timeout": %d}]}]}}
 `
 
-// hookServer is the policy endpoint: HTTPS on 127.0.0.1, answering every POST
-// with hookAllowBody after reading its body. It counts what arrived.
+// hookServer is the policy endpoint: it reads each POST, counts what arrived
+// and answers hookAllowBody.
 type hookServer struct {
 	addr string       // 127.0.0.1:port
 	srv  *echo.Server // counts the connections
 
-	served    atomic.Int64 // requests answered
-	badBody   atomic.Int64 // requests that were not a POST of hookBodySize bytes
-	transform atomic.Int64 // requests carrying exactly transformHeader: transformValue
-	asserted  atomic.Int64 // requests carrying exactly one non-empty Egressd-Hook-Assertion
-	verified  atomic.Int64 // sampled assertions that pkg/hookauth accepted
-	refused   atomic.Int64 // sampled assertions that it refused
+	served    atomic.Int64
+	badBody   atomic.Int64 // not a POST of hookBodySize bytes
+	transform atomic.Int64 // exactly transformHeader: transformValue
+	asserted  atomic.Int64 // exactly one non-empty assertion
+	verified  atomic.Int64 // sampled assertions pkg/hookauth accepted
+	refused   atomic.Int64
 
 	verifier   atomic.Pointer[hookauth.Verifier]
 	sampleNext atomic.Bool            // verify the next assertion (armed before each run)
@@ -199,15 +183,12 @@ func hookPathSpec() pathSpec {
 }
 
 // measureHook runs, per round, the POSTs direct to the endpoint, then through
-// egressd to the hook URL and to the other URL of the same entry (in
-// alternating order), and returns the hook row and the intercept-post row.
-// Both rows share the direct runs.
+// egressd to the hook URL and to the other URL of the same entry, and returns
+// the hook row, the intercept-post row (both sharing the direct runs) and the
+// hook-attack row.
 func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
-	w, e, o := env.w, env.e, env.o
+	w, e, lo := env.w, env.e, env.o.load()
 	hs := w.up.hook
-	if hs == nil {
-		return nil, errors.New("the hook endpoint was not started")
-	}
 	jwks, err := e.adminGet("/.well-known/jwks.json")
 	if err != nil {
 		return nil, fmt.Errorf("egressd's JWKS: %w", err)
@@ -215,71 +196,67 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 	if err := hs.setVerifier(jwks); err != nil {
 		return nil, err
 	}
-	lo := loadOptions{clients: o.clients, size: o.size, warmup: o.warmup, duration: o.duration}
-	direct := customTarget{
-		target: target{url: hs.url(hookURLPath), dialAddr: hs.addr, roots: w.up.roots},
-		method: http.MethodPost, body: hookRequestBody(), check: expectBody(hookAllow, "Egressd-Hook"),
-	}
+	direct := target{url: hs.url(hookURLPath), dialAddr: hs.addr, roots: w.up.roots,
+		method: http.MethodPost, body: hookRequestBody(), check: expectBody(hookAllow, "Egressd-Hook")}
 	call := direct
 	call.dialAddr, call.proxy, call.roots = "", w.proxy, w.egressdRoots
 	other := call
 	other.url = hs.url(hookOtherPath)
 	injects := transformHeader + " (transform)"
-	rows := [2]*rowBuilder{
-		{res: pathResult{Path: "hook", Description: hookPathSpec().desc, Injects: injects + " and " + hookauth.HeaderName + " (signed)"}},
-		{res: pathResult{Path: hookOtherRow, Description: fmt.Sprintf("the hook row's POSTs to https://%s:<port>%s: the same entry and transform, but no hook URL, so intercepted and forwarded as any request (the hook row's direct runs)", hookHost, hookOtherPath), Injects: injects}},
-	}
-	targets := [2]customTarget{call, other}
-	for round := range o.rounds {
-		hs.sampleNext.Store(true)
-		before := hs.counts()
-		d, err := runCustomLoad(ctx, direct, lo, nil)
-		if err != nil {
-			return nil, fmt.Errorf("direct: %w", err)
-		}
-		dc := hs.counts().sub(before)
-		d.fillHook(dc)
+	rows := []*rowBuilder{newRow("hook", hookPathSpec().desc, injects+" and "+hookauth.HeaderName+" (signed)"),
+		newRow(hookOtherRow, fmt.Sprintf("the hook row's POSTs to https://%s:<port>%s: the same entry and transform, but no hook URL, so intercepted and forwarded as any request (the hook row's direct runs)", hookHost, hookOtherPath), injects)}
+	runDirect := func(round int) (runResult, error) {
+		d, c, _, err := hookRun(ctx, hs, e, direct, lo, nil)
 		for _, rb := range rows {
-			rb.res.Problems = append(rb.res.Problems, hookProblems(hookDirect, dc, 0, runLabel("direct", round, o.rounds))...)
+			rb.res.Problems = append(rb.res.Problems, hookProblems(hookDirect, c, 0, runLabel("direct", round, env.o.rounds))...)
 		}
-		order := []int{0, 1}
-		if round%2 == 1 {
-			order = []int{1, 0}
-		}
-		for _, i := range order {
-			hs.sampleNext.Store(true)
-			allowBefore, allowErr := hookAllows(e)
-			before := hs.counts()
-			x, err := measureVia(e, env.dns, func(cpu func() (time.Duration, error)) (runResult, error) {
-				return runCustomLoad(ctx, targets[i], lo, cpu)
-			})
-			if err != nil {
-				return nil, fmt.Errorf("through egressd (%s): %w", rows[i].res.Path, err)
-			}
-			c := hs.counts().sub(before)
-			x.r.fillHook(c)
-			kind, allows := hookCall, int64(-1)
-			if i == 1 {
-				kind = hookOther
-			}
-			if allowAfter, err := hookAllows(e); err == nil && allowErr == nil {
-				allows = allowAfter - allowBefore
-			}
-			ps := hookProblems(kind, c, allows, runLabel("egressd", round, o.rounds))
-			if c.refused > 0 {
-				if msg := hs.firstErr.Load(); msg != nil {
-					ps = append(ps, "first refusal: "+*msg)
-				}
-			}
-			rows[i].res.Problems = append(rows[i].res.Problems, ps...)
-			rows[i].add(d, x)
-		}
+		return d, err
+	}
+	legs := []leg{hookLeg(ctx, env, rows[0], call, hookCall), hookLeg(ctx, env, rows[1], other, hookOther)}
+	if err := runRounds(env, e, runDirect, legs, nil); err != nil {
+		return nil, err
 	}
 	attacked, err := measureHookUnderAttack(ctx, env)
 	if err != nil {
 		return nil, err
 	}
 	return []pathResult{rows[0].finish(e), rows[1].finish(e), attacked}, nil
+}
+
+// hookLeg is a row's runs of t through egressd, checked as kind.
+func hookLeg(ctx context.Context, env pathEnv, rb *rowBuilder, t target, kind int) leg {
+	var c hookCounts
+	var allows int64
+	hs := env.w.up.hook
+	return leg{row: rb,
+		run: func(cpu cpuFunc) (r runResult, err error) {
+			r, c, allows, err = hookRun(ctx, hs, env.e, t, env.o.load(), cpu)
+			return r, err
+		},
+		check: func(round int, _ runResult, _ *viaRun) []string {
+			ps := hookProblems(kind, c, allows, runLabel("egressd", round, env.o.rounds))
+			if msg := hs.firstErr.Load(); c.refused > 0 && msg != nil {
+				ps = append(ps, "first refusal: "+*msg)
+			}
+			return ps
+		}}
+}
+
+// hookRun runs t with the endpoint's first assertion sampled, and returns what
+// the endpoint counted and how much egressd's allowed hook calls grew (-1 when
+// /metrics could not be read).
+func hookRun(ctx context.Context, hs *hookServer, e *egressd, t target, lo loadOptions, cpu cpuFunc) (runResult, hookCounts, int64, error) {
+	hs.sampleNext.Store(true)
+	allowBefore, allowErr := hookAllows(e)
+	before := hs.counts()
+	r, err := runLoad(ctx, t, lo, cpu)
+	c := hs.counts().sub(before)
+	r.fillHook(c)
+	allows := int64(-1)
+	if allowAfter, err := hookAllows(e); err == nil && allowErr == nil {
+		allows = allowAfter - allowBefore
+	}
+	return r, c, allows, err
 }
 
 // fillHook sets the far side's figures of a run from the endpoint's counters.
@@ -365,14 +342,6 @@ func (r *report) writeHookNote(w io.Writer) {
 	}
 	fmt.Fprintf(w, " (a signed pre_tool_execution call vs the same %d-byte POST to a URL of the same entry that is no hook's)\n", hookBodySize)
 	r.writeAttackNote(w)
-}
-
-// signedDur is dur with a sign.
-func signedDur(us float64) string {
-	if us < 0 {
-		return "-" + dur(-us)
-	}
-	return "+" + dur(us)
 }
 
 // needsHook reports whether the hook path is among ps (and so the endpoint

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"net/url"
 	"sync"
@@ -14,30 +18,28 @@ import (
 	"time"
 )
 
-// Bounds on the load generator. A run ends at the end of its window; these
-// keep it bounded even if the clock or the far side misbehaves.
+// Bounds on the load generator: a run ends with its window, and these keep it
+// bounded even if the clock or the far side misbehaves.
 const (
-	// maxRequestsPerClient caps each client's loop by count as well as time.
 	maxRequestsPerClient = 10_000_000
-	// requestTimeout bounds one request (connect, TLS, response head; the
-	// run's context bounds the body), and how long a run may overrun its window.
+	// requestTimeout bounds one request's head, and how far a run may overrun.
 	requestTimeout = 10 * time.Second
-	// errorBackoff spaces a client's requests after a failure, so a refused
-	// connection does not become a busy loop.
+	// errorBackoff keeps a refused connection from becoming a busy loop.
 	errorBackoff = 5 * time.Millisecond
 )
 
+// cpuFunc reads a process's CPU time so far; a run samples it at its window's edges.
+type cpuFunc = func() (time.Duration, error)
+
 // loadOptions are the settings every run of a report shares.
 type loadOptions struct {
-	clients  int
-	size     int
-	warmup   time.Duration
-	duration time.Duration
+	clients, size    int
+	warmup, duration time.Duration
 }
 
 // runResult is one run: one target, all clients, one measured window.
 type runResult struct {
-	Requests   int64            `json:"requests"` // completed inside the measured window
+	Requests   int64            `json:"requests"` // completed inside the window
 	Seconds    float64          `json:"seconds"`
 	ReqPerSec  float64          `json:"req_per_s"`
 	P50US      float64          `json:"p50_us"`
@@ -47,68 +49,63 @@ type runResult struct {
 	Total      int64            `json:"total_requests"` // warm-up and overrun included
 	Errors     int64            `json:"errors"`         // warm-up included
 	ErrorKinds map[string]int64 `json:"error_kinds,omitempty"`
-	// ClientConns counts the client's dials (to the upstream, or to egressd);
-	// UpstreamConns the connections the upstream accepted (from the client,
-	// or from egressd). With keep-alive both should equal the client count.
+	// ClientConns counts the clients' dials, UpstreamConns the far side's
+	// accepts: with keep-alive both equal the client count.
 	ClientConns   int64 `json:"client_conns"`
 	UpstreamConns int64 `json:"upstream_conns"`
-	// UpstreamRequests is how many requests the upstream answered in the run
-	// (warm-up included); Transformed and Credentialed how many of them
-	// carried the transform's header or the credential's Authorization,
-	// exactly once and with the exact value.
-	UpstreamRequests int64 `json:"upstream_requests"`
-	Transformed      int64 `json:"upstream_transformed"`
-	Credentialed     int64 `json:"upstream_credentialed"`
-	// VaultCredentialed counts those that carried the vault path's token.
-	VaultCredentialed int64 `json:"upstream_vault_credentialed"`
-	// OAuthCredentialed counts those that carried the oauth2 path's access token.
-	OAuthCredentialed int64 `json:"upstream_oauth_credentialed"`
-	// TLSHandshakes counts the clients' completed TLS handshakes (warm-up
-	// included); TLSResumed those of them that resumed a session.
-	TLSHandshakes int64 `json:"tls_handshakes"`
-	TLSResumed    int64 `json:"tls_resumed"`
-	// CPUSeconds is egressd's CPU time (user+system) over the window; only
-	// for runs through egressd.
-	CPUSeconds float64 `json:"egressd_cpu_s,omitempty"`
-	// CPUError says why CPUSeconds could not be measured (egressd exited).
-	CPUError string `json:"egressd_cpu_error,omitempty"`
+	// The far side's requests, and those carrying each injected value exactly
+	// once (warm-up included).
+	UpstreamRequests  int64   `json:"upstream_requests"`
+	Transformed       int64   `json:"upstream_transformed"`
+	Credentialed      int64   `json:"upstream_credentialed"`
+	VaultCredentialed int64   `json:"upstream_vault_credentialed"`
+	OAuthCredentialed int64   `json:"upstream_oauth_credentialed"`
+	TLSHandshakes     int64   `json:"tls_handshakes"`
+	TLSResumed        int64   `json:"tls_resumed"`
+	CPUSeconds        float64 `json:"egressd_cpu_s,omitempty"` // the proxy's, over the window
+	CPUError          string  `json:"egressd_cpu_error,omitempty"`
 
-	// hist is the window's latencies, kept to merge rounds.
-	hist histogram
+	hist histogram // kept to merge rounds
 }
 
-// runLoad drives t with lo.clients clients for the warm-up and then the measured
-// window, and returns what the window saw. cpu, when set, is sampled at the
-// window's edges.
-func runLoad(ctx context.Context, t target, lo loadOptions, up *upstream, cpu func() (time.Duration, error)) (runResult, error) {
-	before := up.counts()
-	r, err := runCustomLoad(ctx, customTarget{target: t, method: http.MethodGet, check: expectSize(lo.size)}, lo, cpu)
-	if err != nil {
-		return r, err
+// target is one side of a path: what every request asks for and how the
+// client reaches it.
+type target struct {
+	url string
+	// proxy is the proxy's URL, "" for direct: absolute-form for http://,
+	// CONNECT for https://.
+	proxy string
+	// dialAddr, when set, is where a direct run dials whatever the name
+	// resolves to, so /etc/hosts cannot change what is measured.
+	dialAddr          string
+	roots             *x509.CertPool
+	newConnPerRequest bool
+	// resumeSessions gives the client a TLS session cache.
+	resumeSessions bool
+	allowDial      func(addr string) error // nil: loopbackOnly
+	// dialFrom makes the connection (the transparent path: from the sandbox
+	// namespace); nil dials from this namespace.
+	dialFrom func(ctx context.Context, network, addr string) (net.Conn, error)
+	method   string // "" is GET
+	body     []byte // sent with every request
+	// check reads a 200's whole body; nil: exactly -size bytes.
+	check func(*http.Response) error
+}
+
+// runLoad drives t with lo.clients clients for the warm-up and then the
+// window, sampling cpu (when set) at the window's edges.
+func runLoad(ctx context.Context, t target, lo loadOptions, cpu cpuFunc) (runResult, error) {
+	if t.check == nil {
+		t.check = expectSize(lo.size)
 	}
-	r.fillUpstream(up.counts().sub(before))
-	return r, nil
-}
-
-// fillUpstream sets the run's upstream figures from the counts it grew by.
-func (r *runResult) fillUpstream(d upstreamCounts) {
-	r.UpstreamConns, r.UpstreamRequests = d.accepted, d.served
-	r.Transformed, r.Credentialed, r.VaultCredentialed, r.OAuthCredentialed = d.transform, d.credential, d.vaultCred, d.oauthCred
-}
-
-// runClients is the run of every load: lo.clients clients made by newC, each looping until the window closes, the CPU sampled at the window's
-// edges when cpu is set, and the window's figures summed.
-func runClients(ctx context.Context, lo loadOptions, cpu func() (time.Duration, error),
-	newC func(context.Context, *atomic.Int64) (*client, error)) (runResult, error) {
 	start := time.Now()
 	from, to := start.Add(lo.warmup), start.Add(lo.warmup+lo.duration)
 	runCtx, cancel := context.WithDeadline(ctx, to.Add(requestTimeout))
 	defer cancel()
-
 	var dials atomic.Int64
 	clients := make([]*client, lo.clients)
 	for i := range clients {
-		c, err := newC(runCtx, &dials)
+		c, err := newClient(runCtx, t, &dials)
 		if err != nil {
 			return runResult{}, err
 		}
@@ -125,22 +122,29 @@ func runClients(ctx context.Context, lo loadOptions, cpu func() (time.Duration, 
 	}
 	wg.Wait()
 	for _, c := range clients {
-		c.tr.CloseIdleConnections() // ends tunnels, so egressd logs them now
+		c.tr.CloseIdleConnections() // ends tunnels, so the proxy logs them now
 	}
 	if err := ctx.Err(); err != nil {
 		return runResult{}, fmt.Errorf("interrupted: %w", err)
 	}
 	r := summarise(clients, lo.duration)
-	r.ClientConns = dials.Load()
-	r.CPUSeconds = cpuUsed.Seconds()
+	r.ClientConns, r.CPUSeconds = dials.Load(), cpuUsed.Seconds()
 	if cpuErr != nil {
 		r.CPUError = cpuErr.Error()
 	}
 	return r, nil
 }
 
-// sampleCPU returns how much CPU cpu() grew by between from and to.
-func sampleCPU(ctx context.Context, cpu func() (time.Duration, error), from, to time.Time) (time.Duration, error) {
+// runCounted is runLoad with the upstream's counts of the run filled in.
+func runCounted(ctx context.Context, t target, lo loadOptions, up *upstream, cpu cpuFunc) (runResult, error) {
+	before := up.counts()
+	r, err := runLoad(ctx, t, lo, cpu)
+	r.fillUpstream(up.counts().sub(before))
+	return r, err
+}
+
+// sampleCPU returns how much cpu() grew by between from and to.
+func sampleCPU(ctx context.Context, cpu cpuFunc, from, to time.Time) (time.Duration, error) {
 	if err := sleepUntil(ctx, from); err != nil {
 		return 0, err
 	}
@@ -182,43 +186,75 @@ func summarise(clients []*client, window time.Duration) runResult {
 	return r
 }
 
-// setLatencies fills the latency fields from hist.
 func (r *runResult) setLatencies() {
-	r.P50US = micros(r.hist.quantile(0.50))
-	r.P99US = micros(r.hist.quantile(0.99))
-	r.MeanUS = micros(r.hist.mean())
-	r.MaxUS = micros(r.hist.max)
+	r.P50US, r.P99US = micros(r.hist.quantile(0.50)), micros(r.hist.quantile(0.99))
+	r.MeanUS, r.MaxUS = micros(r.hist.mean()), micros(r.hist.max)
 }
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 // client is one load-generating connection: its own transport, so its own
-// keep-alive connection, issuing requests back to back. Only its goroutine
-// touches it until the run is over.
+// keep-alive connection. Only its goroutine touches it until the run is over.
 type client struct {
-	tr *http.Transport
-	// do makes one request and reads its whole response (customTarget.do).
-	do func() error
+	tr  *http.Transport
+	do  func() error
+	req *http.Request
 
-	hist       histogram
-	total      int64
-	errors     int64
-	errorKinds map[string]int64
-	// handshakes and resumed count the TLS handshakes of the client's
-	// connections, and those that resumed a session; the transport's dialling
-	// goroutine adds to them.
-	handshakes, resumed atomic.Int64
+	hist                histogram
+	total, errors       int64
+	errorKinds          map[string]int64
+	handshakes, resumed atomic.Int64 // added to by the transport's dialling goroutine
 }
 
-// countHandshake is the client's httptrace TLSHandshakeDone.
-func (c *client) countHandshake(cs tls.ConnectionState, err error) {
+func newClient(ctx context.Context, t target, dials *atomic.Int64) (*client, error) {
+	tr, err := newTransport(t, dials)
 	if err != nil {
-		return
+		return nil, err
 	}
-	c.handshakes.Add(1)
-	if cs.DidResume {
-		c.resumed.Add(1)
+	c := &client{tr: tr}
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{TLSHandshakeDone: c.countHandshake})
+	if c.req, err = http.NewRequestWithContext(ctx, t.method, t.url, nil); err != nil {
+		return nil, err
 	}
+	if t.body != nil {
+		c.req.Header.Set("Content-Type", "application/json")
+		c.req.ContentLength = int64(len(t.body))
+	}
+	c.do = func() error { return c.roundTrip(t) }
+	return c, nil
+}
+
+func (c *client) countHandshake(cs tls.ConnectionState, err error) {
+	if err == nil {
+		c.handshakes.Add(1)
+		if cs.DidResume {
+			c.resumed.Add(1)
+		}
+	}
+}
+
+// roundTrip makes one request and has t.check read the whole body. A bodiless
+// request is reused (net/http allows it once the last body is closed), which
+// keeps the client's allocations out of the measurement; one with a body is a
+// fresh copy, so the transport never sees a reader it may still hold.
+func (c *client) roundTrip(t target) error {
+	req := c.req
+	if t.body != nil {
+		req = new(http.Request)
+		*req = *c.req
+		req.Body = io.NopCloser(bytes.NewReader(t.body))
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(t.body)), nil }
+	}
+	resp, err := c.tr.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return statusError{code: resp.StatusCode, reason: resp.Header.Get("Egressd-Reason")}
+	}
+	return t.check(resp)
 }
 
 // loop issues requests until the window closes (or maxRequestsPerClient),
@@ -233,7 +269,8 @@ func (c *client) loop(ctx context.Context, from, to time.Time) {
 		t1 := time.Now()
 		c.total++
 		if err != nil {
-			c.fail(err)
+			c.errors++
+			addCount(&c.errorKinds, normalizeErr(err.Error()), 1)
 			time.Sleep(errorBackoff)
 			continue
 		}
@@ -241,11 +278,6 @@ func (c *client) loop(ctx context.Context, from, to time.Time) {
 			c.hist.record(t1.Sub(t0))
 		}
 	}
-}
-
-func (c *client) fail(err error) {
-	c.errors++
-	addCount(&c.errorKinds, normalizeErr(err.Error()), 1)
 }
 
 type statusError struct {
@@ -260,8 +292,9 @@ func (e statusError) Error() string {
 	return fmt.Sprintf("status %d (Egressd-Reason: %s)", e.code, e.reason)
 }
 
-// newTransport builds a client's transport for t: HTTP/1.1 only (so direct and
-// proxied runs speak the same protocol), no compression, no environment proxy.
+// newTransport builds a client's transport: HTTP/1.1 only (so every path
+// speaks what a CONNECT splices), no compression, no environment proxy, one
+// idle connection (its own keep-alive one).
 func newTransport(t target, dials *atomic.Int64) (*http.Transport, error) {
 	d := &net.Dialer{Timeout: requestTimeout}
 	allow, dial := t.allowDial, t.dialFrom
@@ -282,23 +315,17 @@ func newTransport(t target, dials *atomic.Int64) (*http.Transport, error) {
 			dials.Add(1)
 			return dial(ctx, network, addr)
 		},
-		// Each client has its own transport, so one idle connection is its
-		// keep-alive connection; clients never share or steal connections.
-		MaxIdleConns:          1,
-		MaxIdleConnsPerHost:   1,
+		MaxIdleConns: 1, MaxIdleConnsPerHost: 1,
 		DisableKeepAlives:     t.newConnPerRequest,
 		DisableCompression:    true,
 		TLSHandshakeTimeout:   requestTimeout,
 		ResponseHeaderTimeout: requestTimeout,
-		// A non-nil, empty TLSNextProto keeps HTTP/2 off: HTTP/1.1 over TLS,
-		// comparable with the plain path and with what is spliced in CONNECT.
-		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
+		TLSNextProto:          map[string]func(string, *tls.Conn) http.RoundTripper{}, // keeps HTTP/2 off
 	}
 	if t.roots != nil {
 		tr.TLSClientConfig = &tls.Config{RootCAs: t.roots, MinVersion: tls.VersionTLS12}
 		if t.resumeSessions {
-			// One host per client, so one session is all it needs.
-			tr.TLSClientConfig.ClientSessionCache = tls.NewLRUClientSessionCache(1)
+			tr.TLSClientConfig.ClientSessionCache = tls.NewLRUClientSessionCache(1) // one host per client
 		}
 	}
 	if t.proxy != "" {
@@ -312,11 +339,50 @@ func newTransport(t target, dials *atomic.Int64) (*http.Transport, error) {
 }
 
 // loopbackOnly refuses to dial anything but a loopback IP literal: the bench
-// dials only the upstream and egressd, both on 127.0.0.1, never a name.
+// dials only its upstream and the proxies, all on 127.0.0.1, never a name.
 func loopbackOnly(addr string) error {
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil || !ap.Addr().IsLoopback() {
 		return errors.New("bench dials only loopback IP literals, not " + addr)
 	}
 	return nil
+}
+
+// expectSize is a check: the body is exactly n bytes.
+func expectSize(n int) func(*http.Response) error {
+	return func(resp *http.Response) error {
+		got, err := io.Copy(io.Discard, resp.Body)
+		switch {
+		case err != nil:
+			return fmt.Errorf("reading body: %w", err)
+		case got != int64(n):
+			return fmt.Errorf("body of %d bytes, want %d", got, n)
+		}
+		return nil
+	}
+}
+
+// drain is a check that accepts any body.
+func drain(resp *http.Response) error { _, err := io.Copy(io.Discard, resp.Body); return err }
+
+// expectBody is a check: the body is exactly want, and no header in refuse is set.
+func expectBody(want []byte, refuse ...string) func(*http.Response) error {
+	return func(resp *http.Response) error {
+		got, err := io.ReadAll(io.LimitReader(resp.Body, int64(len(want))+1))
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+		}
+		if err != nil {
+			return fmt.Errorf("reading body: %w", err)
+		}
+		for _, h := range refuse {
+			if v := resp.Header.Get(h); v != "" {
+				return fmt.Errorf("response carries %s: %s", h, v)
+			}
+		}
+		if !bytes.Equal(got, want) {
+			return fmt.Errorf("body %q, want %q", truncate(string(got), 80), want)
+		}
+		return nil
+	}
 }

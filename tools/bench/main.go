@@ -1,11 +1,11 @@
 // Command bench measures what egressd costs on the request path: it runs the same
 // load directly against an in-process upstream and then through an egressd
-// subprocess, back to back in one run, and prints throughput, latency and
-// egressd's CPU per request as a ratio to the direct run. All traffic stays on
-// 127.0.0.0/8 (the transparent path's, in network namespaces of its own:
-// transparent.go), and every load loop is bounded in both time and request count.
+// subprocess (and its peer proxies), back to back in one run, and prints
+// throughput, latency and CPU per request as ratios to the direct run. All
+// traffic stays on 127.0.0.0/8 (the transparent path's, in network namespaces
+// of its own), and every load loop is bounded in both time and request count.
 //
-//	go run ./tools/bench -egressd bin/egressd [-duration 4s] [-rounds 1] [-clients 64] [-size 1024] [-paths plain,connect,...] [-vaultdev PATH|off] [-peers goproxy,smokescreen|off] [-idle-tunnels N] [-json]
+//	go run ./tools/bench -egressd bin/egressd [-duration 4s] [-rounds 1] [-paths plain,connect,...] [-peers goproxy,smokescreen|off] [-json]
 package main
 
 import (
@@ -17,36 +17,26 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/egressd/egressd/internal/testutil/dnsstub"
 	"github.com/egressd/egressd/internal/testutil/hookflood"
 )
 
-// Exit codes: the report was printed and no request failed; it was printed but
-// some requests failed (or egressd exited badly); the run could not be made.
+// Exit codes: the report was printed and nothing failed; it was printed but
+// something failed; the run could not be made.
 const (
 	exitOK     = 0
 	exitErrors = 1
 	exitSetup  = 2
 )
 
-// Defaults, chosen to match the conditions issue 8's peer figures were taken
-// under: 64 keep-alive clients, 1 KiB responses, HTTP/1.1. Six paths, each
-// run direct and through egressd for warm-up plus window, take about 65 s.
+// The defaults: 64 keep-alive clients and 1 KiB responses over HTTP/1.1, the
+// conditions the peers are compared under (tools/bench/README.md).
 const (
-	defaultDuration = 4 * time.Second
-	defaultWarmup   = time.Second
-	defaultClients  = 64
-	defaultSize     = 1024
-	defaultRounds   = 1
-	defaultPaths    = "plain,connect,intercept,intercept-newconn,intercept-resume,credential,oauth2,vault,placeholder,hook,transparent"
-
-	// maxDuration, maxClients and maxRounds keep a mistyped flag from turning
-	// the bench into a long or huge load.
+	defaultPaths = "plain,connect,intercept,intercept-newconn,intercept-resume,credential,oauth2,vault,placeholder,hook,transparent"
+	// The maxima keep a mistyped flag from turning the bench into a long or huge load.
 	maxDuration = 5 * time.Minute
 	maxClients  = 4096
 	maxSize     = 64 << 20
@@ -55,25 +45,23 @@ const (
 
 // options are the parsed flags.
 type options struct {
-	egressd  string
-	duration time.Duration
-	warmup   time.Duration
-	clients  int
-	size     int
-	rounds   int
-	paths    []pathSpec
-	json     bool
-	keep     bool
-	vaultdev string // the Vault dev server binary; "" finds it, vaultdevOff skips
-	// idleTunnels is how many tunnels the idle-tunnels path opens (idle.go).
-	idleTunnels int
-	// peers are the peer proxies measured beside egressd (peers.go); nil
-	// with -peers off.
-	peers []peerSpec
+	egressd          string
+	duration, warmup time.Duration
+	clients, size    int
+	rounds           int
+	paths            []pathSpec
+	json, keep       bool
+	vaultdev         string // "" finds it, scriptOff skips the vault path
+	idleTunnels      int
+	peers            []peerSpec // nil with -peers off
+}
+
+func (o options) load() loadOptions {
+	return loadOptions{clients: o.clients, size: o.size, warmup: o.warmup, duration: o.duration}
 }
 
 func main() {
-	hookflood.MainIfChild() // the hook-attack row's flood runs in a child (hookattack.go)
+	hookflood.MainIfChild() // the hook-attack row's flood runs in a child
 	os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr))
 }
 
@@ -88,20 +76,18 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	rep, err := run(ctx, opts, stderr)
-	if err != nil {
+	if err == nil {
+		if opts.json {
+			err = rep.writeJSON(stdout)
+		} else {
+			err = rep.writeText(stdout)
+		}
+	}
+	switch {
+	case err != nil:
 		fmt.Fprintln(stderr, "bench:", err)
 		return exitSetup
-	}
-	if opts.json {
-		err = rep.writeJSON(stdout)
-	} else {
-		err = rep.writeText(stdout)
-	}
-	if err != nil {
-		fmt.Fprintln(stderr, "bench:", err)
-		return exitSetup
-	}
-	if rep.failed() {
+	case rep.failed():
 		return exitErrors
 	}
 	return exitOK
@@ -113,17 +99,17 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
 	var paths, peers string
 	fs.StringVar(&o.egressd, "egressd", "", "path to the egressd binary (required)")
-	fs.DurationVar(&o.duration, "duration", defaultDuration, "measured time per run (each path runs direct, then through egressd)")
-	fs.DurationVar(&o.warmup, "warmup", defaultWarmup, "unmeasured warm-up before each run")
-	fs.IntVar(&o.clients, "clients", defaultClients, "concurrent clients, each with its own keep-alive connection")
-	fs.IntVar(&o.size, "size", defaultSize, "response body size in bytes")
-	fs.IntVar(&o.rounds, "rounds", defaultRounds, "direct/egressd run pairs per path, alternated; the report gives the median ratio")
+	fs.DurationVar(&o.duration, "duration", 4*time.Second, "measured time per run (each path runs direct, then through egressd)")
+	fs.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up before each run")
+	fs.IntVar(&o.clients, "clients", 64, "concurrent clients, each with its own keep-alive connection")
+	fs.IntVar(&o.size, "size", 1024, "response body size in bytes")
+	fs.IntVar(&o.rounds, "rounds", 1, "direct/egressd run pairs per path, alternated; the report gives the median ratio")
 	fs.StringVar(&paths, "paths", defaultPaths, "comma-separated paths to measure: "+strings.Join(pathNames(), ", "))
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON")
 	fs.IntVar(&o.idleTunnels, "idle-tunnels", defaultIdleTunnels, fmt.Sprintf("idle CONNECT tunnels the %s path opens (1 to %d)", idlePathName, maxIdleTunnels))
-	fs.StringVar(&peers, "peers", peersDefault, "peer proxies measured beside egressd on the paths they can carry, each as NAME or NAME=BINARY ("+strings.Join(peerKindNames(), ", ")+"); default binaries: what "+peersScript+" build prints, when run from the repository root; \""+peersOff+"\" measures none")
+	fs.StringVar(&peers, "peers", peersDefault, "peer proxies measured beside egressd on the paths they can carry, each as NAME or NAME=BINARY ("+strings.Join(peerKindNames(), ", ")+"); default binaries: what "+peersScript+" build prints, when run from the repository root; \""+scriptOff+"\" measures none")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temp dir (egressd config and log) and print its path")
-	fs.StringVar(&o.vaultdev, "vaultdev", "", "Vault dev server binary for the vault path; default: what "+vaultdevScript+" build prints, when run from the repository root; \""+vaultdevOff+"\" skips the path")
+	fs.StringVar(&o.vaultdev, "vaultdev", "", "Vault dev server binary for the vault path; default: what "+vaultdevScript+" build prints, when run from the repository root; \""+scriptOff+"\" skips the path")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: go run ./tools/bench -egressd bin/egressd [flags]")
 		fs.PrintDefaults()
@@ -144,7 +130,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if err := o.validate(); err != nil {
 		return o, err
 	}
-	return o, o.absEgressd()
+	// egressd runs in the temp dir, where a relative path would name nothing.
+	o.egressd, err = filepath.Abs(o.egressd)
+	return o, err
 }
 
 func (o options) validate() error {
@@ -170,19 +158,8 @@ func (o options) validate() error {
 	return nil
 }
 
-// absEgressd makes -egressd absolute: egressd runs in the temp dir, where a
-// relative path would name nothing.
-func (o *options) absEgressd() error {
-	abs, err := filepath.Abs(o.egressd)
-	if err != nil {
-		return fmt.Errorf("-egressd: %w", err)
-	}
-	o.egressd = abs
-	return nil
-}
-
-// run is the whole bench: upstream, DNS stub, egressd, then each path direct
-// and through egressd. Everything it starts is stopped before it returns.
+// run is the whole bench: the world (upstream, DNS stub, egressd, peers), then
+// each path. Everything it starts is stopped before it returns.
 func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 	dir, err := os.MkdirTemp("", "egressd-bench-")
 	if err != nil {
@@ -193,185 +170,88 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 	} else {
 		defer os.RemoveAll(dir)
 	}
-	up, err := startUpstream(o.size)
-	if err != nil {
-		return nil, fmt.Errorf("upstream: %w", err)
-	}
-	defer up.close()
-	if needsHook(o.paths) { // before egressd: its config names the endpoint
-		if up.hook, err = startHookServer(up); err != nil {
-			return nil, fmt.Errorf("hook endpoint: %w", err)
-		}
-		defer up.hook.close()
-	}
-	dns, err := startDNS()
-	if err != nil {
-		return nil, fmt.Errorf("DNS stub: %w", err)
-	}
-	defer dns.Close()
-	prepareIdleTunnels(o) // before egressd, which inherits the fd limit
-	cfg, files := benchConfig(up, dns.Addr, nil, benchMaxConnections)
-	e, err := startEgressd(ctx, o.egressd, dir, cfg, files)
-	if err != nil {
-		return nil, fmt.Errorf("egressd: %w", err)
-	}
-	defer e.stop()
-	w := &world{up: up, proxy: e.proxyURL}
-	if intercepts(o.paths) {
-		if w.egressdRoots, err = e.CAPool(); err != nil {
-			return nil, err
-		}
-	}
-	var vaultBin, vaultSkip string
-	if needsVault(o.paths) {
-		if vaultBin, vaultSkip, err = findVaultdev(ctx, o.vaultdev, stderr); err != nil {
-			return nil, err
-		}
-	}
-	peers, err := startPeers(ctx, o, dir, up, stderr) // nil with -peers off or no path they carry
+	env := pathEnv{o: o, dir: dir, stderr: stderr}
+	stop, err := startWorld(ctx, &env)
+	defer stop()
 	if err != nil {
 		return nil, err
 	}
-	defer peers.stop()
-	w.peers = peers
-	var vs *vaultStack // started before the first vault path, so idle during the others
 	rep := newReport(o)
+	vs := &vaultStack{}
+	defer vs.stop()
 	for _, p := range o.paths {
-		pw, pe := w, e
-		if p.vault {
-			if vaultSkip != "" {
-				rep.Paths = append(rep.Paths, pathResult{Path: p.name, Description: p.desc, Skipped: vaultSkip})
-				continue
-			}
-			if vs == nil {
-				if vs, err = startVaultStack(ctx, o, vaultBin, dir, up, dns.Addr); err != nil {
-					return nil, fmt.Errorf("%s: %w", p.name, err)
-				}
-				defer vs.stop()
-			}
-			pw, pe = vs.w, vs.e
-		}
-		if p.measure != nil {
-			rs, err := p.measure(ctx, pathEnv{w: pw, e: pe, dns: dns, o: o, dir: dir, stderr: stderr})
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", p.name, err)
-			}
-			rep.Paths = append(rep.Paths, rs...)
-			continue
-		}
-		r, err := measurePath(ctx, pw, pe, dns, p, o)
+		rs, err := measure(ctx, env, p, vs)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p.name, err)
 		}
-		rep.Paths = append(rep.Paths, r)
+		rep.Paths = append(rep.Paths, rs...)
 	}
-	rep.Peers = peers.infos() // stops them
-	if vs != nil {
-		rep.VaultEgressdExit = vs.stop()
-	}
-	rep.PeakRSSBytes, rep.RSSError = e.peakRSS()
-	if lc, err := e.leafCache(); err != nil {
+	rep.Peers = env.w.peers.infos() // stops them
+	rep.VaultEgressdExit = vs.stop()
+	rep.PeakRSSBytes, rep.RSSError = env.e.peakRSS()
+	if lc, err := env.e.leafCache(); err != nil {
 		rep.LeafCacheError = err.Error()
 	} else {
 		rep.LeafCache = &lc
 	}
-	rep.EgressdExit = e.stop()
+	rep.EgressdExit = env.e.stop()
 	return rep, nil
 }
 
-// measurePath runs one path o.rounds times, each round direct then through
-// egressd with the same settings, and checks on every run that the upstream
-// received exactly what egressd had to inject.
-func measurePath(ctx context.Context, w *world, e *egressd, dns *dnsstub.Server, p pathSpec, o options) (pathResult, error) {
-	lo := loadOptions{clients: o.clients, size: o.size, warmup: o.warmup, duration: o.duration}
-	res := pathResult{Path: p.name, Description: p.desc, NewConnPerRequest: p.newConn}
-	if p.inject != injectNone {
-		res.Injects = p.inject.String()
-	}
-	leafBefore, leafErr := e.leafCache()
-	dnsBefore := int64(dns.Total())
-	pp := w.peers.forPath(p) // nil unless the path has peers
-	var directs, vias []runResult
-	for round := range o.rounds {
-		d, err := runLoad(ctx, p.direct(w), lo, w.up, nil)
-		if err != nil {
-			return res, fmt.Errorf("direct: %w", err)
-		}
-		from := e.LogSize()
-		x, err := runLoad(ctx, p.viaProxy(w), lo, w.up, e.cpuTime)
-		if err != nil {
-			return res, fmt.Errorf("through egressd: %w", err)
-		}
-		log, err := e.scanLog(from)
-		if err != nil {
-			return res, fmt.Errorf("egressd log: %w", err)
-		}
-		res.Log.merge(log)
-		res.Problems = append(res.Problems, injectionProblems(p, round, o.rounds, d, x)...)
-		res.Problems = append(res.Problems, scrubProblems(p, x, log)...)
-		res.Rounds = append(res.Rounds, newRound(d, x))
-		directs, vias = append(directs, d), append(vias, x)
-		if err := pp.round(ctx, w, lo, d); err != nil { // after egressd's run, against the same direct run
-			return res, err
+// startWorld starts what every path shares into env; stop stops what started.
+func startWorld(ctx context.Context, env *pathEnv) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
 		}
 	}
-	res.Direct, res.Egressd = combine(directs), combine(vias)
-	res.finish()
-	res.Peers = pp.finish()
-	res.DNSQueries = int64(dns.Total()) - dnsBefore
-	if leafErr == nil {
-		var after leafCounts
-		if after, leafErr = e.leafCache(); leafErr == nil {
-			lc := after.sub(leafBefore)
-			res.LeafCache = &lc
+	o := env.o
+	up, err := startUpstream(o.size)
+	if err != nil {
+		return stop, fmt.Errorf("upstream: %w", err)
+	}
+	stops = append(stops, up.close)
+	if needsHook(o.paths) { // before egressd: its config names the endpoint
+		if up.hook, err = startHookServer(up); err != nil {
+			return stop, fmt.Errorf("hook endpoint: %w", err)
+		}
+		stops = append(stops, up.hook.close)
+	}
+	if env.dns, err = startDNS(); err != nil {
+		return stop, fmt.Errorf("DNS stub: %w", err)
+	}
+	stops = append(stops, func() { env.dns.Close() })
+	prepareIdleTunnels(o) // before egressd, which inherits the fd limit
+	cfg, files := benchConfig(up, env.dns.Addr, nil, benchMaxConnections)
+	if env.e, err = startEgressd(ctx, o.egressd, env.dir, cfg, files); err != nil {
+		return stop, fmt.Errorf("egressd: %w", err)
+	}
+	stops = append(stops, func() { env.e.stop() })
+	env.w = &world{up: up, proxy: env.e.proxyURL}
+	if intercepts(o.paths) {
+		if env.w.egressdRoots, err = env.e.CAPool(); err != nil {
+			return stop, err
 		}
 	}
-	if leafErr != nil {
-		res.LeafCacheError = leafErr.Error()
-	}
-	res.PeakRSSBytes, _ = e.peakRSS()
-	return res, nil
+	env.w.peers, err = startPeers(ctx, o, env.dir, up, env.stderr) // nil with -peers off or no path they carry
+	stops = append(stops, func() { env.w.peers.stop() })
+	return stop, err
 }
 
-// scrubProblems checks that on the credential paths, whose upstream reflects the
-// Authorization it receives, egressd scrubbed the response of every request.
-func scrubProblems(p pathSpec, via runResult, log logSummary) []string {
-	if p.inject != injectCredential && p.inject != injectVaultCredential {
-		return nil
-	}
-	if log.Scrubbed != via.UpstreamRequests {
-		return []string{fmt.Sprintf("egressd run: %d of %d responses reflecting the credential were scrubbed", log.Scrubbed, via.UpstreamRequests)}
-	}
-	return nil
-}
-
-// injectionProblems checks one round's runs against what the path injects: the
-// direct run must reach the upstream with nothing injected, the run through
-// egressd with every request carrying p.inject, and nothing else.
-func injectionProblems(p pathSpec, round, rounds int, direct, via runResult) []string {
-	var out []string
-	label := func(run string) string {
-		if rounds > 1 {
-			return fmt.Sprintf("%s run, round %d", run, round+1)
+// measure runs one path: its own measure function, or the direct/egressd
+// pair, through the vault stack (started on first use) for a vault path.
+func measure(ctx context.Context, env pathEnv, p pathSpec, vs *vaultStack) ([]pathResult, error) {
+	if p.vault {
+		skip, err := vs.start(ctx, env)
+		if err != nil || skip != "" {
+			return []pathResult{{Path: p.name, Description: p.desc, Skipped: skip}}, err
 		}
-		return run + " run"
+		env.w, env.e = vs.w, vs.e
 	}
-	counts := func(r runResult) map[injection]int64 {
-		return map[injection]int64{injectTransform: r.Transformed, injectCredential: r.Credentialed, injectVaultCredential: r.VaultCredentialed, injectOAuth: r.OAuthCredentialed}
+	if p.measure != nil {
+		return p.measure(ctx, env)
 	}
-	for kind, n := range counts(direct) {
-		if n > 0 {
-			out = append(out, fmt.Sprintf("%s: %d of %d upstream requests carried %s, which only egressd sets", label("direct"), n, direct.UpstreamRequests, kind))
-		}
-	}
-	for kind, n := range counts(via) {
-		switch {
-		case kind == p.inject && (n != via.UpstreamRequests || n == 0):
-			out = append(out, fmt.Sprintf("%s: %d of %d upstream requests carried %s as configured", label("egressd"), n, via.UpstreamRequests, kind))
-		case kind != p.inject && n > 0:
-			out = append(out, fmt.Sprintf("%s: %d of %d upstream requests carried %s, which this path's entry does not set", label("egressd"), n, via.UpstreamRequests, kind))
-		}
-	}
-	slices.Sort(out)
-	return out
+	r, err := measurePath(ctx, env, p)
+	return []pathResult{r}, err
 }

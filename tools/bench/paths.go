@@ -4,36 +4,25 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 )
 
-// pathSpec is one way traffic can cross egressd, measured twice: direct to the
-// upstream and through egressd, with everything else equal. A new path (an
-// intercepted one, or a new connection per request) is one more entry in paths.
+// pathSpec is one way traffic can cross egressd, measured direct to the
+// upstream and through egressd, with everything else equal.
 type pathSpec struct {
-	name     string
-	desc     string
-	direct   func(*world) target
-	viaProxy func(*world) target
-	// inject is what egressd must add to every request of this path; the
-	// upstream checks every request, and a run through egressd where any
-	// request lacks it (or a path without injection where any has it) fails.
-	inject injection
-	// newConn: one TCP and TLS handshake per request, so req/s is also
-	// handshakes/s.
-	newConn bool
-	// vault: through the second egressd, whose credentials come from the
-	// Vault dev server the bench starts (vault.go), not the first one's file.
+	name, desc       string
+	direct, viaProxy func(*world) target
+	// inject is what egressd must add to every request of the path; the
+	// upstream checks every request (injectionProblems).
+	inject  injection
+	newConn bool // one TCP and TLS handshake per request
+	// vault: through the second egressd, whose credentials come from Vault.
 	vault bool
-	// measure, when set, replaces measurePath (and direct and viaProxy are
-	// unused): the path makes its own runs and returns its rows, or one row
-	// with Skipped set (hook.go, transparent.go).
+	// measure, when set, replaces measurePath: the path makes its own runs and
+	// returns its rows, or one row with Skipped set.
 	measure func(context.Context, pathEnv) ([]pathResult, error)
-	// peers is which peer proxies (peers.go) also carry this path's load,
-	// each round right after egressd.
-	peers peerUse
+	peers   peerUse // which peer proxies also carry the load
 }
 
 // injection is what an allowlist entry adds to the requests of a path.
@@ -41,10 +30,10 @@ type injection int
 
 const (
 	injectNone            injection = iota
-	injectTransform                 // transformHeader: transformValue, from the entry's transform
+	injectTransform                 // transformHeader: transformValue
 	injectCredential                // Authorization: Bearer credentialToken, from credentials.json
 	injectVaultCredential           // Authorization: Bearer vaultCredentialToken, from Vault
-	injectOAuth                     // Authorization: Bearer oauthAccessToken, from the oauth2 token endpoint
+	injectOAuth                     // Authorization: Bearer oauthAccessToken, from the token endpoint
 )
 
 func (i injection) String() string {
@@ -61,64 +50,29 @@ func (i injection) String() string {
 	return "nothing"
 }
 
-// world is what a path's targets are made from: the running upstream and egressd.
+// world is what a path's targets are made from.
 type world struct {
-	up    *upstream
-	proxy string // http://127.0.0.1:port, egressd's bench listener
-	// egressdRoots holds egressd's CA (from /ca.pem on its admin listener):
-	// what a client of an intercepted tunnel must trust.
-	egressdRoots *x509.CertPool
-	// peers are the peer proxies measured beside egressd (peers.go); nil
-	// for none.
-	peers *peerSet
+	up           *upstream
+	proxy        string         // http://127.0.0.1:port, egressd's bench listener
+	egressdRoots *x509.CertPool // egressd's CA: what an intercepted tunnel's client trusts
+	peers        *peerSet       // nil for none
 }
 
-// Hosts of the intercepted paths: one allowlist entry each (benchConfig),
-// resolved by the DNS stub.
+// Hosts of the intercepted paths: one allowlist entry each, resolved by the DNS stub.
 const (
 	transformHost  = "inject." + benchZone
 	credentialHost = "cred." + benchZone
 	oauthHost      = "oauth." + benchZone
 )
 
-// target is one side of a path: the URL every request asks for and how the
-// client reaches it.
-type target struct {
-	url string
-	// proxy is egressd's URL, or "" for direct. For http:// URLs the client
-	// sends absolute-form requests to it; for https:// it tunnels with CONNECT.
-	proxy string
-	// dialAddr, when set, is where every dial goes whatever the URL's host
-	// resolves to (direct runs: the upstream's literal address, so a "::1
-	// localhost" line in /etc/hosts cannot change what is measured).
-	dialAddr string
-	// roots are the CAs the client trusts for https:// URLs.
-	roots *x509.CertPool
-	// newConnPerRequest turns keep-alive off: one TCP (and TLS) handshake per
-	// request.
-	newConnPerRequest bool
-	// resumeSessions gives the client a TLS session cache, so that a new
-	// connection can resume the session of the one before.
-	resumeSessions bool
-	// allowDial vets every address dialled; nil means loopbackOnly.
-	allowDial func(addr string) error
-	// dialFrom, when set, makes the connection (transparent: from the
-	// sandbox's network namespace); nil dials from this process's namespace.
-	dialFrom func(ctx context.Context, network, addr string) (net.Conn, error)
-}
-
 // paths lists every path the bench knows, in the order it runs them.
 var paths = []pathSpec{
 	{
-		name: "plain",
-		desc: "GET http://localhost:<port>/, keep-alive; through egressd as absolute-form",
-		direct: func(w *world) target {
-			return target{url: w.httpURL(), dialAddr: w.up.httpAddr}
-		},
-		viaProxy: func(w *world) target {
-			return target{url: w.httpURL(), proxy: w.proxy}
-		},
-		peers: peersTunnel,
+		name:     "plain",
+		desc:     "GET http://localhost:<port>/, keep-alive; through egressd as absolute-form",
+		direct:   func(w *world) target { return target{url: w.httpURL(), dialAddr: w.up.httpAddr} },
+		viaProxy: func(w *world) target { return target{url: w.httpURL(), proxy: w.proxy} },
+		peers:    peersTunnel,
 	},
 	{
 		name: "connect",
@@ -126,66 +80,51 @@ var paths = []pathSpec{
 		direct: func(w *world) target {
 			return target{url: w.httpsURL(), dialAddr: w.up.tlsAddr, roots: w.up.roots}
 		},
-		viaProxy: func(w *world) target {
-			return target{url: w.httpsURL(), proxy: w.proxy, roots: w.up.roots}
-		},
-		peers: peersTunnel,
+		viaProxy: func(w *world) target { return target{url: w.httpsURL(), proxy: w.proxy, roots: w.up.roots} },
+		peers:    peersTunnel,
 	},
-	withPeers(interceptPath("intercept", transformHost, injectTransform, false,
-		"GET https://"+transformHost+":<port>/ over HTTP/1.1 keep-alive; through egressd intercepted (client trusts egressd's CA), a transform sets "+transformHeader), peersIntercept),
-	withPeers(interceptPath("intercept-newconn", transformHost, injectTransform, true,
-		"as intercept, but a new TCP+TLS connection per request (handshakes/s; egressd's leaf cache warm); direct: a new TLS connection per request"), peersIntercept),
+	interceptPath("intercept", transformHost, injectTransform, false, peersIntercept,
+		"GET https://"+transformHost+":<port>/ over HTTP/1.1 keep-alive; through egressd intercepted (client trusts egressd's CA), a transform sets "+transformHeader),
+	interceptPath("intercept-newconn", transformHost, injectTransform, true, peersIntercept,
+		"as intercept, but a new TCP+TLS connection per request (handshakes/s; egressd's leaf cache warm); direct: a new TLS connection per request"),
 	resumePath(),
-	interceptPath("credential", credentialHost, injectCredential, false,
+	interceptPath("credential", credentialHost, injectCredential, false, peersNone,
 		"as intercept, but the entry names a file-backed credential (Authorization: Bearer) instead of a transform"),
-	interceptPath("oauth2", oauthHost, injectOAuth, false,
+	interceptPath("oauth2", oauthHost, injectOAuth, false, peersNone,
 		"as credential, but the entry names a file-backed oauth2 credential: the access token egressd got from the upstream's token endpoint (refresh-token grant, cached for its hour)"),
 	vaultPath(),
 	placeholderPathSpec(),
 	hookPathSpec(),
 	transparentPathSpec(),
-	idlePathSpec(), // not in defaultPaths: about 20-30 s (make bench-idle)
+	idlePathSpec(), // not in defaultPaths: make bench-idle
 }
 
-// vaultPath is the credential path through a second egressd, identical but for
-// credentials.backend vault: the same entry and credential ID, the token read
-// from a Vault dev server. Vault is never on the request path after the first
-// read, so it should cost what the credential path costs.
+// vaultPath is the credential path through a second egressd whose token comes
+// from Vault; Vault is never on the request path after the first read.
 func vaultPath() pathSpec {
-	p := interceptPath("vault", credentialHost, injectVaultCredential, false,
+	p := interceptPath("vault", credentialHost, injectVaultCredential, false, peersNone,
 		"as credential, but through a second egressd whose credentials.backend is vault: the token is read from a Vault dev server (KV v2, refresh "+vaultRefresh.String()+") the bench starts; skipped without one")
 	p.vault = true
 	return p
 }
 
-// resumePath is intercept-newconn with a TLS session cache in each client: every
-// reconnection offers the session of the connection before, so the handshakes
-// measured are resumptions wherever the server honours them.
+// resumePath is intercept-newconn whose clients keep a TLS session cache, so
+// every reconnection offers to resume.
 func resumePath() pathSpec {
-	p := interceptPath("intercept-resume", transformHost, injectTransform, true,
+	p := interceptPath("intercept-resume", transformHost, injectTransform, true, peersNone,
 		"as intercept-newconn, but each client keeps a TLS session cache, so every reconnection offers to resume (handshakes/s of resumed sessions); direct: the same against the upstream")
-	p.direct, p.viaProxy = resuming(p.direct), resuming(p.viaProxy)
+	for _, mk := range []*func(*world) target{&p.direct, &p.viaProxy} {
+		inner := *mk
+		*mk = func(w *world) target { t := inner(w); t.resumeSessions = true; return t }
+	}
 	return p
 }
 
-// resuming is mk's target with a session cache in its clients.
-func resuming(mk func(*world) target) func(*world) target {
-	return func(w *world) target {
-		t := mk(w)
-		t.resumeSessions = true
-		return t
-	}
-}
-
-// interceptPath is an HTTPS path to host whose allowlist entry injects inj, so
-// egressd terminates the tunnel with a leaf from its CA. The direct run is TLS
-// to the upstream, with the same keep-alive setting.
-func interceptPath(name, host string, inj injection, newConn bool, desc string) pathSpec {
+// interceptPath is an HTTPS path to host whose entry injects inj, so egressd
+// terminates the tunnel with a leaf from its CA.
+func interceptPath(name, host string, inj injection, newConn bool, peers peerUse, desc string) pathSpec {
 	return pathSpec{
-		name:    name,
-		desc:    desc,
-		inject:  inj,
-		newConn: newConn,
+		name: name, desc: desc, inject: inj, newConn: newConn, peers: peers,
 		direct: func(w *world) target {
 			return target{url: w.hostURL(host), dialAddr: w.up.tlsAddr, roots: w.up.roots, newConnPerRequest: newConn}
 		},
@@ -203,21 +142,19 @@ func (w *world) hostURL(host string) string {
 	return "https://" + host + w.up.tlsAddr[strings.LastIndexByte(w.up.tlsAddr, ':'):] + "/"
 }
 
-// intercepts reports whether any of ps goes through the first egressd's
-// intercepted tunnels (and so needs its CA).
+// localhostAddr turns 127.0.0.1:port into localhost:port: egressd decides on
+// the name and resolves it, as it would a real host.
+func localhostAddr(addr string) string {
+	return "localhost" + addr[strings.LastIndexByte(addr, ':'):]
+}
+
+// intercepts reports whether any of ps needs the first egressd's CA.
 func intercepts(ps []pathSpec) bool {
 	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.inject != injectNone && !p.vault })
 }
 
-// needsVault reports whether any of ps runs through the Vault-backed egressd.
-func needsVault(ps []pathSpec) bool {
-	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.vault })
-}
-
-// localhostAddr turns 127.0.0.1:port into localhost:port: egressd decides on
-// the name and resolves it through the system resolver, as it would a real host.
-func localhostAddr(addr string) string {
-	return "localhost" + addr[strings.LastIndexByte(addr, ':'):]
+func hasPath(ps []pathSpec, name string) bool {
+	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.name == name })
 }
 
 func pathNames() []string {
@@ -228,8 +165,7 @@ func pathNames() []string {
 	return names
 }
 
-// lookupPaths parses -paths: names from paths, comma-separated, each once,
-// run in the order given.
+// lookupPaths parses -paths: names from paths, each once, in the order given.
 func lookupPaths(list string) ([]pathSpec, error) {
 	var out []pathSpec
 	for name := range strings.SplitSeq(list, ",") {
@@ -241,7 +177,7 @@ func lookupPaths(list string) ([]pathSpec, error) {
 		if i < 0 {
 			return nil, fmt.Errorf("-paths: unknown path %q (known: %s)", name, strings.Join(pathNames(), ", "))
 		}
-		if slices.ContainsFunc(out, func(p pathSpec) bool { return p.name == name }) {
+		if hasPath(out, name) {
 			return nil, fmt.Errorf("-paths: %q given twice", name)
 		}
 		out = append(out, paths[i])

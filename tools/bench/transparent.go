@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,55 +23,32 @@ import (
 )
 
 // The transparent path: the same spliced HTTPS requests through one egressd,
-// once from inside a sandbox network namespace whose TCP 443 egressd-netns
-// DNATs to egressd's transparent listener, once through its explicit listener
-// with CONNECT, and once direct.
+// from a sandbox namespace whose TCP 443 egressd-netns DNATs to egressd's
+// transparent listener, through its explicit listener with CONNECT, and direct.
 //
-// It needs root, and it never touches the host's network: when the path runs,
-// the bench re-executes itself under `unshare -rnm` (user, network and mount
-// namespaces) with -paths transparent -json, and that copy — alone in a
-// network namespace with only lo — makes the sandbox namespace with
-// deploy/netns/egressd-netns, runs the loads, runs `egressd-netns down`
-// (always: at the end, on an error, on Ctrl-C or SIGTERM, and when it sees
-// its parent die), and prints its rows as JSON, which the parent puts in its
-// report. Everything the copy starts (the upstream, the DNS stub, its
-// egressds, the namespaces, the iptables rules) lives in its namespaces and
-// ends with it. It mounts a tmpfs over /run/netns and /etc/netns (when they
-// exist) in its own mount namespace first, so the files `ip netns add` and
-// egressd-netns write there are its own, not the host's.
-//
-// In the copy's namespace: the upstream also listens on standInAddr:443 (an
-// address egressd treats as public, added to lo), the DNS stub answers
-// transparentHost with it, and a second egressd listens for the sandbox on the
-// veth's host side (10.200.<netnsIndex>.1:15002, transparent) and on
-// 127.0.0.1:0 (explicit), with an allowlist of transparentHost:443 only
-// (spliced: nothing to inject). The sandbox's client sockets are made on an
-// OS thread that has joined the sandbox's namespace (sandboxNS.dial).
+// It needs root and never touches the host's network: the bench re-executes
+// itself under `unshare -rnm` with -paths transparent -json, and that copy,
+// alone in a network namespace with only lo, makes the sandbox namespace,
+// measures, always runs `egressd-netns down`, and prints its rows as JSON for
+// the parent's report. Its tmpfs over /run/netns and /etc/netns keeps `ip
+// netns` from seeing the host's files. The stand-in upstream address is one
+// egressd's guard treats as public, as a real upstream would be.
 
 const (
 	transparentHost = "tp." + benchZone
-	// standInAddr stands for the public address of transparentHost. It is
-	// 93.184.216.34 (example.com's old address) only on the lo of the bench's
-	// own namespace: egressd's address guard treats it as public, as it would
-	// a real upstream, where 127.0.0.1 would need unsafe_allow_cidrs.
-	standInAddr = "93.184.216.34"
-	standInPort = "443"
-	// netnsScript is where the bench finds egressd-netns: the repository
-	// root, where make bench runs.
-	netnsScript = "deploy/netns/egressd-netns"
-	netnsName   = "egrbench"
-	netnsIndex  = 1 // 10.200.1.0/30, in the bench's own namespace
-	tproxyPort  = 15002
-	dnsPort     = 15053
-	// envBenchNetns marks the re-executed bench in its own namespace.
-	envBenchNetns = "EGRESSD_BENCH_NETNS"
-	// transparentExplicitRow is the row of the explicit-listener runs.
+	// standInAddr is public to egressd's guard, and exists only on the lo of
+	// the bench's own namespace.
+	standInAddr            = "93.184.216.34"
+	standInPort            = "443"
+	netnsScript            = "deploy/netns/egressd-netns" // from the repository root
+	netnsName              = "egrbench"
+	netnsIndex             = 1 // 10.200.1.0/30, in the bench's own namespace
+	tproxyPort             = 15002
+	dnsPort                = 15053
+	envBenchNetns          = "EGRESSD_BENCH_NETNS" // marks the copy
 	transparentExplicitRow = "transparent-explicit"
-	// netnsScriptTimeout bounds one egressd-netns up or down.
-	netnsScriptTimeout = time.Minute
-	// childStopDelay is how long the parent waits for the copy to clean up
-	// after it sent SIGTERM, before it kills it.
-	childStopDelay = time.Minute
+	netnsScriptTimeout     = time.Minute
+	childStopDelay         = time.Minute // for the copy to clean up after SIGTERM
 )
 
 func transparentPathSpec() pathSpec {
@@ -140,9 +116,7 @@ func reexecTransparent(ctx context.Context, env pathEnv) ([]pathResult, error) {
 	cmd := exec.CommandContext(ctx, "unshare", args...)
 	cmd.Env = append(os.Environ(), envBenchNetns+"=1")
 	cmd.Stdout, cmd.Stderr = &out, env.stderr
-	// Its own process group, so that Ctrl-C reaches it only as the SIGTERM
-	// sent here, once; Pdeathsig in case this process dies first (the copy
-	// also watches for that).
+	// Its own process group, so that Ctrl-C reaches it once, as this SIGTERM.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = childStopDelay
@@ -220,54 +194,34 @@ func measureTransparentInside(ctx context.Context, env pathEnv) (rows []pathResu
 	return measureTransparentRuns(ctx, env, te, sb)
 }
 
-// measureTransparentRuns runs, per round, direct, then transparent and
-// explicit in alternating order, and returns the transparent row and the
-// transparent-explicit row; both share the direct runs.
+// measureTransparentRuns returns the transparent row and the
+// transparent-explicit row, which share the direct runs.
 func measureTransparentRuns(ctx context.Context, env pathEnv, te *egressd, sb *sandboxNS) ([]pathResult, error) {
-	o, up := env.o, env.w.up
-	lo := loadOptions{clients: o.clients, size: o.size, warmup: o.warmup, duration: o.duration}
-	direct := customTarget{
-		target: target{url: "https://" + transparentHost + "/", dialAddr: net.JoinHostPort(standInAddr, standInPort),
-			allowDial: allowStandIn, roots: up.roots},
-		method: http.MethodGet, check: expectSize(o.size),
-	}
+	up, lo := env.w.up, env.o.load()
+	direct := target{url: "https://" + transparentHost + "/", dialAddr: net.JoinHostPort(standInAddr, standInPort),
+		allowDial: allowStandIn, roots: up.roots}
 	tp := direct
 	tp.dialFrom = sb.dial
 	explicit := direct
 	explicit.dialAddr, explicit.proxy = "", te.proxyURL
-	targets := [2]customTarget{tp, explicit}
-	rows := [2]*rowBuilder{
-		{res: pathResult{Path: "transparent", Description: transparentPathSpec().desc}},
-		{res: pathResult{Path: transparentExplicitRow, Description: fmt.Sprintf("the transparent row's requests through the same egressd's explicit listener: CONNECT %s:%s from the bench's namespace, spliced (the transparent row's direct runs)", transparentHost, standInPort)}},
+	rows := []*rowBuilder{newRow("transparent", transparentPathSpec().desc, ""),
+		newRow(transparentExplicitRow, fmt.Sprintf("the transparent row's requests through the same egressd's explicit listener: CONNECT %s:%s from the bench's namespace, spliced (the transparent row's direct runs)", transparentHost, standInPort), "")}
+	var legs []leg
+	for i, t := range []target{tp, explicit} {
+		legs = append(legs, leg{row: rows[i],
+			run: func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, t, lo, up, cpu) },
+			check: func(round int, d runResult, x *viaRun) []string {
+				acceptSplicedTLS(&x.log)
+				ps := injectionProblems(injectNone, round, env.o.rounds, d, x.r)
+				if x.log.EgressLines == 0 {
+					ps = append(ps, runLabel("egressd", round, env.o.rounds)+": egressd logged no egress line: the requests did not go through it")
+				}
+				return ps
+			}})
 	}
-	for round := range o.rounds {
-		before := up.counts()
-		d, err := runCustomLoad(ctx, direct, lo, nil)
-		if err != nil {
-			return nil, fmt.Errorf("direct: %w", err)
-		}
-		d.fillUpstream(up.counts().sub(before))
-		order := []int{0, 1}
-		if round%2 == 1 {
-			order = []int{1, 0}
-		}
-		for _, i := range order {
-			before := up.counts()
-			x, err := measureVia(te, env.dns, func(cpu func() (time.Duration, error)) (runResult, error) {
-				return runCustomLoad(ctx, targets[i], lo, cpu)
-			})
-			if err != nil {
-				return nil, fmt.Errorf("through egressd (%s): %w", rows[i].res.Path, err)
-			}
-			x.r.fillUpstream(up.counts().sub(before))
-			acceptSplicedTLS(&x.log)
-			rb := rows[i]
-			rb.res.Problems = append(rb.res.Problems, injectionProblems(pathSpec{name: rb.res.Path}, round, o.rounds, d, x.r)...)
-			if x.log.EgressLines == 0 {
-				rb.res.Problems = append(rb.res.Problems, runLabel("egressd", round, o.rounds)+": egressd logged no egress line: the requests did not go through it")
-			}
-			rb.add(d, x)
-		}
+	err := runRounds(env, te, func(int) (runResult, error) { return runCounted(ctx, direct, lo, up, nil) }, legs, nil)
+	if err != nil {
+		return nil, err
 	}
 	return []pathResult{rows[0].finish(te), rows[1].finish(te)}, nil
 }
@@ -455,13 +409,9 @@ func startTransparentEgressd(ctx context.Context, bin, dir, dnsAddr, hostIP stri
 	return e, err
 }
 
-// transparentConfig is the transparent path's egressd: its explicit listener (bench,
-// CONNECT from the bench's namespace), a transparent one on the veth's host side
-// (the sandbox's TCP 443, DNATed there by egressd-netns), and the DNS guard
-// there too (as a deployment has it; the load makes no DNS queries), with
-// transparentHost:443 (spliced: nothing to inject) as the only entry. It
-// reaches the upstream by name: transparentHost, pinned to standInAddr in the
-// DNS stub, which egressd's address guard treats as public.
+// transparentConfig is the transparent path's egressd: its explicit listener,
+// a transparent one and the DNS guard on the veth's host side (as a deployment
+// has them), and transparentHost:443, spliced, as the only entry.
 func transparentConfig(dnsAddr, hostIP string) *egressdtest.Config {
 	cfg := baseConfig(dnsAddr)
 	cfg.Listeners = []egressdtest.Listener{{Name: benchListener, Address: "127.0.0.1:0", Mode: "proxy"},

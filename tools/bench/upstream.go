@@ -12,44 +12,35 @@ import (
 	"github.com/egressd/egressd/internal/testutil/testpki"
 )
 
-// upstream is the in-process origin every path ends at: an echo server
-// (internal/testutil/echo) with plain HTTP/1.1 on one loopback port and HTTPS
-// (h2 and http/1.1 by ALPN) on another, whose one route answers every request
-// with the same body of the configured size. The echo counts the connections it
-// accepts, so a report can tell keep-alive from reconnection on the far side of
-// egressd.
+// upstream is the in-process origin every path ends at: an echo server with
+// plain HTTP/1.1 on one loopback port and HTTPS (h2 and http/1.1 by ALPN) on
+// another, answering every request with the same body of -size bytes. It
+// counts what arrived, so a report can tell keep-alive from reconnection and
+// check what egressd injected.
 type upstream struct {
 	srv      *echo.Server
 	httpAddr string // 127.0.0.1:port
 	tlsAddr  string // 127.0.0.1:port
 	caPEM    []byte // the throwaway CA that signed the HTTPS leaf
 	roots    *x509.CertPool
+	cert     tls.Certificate // the leaf, also the hook endpoint's and the transparent stand-in's
 
 	served     atomic.Int64 // requests answered
-	transform  atomic.Int64 // requests carrying exactly transformHeader: transformValue
-	credential atomic.Int64 // requests carrying exactly Authorization: Bearer credentialToken
-	vaultCred  atomic.Int64 // requests carrying exactly Authorization: Bearer vaultCredentialToken
-	oauthCred  atomic.Int64 // requests carrying exactly Authorization: Bearer oauthAccessToken
-	tokenCalls atomic.Int64 // oauth2 token calls egressd made (oauthTokenPath); not in served
-	// hook is the hook path's policy endpoint (hook.go), when that path runs:
-	// egressd's config then names it in hooks.json and its allowlist.
-	hook *hookServer
-	// cert is the HTTPS leaf, also for the hook endpoint (hook.go) and the
-	// transparent path's stand-in address (transparent.go).
-	cert tls.Certificate
+	transform  atomic.Int64 // each counts requests carrying exactly its value
+	credential atomic.Int64
+	vaultCred  atomic.Int64
+	oauthCred  atomic.Int64
+	tokenCalls atomic.Int64 // oauth2 token calls egressd made; not in served
+	hook       *hookServer  // when the hook path runs: egressd's config names it
 }
 
-// upstreamNames are the names the HTTPS leaf is valid for: "localhost" for the
-// plain and connect paths, and the hosts in benchZone (answered by the DNS
-// stub) for the intercepted ones, which need an allowlist entry each; and
-// 127.0.0.1.
+// upstreamNames are the names the HTTPS leaf is valid for: localhost (plain,
+// connect) and the intercepted paths' hosts, one allowlist entry each.
 var upstreamNames = []string{"localhost", "bench.test", "*.bench.test", "127.0.0.1"}
 
 // What egressd injects on the intercepted paths, and the upstream checks on
-// every request: a transform sets transformHeader, the credential (a fake
-// token in the temp dir's credentials.json) sets Authorization. On the vault
-// path the same credential ID holds another fake token, in Vault, so that the
-// upstream can tell which backend a request's header came from.
+// every request. The vault path's token differs from the file's, so the
+// upstream can tell which backend a header came from.
 const (
 	transformHeader      = "X-Bench-Injected"
 	echoHeader           = "X-Bench-Echo" // the upstream's reflection of Authorization
@@ -57,8 +48,7 @@ const (
 	credentialID         = "bench-cred"
 	credentialToken      = "bench-fake-token-not-a-secret"
 	vaultCredentialToken = "bench-fake-vault-token-not-a-secret"
-	// The oauth2 path's credential: egressd exchanges its fake refresh token at
-	// oauthTokenPath on this upstream for oauthAccessToken, valid for an hour.
+	// egressd exchanges the oauth2 credential's refresh token at oauthTokenPath.
 	oauthCredentialID = "bench-oauth"
 	oauthAccessToken  = "bench-fake-access-token-not-a-secret"
 	oauthTokenPath    = "/oauth/token"
@@ -71,8 +61,7 @@ var (
 	oauthTokenResponse  = []byte(`{"access_token": "` + oauthAccessToken + `", "token_type": "Bearer", "expires_in": 3600}`)
 )
 
-// upstreamCounts is a snapshot of the upstream's counters; a run's figures are
-// the difference of two.
+// upstreamCounts is a snapshot of the upstream's counters.
 type upstreamCounts struct {
 	accepted, served, transform, credential, vaultCred, oauthCred int64
 }
@@ -84,6 +73,12 @@ func (u *upstream) counts() upstreamCounts {
 func (c upstreamCounts) sub(o upstreamCounts) upstreamCounts {
 	return upstreamCounts{c.accepted - o.accepted, c.served - o.served, c.transform - o.transform,
 		c.credential - o.credential, c.vaultCred - o.vaultCred, c.oauthCred - o.oauthCred}
+}
+
+// fillUpstream sets a run's far-side figures from the counts it grew by.
+func (r *runResult) fillUpstream(d upstreamCounts) {
+	r.UpstreamConns, r.UpstreamRequests = d.accepted, d.served
+	r.Transformed, r.Credentialed, r.VaultCredentialed, r.OAuthCredentialed = d.transform, d.credential, d.vaultCred, d.oauthCred
 }
 
 func startUpstream(size int) (*upstream, error) {
@@ -113,11 +108,9 @@ func startUpstream(size int) (*upstream, error) {
 
 func (u *upstream) close() { u.srv.Close() }
 
-// fixedBody answers every request with size bytes and an explicit
-// Content-Length, so neither side pays for chunked framing. It counts the
-// requests, and those that carry the injected headers exactly once with the
-// exact value (two map lookups, a string compare or two, an atomic add or two),
-// and sends any Authorization back in echoHeader.
+// fixedBody answers every request with size bytes and a Content-Length (no
+// chunked framing on either side), counts the injected values cheaply (a map
+// lookup and a compare) and reflects Authorization in echoHeader.
 func (u *upstream) fixedBody(size int) http.Handler {
 	body := bytes.Repeat([]byte("x"), size)
 	length := []string{strconv.Itoa(size)}
@@ -147,9 +140,7 @@ func (u *upstream) fixedBody(size int) http.Handler {
 			case oauthAuth:
 				u.oauthCred.Add(1)
 			}
-			// Reflect it, as an echoing upstream would: egressd masks it in the
-			// response (scrubbing), so the credential paths measure a scrubbed
-			// response, replacement included.
+			// Reflected, so the credential paths measure egressd scrubbing it.
 			hdr[echoHeader] = v
 		}
 		hdr["Content-Length"] = length
