@@ -187,6 +187,8 @@ var (
 	unmasked  = []byte(`"scrubbed":0,`)
 	allowed   = []byte(`"decision":"allow"`)
 	status200 = []byte(`"status":200,`)
+	status0   = []byte(`"status":0,`)
+	tlsScheme = []byte(`"scheme":"tls"`)
 	noError   = []byte(`"error":""`)
 )
 
@@ -198,8 +200,10 @@ func (s *logSummary) add(line []byte) {
 		if bytes.Contains(line, scrubbed) && !bytes.Contains(line, unmasked) {
 			s.Scrubbed++
 		}
-		// The fast path: most lines are successes and are not decoded.
-		if bytes.Contains(line, allowed) && bytes.Contains(line, status200) && bytes.Contains(line, noError) {
+		// The fast path: most lines are successes and are not decoded. A
+		// transparent listener's spliced TLS has no HTTP status.
+		ok := bytes.Contains(line, status200) || bytes.Contains(line, tlsScheme) && bytes.Contains(line, status0)
+		if ok && bytes.Contains(line, allowed) && bytes.Contains(line, noError) {
 			s.Allowed200++
 			return
 		}

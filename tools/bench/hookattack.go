@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"io"
@@ -20,27 +19,24 @@ import (
 	"github.com/egressd/egressd/internal/testutil/hookflood"
 )
 
-// The "hook under attack" row: the runtime's pre-tool calls, each on a new
-// connection (CONNECT to the hook host, TLS, the POST), made one after another
-// through an egressd of its own while spliced tunnels hold every one of its
-// limits.max_connections and the sandbox floods it with floodRate fake calls a
-// second (internal/testutil/hookflood, in a child process: CONNECT, TLS, a POST
-// whose body never ends). Its hooks.identify is url, so the fakes contest the hook
-// lane (lane.go) with the real calls. The runtime reads a call that fails in
-// transport as "allow": every real call must get an answer, the endpoint's allow
-// or egressd's deny. The row's direct columns are the same calls through the
-// same egressd before the flood (idle); its egressd columns, during it.
+// The "hook under attack" row: the runtime's pre-tool calls, one after another
+// on new connections, through an egressd of its own whose every connection
+// slot is held by a spliced tunnel while the sandbox floods it with fake calls
+// (internal/testutil/hookflood, in a child process: CONNECT, TLS, a POST whose
+// body never ends). hooks.identify url makes the fakes contest the hook lane
+// with the real calls. The runtime reads a call that fails in transport as
+// allow, so every real call must get an answer, allow or deny. Direct columns:
+// the same calls before the flood.
 const (
 	hookAttackRow        = "hook-attack"
 	attackMaxConnections = 64 // every one held by a spliced tunnel
 	floodRate            = 1000
-	// floodFor bounds the flood; the measured calls run in its middle,
-	// floodSettle after its start until floodSettle before its end.
+	// The measured calls run in the flood's middle, floodSettle from either end.
 	floodFor    = 6 * time.Second
 	floodSettle = time.Second
 	floodHold   = 3 * time.Second // a fake connection's longest life
 	floodOpen   = 8000            // fake connections open at once, at most
-	// callGap spaces the real calls, as tool calls are; callWithin bounds one.
+	// callGap spaces the real calls, as tool calls are.
 	callGap    = 50 * time.Millisecond
 	callWithin = (hookTimeout + 5) * time.Second
 )
@@ -83,10 +79,11 @@ func (s *attackSummary) takeAttackLines(log *logSummary) {
 
 // measureHookUnderAttack measures the real calls idle, then under the flood.
 func measureHookUnderAttack(ctx context.Context, env pathEnv) (pathResult, error) {
-	rb := &rowBuilder{res: pathResult{Path: hookAttackRow, NewConnPerRequest: true, Description: fmt.Sprintf(
+	rb := newRow(hookAttackRow, fmt.Sprintf(
 		"pre-tool calls to the hook URL, one at a time, each on a new connection (CONNECT, TLS, POST), through an egressd with limits.max_connections %d held by spliced tunnels and hooks.identify url, "+
 			"while %d fake calls a second flood it (CONNECT, TLS, a POST whose body never ends); direct columns: the same calls before the flood",
-		attackMaxConnections, floodRate), Injects: "as the hook row"}}
+		attackMaxConnections, floodRate), "as the hook row")
+	rb.res.NewConnPerRequest = true
 	ae, roots, err := startAttackEgressd(ctx, env)
 	if err != nil {
 		return pathResult{}, fmt.Errorf("%s: %w", hookAttackRow, err)
@@ -114,7 +111,7 @@ func measureHookUnderAttack(ctx context.Context, env pathEnv) (pathResult, error
 	time.Sleep(floodSettle)
 	sum.ProbeStatus, sum.ProbeReason = probeOrdinary(proxyAddr, localhostAddr(env.w.up.httpAddr))
 	before = hs.counts()
-	x, err := measureVia(ae, env.dns, func(cpu func() (time.Duration, error)) (runResult, error) {
+	x, err := measureVia(ae, env.dns, func(cpu cpuFunc) (runResult, error) {
 		r, outcomes := realCalls(ctx, caller, floodFor-2*floodSettle-time.Second, cpu)
 		sum.Outcomes = outcomes
 		return r, nil
@@ -139,7 +136,7 @@ func measureHookUnderAttack(ctx context.Context, env pathEnv) (pathResult, error
 // and returns them as a run (a call that got no answer is an error, counted by
 // what went wrong) with the calls counted by outcome. cpu, when set, is
 // egressd's CPU time, sampled over the run.
-func realCalls(ctx context.Context, c hookflood.Caller, d time.Duration, cpu func() (time.Duration, error)) (runResult, map[string]int64) {
+func realCalls(ctx context.Context, c hookflood.Caller, d time.Duration, cpu cpuFunc) (runResult, map[string]int64) {
 	var r runResult
 	outcomes := map[string]int64{}
 	var cpu0 time.Duration
@@ -231,7 +228,7 @@ func holdSlots(wg *sync.WaitGroup, stop <-chan struct{}, proxyAddr string, up *u
 	var up1 sync.WaitGroup
 	for range attackMaxConnections {
 		up1.Add(1)
-		wg.Go(func() { idleTunnel(proxyAddr, up.tlsAddr, up.roots, &held, up1.Done, stop) })
+		wg.Go(func() { holdTunnel(proxyAddr, up, &held, up1.Done, stop) })
 	}
 	up1.Wait()
 	return held.Load()
@@ -255,19 +252,17 @@ func probeOrdinary(proxyAddr, authority string) (int, string) {
 	return resp.StatusCode, resp.Header.Get("Egressd-Reason")
 }
 
-// idleTunnel holds a tunnel to the upstream, TLS done, until stop; up runs once
-// it is up or has failed.
-func idleTunnel(proxyAddr, upstreamTLS string, roots *x509.CertPool, held *atomic.Int64, up func(), stop <-chan struct{}) {
+// holdTunnel holds a tunnel to the upstream, TLS done, until stop; up runs
+// once it is up or has failed.
+func holdTunnel(proxyAddr string, up *upstream, held *atomic.Int64, ready func(), stop <-chan struct{}) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := openTunnel(ctx, proxyAddr, localhostAddr(upstreamTLS), &tls.Config{ServerName: "localhost", RootCAs: roots, NextProtos: []string{"http/1.1"}})
-	if err != nil {
-		up()
-		return
+	c, err := openTunnel(ctx, proxyAddr, localhostAddr(up.tlsAddr), up)
+	if err == nil {
+		defer c.Close()
+		held.Add(1)
 	}
-	defer c.Close()
-	held.Add(1)
-	up()
+	ready()
 	<-stop
 }
 

@@ -13,13 +13,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
+	"github.com/egressd/egressd/internal/testutil/netns"
 )
 
 // The transparent path: the same spliced HTTPS requests through one egressd,
@@ -45,7 +45,7 @@ const (
 	netnsIndex             = 1 // 10.200.1.0/30, in the bench's own namespace
 	tproxyPort             = 15002
 	dnsPort                = 15053
-	envBenchNetns          = "EGRESSD_BENCH_NETNS" // marks the copy
+	envBenchNetns          = "EGRESSD_IN_NETNS" // marks the copy, as internal/testutil/netns's
 	transparentExplicitRow = "transparent-explicit"
 	netnsScriptTimeout     = time.Minute
 	childStopDelay         = time.Minute // for the copy to clean up after SIGTERM
@@ -143,13 +143,13 @@ func reexecTransparent(ctx context.Context, env pathEnv) ([]pathResult, error) {
 
 // measureTransparentInside is the path in the bench's own namespace.
 func measureTransparentInside(ctx context.Context, env pathEnv) (rows []pathResult, err error) {
-	if !onlyLoopback() {
+	if !netns.Inside() {
 		return nil, fmt.Errorf("%s is set, but this network namespace has other interfaces than lo: not a namespace of the bench's own", envBenchNetns)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go watchParent(ctx, cancel)
-	if err := privateNetnsDirs(); err != nil {
+	if err := netns.PrivateNetnsDirs(); err != nil {
 		return nil, err
 	}
 	script, err := filepath.Abs(netnsScript)
@@ -211,7 +211,6 @@ func measureTransparentRuns(ctx context.Context, env pathEnv, te *egressd, sb *s
 		legs = append(legs, leg{row: rows[i],
 			run: func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, t, lo, up, cpu) },
 			check: func(round int, d runResult, x *viaRun) []string {
-				acceptSplicedTLS(&x.log)
 				ps := injectionProblems(injectNone, round, env.o.rounds, d, x.r)
 				if x.log.EgressLines == 0 {
 					ps = append(ps, runLabel("egressd", round, env.o.rounds)+": egressd logged no egress line: the requests did not go through it")
@@ -226,49 +225,6 @@ func measureTransparentRuns(ctx context.Context, env pathEnv, te *egressd, sb *s
 	return []pathResult{rows[0].finish(te), rows[1].finish(te)}, nil
 }
 
-// splicedTLSKey is logSummary's key of a transparent listener's egress line for
-// an allowed TLS connection it spliced without error: it has no HTTP status
-// (egressd answered nothing), so status 0.
-const splicedTLSKey = " tls: decision=allow status=0"
-
-// acceptSplicedTLS counts the transparent listener's spliced tunnels, which
-// log status 0, with the allowed 200s instead of as unexpected lines.
-func acceptSplicedTLS(s *logSummary) {
-	n := s.Unexpected[splicedTLSKey]
-	if n == 0 {
-		return
-	}
-	delete(s.Unexpected, splicedTLSKey)
-	if len(s.Unexpected) == 0 {
-		s.Unexpected = nil
-	}
-	s.Allowed200 += n
-	kept := s.Examples[:0]
-	for _, ex := range s.Examples {
-		if !isSplicedTLS(ex) {
-			kept = append(kept, ex)
-		}
-	}
-	s.Examples = kept
-	if len(s.Examples) == 0 {
-		s.Examples = nil
-	}
-}
-
-// isSplicedTLS reports whether a raw log line is one that splicedTLSKey
-// groups.
-func isSplicedTLS(line string) bool {
-	key, ok := unexpectedKey([]byte(strings.TrimSuffix(line, "…")), true)
-	if !ok || strings.HasPrefix(key, "unparsed line") {
-		// An example cut short: decide on the fields it still has (the
-		// error comes late in the line, and may be cut off).
-		return strings.Contains(line, `"scheme":"tls"`) && strings.Contains(line, `"decision":"allow"`) &&
-			strings.Contains(line, `"status":0,`) && strings.Contains(line, `"reason":"",`) && strings.Contains(line, `"detail":"",`) &&
-			(strings.Contains(line, `"error":""`) || !strings.Contains(line, `"error":`))
-	}
-	return key == splicedTLSKey
-}
-
 // allowStandIn lets the transparent path's clients dial the stand-in upstream
 // (on lo, in the bench's own namespace) besides loopback.
 func allowStandIn(addr string) error {
@@ -276,12 +232,6 @@ func allowStandIn(addr string) error {
 		return nil
 	}
 	return loopbackOnly(addr)
-}
-
-// onlyLoopback reports whether lo is this network namespace's only interface.
-func onlyLoopback() bool {
-	ifs, err := net.Interfaces()
-	return err == nil && len(ifs) == 1 && ifs[0].Flags&net.FlagLoopback != 0
 }
 
 // watchParent cancels when this process's parent changes (it died), so that
@@ -301,22 +251,6 @@ func watchParent(ctx context.Context, cancel context.CancelFunc) {
 			}
 		}
 	}
-}
-
-// privateNetnsDirs mounts an empty tmpfs over /run/netns and /etc/netns,
-// where they exist, in this process's own mount namespace (unshare makes its
-// mounts private): `ip netns add` and egressd-netns then write their files
-// there, and never see or remove the host's.
-func privateNetnsDirs() error {
-	for _, d := range []string{"/run/netns", "/etc/netns"} {
-		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
-			continue
-		}
-		if err := unix.Mount("tmpfs", d, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
-			return fmt.Errorf("mounting a tmpfs on %s in the bench's own mount namespace: %w", d, err)
-		}
-	}
-	return nil
 }
 
 // sandboxNS is the sandbox namespace egressd-netns makes.
