@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 
-	"github.com/egressd/egressd/internal/testutil/echo"
 	"github.com/egressd/egressd/pkg/hookauth"
 )
 
@@ -50,54 +48,25 @@ const hooksJSON = `{"` + hookGroup + `": {"pre_tool_execution": [{"matcher": "co
 // hookServer is the policy endpoint: it reads each POST, counts what arrived
 // and answers hookAllowBody.
 type hookServer struct {
-	addr string       // 127.0.0.1:port
-	srv  *echo.Server // counts the connections
-
-	served    atomic.Int64
-	badBody   atomic.Int64 // not a POST of hookBodySize bytes
-	transform atomic.Int64 // exactly transformHeader: transformValue
-	asserted  atomic.Int64 // exactly one non-empty assertion
-	verified  atomic.Int64 // sampled assertions pkg/hookauth accepted
-	refused   atomic.Int64
-
+	tally
+	addr       string // 127.0.0.1:port
 	verifier   atomic.Pointer[hookauth.Verifier]
 	sampleNext atomic.Bool            // verify the next assertion (armed before each run)
 	firstErr   atomic.Pointer[string] // the first refusal, for the report
 }
 
-// hookCounts is a snapshot of a hookServer's counters.
-type hookCounts struct {
-	accepted, served, badBody, transform, asserted, verified, refused int64
-}
-
-func (h *hookServer) counts() hookCounts {
-	return hookCounts{h.srv.Conns(), h.served.Load(), h.badBody.Load(), h.transform.Load(),
-		h.asserted.Load(), h.verified.Load(), h.refused.Load()}
-}
-
-func (c hookCounts) sub(o hookCounts) hookCounts {
-	return hookCounts{c.accepted - o.accepted, c.served - o.served, c.badBody - o.badBody, c.transform - o.transform,
-		c.asserted - o.asserted, c.verified - o.verified, c.refused - o.refused}
-}
-
-// startHookServer serves the hook endpoint with the upstream's certificate
-// (valid for *.bench.test, signed by the bench CA egressd trusts).
+// startHookServer serves the endpoint with the upstream's leaf, which egressd trusts.
 func startHookServer(up *upstream) (*hookServer, error) {
 	h := &hookServer{}
-	h.srv = &echo.Server{Route: func(w http.ResponseWriter, r *http.Request) bool { h.ServeHTTP(w, r); return true }, Forget: true}
-	port, err := h.srv.Listen("127.0.0.1:0", &up.cert)
+	addrs, err := h.serve(h.ServeHTTP, &up.cert)
 	if err != nil {
 		return nil, err
 	}
-	h.addr = "127.0.0.1:" + strconv.Itoa(port)
+	h.addr = addrs[0]
 	return h, nil
 }
 
-func (h *hookServer) close() {
-	if h != nil {
-		h.srv.Close()
-	}
-}
+func (h *hookServer) close() { h.srv.Close() }
 
 // url is https://hookHost:<port><path>.
 func (h *hookServer) url(path string) string {
@@ -127,15 +96,13 @@ func (h *hookServer) setVerifier(jwks []byte) error {
 // hookAllowBody: what a policy endpoint that allows does.
 func (h *hookServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, hookMaxBody))
-	h.served.Add(1)
+	h.n[cServed].Add(1)
 	if r.Method != http.MethodPost || err != nil || len(body) != hookBodySize {
-		h.badBody.Add(1)
+		h.n[cBadBody].Add(1)
 	}
-	if v := r.Header[transformHeader]; len(v) == 1 && v[0] == transformValue {
-		h.transform.Add(1)
-	}
+	h.countTransform(r)
 	if v := r.Header[hookauth.HeaderName]; len(v) == 1 && v[0] != "" {
-		n := h.asserted.Add(1)
+		n := h.n[cAsserted].Add(1)
 		if h.sampleNext.CompareAndSwap(true, false) || n%hookVerifyEvery == 0 {
 			h.verify(r.Context(), v[0], body)
 		}
@@ -156,11 +123,11 @@ func (h *hookServer) verify(ctx context.Context, assertion string, body []byte) 
 		h.refuse(err.Error())
 		return
 	}
-	h.verified.Add(1)
+	h.n[cVerified].Add(1)
 }
 
 func (h *hookServer) refuse(why string) {
-	h.refused.Add(1)
+	h.n[cRefused].Add(1)
 	h.firstErr.CompareAndSwap(nil, &why)
 }
 
@@ -225,7 +192,7 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 
 // hookLeg is a row's runs of t through egressd, checked as kind.
 func hookLeg(ctx context.Context, env pathEnv, rb *rowBuilder, t target, kind int) leg {
-	var c hookCounts
+	var c counts
 	var allows int64
 	hs := env.w.up.hook
 	return leg{row: rb,
@@ -235,7 +202,7 @@ func hookLeg(ctx context.Context, env pathEnv, rb *rowBuilder, t target, kind in
 		},
 		check: func(round int, _ runResult, _ *viaRun) []string {
 			ps := hookProblems(kind, c, allows, runLabel("egressd", round, env.o.rounds))
-			if msg := hs.firstErr.Load(); c.refused > 0 && msg != nil {
+			if msg := hs.firstErr.Load(); c[cRefused] > 0 && msg != nil {
 				ps = append(ps, "first refusal: "+*msg)
 			}
 			return ps
@@ -245,23 +212,18 @@ func hookLeg(ctx context.Context, env pathEnv, rb *rowBuilder, t target, kind in
 // hookRun runs t with the endpoint's first assertion sampled, and returns what
 // the endpoint counted and how much egressd's allowed hook calls grew (-1 when
 // /metrics could not be read).
-func hookRun(ctx context.Context, hs *hookServer, e *egressd, t target, lo loadOptions, cpu cpuFunc) (runResult, hookCounts, int64, error) {
+func hookRun(ctx context.Context, hs *hookServer, e *egressd, t target, lo loadOptions, cpu cpuFunc) (runResult, counts, int64, error) {
 	hs.sampleNext.Store(true)
 	allowBefore, allowErr := hookAllows(e)
 	before := hs.counts()
 	r, err := runLoad(ctx, t, lo, cpu)
 	c := hs.counts().sub(before)
-	r.fillHook(c)
+	r.fill(c)
 	allows := int64(-1)
 	if allowAfter, err := hookAllows(e); err == nil && allowErr == nil {
 		allows = allowAfter - allowBefore
 	}
 	return r, c, allows, err
-}
-
-// fillHook sets the far side's figures of a run from the endpoint's counters.
-func (r *runResult) fillHook(c hookCounts) {
-	r.UpstreamConns, r.UpstreamRequests, r.Transformed = c.accepted, c.served, c.transform
 }
 
 // Kinds of hook-path runs, for hookProblems.
@@ -274,41 +236,41 @@ const (
 // hookProblems checks one run's counts at the endpoint. allows is how much
 // egressd_hook_requests_total{event="pre_tool_execution",outcome="allow"} grew
 // during it, or -1 when /metrics could not be read.
-func hookProblems(kind int, c hookCounts, allows int64, label string) []string {
+func hookProblems(kind int, c counts, allows int64, label string) []string {
 	var out []string
 	add := func(format string, args ...any) { out = append(out, label+": "+fmt.Sprintf(format, args...)) }
-	if c.badBody > 0 {
-		add("%d of %d requests reached the endpoint as something else than a POST of the %d-byte body sent", c.badBody, c.served, hookBodySize)
+	if c[cBadBody] > 0 {
+		add("%d of %d requests reached the endpoint as something else than a POST of the %d-byte body sent", c[cBadBody], c[cServed], hookBodySize)
 	}
-	if kind != hookDirect && c.served == 0 {
+	if kind != hookDirect && c[cServed] == 0 {
 		add("no request reached the endpoint")
 	}
 	switch kind {
 	case hookDirect:
-		if c.transform > 0 || c.asserted > 0 {
-			add("%d of %d requests carried %s and %d %s, which only egressd sets", c.transform, c.served, transformHeader, c.asserted, hookauth.HeaderName)
+		if c[cTransform] > 0 || c[cAsserted] > 0 {
+			add("%d of %d requests carried %s and %d %s, which only egressd sets", c[cTransform], c[cServed], transformHeader, c[cAsserted], hookauth.HeaderName)
 		}
 	case hookCall:
-		if c.asserted != c.served {
-			add("%d of %d hook calls reached the endpoint with exactly one %s", c.asserted, c.served, hookauth.HeaderName)
+		if c[cAsserted] != c[cServed] {
+			add("%d of %d hook calls reached the endpoint with exactly one %s", c[cAsserted], c[cServed], hookauth.HeaderName)
 		}
-		if c.transform != c.served {
-			add("%d of %d hook calls carried %s as configured", c.transform, c.served, transformHeader)
+		if c[cTransform] != c[cServed] {
+			add("%d of %d hook calls carried %s as configured", c[cTransform], c[cServed], transformHeader)
 		}
-		if c.refused > 0 {
-			add("pkg/hookauth refused %d of %d sampled assertions", c.refused, c.refused+c.verified)
-		} else if c.served > 0 && c.verified == 0 {
+		if c[cRefused] > 0 {
+			add("pkg/hookauth refused %d of %d sampled assertions", c[cRefused], c[cRefused]+c[cVerified])
+		} else if c[cServed] > 0 && c[cVerified] == 0 {
 			add("no assertion was verified with pkg/hookauth")
 		}
-		if allows >= 0 && allows != c.served {
-			add("egressd_hook_requests_total{pre_tool_execution,allow} grew by %d, the endpoint answered %d", allows, c.served)
+		if allows >= 0 && allows != c[cServed] {
+			add("egressd_hook_requests_total{pre_tool_execution,allow} grew by %d, the endpoint answered %d", allows, c[cServed])
 		}
 	case hookOther:
-		if c.transform != c.served {
-			add("%d of %d requests carried %s as configured", c.transform, c.served, transformHeader)
+		if c[cTransform] != c[cServed] {
+			add("%d of %d requests carried %s as configured", c[cTransform], c[cServed], transformHeader)
 		}
-		if c.asserted > 0 {
-			add("%d of %d requests carried %s, though their URL is no hook's", c.asserted, c.served, hookauth.HeaderName)
+		if c[cAsserted] > 0 {
+			add("%d of %d requests carried %s, though their URL is no hook's", c[cAsserted], c[cServed], hookauth.HeaderName)
 		}
 		if allows > 0 {
 			add("egressd_hook_requests_total{pre_tool_execution,allow} grew by %d during requests to a URL that is no hook's", allows)
@@ -342,10 +304,4 @@ func (r *report) writeHookNote(w io.Writer) {
 	}
 	fmt.Fprintf(w, " (a signed pre_tool_execution call vs the same %d-byte POST to a URL of the same entry that is no hook's)\n", hookBodySize)
 	r.writeAttackNote(w)
-}
-
-// needsHook reports whether the hook path is among ps (and so the endpoint
-// must run before egressd starts).
-func needsHook(ps []pathSpec) bool {
-	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.name == "hook" })
 }

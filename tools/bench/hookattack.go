@@ -3,19 +3,14 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"path/filepath"
 	"regexp"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/egressd/egressd/internal/testutil/egressdtest"
 	"github.com/egressd/egressd/internal/testutil/hookflood"
 )
 
@@ -44,92 +39,87 @@ const (
 // attackSummary is what the hook-attack row's attack did, and what the real
 // calls got.
 type attackSummary struct {
-	MaxConnections int `json:"max_connections"`
-	// Held is the spliced tunnels that held the listener's slots.
-	Held int64 `json:"held"`
-	// ProbeStatus is the status of an ordinary GET through egressd during
-	// the flood (503 when the listener is full), ProbeReason its reason header.
-	ProbeStatus int    `json:"probe_status"`
-	ProbeReason string `json:"probe_reason,omitempty"`
-	// Flood is what the fake calls did.
-	Flood hookflood.Stats `json:"flood"`
-	// Outcomes counts the real calls under the flood by what they got: allow,
-	// deny, or what went wrong. NotAnswered is those that got neither.
+	MaxConnections int   `json:"max_connections"`
+	Held           int64 `json:"held"` // spliced tunnels holding the listener's slots
+	// ProbeStatus is an ordinary GET's during the flood: 503 when the
+	// listener is full.
+	ProbeStatus int             `json:"probe_status"`
+	ProbeReason string          `json:"probe_reason,omitempty"`
+	Flood       hookflood.Stats `json:"flood"`
+	// Outcomes counts the real calls under the flood by what they got;
+	// NotAnswered those that got neither allow nor deny.
 	Outcomes    map[string]int64 `json:"outcomes"`
 	NotAnswered int64            `json:"not_answered"`
-	// Refused is egressd's log lines for the fake calls: cut from the lane,
-	// denied, overloaded. Moved out of the row's unexpected lines.
-	Refused map[string]int64 `json:"refused,omitempty"`
+	Refused     map[string]int64 `json:"refused,omitempty"` // the fake calls' log lines
 }
 
-// attackLine tells the log keys (unexpectedKey) of the fake calls' own ends.
+// attackLine tells the log keys of the fake calls' own ends: they are the
+// attack, not unexpected.
 var attackLine = regexp.MustCompile(`reason=overloaded|detail=body_timeout|detail=malformed_body|detail=client_tls|detail=client_untrusted_ca|detail=not_tls|reason=client_cancelled`)
-
-func (s *attackSummary) takeAttackLines(log *logSummary) {
-	for k, n := range log.Unexpected {
-		if attackLine.MatchString(k) {
-			addCount(&s.Refused, k, n)
-			delete(log.Unexpected, k)
-		}
-	}
-	if len(log.Unexpected) == 0 {
-		log.Unexpected, log.Examples = nil, nil
-	}
-}
 
 // measureHookUnderAttack measures the real calls idle, then under the flood.
 func measureHookUnderAttack(ctx context.Context, env pathEnv) (pathResult, error) {
-	rb := newRow(hookAttackRow, fmt.Sprintf(
-		"pre-tool calls to the hook URL, one at a time, each on a new connection (CONNECT, TLS, POST), through an egressd with limits.max_connections %d held by spliced tunnels and hooks.identify url, "+
-			"while %d fake calls a second flood it (CONNECT, TLS, a POST whose body never ends); direct columns: the same calls before the flood",
-		attackMaxConnections, floodRate), "as the hook row")
-	rb.res.NewConnPerRequest = true
-	ae, roots, err := startAttackEgressd(ctx, env)
+	ae, caller, err := startAttackEgressd(ctx, env)
 	if err != nil {
 		return pathResult{}, fmt.Errorf("%s: %w", hookAttackRow, err)
 	}
 	defer ae.stop()
-	proxyAddr := strings.TrimPrefix(ae.proxyURL, "http://")
-	hs := env.w.up.hook
-	caller := hookflood.Caller{Proxy: proxyAddr, Host: hookHost, Port: portNum(hs.addr), Path: hookURLPath,
-		Body: hookRequestBody(), Roots: roots}
 	sum := &attackSummary{MaxConnections: attackMaxConnections}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	defer func() { close(stop); wg.Wait() }()
-	sum.Held = holdSlots(&wg, stop, proxyAddr, env.w.up)
-
+	held, _, err := openIdleTunnels(ctx, caller.Proxy, env.w.up, env.o.size, attackMaxConnections)
+	defer closeConns(held)
+	if err != nil {
+		return pathResult{}, err
+	}
+	sum.Held = int64(len(held))
+	hs := env.w.up.hook
 	before := hs.counts()
 	idle, _ := realCalls(ctx, caller, floodFor-2*floodSettle, nil)
-	idle.fillHook(hs.counts().sub(before))
-	fl, err := hookflood.Start("", hookflood.Options{Proxy: proxyAddr, Host: hookHost, Port: caller.Port, Path: hookURLPath,
+	idle.fill(hs.counts().sub(before))
+	fl, err := hookflood.Start("", hookflood.Options{Proxy: caller.Proxy, Host: hookHost, Port: caller.Port, Path: hookURLPath,
 		Rate: floodRate, For: floodFor, Hold: floodHold, MaxOpen: floodOpen})
 	if err != nil {
 		return pathResult{}, err
 	}
 	defer fl.Stop()
 	time.Sleep(floodSettle)
-	sum.ProbeStatus, sum.ProbeReason = probeOrdinary(proxyAddr, localhostAddr(env.w.up.httpAddr))
+	sum.ProbeStatus, sum.ProbeReason = probeOrdinary(caller.Proxy, localhostAddr(env.w.up.httpAddr))
 	before = hs.counts()
-	x, err := measureVia(ae, env.dns, func(cpu cpuFunc) (runResult, error) {
-		r, outcomes := realCalls(ctx, caller, floodFor-2*floodSettle-time.Second, cpu)
-		sum.Outcomes = outcomes
+	x, err := measureVia(ae, env.dns, func(cpu cpuFunc) (r runResult, err error) {
+		r, sum.Outcomes = realCalls(ctx, caller, floodFor-2*floodSettle-time.Second, cpu)
 		return r, nil
 	})
+	if err == nil {
+		sum.Flood, err = fl.Wait()
+	}
 	if err != nil {
 		return pathResult{}, err
 	}
-	if sum.Flood, err = fl.Wait(); err != nil {
-		return pathResult{}, err
-	}
-	x.r.fillHook(hs.counts().sub(before))
+	x.r.fill(hs.counts().sub(before))
 	sum.NotAnswered = x.r.Errors
+	return sum.row(idle, x, ae), nil
+}
+
+// row is the hook-attack row, the fake calls' log lines moved to the summary.
+func (s *attackSummary) row(idle runResult, x viaRun, ae *egressd) pathResult {
+	rb := newRow(hookAttackRow, fmt.Sprintf(
+		"pre-tool calls to the hook URL, one at a time, each on a new connection (CONNECT, TLS, POST), through an egressd with limits.max_connections %d held by spliced tunnels and hooks.identify url, "+
+			"while %d fake calls a second flood it (CONNECT, TLS, a POST whose body never ends); direct columns: the same calls before the flood",
+		attackMaxConnections, floodRate), "as the hook row")
+	rb.res.NewConnPerRequest = true
 	rb.add(idle, x)
 	res := rb.finish(ae)
-	sum.takeAttackLines(&res.Log)
-	res.Attack = sum
-	res.Problems = append(res.Problems, sum.problems()...)
-	return res, nil
+	for k, n := range res.Log.Unexpected {
+		if attackLine.MatchString(k) {
+			addCount(&s.Refused, k, n)
+			delete(res.Log.Unexpected, k)
+		}
+	}
+	if len(res.Log.Unexpected) == 0 {
+		res.Log.Unexpected, res.Log.Examples = nil, nil
+	}
+	res.Attack = s
+	res.Problems = append(res.Problems, s.problems()...)
+	return res
 }
 
 // realCalls makes the runtime's calls one after another, callGap apart, for d,
@@ -190,48 +180,29 @@ func (s *attackSummary) problems() []string {
 	return out
 }
 
-// startAttackEgressd starts the hook-attack row's egressd (the first one's
-// config but for limits.max_connections and hooks.identify url) in a directory
-// of its own, and points the hook endpoint's verifier at its signing key.
-func startAttackEgressd(ctx context.Context, env pathEnv) (*egressd, *x509.CertPool, error) {
-	cfg, files := attackConfig(env.w.up, env.dns.Addr)
+// startAttackEgressd starts the row's egressd (benchConfig's but for
+// limits.max_connections and hooks.identify url) and points the hook
+// endpoint's verifier at its signing key.
+func startAttackEgressd(ctx context.Context, env pathEnv) (*egressd, hookflood.Caller, error) {
+	cfg, files := benchConfig(env.w.up, env.dns.Addr, nil, attackMaxConnections)
+	cfg.Hooks.Identify = "url"
 	ae, err := startEgressd(ctx, env.o.egressd, filepath.Join(env.dir, hookAttackRow), cfg, files)
 	if err != nil {
-		return nil, nil, fmt.Errorf("egressd: %w", err)
+		return nil, hookflood.Caller{}, fmt.Errorf("egressd: %w", err)
 	}
-	roots, err := ae.CAPool()
+	hs := env.w.up.hook
+	c := hookflood.Caller{Proxy: ae.Proxy, Host: hookHost, Port: portNum(hs.addr), Path: hookURLPath, Body: hookRequestBody()}
+	c.Roots, err = ae.CAPool()
 	if err == nil {
 		var jwks []byte
 		if jwks, err = ae.adminGet("/.well-known/jwks.json"); err == nil {
-			err = env.w.up.hook.setVerifier(jwks)
+			err = hs.setVerifier(jwks)
 		}
 	}
 	if err != nil {
 		ae.stop()
-		return nil, nil, err
 	}
-	return ae, roots, nil
-}
-
-// attackConfig is the hook-attack row's egressd config: benchConfig's, with
-// limits.max_connections attackMaxConnections and hooks.identify url.
-func attackConfig(up *upstream, dnsAddr string) (*egressdtest.Config, map[string]string) {
-	cfg, files := benchConfig(up, dnsAddr, nil, attackMaxConnections)
-	cfg.Hooks.Identify = "url"
-	return cfg, files
-}
-
-// holdSlots opens attackMaxConnections spliced tunnels to the upstream, TLS
-// done, held until stop, and returns how many are up.
-func holdSlots(wg *sync.WaitGroup, stop <-chan struct{}, proxyAddr string, up *upstream) int64 {
-	var held atomic.Int64
-	var up1 sync.WaitGroup
-	for range attackMaxConnections {
-		up1.Add(1)
-		wg.Go(func() { holdTunnel(proxyAddr, up, &held, up1.Done, stop) })
-	}
-	up1.Wait()
-	return held.Load()
+	return ae, c, err
 }
 
 // probeOrdinary sends one ordinary GET (no hook call) through egressd at
@@ -250,20 +221,6 @@ func probeOrdinary(proxyAddr, authority string) (int, string) {
 	}
 	resp.Body.Close()
 	return resp.StatusCode, resp.Header.Get("Egressd-Reason")
-}
-
-// holdTunnel holds a tunnel to the upstream, TLS done, until stop; up runs
-// once it is up or has failed.
-func holdTunnel(proxyAddr string, up *upstream, held *atomic.Int64, ready func(), stop <-chan struct{}) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := openTunnel(ctx, proxyAddr, localhostAddr(up.tlsAddr), up)
-	if err == nil {
-		defer c.Close()
-		held.Add(1)
-	}
-	ready()
-	<-stop
 }
 
 // writeAttackNote prints the hook-attack row: the real calls under the flood

@@ -139,7 +139,7 @@ func runLoad(ctx context.Context, t target, lo loadOptions, cpu cpuFunc) (runRes
 func runCounted(ctx context.Context, t target, lo loadOptions, up *upstream, cpu cpuFunc) (runResult, error) {
 	before := up.counts()
 	r, err := runLoad(ctx, t, lo, cpu)
-	r.fillUpstream(up.counts().sub(before))
+	r.fill(up.counts().sub(before))
 	return r, err
 }
 

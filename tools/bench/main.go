@@ -212,7 +212,7 @@ func startWorld(ctx context.Context, env *pathEnv) (stop func(), err error) {
 		return stop, fmt.Errorf("upstream: %w", err)
 	}
 	stops = append(stops, up.close)
-	if needsHook(o.paths) { // before egressd: its config names the endpoint
+	if hasPath(o.paths, "hook") { // before egressd: its config names the endpoint
 		if up.hook, err = startHookServer(up); err != nil {
 			return stop, fmt.Errorf("hook endpoint: %w", err)
 		}

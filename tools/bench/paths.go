@@ -142,12 +142,6 @@ func (w *world) hostURL(host string) string {
 	return "https://" + host + w.up.tlsAddr[strings.LastIndexByte(w.up.tlsAddr, ':'):] + "/"
 }
 
-// localhostAddr turns 127.0.0.1:port into localhost:port: egressd decides on
-// the name and resolves it, as it would a real host.
-func localhostAddr(addr string) string {
-	return "localhost" + addr[strings.LastIndexByte(addr, ':'):]
-}
-
 // intercepts reports whether any of ps needs the first egressd's CA.
 func intercepts(ps []pathSpec) bool {
 	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.inject != injectNone && !p.vault })
