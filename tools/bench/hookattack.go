@@ -154,8 +154,8 @@ func realCalls(ctx context.Context, c hookflood.Caller, d time.Duration, cpu cpu
 			r.CPUError = err.Error()
 		}
 	}
-	r.Requests = int64(r.hist.n)
-	r.ReqPerSec = float64(r.hist.n) / r.Seconds
+	r.Requests = int64(r.hist.n())
+	r.ReqPerSec = float64(r.hist.n()) / r.Seconds
 	r.ClientConns = r.Total
 	r.setLatencies()
 	return r, outcomes

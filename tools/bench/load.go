@@ -18,14 +18,12 @@ import (
 	"time"
 )
 
-// Bounds on the load generator: a run ends with its window, and these keep it
-// bounded even if the clock or the far side misbehaves.
+// Bounds that keep a run bounded even if the clock or the far side
+// misbehaves; errorBackoff keeps a refused connection from being a busy loop.
 const (
 	maxRequestsPerClient = 10_000_000
-	// requestTimeout bounds one request's head, and how far a run may overrun.
-	requestTimeout = 10 * time.Second
-	// errorBackoff keeps a refused connection from becoming a busy loop.
-	errorBackoff = 5 * time.Millisecond
+	requestTimeout       = 10 * time.Second // a request's head, and a run's overrun
+	errorBackoff         = 5 * time.Millisecond
 )
 
 // cpuFunc reads a process's CPU time so far; a run samples it at its window's edges.
@@ -49,12 +47,11 @@ type runResult struct {
 	Total      int64            `json:"total_requests"` // warm-up and overrun included
 	Errors     int64            `json:"errors"`         // warm-up included
 	ErrorKinds map[string]int64 `json:"error_kinds,omitempty"`
-	// ClientConns counts the clients' dials, UpstreamConns the far side's
-	// accepts: with keep-alive both equal the client count.
-	ClientConns   int64 `json:"client_conns"`
-	UpstreamConns int64 `json:"upstream_conns"`
-	// The far side's requests, and those carrying each injected value exactly
-	// once (warm-up included).
+	// The clients' dials and the far side's accepts: with keep-alive both
+	// equal the client count. Then the far side's requests, and those
+	// carrying each injected value (tally).
+	ClientConns       int64   `json:"client_conns"`
+	UpstreamConns     int64   `json:"upstream_conns"`
 	UpstreamRequests  int64   `json:"upstream_requests"`
 	Transformed       int64   `json:"upstream_transformed"`
 	Credentialed      int64   `json:"upstream_credentialed"`
@@ -71,25 +68,19 @@ type runResult struct {
 // target is one side of a path: what every request asks for and how the
 // client reaches it.
 type target struct {
-	url string
-	// proxy is the proxy's URL, "" for direct: absolute-form for http://,
-	// CONNECT for https://.
-	proxy string
-	// dialAddr, when set, is where a direct run dials whatever the name
-	// resolves to, so /etc/hosts cannot change what is measured.
-	dialAddr          string
-	roots             *x509.CertPool
-	newConnPerRequest bool
-	// resumeSessions gives the client a TLS session cache.
-	resumeSessions bool
-	allowDial      func(addr string) error // nil: loopbackOnly
-	// dialFrom makes the connection (the transparent path: from the sandbox
-	// namespace); nil dials from this namespace.
+	url   string
+	proxy string // "" for direct: absolute-form for http://, CONNECT for https://
+	// dialAddr is where a direct run dials whatever the name resolves to, so
+	// /etc/hosts cannot change what is measured.
+	dialAddr                          string
+	roots                             *x509.CertPool
+	newConnPerRequest, resumeSessions bool
+	allowDial                         func(addr string) error // nil: loopbackOnly
+	// dialFrom makes the connection (from the sandbox namespace); nil dials here.
 	dialFrom func(ctx context.Context, network, addr string) (net.Conn, error)
-	method   string // "" is GET
-	body     []byte // sent with every request
-	// check reads a 200's whole body; nil: exactly -size bytes.
-	check func(*http.Response) error
+	method   string                     // "" is GET
+	body     []byte                     // sent with every request
+	check    func(*http.Response) error // reads a 200's body; nil: exactly -size bytes
 }
 
 // runLoad drives t with lo.clients clients for the warm-up and then the
@@ -145,14 +136,14 @@ func runCounted(ctx context.Context, t target, lo loadOptions, up *upstream, cpu
 
 // sampleCPU returns how much cpu() grew by between from and to.
 func sampleCPU(ctx context.Context, cpu cpuFunc, from, to time.Time) (time.Duration, error) {
-	if err := sleepUntil(ctx, from); err != nil {
-		return 0, err
+	before, err := time.Duration(0), sleepUntil(ctx, from)
+	if err == nil {
+		before, err = cpu()
 	}
-	before, err := cpu()
+	if err == nil {
+		err = sleepUntil(ctx, to)
+	}
 	if err != nil {
-		return 0, err
-	}
-	if err := sleepUntil(ctx, to); err != nil {
 		return 0, err
 	}
 	after, err := cpu()
@@ -180,15 +171,15 @@ func summarise(clients []*client, window time.Duration) runResult {
 		r.TLSHandshakes += c.handshakes.Load()
 		r.TLSResumed += c.resumed.Load()
 	}
-	r.Requests = int64(r.hist.n)
-	r.ReqPerSec = float64(r.hist.n) / window.Seconds()
+	r.Requests = int64(r.hist.n())
+	r.ReqPerSec = float64(r.hist.n()) / window.Seconds()
 	r.setLatencies()
 	return r
 }
 
 func (r *runResult) setLatencies() {
 	r.P50US, r.P99US = micros(r.hist.quantile(0.50)), micros(r.hist.quantile(0.99))
-	r.MeanUS, r.MaxUS = micros(r.hist.mean()), micros(r.hist.max)
+	r.MeanUS, r.MaxUS = micros(r.hist.mean()), micros(r.hist.max())
 }
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
@@ -196,10 +187,9 @@ func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsec
 // client is one load-generating connection: its own transport, so its own
 // keep-alive connection. Only its goroutine touches it until the run is over.
 type client struct {
-	tr  *http.Transport
-	do  func() error
-	req *http.Request
-
+	tr                  *http.Transport
+	do                  func() error
+	req                 *http.Request
 	hist                histogram
 	total, errors       int64
 	errorKinds          map[string]int64

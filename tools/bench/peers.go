@@ -119,10 +119,7 @@ func findPeers(ctx context.Context, specs []peerSpec, stderr io.Writer) (bins, s
 			return nil, nil, fmt.Errorf("-peers %s=%s: %v; build one with %s build, or -peers %s", s.kind.name, s.bin, err, peersScript, scriptOff)
 		}
 	}
-	if len(build) == 0 {
-		return bins, skips, nil
-	}
-	if _, err := os.Stat(peersScript); err != nil {
+	if _, err := os.Stat(peersScript); err != nil || len(build) == 0 {
 		for _, n := range build {
 			skips[n] = "no " + peersScript + " in the working directory (run from the repository root, or pass -peers " + n + "=PATH)"
 		}
@@ -133,45 +130,17 @@ func findPeers(ctx context.Context, specs []peerSpec, stderr io.Writer) (bins, s
 	if err := ctx.Err(); err != nil {
 		return nil, nil, fmt.Errorf("peers: %w", err)
 	}
-	got := parsePeerPaths(out)
-	for _, n := range build {
-		if p, ok := got[n]; ok {
-			bins[n] = p
-			continue
+	for line := range strings.Lines(string(out)) {
+		if name, path, ok := strings.Cut(strings.TrimSpace(line), "="); ok && path != "" {
+			bins[name] = path
 		}
-		why := cmpOr(lastLine(peerErrorLine(errOut, n)), "printed no "+n+"= line")
-		skips[n] = fmt.Sprintf("%s build failed (%v): %s", peersScript, runErr, why)
+	}
+	for _, n := range build {
+		if bins[n] == "" {
+			skips[n] = fmt.Sprintf("%s build failed (%v): %s", peersScript, runErr, lastLine(errOut))
+		}
 	}
 	return bins, skips, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
-
-// parsePeerPaths reads peersScript's name=PATH lines.
-func parsePeerPaths(out []byte) map[string]string {
-	m := map[string]string{}
-	for line := range strings.Lines(string(out)) {
-		if name, path, ok := strings.Cut(strings.TrimSpace(line), "="); ok && name != "" && path != "" {
-			m[name] = path
-		}
-	}
-	return m
-}
-
-// peerErrorLine is the last line of the script's stderr that names peer, else its last line.
-func peerErrorLine(stderr, peer string) string {
-	lines := strings.Split(strings.TrimSpace(stderr), "\n")
-	for i := len(lines) - 1; i >= 0; i-- {
-		if strings.Contains(lines[i], "error: "+peer) {
-			return lines[i]
-		}
-	}
-	return lines[len(lines)-1]
 }
 
 // peerProc is one running peer.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"io"
 	"os"
@@ -111,7 +112,7 @@ func combine(runs []runResult) runResult {
 		r.TLSHandshakes += x.TLSHandshakes
 		r.TLSResumed += x.TLSResumed
 		r.CPUSeconds += x.CPUSeconds
-		r.CPUError = cmpOr(x.CPUError, r.CPUError)
+		r.CPUError = cmp.Or(x.CPUError, r.CPUError)
 		r.hist.merge(&x.hist)
 	}
 	r.ReqPerSec = median(rates)

@@ -148,7 +148,13 @@ func measureTransparentInside(ctx context.Context, env pathEnv) (rows []pathResu
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go watchParent(ctx, cancel)
+	go func() { // the copy cleans up even when the bench that started it was killed
+		for ppid := os.Getppid(); ctx.Err() == nil; time.Sleep(200 * time.Millisecond) {
+			if os.Getppid() != ppid {
+				cancel()
+			}
+		}
+	}()
 	if err := netns.PrivateNetnsDirs(); err != nil {
 		return nil, err
 	}
@@ -170,10 +176,10 @@ func measureTransparentInside(ctx context.Context, env pathEnv) (rows []pathResu
 	if err := sb.run("up"); err != nil {
 		return nil, err
 	}
-	if err := sb.open(); err != nil {
+	if sb.ns, err = os.Open("/run/netns/" + sb.name); err != nil {
 		return nil, err
 	}
-	defer sb.close()
+	defer sb.ns.Close()
 	if out, err := exec.Command("ip", "addr", "add", standInAddr+"/32", "dev", "lo").CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("ip addr add %s/32 dev lo: %v: %s", standInAddr, err, bytes.TrimSpace(out))
 	}
@@ -234,25 +240,6 @@ func allowStandIn(addr string) error {
 	return loopbackOnly(addr)
 }
 
-// watchParent cancels when this process's parent changes (it died), so that
-// the copy cleans up even when the bench that started it was killed.
-func watchParent(ctx context.Context, cancel context.CancelFunc) {
-	ppid := os.Getppid()
-	t := time.NewTicker(200 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if os.Getppid() != ppid {
-				cancel()
-				return
-			}
-		}
-	}
-}
-
 // sandboxNS is the sandbox namespace egressd-netns makes.
 type sandboxNS struct {
 	name       string
@@ -277,59 +264,39 @@ func (sb *sandboxNS) run(verb string) error {
 	return nil
 }
 
-func (sb *sandboxNS) open() error {
-	f, err := os.Open("/run/netns/" + sb.name)
-	if err != nil {
-		return err
-	}
-	sb.ns = f
-	return nil
-}
-
-func (sb *sandboxNS) close() {
-	if sb.ns != nil {
-		sb.ns.Close()
-	}
-}
-
 // dial connects from inside the sandbox: the socket is made on an OS thread
 // that has joined the sandbox's network namespace, which then rejoins its
 // own. A thread that cannot rejoin is never reused: its goroutine ends
 // locked to it, and the runtime ends the thread.
 func (sb *sandboxNS) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
+	var c net.Conn
+	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		home, err := os.Open("/proc/thread-self/ns/net")
+		if err == nil {
+			defer home.Close()
+			err = unix.Setns(int(sb.ns.Fd()), unix.CLONE_NEWNET)
+		}
 		if err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{err: err}
-			return
-		}
-		defer home.Close()
-		if err := unix.Setns(int(sb.ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("joining the sandbox's network namespace: %w", err)}
+			errc <- fmt.Errorf("joining the sandbox's network namespace: %w", err)
 			return
 		}
 		d := net.Dialer{Timeout: requestTimeout}
-		c, dialErr := d.DialContext(ctx, network, addr)
-		if err := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); err != nil {
+		c, err = d.DialContext(ctx, network, addr)
+		if rerr := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); rerr != nil {
 			if c != nil {
 				c.Close()
 			}
-			ch <- result{err: fmt.Errorf("rejoining the bench's network namespace: %w", err)}
+			errc <- fmt.Errorf("rejoining the bench's network namespace: %w", rerr)
 			return // still locked: the thread ends with this goroutine
 		}
 		runtime.UnlockOSThread()
-		ch <- result{c, dialErr}
+		errc <- err
 	}()
-	r := <-ch
-	return r.c, r.err
+	err := <-errc // before c is read
+	return c, err
 }
 
 // startTransparentEgressd starts the transparent path's egressd in dir and
