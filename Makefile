@@ -68,7 +68,7 @@ bench: build
 	$(GO) test -run '^$$' -bench 'BenchmarkScrubRequest1KiB' -benchtime 3000x -count 3 ./internal/proxy/
 
 ## bench-idle: egressd's memory with IDLE_TUNNELS (default 10000) idle CONNECT tunnels
-## open (about 30 s; not in make bench). Raising the fd limit takes CAP_SYS_RESOURCE; without
+## open (tens of seconds; not in make bench). Raising the fd limit takes CAP_SYS_RESOURCE; without
 ## it the bench opens as many tunnels as the limit allows and says so.
 IDLE_TUNNELS ?= 10000
 bench-idle: build

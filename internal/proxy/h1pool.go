@@ -27,13 +27,10 @@ import (
 // frames the request and ReadResponse parses the answer, exactly as the Transport
 // does; what the pool leaves out is the Transport's per-request machinery (a
 // writer and a reader goroutine per connection, three goroutine hand-offs, the
-// cancellation and idle-queue bookkeeping): those two goroutines held 32–37% of
+// cancellation and idle-queue bookkeeping): those two goroutines held a large share of
 // egressd's CPU samples on the plain and intercepted GET paths, their syscalls
-// included, and egressd's CPU per request fell by 13–24% without them
-// (make bench -profile; the issue 8 note has the figures). Measured again for
-// issue 17, with the quiet check: 70 against 81 µs per request on plain GETs
-// (-13%), 91 against 115 intercepted (-21%), medians of 8 alternated bench runs
-// on a loaded machine, the pool switched off in the other binary.
+// included, and egressd's CPU per request falls markedly without them
+// (make bench, the pool switched off in the other binary, shows it).
 //
 // Connections are keyed by scheme and decided target, dialled through the
 // Snapshot's guarded dialer, verified with the upstream TLS policy, and reused only
