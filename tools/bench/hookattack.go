@@ -99,7 +99,20 @@ func measureHookUnderAttack(ctx context.Context, env pathEnv) (pathResult, error
 	return sum.row(idle, x, ae), nil
 }
 
-// row is the hook-attack row, the fake calls' log lines moved to the summary.
+// takeAttackLines moves the fake calls' log lines to the summary.
+func (s *attackSummary) takeAttackLines(log *logSummary) {
+	for k, n := range log.Unexpected {
+		if attackLine.MatchString(k) {
+			addCount(&s.Refused, k, n)
+			delete(log.Unexpected, k)
+		}
+	}
+	if len(log.Unexpected) == 0 {
+		log.Unexpected, log.Examples = nil, nil
+	}
+}
+
+// row is the hook-attack row.
 func (s *attackSummary) row(idle runResult, x viaRun, ae *egressd) pathResult {
 	rb := newRow(hookAttackRow, fmt.Sprintf(
 		"pre-tool calls to the hook URL, one at a time, each on a new connection (CONNECT, TLS, POST), through an egressd with limits.max_connections %d held by spliced tunnels and hooks.identify url, "+
@@ -108,15 +121,7 @@ func (s *attackSummary) row(idle runResult, x viaRun, ae *egressd) pathResult {
 	rb.res.NewConnPerRequest = true
 	rb.add(idle, x)
 	res := rb.finish(ae)
-	for k, n := range res.Log.Unexpected {
-		if attackLine.MatchString(k) {
-			addCount(&s.Refused, k, n)
-			delete(res.Log.Unexpected, k)
-		}
-	}
-	if len(res.Log.Unexpected) == 0 {
-		res.Log.Unexpected, res.Log.Examples = nil, nil
-	}
+	s.takeAttackLines(&res.Log)
 	res.Attack = s
 	res.Problems = append(res.Problems, s.problems()...)
 	return res
@@ -146,7 +151,7 @@ func realCalls(ctx context.Context, c hookflood.Caller, d time.Duration, cpu cpu
 		r.hist.record(took)
 		time.Sleep(callGap)
 	}
-	r.Seconds = time.Since(start).Seconds()
+	seconds := time.Since(start).Seconds()
 	if cpu != nil {
 		if cpu1, err := cpu(); err == nil {
 			r.CPUSeconds = (cpu1 - cpu0).Seconds()
@@ -154,10 +159,8 @@ func realCalls(ctx context.Context, c hookflood.Caller, d time.Duration, cpu cpu
 			r.CPUError = err.Error()
 		}
 	}
-	r.Requests = int64(r.hist.n())
-	r.ReqPerSec = float64(r.hist.n()) / r.Seconds
 	r.ClientConns = r.Total
-	r.setLatencies()
+	r.window(seconds)
 	return r, outcomes
 }
 

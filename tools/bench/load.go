@@ -94,16 +94,16 @@ func runLoad(ctx context.Context, t target, lo loadOptions, cpu cpuFunc) (runRes
 	runCtx, cancel := context.WithDeadline(ctx, to.Add(requestTimeout))
 	defer cancel()
 	var dials atomic.Int64
+	var wg sync.WaitGroup
 	clients := make([]*client, lo.clients)
 	for i := range clients {
 		c, err := newClient(runCtx, t, &dials)
 		if err != nil {
+			cancel()
+			wg.Wait()
 			return runResult{}, err
 		}
 		clients[i] = c
-	}
-	var wg sync.WaitGroup
-	for _, c := range clients {
 		wg.Go(func() { c.loop(runCtx, from, to) })
 	}
 	var cpuUsed time.Duration
@@ -118,11 +118,19 @@ func runLoad(ctx context.Context, t target, lo loadOptions, cpu cpuFunc) (runRes
 	if err := ctx.Err(); err != nil {
 		return runResult{}, fmt.Errorf("interrupted: %w", err)
 	}
-	r := summarise(clients, lo.duration)
-	r.ClientConns, r.CPUSeconds = dials.Load(), cpuUsed.Seconds()
+	r := runResult{ClientConns: dials.Load(), CPUSeconds: cpuUsed.Seconds()}
+	for _, c := range clients {
+		r.hist.merge(&c.hist)
+		r.Total += c.total
+		r.Errors += c.errors
+		addCounts(&r.ErrorKinds, c.errorKinds)
+		r.TLSHandshakes += c.handshakes.Load()
+		r.TLSResumed += c.resumed.Load()
+	}
 	if cpuErr != nil {
 		r.CPUError = cpuErr.Error()
 	}
+	r.window(lo.duration.Seconds())
 	return r, nil
 }
 
@@ -161,20 +169,11 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 	}
 }
 
-func summarise(clients []*client, window time.Duration) runResult {
-	r := runResult{Seconds: window.Seconds()}
-	for _, c := range clients {
-		r.hist.merge(&c.hist)
-		r.Total += c.total
-		r.Errors += c.errors
-		addCounts(&r.ErrorKinds, c.errorKinds)
-		r.TLSHandshakes += c.handshakes.Load()
-		r.TLSResumed += c.resumed.Load()
-	}
-	r.Requests = int64(r.hist.n())
-	r.ReqPerSec = float64(r.hist.n()) / window.Seconds()
+// window sets the figures of a window of seconds from the latencies.
+func (r *runResult) window(seconds float64) {
+	r.Seconds, r.Requests = seconds, int64(r.hist.n())
+	r.ReqPerSec = float64(r.hist.n()) / seconds
 	r.setLatencies()
-	return r
 }
 
 func (r *runResult) setLatencies() {
@@ -188,7 +187,7 @@ func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsec
 // keep-alive connection. Only its goroutine touches it until the run is over.
 type client struct {
 	tr                  *http.Transport
-	do                  func() error
+	t                   target
 	req                 *http.Request
 	hist                histogram
 	total, errors       int64
@@ -201,7 +200,7 @@ func newClient(ctx context.Context, t target, dials *atomic.Int64) (*client, err
 	if err != nil {
 		return nil, err
 	}
-	c := &client{tr: tr}
+	c := &client{tr: tr, t: t}
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{TLSHandshakeDone: c.countHandshake})
 	if c.req, err = http.NewRequestWithContext(ctx, t.method, t.url, nil); err != nil {
 		return nil, err
@@ -210,7 +209,6 @@ func newClient(ctx context.Context, t target, dials *atomic.Int64) (*client, err
 		c.req.Header.Set("Content-Type", "application/json")
 		c.req.ContentLength = int64(len(t.body))
 	}
-	c.do = func() error { return c.roundTrip(t) }
 	return c, nil
 }
 
@@ -227,8 +225,8 @@ func (c *client) countHandshake(cs tls.ConnectionState, err error) {
 // request is reused (net/http allows it once the last body is closed), which
 // keeps the client's allocations out of the measurement; one with a body is a
 // fresh copy, so the transport never sees a reader it may still hold.
-func (c *client) roundTrip(t target) error {
-	req := c.req
+func (c *client) roundTrip() error {
+	req, t := c.req, c.t
 	if t.body != nil {
 		req = new(http.Request)
 		*req = *c.req
@@ -255,7 +253,7 @@ func (c *client) loop(ctx context.Context, from, to time.Time) {
 		if !t0.Before(to) || ctx.Err() != nil {
 			return
 		}
-		err := c.do()
+		err := c.roundTrip()
 		t1 := time.Now()
 		c.total++
 		if err != nil {

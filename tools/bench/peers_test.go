@@ -34,7 +34,7 @@ func TestParsePeers(t *testing.T) {
 			t.Errorf("parsePeers(%q) = %v, %v; want %v", tc.in, names(got), err, tc.want)
 		}
 	}
-	if got, _ := parsePeers("goproxy,smokescreen"); !got[0].kind.mitm || got[1].kind.mitm {
+	if got, _ := parsePeers("goproxy,smokescreen"); got[0].kind.noMITM != "" || got[1].kind.noMITM == "" {
 		t.Error("goproxy must intercept and smokescreen not")
 	}
 	for _, bad := range []string{"", ",", "squid", "goproxy,goproxy", "goproxy=", "off,goproxy", "goproxy=/a,goproxy=/b"} {
@@ -68,13 +68,6 @@ func TestPathsPeers(t *testing.T) {
 			t.Errorf("path %s: peers %d, want %d", p.name, p.peers, want[p.name])
 		}
 	}
-	if !needsPeers(paths[:1]) {
-		t.Error("plain needs no peers")
-	}
-	ps, err := lookupPaths("credential,vault,hook,transparent")
-	if err != nil || needsPeers(ps) {
-		t.Errorf("credential, vault, hook, transparent: needsPeers, %v", err)
-	}
 }
 
 func TestFindPeers(t *testing.T) {
@@ -97,17 +90,6 @@ func TestFindPeers(t *testing.T) {
 	}
 }
 
-func TestParsePeerPaths(t *testing.T) {
-	got := parsePeerPaths([]byte("goproxy=/c/peers/goproxybare-abc/goproxybare\n\nnoise\nsmokescreen=/c/peers/smokescreen-v0.1.0/smokescreen\n"))
-	if len(got) != 2 || got["goproxy"] != "/c/peers/goproxybare-abc/goproxybare" || got["smokescreen"] != "/c/peers/smokescreen-v0.1.0/smokescreen" {
-		t.Errorf("parsePeerPaths = %v", got)
-	}
-	errs := "peers: building goproxybare\npeers: error: goproxy: go build failed\npeers: built smokescreen\n"
-	if got := peerErrorLine(errs, "goproxy"); got != "peers: error: goproxy: go build failed" {
-		t.Errorf("peerErrorLine = %q", got)
-	}
-}
-
 func TestWithoutProxyEnv(t *testing.T) {
 	got := withoutProxyEnv([]string{"HOME=/root", "HTTP_PROXY=http://x", "https_proxy=http://y", "ALL_PROXY=z", "no_proxy=*", "PATH=/bin"})
 	if !slices.Equal(got, []string{"HOME=/root", "PATH=/bin"}) {
@@ -127,21 +109,22 @@ func peerReport(rounds int) *report {
 			p.Rounds = append(p.Rounds, newRound(d, x))
 		}
 		p.finish()
-		ps := &peerSet{order: peerKinds, procs: []*peerProc{{kind: peerKinds[0]}, {kind: peerKinds[1]}}}
+		ps := &peerSet{order: peerKinds, procs: map[string]*peerProc{"goproxy": {kind: peerKinds[0]}, "smokescreen": {kind: peerKinds[1]}}}
 		use := map[string]peerUse{"plain": peersTunnel, "intercept": peersIntercept}[name]
 		pp := ps.forPath(pathSpec{name: name, peers: use})
 		if pp != nil {
 			for i := range pp.results {
-				if pp.results[i].skipped() {
+				if pp.results[i].Skipped != "" {
 					continue
 				}
 				for j := range rounds {
 					run := runResult{ReqPerSec: float64(300 + 100*i + 10*j), Requests: 10, CPUSeconds: 2e-3, P50US: 5000, P99US: 12000, Total: 20, UpstreamRequests: 20}
 					run.hist.record(5e6)
-					pp.results[i].Rounds = append(pp.results[i].Rounds, peerRound{DirectReqPerSec: d.ReqPerSec, ReqPerSec: run.ReqPerSec, Ratio: run.ReqPerSec / d.ReqPerSec, CPUPerReqUS: 200, cpuOK: true})
-					pp.runs[i] = append(pp.runs[i], run)
+					pp.results[i].Rounds = append(pp.results[i].Rounds, roundResult{DirectReqPerSec: d.ReqPerSec, EgressdReqPerSec: run.ReqPerSec, Ratio: run.ReqPerSec / d.ReqPerSec, CPUPerReqUS: 200, cpuOK: true})
+					pp.results[i].runs = append(pp.results[i].runs, run)
 				}
-				pp.results[i].fold(pp.runs[i])
+				pp.results[i].Run = combine(pp.results[i].runs)
+				pp.results[i].Ratio, pp.results[i].CPUPerReqUS = roundMedians(pp.results[i].Rounds)
 				pp.results[i].PeakRSSBytes = int64(14+i) << 20
 			}
 			p.Peers = pp.results
