@@ -48,7 +48,13 @@ func TestWriteIdle(t *testing.T) {
 		t.Error("a clean idle row fails the report")
 	}
 
-	// Over the goal, then fewer tunnels (a cap): the goal is extrapolated.
+}
+
+// Over the goal, then fewer tunnels (a cap): the goal is extrapolated; then
+// problems and failed tunnels are printed and fail the report.
+func TestWriteIdleGoal(t *testing.T) {
+	ir := &idleResult{Opened: 10000, RSSBeforeBytes: 20 << 20, PerTunnelBytes: float64(180<<20) / 10000}
+	r := &report{Paths: []pathResult{{Path: idlePathName, Idle: ir}}}
 	ir.RSSIdleBytes = 300 << 20
 	if got := idleGoalLine(ir); !strings.HasSuffix(got, "NOT met (300.0 MiB with 10,000 idle)") {
 		t.Errorf("goal line = %q", got)
@@ -67,9 +73,9 @@ func TestWriteIdle(t *testing.T) {
 	ir.Problems = []string{"egressd_tunnels_active still 3 after 10s"}
 	ir.ErrorKinds = map[string]int64{"CONNECT: status 503": 2}
 	ir.ZeroAfterCloseSeconds, ir.GoroutinesIdle = -1, -1
-	b.Reset()
+	var b strings.Builder
 	r.writeIdle(&b)
-	out = b.String()
+	out := b.String()
 	for _, want := range []string{"capped: 3246 tunnels, not 10000", "problem: egressd_tunnels_active still 3 after 10s",
 		"tunnels that failed to open:", "2  CONNECT: status 503", "not in 10s", "n/a"} {
 		if !strings.Contains(out, want) {

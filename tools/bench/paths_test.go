@@ -1,11 +1,7 @@
 package main
 
 import (
-	"context"
 	"crypto/x509"
-	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -115,25 +111,5 @@ func TestVaultPath(t *testing.T) {
 	cred, _ := lookupPaths("credential")
 	if got := injectionProblems(cred[0].inject, 0, 1, runResult{}, runResult{UpstreamRequests: 10, Credentialed: 10, VaultCredentialed: 1}); len(got) == 0 {
 		t.Error("Vault's token on the credential path: no problem found")
-	}
-}
-
-func TestFindVaultdev(t *testing.T) {
-	if bin, skip, err := findVaultdev(context.Background(), scriptOff, io.Discard); bin != "" || skip == "" || err != nil {
-		t.Errorf("-vaultdev off: %q, %q, %v; want skipped", bin, skip, err)
-	}
-	if _, _, err := findVaultdev(context.Background(), "/nonexistent/vaultdev", io.Discard); err == nil {
-		t.Error("-vaultdev /nonexistent/vaultdev: no error")
-	}
-	exe := filepath.Join(t.TempDir(), "vaultdev")
-	if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if bin, skip, err := findVaultdev(context.Background(), exe, io.Discard); bin != exe || skip != "" || err != nil {
-		t.Errorf("-vaultdev %s: %q, %q, %v", exe, bin, skip, err)
-	}
-	// From the bench's own directory there is no scripts/vaultdev.sh: skipped, with the reason.
-	if bin, skip, err := findVaultdev(context.Background(), "", io.Discard); bin != "" || !strings.Contains(skip, vaultdevScript) || err != nil {
-		t.Errorf("no -vaultdev, no script: %q, %q, %v", bin, skip, err)
 	}
 }

@@ -3,20 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"net"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/egressd/egressd/internal/testutil/netns"
 )
-
-func TestTransparentPathSpec(t *testing.T) {
-	ps, err := lookupPaths("transparent")
-	if err != nil || len(ps) != 1 || ps[0].measure == nil || intercepts(ps) || hasPath(ps, "hook") {
-		t.Fatalf("lookupPaths(transparent) = %+v, %v", ps, err)
-	}
-}
 
 // TestTransparentConfig: the transparent egressd's config loads, with an
 // explicit listener named bench (startEgressd needs it), a transparent one on the
@@ -59,29 +50,6 @@ func TestAllowStandIn(t *testing.T) {
 	for _, bad := range []string{"93.184.216.34:80", "93.184.216.35:443", "10.200.1.1:15002", "tp.bench.test:443"} {
 		if allowStandIn(bad) == nil {
 			t.Errorf("allowStandIn(%q) allowed it", bad)
-		}
-	}
-}
-
-// TestDNSPin: a pinned name gets its address, the others in the zone still
-// 127.0.0.1.
-func TestDNSPin(t *testing.T) {
-	s, err := startDNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	s.Set("TP.bench.test.", "A "+standInAddr)
-	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, s.Addr)
-	}}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for name, want := range map[string]string{transparentHost: standInAddr, "inject.bench.test": "127.0.0.1"} {
-		ips, err := r.LookupNetIP(ctx, "ip4", name)
-		if err != nil || len(ips) != 1 || ips[0].String() != want {
-			t.Errorf("%s: %v, %v; want %s", name, ips, err, want)
 		}
 	}
 }
