@@ -9,14 +9,14 @@ import (
 	"time"
 )
 
-// TestRunCustomLoad drives the upstream with GETs and the hook endpoint with
+// TestRunLoad drives the upstream with GETs and the hook endpoint with
 // POSTs for a moment, direct, and checks what both sides counted.
 func TestRunLoad(t *testing.T) {
 	up, hs := startServers(t, 64)
 	lo := loadOptions{clients: 2, warmup: 50 * time.Millisecond, duration: 200 * time.Millisecond}
 	get := target{url: (&world{up: up}).hostURL(transformHost), dialAddr: up.tlsAddr, roots: up.roots}
 	r, err := runCounted(context.Background(), get, loadOptions{clients: 2, size: 64, duration: 200 * time.Millisecond}, up, nil)
-	if err != nil || r.Requests == 0 || r.Errors != 0 || r.ClientConns != 2 || r.UpstreamConns != 2 || r.UpstreamRequests != r.Total {
+	if err != nil || r.Requests == 0 || r.Errors != 0 || r.ClientConns < 2 || r.UpstreamConns != r.ClientConns || r.UpstreamRequests != r.Total {
 		t.Errorf("GET: %+v, %v", r, err)
 	}
 
@@ -27,7 +27,7 @@ func TestRunLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := hs.counts().sub(hb)
-	if r.Requests == 0 || r.Errors != 0 || c[cServed] != r.Total || c[cBadBody] != 0 || c[cAsserted] != 0 || c[cAccepted] != 2 {
+	if r.Requests == 0 || r.Errors != 0 || c[cServed] != r.Total || c[cBadBody] != 0 || c[cAsserted] != 0 || c[cAccepted] != r.ClientConns || r.ClientConns < 2 {
 		t.Errorf("POST: %+v, endpoint %+v", r, c)
 	}
 
