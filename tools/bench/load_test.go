@@ -16,7 +16,7 @@ func TestRunLoad(t *testing.T) {
 	lo := loadOptions{clients: 2, warmup: 50 * time.Millisecond, duration: 200 * time.Millisecond}
 	get := target{url: (&world{up: up}).hostURL(transformHost), dialAddr: up.tlsAddr, roots: up.roots}
 	r, err := runCounted(context.Background(), get, loadOptions{clients: 2, size: 64, duration: 200 * time.Millisecond}, up, nil)
-	if err != nil || r.Requests == 0 || r.Errors != 0 || r.ClientConns < 2 || r.UpstreamConns != r.ClientConns || r.UpstreamRequests != r.Total {
+	if err != nil || r.Total == 0 || r.Errors != 0 || r.ClientConns < 2 || r.UpstreamConns != r.ClientConns || r.UpstreamRequests != r.Total {
 		t.Errorf("GET: %+v, %v", r, err)
 	}
 
@@ -27,7 +27,7 @@ func TestRunLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := hs.counts().sub(hb)
-	if r.Requests == 0 || r.Errors != 0 || c[cServed] != r.Total || c[cBadBody] != 0 || c[cAsserted] != 0 || c[cAccepted] != r.ClientConns || r.ClientConns < 2 {
+	if r.Total == 0 || r.Errors != 0 || c[cServed] != r.Total || c[cBadBody] != 0 || c[cAsserted] != 0 || c[cAccepted] != r.ClientConns || r.ClientConns < 2 {
 		t.Errorf("POST: %+v, endpoint %+v", r, c)
 	}
 
