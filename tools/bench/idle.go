@@ -429,7 +429,7 @@ func (r *report) writeIdle(w io.Writer) {
 // idleGoalLine compares the row with the goal: 10,000 idle CONNECT tunnels in
 // at most 250 MiB of egressd's RSS, extrapolated from fewer tunnels.
 func idleGoalLine(ir *idleResult) string {
-	goal := fmt.Sprintf("goal (issue): %s idle CONNECT tunnels ≤ %s of egressd RSS: ", thousands(idleGoalTunnels), mib(idleGoalBytes))
+	goal := fmt.Sprintf("goal: %s idle CONNECT tunnels ≤ %s of egressd RSS: ", thousands(idleGoalTunnels), mib(idleGoalBytes))
 	switch {
 	case ir.Opened == 0 || ir.RSSIdleBytes <= 0:
 		return goal + "not measured"

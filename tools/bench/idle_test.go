@@ -24,7 +24,7 @@ func TestWriteIdle(t *testing.T) {
 	for _, want := range []string{
 		"tunnels  time to open  RSS before  RSS all idle  per tunnel  goroutines idle  tunnels_active idle  fds idle  to 0 after close",
 		"10,000        21.50s    20.0 MiB     200.0 MiB    18.4 KiB           20,012               10,000    60,011             0.42s",
-		"goal (issue): 10,000 idle CONNECT tunnels ≤ 250.0 MiB of egressd RSS: met (200.0 MiB with 10,000 idle)",
+		"goal: 10,000 idle CONNECT tunnels ≤ 250.0 MiB of egressd RSS: met (200.0 MiB with 10,000 idle)",
 		"per tunnel: 2.0 goroutines, 6.0 fds; RSS 150.0 MiB after closing",
 		"fd limits (RLIMIT_NOFILE soft): bench 262144, egressd 262144 (/proc/<pid>/limits); RLIMIT_NOFILE raised from 20000",
 	} {
