@@ -295,17 +295,8 @@ func checkWorkload(t *testing.T, w *workload) {
 		}
 	})
 
-	t.Run("vault", func(t *testing.T) {
-		if cfg.Credentials.Backend != config.BackendVault || cfg.Credentials.Vault.Auth.Method != config.AuthKubernetes {
-			t.Fatalf("credentials: backend %s, auth %s; want vault with kubernetes auth",
-				cfg.Credentials.Backend, cfg.Credentials.Vault.Auth.Method)
-		}
-		jwt := cfg.Credentials.Vault.Auth.JWTFile
-		v := w.mountVolume(egressd, path.Dir(jwt))
-		if v == nil || v.Projected == nil || len(v.Projected.Sources) != 1 ||
-			v.Projected.Sources[0].ServiceAccountToken == nil || v.Projected.Sources[0].ServiceAccountToken.Path != path.Base(jwt) {
-			t.Fatalf("jwt_file %s is not a projected service account token mounted into egressd", jwt)
-		}
+	t.Run("credentials", func(t *testing.T) {
+		checkCredentialMounts(t, w, cfg, egressd)
 		if !isFalse(w.pod.AutomountServiceAccountToken) {
 			t.Errorf("automountServiceAccountToken must be false: only egressd gets a token")
 		}
@@ -514,7 +505,9 @@ func (w *workload) egressdConfig(t *testing.T, c container) (string, *config.Con
 		return p
 	}
 	cfg.StateDir, cfg.TLS.CACert, cfg.TLS.CAKey = rebase(cfg.StateDir), rebase(cfg.TLS.CACert), rebase(cfg.TLS.CAKey)
-	cfg.Credentials.Vault.Auth.JWTFile = rebase(cfg.Credentials.Vault.Auth.JWTFile)
+	a := &cfg.Credentials.Vault.Auth
+	a.JWTFile, a.RoleIDFile, a.SecretIDFile, a.TokenFile = rebase(a.JWTFile), rebase(a.RoleIDFile), rebase(a.SecretIDFile), rebase(a.TokenFile)
+	cfg.Credentials.File = rebase(cfg.Credentials.File)
 	return cfgPath, cfg, admin
 }
 

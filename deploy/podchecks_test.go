@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"fmt"
 	"net/netip"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -186,4 +187,36 @@ func initOwnPorts(c container) string {
 		}
 	}
 	return strings.Join(ports, ",")
+}
+
+// checkCredentialMounts: what egressd logs in to Vault with, or the credentials
+// file, is on a volume mounted into egressd: a projected service-account token
+// for the kubernetes and jwt methods (with an audience, so it is good for Vault
+// alone), a Secret for approle, token and the file backend.
+func checkCredentialMounts(t *testing.T, w *workload, cfg *config.Config, egressd container) {
+	c := cfg.Credentials
+	if c.Backend == config.BackendFile {
+		if v := w.mountVolume(egressd, path.Dir(c.File)); v == nil || v.Secret == nil {
+			t.Errorf("credentials.file %s is not on a Secret mounted into egressd", c.File)
+		}
+		return
+	}
+	a := c.Vault.Auth
+	switch a.Method {
+	case config.AuthKubernetes, config.AuthJWT:
+		v := w.mountVolume(egressd, path.Dir(a.JWTFile))
+		if v == nil || v.Projected == nil || len(v.Projected.Sources) != 1 {
+			t.Fatalf("jwt_file %s is not a projected service account token mounted into egressd", a.JWTFile)
+		}
+		tok := v.Projected.Sources[0].ServiceAccountToken
+		if tok == nil || tok.Path != path.Base(a.JWTFile) || tok.Audience == "" {
+			t.Errorf("jwt_file %s: want a projected service account token with an audience (docs/vault.md)", a.JWTFile)
+		}
+	default:
+		for _, f := range []string{a.RoleIDFile, a.SecretIDFile, a.TokenFile} {
+			if v := w.mountVolume(egressd, path.Dir(f)); f != "" && (v == nil || v.Secret == nil) {
+				t.Errorf("%s is not on a Secret mounted into egressd", f)
+			}
+		}
+	}
 }
