@@ -27,7 +27,7 @@ tool() {
   local dir=$cache/$1-$3
   if [ ! -x "$dir/$1" ]; then
     echo "install-deploy-deps: go install $2@$3" >&2
-    GOBIN=$dir.tmp GOFLAGS= CGO_ENABLED=0 go install -trimpath -ldflags='-s -w' "$2@$3"
+    GOBIN=$dir.tmp GOFLAGS= go install "$2@$3"
     rm -rf "$dir"
     mv "$dir.tmp" "$dir"
   fi
