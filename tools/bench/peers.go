@@ -57,13 +57,7 @@ var peerKinds = []peerKind{
 	{name: "smokescreen", noMITM: "run without MITM (its MITM needs an ACL file and a CA); intercepted paths are not measured for it"},
 }
 
-func peerKindNames() []string {
-	names := make([]string, len(peerKinds))
-	for i, k := range peerKinds {
-		names[i] = k.name
-	}
-	return names
-}
+func (k peerKind) key() string { return k.name }
 
 // peerUse is which peers a path runs through.
 type peerUse int
@@ -74,57 +68,22 @@ const (
 	peersIntercept         // only the peers with MITM
 )
 
-// peerSpec is one entry of -peers: a peer, and its binary if given.
-type peerSpec struct {
-	kind peerKind
-	bin  string // "" builds it with peersScript
-}
-
-// parsePeers parses -peers: "off", or peer names, each once, each NAME or NAME=PATH.
-func parsePeers(list string) ([]peerSpec, error) {
+// parsePeers parses -peers: "off", or peer names, each once.
+func parsePeers(list string) ([]peerKind, error) {
 	if list = strings.TrimSpace(list); list == scriptOff {
 		return nil, nil
 	}
-	var out []peerSpec
-	for entry := range strings.SplitSeq(list, ",") {
-		if entry = strings.TrimSpace(entry); entry == "" {
-			continue
-		}
-		name, bin, hasBin := strings.Cut(entry, "=")
-		name = strings.TrimSpace(name)
-		i := slices.IndexFunc(peerKinds, func(k peerKind) bool { return k.name == name })
-		switch {
-		case i < 0:
-			return nil, fmt.Errorf("-peers: unknown peer %q (known: %s; or %s)", name, strings.Join(peerKindNames(), ", "), scriptOff)
-		case slices.ContainsFunc(out, func(s peerSpec) bool { return s.kind.name == name }):
-			return nil, fmt.Errorf("-peers: %q given twice", name)
-		}
-		if bin = strings.TrimSpace(bin); hasBin && bin == "" {
-			return nil, fmt.Errorf("-peers: %s= names no binary", name)
-		}
-		out = append(out, peerSpec{kind: peerKinds[i], bin: bin})
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("-peers: name at least one of %s, or %s", strings.Join(peerKindNames(), ", "), scriptOff)
-	}
-	return out, nil
+	return pick("-peers", list, peerKinds, peerKind.key)
 }
 
-// findPeers returns each peer's binary, or why it is skipped. A name=PATH
-// binary must be an executable; the others come from peersScript build.
-func findPeers(ctx context.Context, specs []peerSpec, stderr io.Writer) (bins, skips map[string]string, err error) {
+// findPeers builds the peers with peersScript: each one's binary, or why it
+// is skipped.
+func findPeers(ctx context.Context, kinds []peerKind, stderr io.Writer) (bins, skips map[string]string, err error) {
 	bins, skips = map[string]string{}, map[string]string{}
-	var build []string
-	for _, s := range specs {
-		if s.bin == "" {
-			build = append(build, s.kind.name)
-		} else if bins[s.kind.name], err = executable(s.bin); err != nil {
-			return nil, nil, fmt.Errorf("-peers %s=%s: %v; build one with %s build, or -peers %s", s.kind.name, s.bin, err, peersScript, scriptOff)
-		}
-	}
-	if _, err := os.Stat(peersScript); err != nil || len(build) == 0 {
+	build := names(kinds, peerKind.key)
+	if _, err := os.Stat(peersScript); err != nil {
 		for _, n := range build {
-			skips[n] = "no " + peersScript + " in the working directory (run from the repository root, or pass -peers " + n + "=PATH)"
+			skips[n] = "no " + peersScript + " in the working directory (run from the repository root)"
 		}
 		return bins, skips, nil
 	}
@@ -169,10 +128,7 @@ func startPeers(ctx context.Context, o options, dir string, up *upstream, stderr
 	if len(o.peers) == 0 || !slices.ContainsFunc(o.paths, func(p pathSpec) bool { return p.peers != peersNone }) {
 		return nil, nil
 	}
-	ps := &peerSet{procs: map[string]*peerProc{}}
-	for _, s := range o.peers {
-		ps.order = append(ps.order, s.kind)
-	}
+	ps := &peerSet{procs: map[string]*peerProc{}, order: o.peers}
 	var err error
 	if ps.bins, ps.skipped, err = findPeers(ctx, o.peers, stderr); err != nil {
 		return nil, err

@@ -79,13 +79,13 @@ func TestWriteTextVault(t *testing.T) {
 		t.Errorf("report lacks %q:\n%s", want, b.String())
 	}
 
-	r.Paths[1] = pathResult{Path: "vault", Skipped: "-vaultdev off"}
+	r.Paths[1] = pathResult{Path: "vault", Skipped: "no scripts/vaultdev.sh in the working directory"}
 	b.Reset()
 	if err := r.writeText(&b); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, want := range []string{"vault: skipped: -vaultdev off"} {
+	for _, want := range []string{"vault: skipped: no scripts/vaultdev.sh in the working directory"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
