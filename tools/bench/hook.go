@@ -285,23 +285,3 @@ func hookAllows(e *egressd) (int64, error) {
 	n, err := e.metric(`egressd_hook_requests_total{event="pre_tool_execution",outcome="allow"}`)
 	return max(n, 0), err
 }
-
-// writeHookNote compares the hook row with the intercept-post row: what a
-// signed hook call costs over the same intercepted POST.
-func (r *report) writeHookNote(w io.Writer) {
-	h, b := r.path("hook"), r.path(hookOtherRow)
-	if h == nil || b == nil || b.Ratio <= 0 || b.Egressd.ReqPerSec <= 0 {
-		return
-	}
-	fmt.Fprintf(w, "hook / intercept: ratio %.2f / %.2f = %.2f, egressd req/s %.2f", h.Ratio, b.Ratio, h.Ratio/b.Ratio, h.Egressd.ReqPerSec/b.Egressd.ReqPerSec)
-	if h.CPUPerReqUS > 0 && b.CPUPerReqUS > 0 {
-		fmt.Fprintf(w, ", CPU %+.1f µs/req (%.1f vs %.1f)", h.CPUPerReqUS-b.CPUPerReqUS, h.CPUPerReqUS, b.CPUPerReqUS)
-	}
-	if h.Egressd.P50US > 0 && b.Egressd.P50US > 0 {
-		fmt.Fprintf(w, ", p50 %s (%s vs %s), p99 %s (%s vs %s)",
-			signedDur(h.Egressd.P50US-b.Egressd.P50US), dur(h.Egressd.P50US), dur(b.Egressd.P50US),
-			signedDur(h.Egressd.P99US-b.Egressd.P99US), dur(h.Egressd.P99US), dur(b.Egressd.P99US))
-	}
-	fmt.Fprintf(w, " (a signed pre_tool_execution call vs the same %d-byte POST to a URL of the same entry that is no hook's)\n", hookBodySize)
-	r.writeAttackNote(w)
-}

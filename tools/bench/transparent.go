@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -253,22 +252,4 @@ func transparentConfig(dnsAddr, hostIP string) *egressdtest.Config {
 	cfg.Policy.Allowlist = []egressdtest.Entry{{Domain: transparentHost, Ports: []int{portNum(net.JoinHostPort(standInAddr, standInPort))}}}
 	cfg.Network.UnsafeAllowCIDRs, cfg.TLS.UpstreamCAFile = nil, ""
 	return cfg
-}
-
-// writeTransparentNote compares the transparent row with the
-// transparent-explicit row: the same egressd, the same spliced requests.
-func (r *report) writeTransparentNote(w io.Writer) {
-	t, x := r.path("transparent"), r.path(transparentExplicitRow)
-	if t == nil || x == nil || t.Skipped != "" || x.Egressd.ReqPerSec <= 0 {
-		return
-	}
-	fmt.Fprintf(w, "transparent / explicit: %s vs %s req/s = %.2f (ratios to direct %.2f vs %.2f)",
-		thousands(t.Egressd.ReqPerSec), thousands(x.Egressd.ReqPerSec), t.Egressd.ReqPerSec/x.Egressd.ReqPerSec, t.Ratio, x.Ratio)
-	if t.CPUPerReqUS > 0 && x.CPUPerReqUS > 0 {
-		fmt.Fprintf(w, ", egressd CPU %.1f vs %.1f µs/req", t.CPUPerReqUS, x.CPUPerReqUS)
-	}
-	if t.Egressd.P50US > 0 && x.Egressd.P50US > 0 {
-		fmt.Fprintf(w, ", p50 %s vs %s, p99 %s vs %s", dur(t.Egressd.P50US), dur(x.Egressd.P50US), dur(t.Egressd.P99US), dur(x.Egressd.P99US))
-	}
-	fmt.Fprintln(w, " (one egressd, spliced TLS to "+transparentHost+":"+standInPort+": from the sandbox namespace via the DNAT vs CONNECT from outside)")
 }
