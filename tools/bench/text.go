@@ -327,14 +327,6 @@ func dur(us float64) string {
 	}
 }
 
-// signedDur is dur with a sign.
-func signedDur(us float64) string {
-	if us < 0 {
-		return "-" + dur(-us)
-	}
-	return "+" + dur(us)
-}
-
 func seconds(s float64) string { return time.Duration(s * float64(time.Second)).String() }
 
 // thousands rounds v and groups its digits: 12345.6 -> "12,346".

@@ -55,14 +55,7 @@ func (e *Egressd) exitCode() int {
 }
 
 // Alive reports whether egressd is still running.
-func (e *Egressd) Alive() bool {
-	select {
-	case <-e.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (e *Egressd) Alive() bool { return e.p != nil && e.p.Alive() }
 
 // Signal sends sig once SignalGrace has passed since "egressd started".
 func (e *Egressd) Signal(sig syscall.Signal) error {
