@@ -4,7 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/x509"
-	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -317,15 +317,8 @@ func writePeerCA(dir string) (certPath, keyPath string, roots *x509.CertPool, er
 	if err != nil {
 		return "", "", nil, err
 	}
-	keyDER, err := x509.MarshalECPrivateKey(ca.Key)
-	if err != nil {
-		return "", "", nil, err
-	}
 	certPath, keyPath = filepath.Join(dir, "goproxy-ca.pem"), filepath.Join(dir, "goproxy-ca-key.pem")
-	if err := os.WriteFile(certPath, ca.PEM(), 0o600); err != nil {
-		return "", "", nil, err
-	}
-	err = os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
+	err = errors.Join(os.WriteFile(certPath, ca.PEM(), 0o600), os.WriteFile(keyPath, ca.KeyPEM(), 0o600))
 	return certPath, keyPath, ca.Pool, err
 }
 
