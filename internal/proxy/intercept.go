@@ -52,7 +52,7 @@ func (c *conn) serveInner(nc net.Conn, via route) {
 	inner := newConn(c.s, c.l, nc)
 	inner.route = via
 	inner.slot, inner.lane, inner.cutCtx, inner.laneRoot = c.slot, c.lane, c.cutCtx, c.laneRoot
-	inner.release, inner.authIdent = c.release, c.authIdent
+	inner.release, inner.authIdent, inner.mem = c.release, c.authIdent, c.mem
 	inner.ctx, inner.cancel = context.WithCancel(c.ctx) // the outer's end (or cut) ends it
 	if c.s.trackConn(inner, true) {
 		defer c.s.trackConn(inner, false)
