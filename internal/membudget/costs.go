@@ -24,3 +24,13 @@ const (
 	// request whose body never comes holds it as long as its client wants.
 	RequestCost int64 = 112 << 10
 )
+
+// OverflowBytes bounds what the connections a listener holds beyond
+// limits.max_connections or the budget (being admitted to the hook lane, in it,
+// cut and lingering) may cost, apart from the budget: they are counted at
+// ConnCost+TunnelCost each (OverflowConns), so that no flood of fake hook calls
+// can take the memory the budget leaves to everything else.
+const OverflowBytes int64 = 32 << 20
+
+// OverflowConns is how many connections OverflowBytes holds.
+func OverflowConns() int64 { return OverflowBytes / (ConnCost + TunnelCost) }

@@ -102,25 +102,19 @@ func (s *Server) acceptOverloaded(l *listener, nc net.Conn) {
 	s.admit(l, nc, "")
 }
 
-// Connections a listener holds beyond limits.max_connections (being admitted,
-// in the hook lane, cut and given cutLinger to send their call) are bounded by
-// what they cost, not by a count a flood fills in milliseconds: overflowMemory
-// at overflowConnBytes each, and a quarter of the file descriptors egressd may
-// open. A lane connection past its TLS handshake costs what any connection
-// carrying a tunnel does (membudget's costs.go).
-const (
-	overflowMemory    = 32 << 20
-	overflowConnBytes = membudget.ConnCost + membudget.TunnelCost
-	// overflowPoll is how often a waiting accept loop looks again.
-	overflowPoll = 5 * time.Millisecond
-)
+// overflowPoll is how often a waiting accept loop looks again.
+const overflowPoll = 5 * time.Millisecond
 
 // overflowBoundFor, when set, replaces overflowBound's memory bound (tests).
 var overflowBoundFor int64
 
-// overflowBound is a listener's maxOverflow.
+// overflowBound is a listener's maxOverflow: the connections beyond its bound
+// (being admitted, in the hook lane, cut and given cutLinger to send their call)
+// are bounded by what they cost, not by a count a flood fills in milliseconds
+// (membudget.OverflowConns), and a quarter of the file descriptors egressd may
+// open.
 func overflowBound() int64 {
-	n := int64(overflowMemory / overflowConnBytes)
+	n := membudget.OverflowConns()
 	if overflowBoundFor > 0 {
 		n = overflowBoundFor
 	}

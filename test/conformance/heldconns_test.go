@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -34,8 +35,12 @@ func TestHeldInterceptedRequests(t *testing.T) {
 	checkMemoryLimits(t, w)
 	w.begin(t)
 	a := startCgroupAttack(t, w, cg)
-	for range heldRequests {
-		a.wg.Go(func() { a.tally.add(holdRequest(w, a.stop)) })
+	for i := range heldRequests {
+		a.wg.Go(func() {
+			if !until(a.stop, time.Duration(i)*heldRamp/time.Duration(heldRequests)) {
+				a.tally.add(holdRequest(w, a.stop))
+			}
+		})
 	}
 	calls := runtimeCalls(w, w.Addrs["hooks"], a.stop, &a.wg)
 	time.Sleep(heldAttackTime)
@@ -47,7 +52,8 @@ func TestHeldInterceptedRequests(t *testing.T) {
 	a.end(t, budget+rssLimit())
 	idle, peak, tally := a.idle, &a.peak, a.tally
 	answered := map[string]int{}
-	for _, c := range calls.finish() {
+	outcomes, took := calls.finish()
+	for _, c := range outcomes {
 		answered[c]++
 	}
 	for outcome, n := range answered {
@@ -62,15 +68,23 @@ func TestHeldInterceptedRequests(t *testing.T) {
 	if details["memory_conns"] == 0 || !strings.Contains(tally.String(), "503 overloaded") {
 		t.Errorf("no attacker refused overloaded/memory_conns: the budget never refused the held requests (attack: %s; details %v)", tally, details)
 	}
-	t.Logf("cgroup limit %d MiB; RSS idle %d MiB, peak %d MiB (cgroup peak %d MiB); %d held requests: %s; refusal details %v; hook calls: %v",
-		shippedMemory>>20, idle>>20, peak.Load()>>20, cg.peak()>>20, heldRequests, tally, details, answered)
+	slices.Sort(took)
+	t.Logf("cgroup limit %d MiB; RSS idle %d MiB, peak %d MiB (cgroup peak %d MiB); %d held requests: %s; refusal details %v; hook calls: %v, p50 %v, max %v",
+		shippedMemory>>20, idle>>20, peak.Load()>>20, cg.peak()>>20, heldRequests, tally, details, answered,
+		took[len(took)/2].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
 }
 
 // heldRequests is how many held requests the attack opens (fewer in a race
-// build: see shippedMemory); heldAttackTime how long it holds them.
+// build: see shippedMemory), evenly over heldRamp (all at once, their TLS
+// handshakes are a CPU attack of their own, which on a small machine starves
+// the runtime's calls whatever egressd does); heldAttackTime is how long it
+// holds them.
 var heldRequests = 4000 - 3000*boolInt(egressdtest.RaceEnabled)
 
-const heldAttackTime = 25 * time.Second
+const (
+	heldRamp       = 8 * time.Second
+	heldAttackTime = 25 * time.Second
+)
 
 // holdRequest opens one held intercepted request and holds it until stop or until
 // egressd ends it, returning what it got: "held", the refusal's status and reason,
@@ -117,6 +131,7 @@ func holdRequest(w *world, stop <-chan struct{}) string {
 type callLoop struct {
 	mu       sync.Mutex
 	outcomes []string
+	took     []time.Duration
 	done     chan struct{}
 }
 
@@ -127,18 +142,21 @@ func runtimeCalls(w *world, addr string, stop <-chan struct{}, wg *sync.WaitGrou
 	wg.Go(func() {
 		defer close(l.done)
 		for !until(stop, 200*time.Millisecond) {
+			start := time.Now()
 			o := runtimeCall(w, addr)
 			l.mu.Lock()
-			l.outcomes = append(l.outcomes, o)
+			l.outcomes, l.took = append(l.outcomes, o), append(l.took, time.Since(start))
 			l.mu.Unlock()
 		}
 	})
 	return l
 }
 
-func (l *callLoop) finish() []string {
+// finish waits for the loop to end (stop) and returns every call's outcome and
+// how long it took.
+func (l *callLoop) finish() ([]string, []time.Duration) {
 	<-l.done
-	return l.outcomes
+	return l.outcomes, l.took
 }
 
 // runtimeCall is one pre-tool hook call through addr within the hook's timeout:
