@@ -26,10 +26,11 @@ const (
 	HookBodies               // hook request and decision bodies (limits.hook_buffer_bytes)
 	H2Windows                // HTTP/2 receive windows: intercepted clients' and upstreams'
 	Conns                    // open connections, tunnels and requests in flight (costs.go)
+	Placeholders             // request bodies read whole to replace placeholders in them
 	numHolders
 )
 
-var holderNames = [numHolders]string{"heads", "hook_bodies", "h2_windows", "conns"}
+var holderNames = [numHolders]string{"heads", "hook_bodies", "h2_windows", "conns", "placeholders"}
 
 func (h Holder) String() string { return holderNames[h] }
 

@@ -107,3 +107,39 @@ func refusalOutcome(resp *http.Response) string {
 	}
 	return strings.TrimSpace(fmt.Sprintf("%d %s %s", resp.StatusCode, resp.Header.Get("Egressd-Reason"), detail))
 }
+
+// TestPlaceholderBodiesDrawOnTheBudget: with placeholders to replace, a request
+// body of known length is read whole into a buffer of its declared length before
+// anything is forwarded; requests that declare most of a megabyte and send one
+// byte hold those buffers, which draw on the memory budget: once it is spent,
+// the newest is refused 503 overloaded (detail memory_placeholders) at once, and
+// the buffers return to the budget when their requests end.
+func TestPlaceholderBodiesDrawOnTheBudget(t *testing.T) {
+	w := newPlaceholderWorldLimits(t, withBudget(8<<20))
+	const declared = 1<<20 - 1 // within placeholder.MaxBody: buffered
+	var held []net.Conn
+	for i := range 8 { // 8 MiB declared: past the 4 MiB left beside the hook share
+		c, br := w.dialProxy(t)
+		fmt.Fprintf(c, "POST http://api.allowed.test/held/%d HTTP/1.1\r\nHost: api.allowed.test\r\nContent-Length: %d\r\n\r\nx", i, declared)
+		c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		if _, err := br.Peek(1); err != nil {
+			held = append(held, c)
+			continue
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertRefused(t, resp, http.StatusServiceUnavailable, "overloaded", "memory_placeholders")
+		if len(held) == 0 {
+			t.Fatal("the first held body was refused")
+		}
+		for _, c := range held {
+			c.Close()
+		}
+		waitFor(t, func() bool { return w.budgetHeld("placeholders") == 0 }, "the held bodies' buffers to return to the budget")
+		t.Logf("%d bodies of %d bytes held, the next refused", len(held), declared)
+		return
+	}
+	t.Fatalf("%d bodies declaring %d bytes all held: none refused by the budget", len(held), declared)
+}
