@@ -18,7 +18,7 @@ const (
 	// handshake and record state and the inner connection's buffers, or the
 	// HTTP/2 server's state, frame buffers and goroutines (the larger of the two);
 	// for a spliced one, the upstream connection and the two copying goroutines.
-	TunnelCost int64 = 60 << 10
+	TunnelCost int64 = 80 << 10
 	// RequestCost is what a request being forwarded adds: the upstream connection
 	// it holds (its TLS, buffers and goroutines) and the body being streamed. A
 	// request whose body never comes holds it as long as its client wants.

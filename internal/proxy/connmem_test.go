@@ -28,7 +28,7 @@ const connBudget = 2 << 20
 // endpoint's answer. Their cost returns to the budget when they close.
 func TestHeldRequestsDrawOnTheBudget(t *testing.T) {
 	w := newAllowHookWorld(t, withBudget(connBudget))
-	const conns = 16 // 16 x (12 + 60 + 112) KiB: past the 1 MiB left
+	const conns = 16 // 16 x (12 + 80 + 112) KiB: past the 1 MiB left
 	var held []net.Conn
 	var refused int
 	for i := range conns {
