@@ -22,11 +22,11 @@ type Holder uint8
 // The holders. Hook bodies have a standing share (SetAside), the others reserve as
 // they go.
 const (
-	Heads      Holder = iota // request heads beyond the connection's own read buffer
-	HookBodies               // hook request and decision bodies (limits.hook_buffer_bytes)
-	H2Windows                // HTTP/2 receive windows: intercepted clients' and upstreams'
-	Conns                    // open connections, tunnels and requests in flight (costs.go)
-	Placeholders             // request bodies read whole to replace placeholders in them
+	Heads        Holder = iota // request heads beyond the connection's own read buffer
+	HookBodies                 // hook request and decision bodies (limits.hook_buffer_bytes)
+	H2Windows                  // HTTP/2 receive windows: intercepted clients' and upstreams'
+	Conns                      // open connections, tunnels and requests in flight (costs.go)
+	Placeholders               // request bodies read whole to replace placeholders in them
 	numHolders
 )
 
