@@ -86,6 +86,19 @@ func (c *conn) holdFor(snap *Snapshot, req *http.Request) (done func(), ok bool)
 	return func() { c.mem.shrink(membudget.RequestCost) }, true
 }
 
+// holdTransparentTunnel reserves a tunnel's cost for an intercepted TLS
+// connection on a transparent listener (a CONNECT reserved its own in handle),
+// and reports false when the budget cannot hold it. A connection to a hook host
+// from a listener whose traffic may be hook traffic is never refused.
+func (c *conn) holdTransparentTunnel(snap *Snapshot, t allowlist.Target) bool {
+	if c.route.mode != modeTransparent {
+		return true
+	}
+	h := snap.Hooks
+	hook := h != nil && h.Index.Len() > 0 && h.callIdent(c.l.cfg.Role, "") != "" && h.Index.Intercepts(t.Host, t.Port)
+	return c.mem.grow(membudget.TunnelCost, hook)
+}
+
 // hookConnect reports whether req, a CONNECT, may carry the runtime's pre-tool
 // hook calls: it names a hook host, from a listener or with an identity whose
 // traffic is hook traffic.

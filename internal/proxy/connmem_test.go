@@ -143,3 +143,29 @@ func TestPlaceholderBodiesDrawOnTheBudget(t *testing.T) {
 	}
 	t.Fatalf("%d bodies declaring %d bytes all held: none refused by the budget", len(held), declared)
 }
+
+// TestTransparentTunnelsDrawOnTheBudget: on a transparent listener, an
+// intercepted TLS connection draws a tunnel's cost when egressd terminates its
+// TLS (a CONNECT's is drawn when it is read); past the budget the newest is
+// refused before its handshake (no answer fits in TLS not yet begun: closed, and
+// logged overloaded/memory_conns) while those held keep their cost reserved.
+func TestTransparentTunnelsDrawOnTheBudget(t *testing.T) {
+	w := newInjectWorld(t, worldOpts{allowlist: injectEntries[:2], limits: withBudget(connBudget)})
+	sb := w.serveTransparent(t)
+	var held, refused int
+	for range 20 { // 20 x (12 + 80) KiB: past the 1 MiB left beside the hook share
+		if _, err := w.tlsFromSandbox(t, sb, w.PublicIP+":443", "api.allowed.test"); err != nil {
+			refused++
+			continue
+		}
+		held++
+	}
+	if refused == 0 || held == 0 {
+		t.Fatalf("%d of 20 intercepted transparent connections refused, %d held: want some of each", refused, held)
+	}
+	w.waitLog(t, func(l map[string]any) bool { return l["reason"] == "overloaded" && l["detail"] == "memory_conns" })
+	if got, want := w.budgetHeld("conns"), float64(int64(held)*(membudget.ConnCost+membudget.TunnelCost)); got < want {
+		t.Errorf("connections hold %.0f bytes of the budget, want at least %.0f for %d held", got, want, held)
+	}
+	t.Logf("%d held, %d refused", held, refused)
+}

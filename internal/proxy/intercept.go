@@ -27,6 +27,10 @@ func (c *conn) serveIntercepted(snap *Snapshot, t allowlist.Target, hello *clien
 			Err: errors.New("interception needed but no CA is configured")})
 		return
 	}
+	if !c.holdTransparentTunnel(snap, t) {
+		rec.refused(errConnMemory) // no answer fits in TLS not yet begun: closed, logged
+		return
+	}
 	c.tunneling.Store(true)
 	c.s.metrics.TunnelsActive.Inc()
 	defer c.s.metrics.TunnelsActive.Dec()

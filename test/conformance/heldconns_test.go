@@ -141,9 +141,13 @@ func runtimeCalls(w *world, addr string, stop <-chan struct{}, wg *sync.WaitGrou
 	l := &callLoop{done: make(chan struct{})}
 	wg.Go(func() {
 		defer close(l.done)
+		begun := time.Now()
 		for !until(stop, 200*time.Millisecond) {
 			start := time.Now()
 			o := runtimeCall(w, addr)
+			if o != "allow" && o != "deny" {
+				o = fmt.Sprintf("%s (begun %v into the attack)", o, start.Sub(begun).Round(100*time.Millisecond))
+			}
 			l.mu.Lock()
 			l.outcomes, l.took = append(l.outcomes, o), append(l.took, time.Since(start))
 			l.mu.Unlock()
@@ -174,7 +178,7 @@ func runtimeCall(w *world, addr string) string {
 		got = "deny"
 	}
 	if took := time.Since(start); took > hookTimeout+raceSlack {
-		return fmt.Sprintf("answered after %v, past the timeout", took.Round(time.Millisecond))
+		return fmt.Sprintf("%s after %v, past the timeout", got, took.Round(time.Millisecond))
 	}
 	return got
 }
