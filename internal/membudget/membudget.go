@@ -27,10 +27,11 @@ const (
 	H2Windows                  // HTTP/2 receive windows: intercepted clients' and upstreams'
 	Conns                      // open connections, tunnels and requests in flight (costs.go)
 	Placeholders               // request bodies read whole to replace placeholders in them
+	Scrub                      // decoders and encoders of compressed responses being scrubbed
 	numHolders
 )
 
-var holderNames = [numHolders]string{"heads", "hook_bodies", "h2_windows", "conns", "placeholders"}
+var holderNames = [numHolders]string{"heads", "hook_bodies", "h2_windows", "conns", "placeholders", "scrub"}
 
 func (h Holder) String() string { return holderNames[h] }
 
