@@ -10,8 +10,8 @@ import (
 )
 
 // Every read from and write to a client has a deadline, so that no client can hold
-// a connection slot, a goroutine or a buffer by going quiet (docs/hooks.md,
-// docs/configuration.md#limits):
+// a connection slot, a goroutine or a buffer by going quiet (docs/hooks.md: the
+// paragraph on attacks):
 //
 //   - request heads: limits.read_header (conn.nextRequest);
 //   - request bodies: limits.read_header per read, HTTP/1 and HTTP/2 alike, until
