@@ -45,9 +45,9 @@ func (x *exchange) scrubFor(out *http.Request, rule *scrub.Set) {
 // is many times faster than decoding and masking gzip or br (BenchmarkReader and
 // BenchmarkDecodeReader in internal/scrub measure it), and re-encoding would cost
 // more again (an encoder is slower than its decoder) for the loopback or veth leg to
-// the sandbox, where size is free. The
-// leg identity makes larger is egressd's to the upstream. An upstream that
-// compresses regardless is decoded and delivered as identity (scrubBody).
+// the sandbox, where size is free. The leg identity makes larger is egressd's to the
+// upstream. An upstream that compresses regardless is decoded and delivered as
+// identity (scrubBody).
 func narrowForScrub(h http.Header) {
 	accepts := false
 	for k, v := range h { // one pass, whatever the keys' case: this runs on every scrubbed request
