@@ -122,6 +122,7 @@ func (x *exchange) outbound(ctx context.Context) *http.Request {
 		Proto: x.req.Proto, ProtoMajor: x.req.ProtoMajor, ProtoMinor: x.req.ProtoMinor,
 		Header: outboundHeader(x.req.Header), Body: x.body, ContentLength: x.req.ContentLength,
 		TransferEncoding: slices.Clone(x.req.TransferEncoding),
+		Trailer:          x.req.Trailer.Clone(), // the declared names, for placeholders; inject filters them
 	}
 	if x.req.ContentLength == 0 {
 		out.Body = http.NoBody
