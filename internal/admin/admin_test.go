@@ -205,7 +205,7 @@ func TestReadyzDetailNotOwned(t *testing.T) {
 
 func TestMetrics(t *testing.T) {
 	m := metrics.New()
-	m.InitListener("sandbox", []string{string(allowlist.ReasonNotAllowlisted)}, []string{string(allowlist.ReasonDNSFailure)})
+	m.InitListener("sandbox")
 	m.ConfigReloads.WithLabelValues("ok").Inc()
 	res, body := serve(t, admin.Handler(newState(t), m), http.MethodGet, "/metrics")
 	if res.StatusCode != http.StatusOK {
@@ -218,6 +218,7 @@ func TestMetrics(t *testing.T) {
 		`egressd_requests_total{decision="allow",listener="sandbox",reason=""} 0`,
 		`egressd_requests_total{decision="deny",listener="sandbox",reason="not_allowlisted"} 0`,
 		`egressd_requests_total{decision="error",listener="sandbox",reason="dns_failure"} 0`,
+		`egressd_requests_total{decision="deny",listener="sandbox",reason="credential_scope"} 0`,
 		`egressd_config_reloads_total{result="ok"} 1`,
 		`egressd_config_reloads_total{result="error"} 0`,
 		`egressd_bytes_total{direction="in"} 0`,
@@ -227,6 +228,15 @@ func TestMetrics(t *testing.T) {
 		"go_goroutines ",
 	} {
 		if !strings.Contains(body, want) {
+			t.Errorf("GET /metrics lacks %q", want)
+		}
+	}
+	for _, r := range allowlist.Reasons { // credential_scope among them
+		decision := "error"
+		if r.IsDenial() {
+			decision = "deny"
+		}
+		if want := `egressd_requests_total{decision="` + decision + `",listener="sandbox",reason="` + string(r) + `"} 0`; !strings.Contains(body, want) {
 			t.Errorf("GET /metrics lacks %q", want)
 		}
 	}
@@ -252,7 +262,8 @@ func TestExplain(t *testing.T) {
 		{"http://[::ffff:127.0.0.1]:8080/", explain.Result{
 			Scheme: "http", Host: "::ffff:127.0.0.1", Port: 8080, Decision: "deny", Reason: "port_not_allowed", Rule: "*"}},
 		{"ftp://example.com/", explain.Result{
-			Scheme: "ftp", Decision: "deny", Reason: "bad_request", Detail: `unsupported scheme "ftp" (use http or https)`}},
+			Scheme: "ftp", Decision: "deny", Reason: "bad_request", Detail: "scheme", // the proxy's detail
+			Note: `unsupported scheme "ftp" (use http or https)`}},
 	} {
 		t.Run(tc.url, func(t *testing.T) {
 			res, body := serve(t, h, http.MethodGet, "/v1/explain?url="+url.QueryEscape(tc.url))

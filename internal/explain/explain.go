@@ -4,7 +4,6 @@ package explain
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -43,18 +42,22 @@ type Result struct {
 // URL explains raw against policy p and guard g for environment env.
 func URL(p *allowlist.Policy, g *netguard.Guard, env, raw string) Result {
 	res := Result{URL: raw, Inject: []string{}}
-	t, scheme, err := parse(raw)
-	res.Scheme, res.Host, res.Port = scheme, t.Host, t.Port
-	if errors.Is(err, allowlist.ErrBadName) {
-		// The proxy's detail for a host that is not a DNS name; the note says why.
-		res = res.deny(env, allowlist.ReasonBadRequest, "bad_name")
+	u, err := url.Parse(raw)
+	if err != nil {
+		// What the proxy answers a request line whose target does not parse.
+		res = res.deny(env, allowlist.ReasonBadRequest, "malformed_request")
 		res.Note = err.Error()
 		return res
 	}
+	t, err := allowlist.URLTarget(u)
+	res.Scheme, res.Host, res.Port = u.Scheme, t.Host, t.Port
 	if err != nil {
-		return res.deny(env, allowlist.ReasonBadRequest, err.Error())
+		// The proxy's detail for the same URL; the note says what is wrong with it.
+		res = res.deny(env, allowlist.ReasonBadRequest, allowlist.URLTargetDetail(err))
+		res.Note = err.Error()
+		return res
 	}
-	d := p.DecideRequest(t, scheme)
+	d := p.DecideRequest(t, u.Scheme)
 	res.Rule, res.Intercept = d.RuleName(), d.Intercept
 	if d.Rule != nil && d.Allowed() {
 		for _, h := range d.Rule.Transform {
@@ -82,16 +85,6 @@ func (r Result) deny(env string, reason allowlist.Reason, detail string) Result 
 	r.Message = reason.Message(r.Host, r.Port, env, detail)
 	r.Inject, r.Credential, r.Intercept = []string{}, "", false
 	return r
-}
-
-// parse reads raw as the proxy reads an absolute-form request target.
-func parse(raw string) (allowlist.Target, string, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return allowlist.Target{}, "", err
-	}
-	t, err := allowlist.URLTarget(u)
-	return t, u.Scheme, err
 }
 
 // HeaderNames returns the names of the headers credential id sets, or an error when

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/membudget"
 )
 
@@ -124,14 +125,16 @@ func (m *Metrics) InitRules(rules []string) {
 	}
 }
 
-// InitListener exports zero values for a listener's decision and reason label sets.
-func (m *Metrics) InitListener(name string, denials, failures []string) {
+// InitListener exports zero values for a listener's decision and reason label
+// sets: every reason of allowlist.Reasons, a denial as deny, a failure as error.
+func (m *Metrics) InitListener(name string) {
 	m.Requests.WithLabelValues(name, DecisionAllow, "")
-	for _, r := range denials {
-		m.Requests.WithLabelValues(name, DecisionDeny, r)
-	}
-	for _, r := range failures {
-		m.Requests.WithLabelValues(name, DecisionError, r)
+	for _, r := range allowlist.Reasons {
+		decision := DecisionError
+		if r.IsDenial() {
+			decision = DecisionDeny
+		}
+		m.Requests.WithLabelValues(name, decision, string(r))
 	}
 	m.Duration.WithLabelValues(name)
 }

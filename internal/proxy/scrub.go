@@ -43,12 +43,12 @@ func (x *exchange) scrubFor(out *http.Request, rule *scrub.Set) {
 // egressd adds no header.
 //
 // Identity rather than the codings the scrubber can decode: masking an identity body
-// ran at 1,950-2,450 MB per CPU-second, decoding and masking gzip at 150-180, br at
-// 68-79, zstd at 1,480 (BenchmarkReader, BenchmarkDecodeReader in internal/scrub, this
-// 2-core machine, loaded), and re-encoding would cost more again (an encoder is slower than
-// its decoder) for the loopback or veth leg to the sandbox, where size is free. The
-// leg identity makes larger is egressd's to the upstream. An upstream that
-// compresses regardless is decoded and delivered as identity (scrubBody).
+// is many times faster than decoding and masking gzip or br (BenchmarkReader and
+// BenchmarkDecodeReader in internal/scrub measure it), and re-encoding would cost
+// more again (an encoder is slower than its decoder) for the loopback or veth leg to
+// the sandbox, where size is free. The leg identity makes larger is egressd's to the
+// upstream. An upstream that compresses regardless is decoded and delivered as
+// identity (scrubBody).
 func narrowForScrub(h http.Header) {
 	accepts := false
 	for k, v := range h { // one pass, whatever the keys' case: this runs on every scrubbed request

@@ -10,7 +10,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/membudget"
 	"github.com/egressd/egressd/internal/metrics"
@@ -145,7 +144,7 @@ func (s *Server) Serve(ln net.Listener, cfg config.Listener) error {
 // InitMetrics exports the zero-valued series of a listener; Serve calls it too, and
 // callers that must have them before the first scrape call it before Serve.
 func (s *Server) InitMetrics(cfg config.Listener) {
-	s.metrics.InitListener(cfg.Name, denialCodes, failureCodes)
+	s.metrics.InitListener(cfg.Name)
 }
 
 // accept serves nc in a free slot of l with its cost reserved from the memory
@@ -298,19 +297,3 @@ func (s *Server) closeAll() {
 		c.abort()
 	}
 }
-
-// denialCodes and failureCodes are the reason label values exported from the start.
-var (
-	denialCodes = []string{
-		string(allowlist.ReasonBadRequest), string(allowlist.ReasonNotAllowlisted),
-		string(allowlist.ReasonPortNotAllowed), string(allowlist.ReasonInternalAddress),
-		string(allowlist.ReasonHostMismatch), string(allowlist.ReasonPlaintextCredential),
-		string(allowlist.ReasonMethodNotAllowed), string(allowlist.ReasonCredentialScope),
-	}
-	failureCodes = []string{
-		string(allowlist.ReasonCredentialUnavailable), string(allowlist.ReasonDNSFailure),
-		string(allowlist.ReasonUpstreamUnreachable), string(allowlist.ReasonUpstreamTLS),
-		string(allowlist.ReasonUpstreamTimeout), string(allowlist.ReasonOverloaded),
-		string(allowlist.ReasonClientCancelled),
-	}
-)
