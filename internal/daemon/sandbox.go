@@ -9,26 +9,19 @@ import (
 	"github.com/egressd/egressd/internal/config"
 )
 
-// Sandbox is a validated sandbox spec of a node: its config, which is the node's
-// with the spec's sections in place, and its compiled policy.
-type Sandbox struct {
-	ID    string
-	Netns string
-	*Loaded
-}
-
 // LoadSandbox validates the spec data of sandbox id against the node's config, as
 // check does a sidecar's files: the spec itself (config.ParseSandbox), its
 // hooks.json and how its hook calls are told apart, and its credential backend.
 // It returns every problem (errors, then warnings) and the Sandbox when none is an
 // error. `egressd check --sandbox`, the node API and the sandboxes directory all
-// answer with these problems.
-func LoadSandbox(node *Loaded, id string, data []byte, baseDir string) (*Sandbox, []config.Problem) {
+// answer with these problems. The Loaded's config is the node's with the spec's
+// sections in place.
+func LoadSandbox(node *Loaded, id string, data []byte, baseDir string) (*Loaded, []config.Problem) {
 	sc, err := config.ParseSandbox(node.Cfg, id, data, baseDir)
 	if err != nil {
 		return nil, problemsOf(err)
 	}
-	l := &Loaded{Cfg: sc.Config, Policy: sc.Config.Rules}
+	l := &Loaded{Cfg: sc.Config, Policy: sc.Config.Rules, Sandbox: sc.ID, Netns: sc.Netns}
 	var errs []config.Problem
 	if _, err := runtimeHooks(l, nil, &liveStore{}); err != nil {
 		errs = append(errs, config.Problem{Path: "hooks", Msg: err.Error()})
@@ -46,7 +39,7 @@ func LoadSandbox(node *Loaded, id string, data []byte, baseDir string) (*Sandbox
 		return nil, append(errs, warnings...)
 	}
 	l.Cfg.Warnings = warnings
-	return &Sandbox{ID: sc.ID, Netns: sc.Netns, Loaded: l}, warnings
+	return l, warnings
 }
 
 // problemsOf lists the problems of a load error.

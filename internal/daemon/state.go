@@ -45,7 +45,7 @@ func (d *Daemon) setLastReload(source string, err error) {
 // "unrestricted": true when the policy has no "network" (every destination allowed).
 func (d *Daemon) Ready() (bool, map[string]any) {
 	d.mu.Lock()
-	store, pol := d.store, d.current.Policy
+	store, pol := d.creds.store, d.current.Policy
 	d.mu.Unlock()
 	body := map[string]any{"config": "Loaded", "credentials": store.Status()}
 	if pol.Unrestricted {
