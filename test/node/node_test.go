@@ -1,0 +1,251 @@
+package node_test
+
+import (
+	"bufio"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/netns"
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
+)
+
+// One node egressd, three sandboxes, each in its own network namespace with its own
+// REDIRECT rules: A and C registered through the API, B through the sandboxes
+// directory. A and B name their own credentials file, C resolves in the node's; all
+// three name the same credential ID "key".
+func TestNodeSandboxes(t *testing.T) {
+	w := newWorld(t)
+	for _, n := range []string{"sbx-a", "sbx-b", "sbx-c"} {
+		addSandbox(t, n)
+	}
+	if code, body := w.put(t, "sbx-a", spec("sbx-a", "a-creds.json", "a.test+key", "c.test")); code != http.StatusCreated {
+		t.Fatalf("PUT sbx-a: %d %s", code, body)
+	}
+	bFile := filepath.Join(w.dir, "sandboxes.d", "sbx-b.json")
+	writeSpec(t, bFile, spec("sbx-b", filepath.Join(w.dir, "b-creds.json"), "b.test+key", "c.test"))
+	if code, body := w.put(t, "sbx-c", spec("sbx-c", "", "a.test+key", "c.test")); code != http.StatusCreated {
+		t.Fatalf("PUT sbx-c: %d %s", code, body)
+	}
+	w.waitRegistered(t, "sbx-b", 5*time.Second)
+
+	t.Run("each sandbox its own policy and credential", w.ownPolicyAndCredential)
+	t.Run("a sandbox reaches no other listener, nor the admin listener or the API", w.isolation)
+	t.Run("a bad spec changes nothing", w.badSpec)
+	t.Run("a changed spec file re-decides open tunnels", func(t *testing.T) { w.changedFile(t, bFile) })
+	t.Run("removing a sandbox closes its tunnels within 1s", w.removal)
+}
+
+func writeSpec(t *testing.T, path, spec string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(spec), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitRegistered waits until GET /v1/sandboxes/id answers 200.
+func (w *world) waitRegistered(t *testing.T, id string, within time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(50 * time.Millisecond) {
+		if code, _ := w.get(t, id); code == http.StatusOK {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not registered after %s", id, within)
+		}
+	}
+}
+
+// Each sandbox reaches what its own policy allows, with its own credential (the
+// upstream's record shows which), and nothing else; each egress line names the
+// sandbox it came from.
+func (w *world) ownPolicyAndCredential(t *testing.T) {
+	cases := []struct{ sandbox, host, status, reason string }{
+		{"sbx-a", "a.test", "200", ""}, {"sbx-a", "b.test", "403", "not_allowlisted"},
+		{"sbx-b", "b.test", "200", ""}, {"sbx-b", "a.test", "403", "not_allowlisted"},
+		{"sbx-c", "a.test", "200", ""}, {"sbx-c", "b.test", "403", "not_allowlisted"},
+	}
+	for _, c := range cases {
+		if status, reason := w.curl(t, c.sandbox, c.host); status != c.status || reason != c.reason {
+			t.Errorf("%s -> %s: %s %q, want %s %q", c.sandbox, c.host, status, reason, c.status, c.reason)
+		}
+	}
+	bearer := func(name string) string { return "Bearer " + w.secrets[name] }
+	if got, want := w.up.authsFor("a.test"), []string{bearer("a"), bearer("node")}; !slices.Equal(got, want) {
+		t.Errorf("a.test saw %q, want A's then the node's (C's scope) credential %q", got, want)
+	}
+	if got, want := w.up.authsFor("b.test"), []string{bearer("b")}; !slices.Equal(got, want) {
+		t.Errorf("b.test saw %q, want B's credential only %q", got, want)
+	}
+	bySandbox := map[string][]string{}
+	for _, l := range w.e.EgressLines() {
+		bySandbox[l.Str("sandbox")] = append(bySandbox[l.Str("sandbox")], l.Str("host")+" "+l.Str("decision"))
+	}
+	for _, c := range cases {
+		want := c.host + " allow"
+		if c.reason != "" {
+			want = c.host + " deny"
+		}
+		if !slices.Contains(bySandbox[c.sandbox], want) {
+			t.Errorf("no egress line %q with sandbox %s: %v", want, c.sandbox, bySandbox)
+		}
+	}
+}
+
+// A sandbox's listener exists only inside its namespace: egressd's own namespace
+// has nothing on that port, and from a sandbox neither the admin listener nor
+// anything but its own listener answers. The API is a 0600 socket in a 0700
+// directory.
+func (w *world) isolation(t *testing.T) {
+	if c, err := net.DialTimeout("tcp", "127.0.0.1:"+transparentPort, time.Second); err == nil {
+		c.Close()
+		t.Errorf("a sandbox listener answers in egressd's own namespace")
+	}
+	_, adminPort, _ := net.SplitHostPort(w.e.Admin)
+	for _, sb := range []string{"sbx-a", "sbx-b"} {
+		if err := dialIn(sb, "127.0.0.1:"+adminPort); err == nil {
+			t.Errorf("%s reached the admin listener's port", sb)
+		}
+	}
+	for path, want := range map[string]os.FileMode{w.socket: 0o600, filepath.Dir(w.socket): 0o700} {
+		if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s: %v %v, want mode %o", path, fi.Mode(), err, want)
+		}
+	}
+	_, a := w.get(t, "sbx-a")
+	if a["netns"] != "/run/netns/sbx-a" || a["listeners"].(map[string]any)["transparent"] != "127.0.0.1:"+transparentPort {
+		t.Errorf("GET sbx-a: %v", a)
+	}
+}
+
+// dialIn connects to addr from inside sandbox name's namespace.
+func dialIn(name, addr string) error {
+	return netns.Do("/run/netns/"+name, func() error {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+}
+
+// A spec with an error is answered 400 with every problem, and the sandbox keeps
+// serving what it had.
+func (w *world) badSpec(t *testing.T) {
+	code, body := w.put(t, "sbx-a", `{"listeners": [{"name": "t", "address": "127.0.0.1"}], "environment": {"network": {"allowlist": [{"domain": "a..b"}]}}}`)
+	if code != http.StatusBadRequest || !strings.Contains(body, `"path":"listeners[0].address"`) || !strings.Contains(body, `"path":"environment.network.allowlist[0].domain"`) {
+		t.Errorf("PUT a bad spec: %d %s", code, body)
+	}
+	if status, _ := w.curl(t, "sbx-a", "a.test"); status != "200" {
+		t.Errorf("after a refused spec, sbx-a -> a.test: %s, want 200", status)
+	}
+	if code, got := w.get(t, "sbx-a"); code != 200 || !strings.Contains(fmt.Sprint(got["problems"]), "listeners[0].address") {
+		t.Errorf("GET sbx-a after the refused spec: %d %v", code, got["problems"])
+	}
+}
+
+// held is a spliced tunnel held open by a long response.
+type held struct {
+	closed chan time.Time
+}
+
+// hold opens a tunnel from inside sandbox name to host, through the REDIRECT, and
+// reads the start of a response the upstream then holds open.
+func (w *world) hold(t *testing.T, name, host string) *held {
+	t.Helper()
+	var c net.Conn
+	err := netns.Do("/run/netns/"+name, func() (err error) {
+		c, err = net.DialTimeout("tcp", sandboxDst+":443", 5*time.Second)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	tc := tls.Client(c, &tls.Config{ServerName: host, RootCAs: w.up.roots()})
+	tc.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(tc, "GET /hold HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+	resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%s -> %s /hold: %v %v", name, host, resp, err)
+	}
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || !strings.Contains(line, host) {
+		t.Fatalf("%s -> %s /hold: %q %v", name, host, line, err)
+	}
+	tc.SetDeadline(time.Time{})
+	h := &held{closed: make(chan time.Time, 1)}
+	go func() {
+		io.Copy(io.Discard, resp.Body)
+		h.closed <- time.Now()
+	}()
+	return h
+}
+
+// closedWithin reports whether the tunnel closed within d.
+func (h *held) closedWithin(d time.Duration) bool {
+	select {
+	case <-h.closed:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// B's spec file loses c.test: within 5 s its open tunnel to c.test is closed
+// (policy_reload), while A's tunnel to the same host stays open.
+func (w *world) changedFile(t *testing.T, bFile string) {
+	tb, ta := w.hold(t, "sbx-b", "c.test"), w.hold(t, "sbx-a", "c.test")
+	writeSpec(t, bFile, spec("sbx-b", filepath.Join(w.dir, "b-creds.json"), "b.test+key"))
+	if !tb.closedWithin(5 * time.Second) {
+		t.Fatal("sbx-b's tunnel to c.test is still open 5s after its spec file dropped c.test")
+	}
+	if ta.closedWithin(500 * time.Millisecond) {
+		t.Error("sbx-a's tunnel closed when sbx-b's spec changed")
+	}
+	line := w.e.WaitLineT(t, "sbx-b's policy_reload line", func(l egressdtest.Line) bool {
+		return l.Message() == "egress" && l.Str("detail") == "policy_reload"
+	})
+	if line.Str("sandbox") != "sbx-b" || line.Str("host") != "c.test" {
+		t.Errorf("policy_reload line: %v", line)
+	}
+	if status, reason := w.curl(t, "sbx-b", "c.test"); status != "403" || reason != "not_allowlisted" {
+		t.Errorf("sbx-b -> c.test after the change: %s %s", status, reason)
+	}
+}
+
+// Removing C closes its open tunnel within 1 s and touches no other sandbox's.
+func (w *world) removal(t *testing.T) {
+	tc, ta := w.hold(t, "sbx-c", "c.test"), w.hold(t, "sbx-a", "c.test")
+	start := time.Now()
+	if code := w.del(t, "sbx-c"); code != http.StatusNoContent {
+		t.Fatalf("DELETE sbx-c: %d", code)
+	}
+	if !tc.closedWithin(time.Second - time.Since(start)) {
+		t.Fatal("sbx-c's tunnel is still open 1s after DELETE")
+	}
+	if ta.closedWithin(500 * time.Millisecond) {
+		t.Error("sbx-a's tunnel closed when sbx-c was removed")
+	}
+	if code := w.del(t, "sbx-c"); code != http.StatusNotFound {
+		t.Errorf("DELETE sbx-c again: %d, want 404", code)
+	}
+	if err := dialIn("sbx-c", "127.0.0.1:"+transparentPort); err == nil {
+		t.Error("sbx-c's listener still answers after DELETE")
+	}
+	if status, _ := w.curl(t, "sbx-a", "a.test"); status != "200" {
+		t.Errorf("sbx-a -> a.test after sbx-c's removal: %s", status)
+	}
+}
