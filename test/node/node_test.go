@@ -3,19 +3,24 @@ package node_test
 import (
 	"bufio"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
+
 	"github.com/egressd/egressd/internal/netns"
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
+	"github.com/egressd/egressd/pkg/hookauth"
 )
 
 // One node egressd, three sandboxes, each in its own network namespace with its own
@@ -27,7 +32,7 @@ func TestNodeSandboxes(t *testing.T) {
 	for _, n := range []string{"sbx-a", "sbx-b", "sbx-c"} {
 		addSandbox(t, n)
 	}
-	if code, body := w.put(t, "sbx-a", spec("sbx-a", "a-creds.json", "a.test+key", "c.test")); code != http.StatusCreated {
+	if code, body := w.put(t, "sbx-a", specA); code != http.StatusCreated {
 		t.Fatalf("PUT sbx-a: %d %s", code, body)
 	}
 	bFile := filepath.Join(w.dir, "sandboxes.d", "sbx-b.json")
@@ -39,10 +44,23 @@ func TestNodeSandboxes(t *testing.T) {
 
 	t.Run("each sandbox its own policy and credential", w.ownPolicyAndCredential)
 	t.Run("a sandbox reaches no other listener, nor the admin listener or the API", w.isolation)
+	t.Run("hook assertions carry the sandbox", w.hookClaim)
+	t.Run("the DNS guard inside the sandbox", w.dnsGuard)
 	t.Run("a bad spec changes nothing", w.badSpec)
 	t.Run("a changed spec file re-decides open tunnels", func(t *testing.T) { w.changedFile(t, bFile) })
 	t.Run("removing a sandbox closes its tunnels within 1s", w.removal)
 }
+
+// specA is sbx-a's spec: its transparent listener, a hooks listener for its agent
+// runtime, a DNS guard, its policy with an inline hooks.json, its own credentials.
+var specA = `{"netns": "/run/netns/sbx-a",
+ "listeners": [{"name": "transparent", "address": "127.0.0.1:` + transparentPort + `", "mode": "transparent"},
+               {"name": "hooks", "address": "127.0.0.1:15003", "mode": "proxy", "role": "hooks"}],
+ "dns": {"listen": "127.0.0.1:15053"},
+ "environment": {"network": {"allowlist": [{"domain": "a.test", "credential": "key"}, {"domain": "c.test"}]},
+   "sources": [{"path": ".agents/hooks.json", "content": {"gate": {"pre_tool_execution": [
+     {"matcher": "*", "hooks": [{"type": "http", "url": "https://a.test/hook", "timeout": 10}]}]}}}]},
+ "credentials": {"file": "a-creds.json"}}`
 
 func writeSpec(t *testing.T, path, spec string) {
 	t.Helper()
@@ -248,4 +266,75 @@ func (w *world) removal(t *testing.T) {
 	if status, _ := w.curl(t, "sbx-a", "a.test"); status != "200" {
 		t.Errorf("sbx-a -> a.test after sbx-c's removal: %s", status)
 	}
+}
+
+// A hook call from sbx-a's runtime carries an assertion with sbx-a's ID in its
+// sandbox claim: it verifies against the node's JWKS for sbx-a, and not for sbx-b.
+func (w *world) hookClaim(t *testing.T) {
+	out, err := exec.Command("ip", "netns", "exec", "sbx-a", "curl", "-s", "-m", "10", "--cacert", w.bundle,
+		"-x", "http://127.0.0.1:15003", "-H", "Content-Type: application/json", "-d", `{"tool_name": "bash"}`,
+		"https://a.test/hook").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), `"allow"`) {
+		t.Fatalf("the hook call: %v %s", err, out)
+	}
+	calls := w.up.hookCalls()
+	if len(calls) != 1 {
+		t.Fatalf("the endpoint saw %d hook calls, want 1", len(calls))
+	}
+	for _, sb := range []string{"sbx-a", "sbx-b"} {
+		v, err := hookauth.NewVerifier(hookauth.Options{Audience: "https://a.test", Sandbox: sb,
+			JWKSURL: "http://" + w.e.Admin + "/.well-known/jwks.json"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := v.Verify(t.Context(), calls[0].assertion, []byte(calls[0].body))
+		switch {
+		case sb == "sbx-a" && (err != nil || c.Sandbox != "sbx-a"):
+			t.Errorf("verified for sbx-a: %v %+v", err, c)
+		case sb == "sbx-b" && !errors.Is(err, hookauth.ErrSandbox):
+			t.Errorf("verified for sbx-b: %v, want ErrSandbox", err)
+		}
+	}
+}
+
+// sbx-a's DNS guard answers inside its namespace: an allowlisted name with its
+// address, another REFUSED (a guard on the sandbox's loopback has no sinkhole
+// address: docs/transparent.md); its lines name the sandbox.
+func (w *world) dnsGuard(t *testing.T) {
+	if r := queryIn(t, "sbx-a", "a.test."); len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != upstreamIP {
+		t.Errorf("a.test: %v, want %s", r, upstreamIP)
+	}
+	if r := queryIn(t, "sbx-a", "b.test."); r.Rcode != dns.RcodeRefused || len(r.Answer) != 0 {
+		t.Errorf("b.test: %v, want REFUSED", r)
+	}
+	line := w.e.WaitLineT(t, "the DNS guard's line for b.test", func(l egressdtest.Line) bool {
+		return l.Message() == "dns" && l.Str("name") == "b.test."
+	})
+	if line.Str("sandbox") != "sbx-a" {
+		t.Errorf("dns line %v: no sandbox sbx-a", line)
+	}
+}
+
+// queryIn asks the DNS guard on 127.0.0.1:15053 inside sandbox name for name's A
+// records, over a socket made inside the sandbox's namespace.
+func queryIn(t *testing.T, sandbox, name string) *dns.Msg {
+	t.Helper()
+	var c net.Conn
+	if err := netns.Do("/run/netns/"+sandbox, func() (err error) {
+		c, err = net.Dial("udp", "127.0.0.1:15053")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	co := &dns.Conn{Conn: c}
+	if err := co.WriteMsg(new(dns.Msg).SetQuestion(name, dns.TypeA)); err != nil {
+		t.Fatal(err)
+	}
+	r, err := co.ReadMsg()
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return r
 }

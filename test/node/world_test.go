@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -21,6 +22,7 @@ import (
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
 	"github.com/egressd/egressd/internal/testutil/testpki"
+	"github.com/egressd/egressd/pkg/hookauth"
 )
 
 // The world's fixed addresses: the upstreams listen on upstreamIP:443 in the test's
@@ -35,8 +37,9 @@ const (
 // sandboxHosts are the upstream names: each policy allows some of them.
 var sandboxHosts = []string{"a.test", "b.test", "c.test"}
 
-// hit is one request an upstream served: its host and the Authorization it got.
-type hit struct{ host, auth string }
+// hit is one request an upstream served: its host, path, Authorization, hook
+// assertion and body.
+type hit struct{ host, path, auth, assertion, body string }
 
 // upstream is the far end: one TLS server for every name, recording what it saw.
 type upstream struct {
@@ -62,9 +65,16 @@ func startUpstream(t *testing.T) *upstream {
 // serve records the request; /hold then answers and holds the response open
 // until the client goes, as a long download or a stream would.
 func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
 	u.mu.Lock()
-	u.hits = append(u.hits, hit{host: r.Host, auth: r.Header.Get("Authorization")})
+	u.hits = append(u.hits, hit{host: r.Host, path: r.URL.Path, auth: r.Header.Get("Authorization"),
+		assertion: r.Header.Get(hookauth.HeaderName), body: string(body)})
 	u.mu.Unlock()
+	if r.URL.Path == "/hook" {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"decision": "allow"}`)
+		return
+	}
 	w.WriteHeader(http.StatusOK)
 	fmt.Fprintln(w, "hello from", r.Host)
 	if r.URL.Path == "/hold" {
@@ -73,13 +83,26 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// hookCalls lists the hook calls the upstream served.
+func (u *upstream) hookCalls() []hit {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var out []hit
+	for _, h := range u.hits {
+		if h.path == "/hook" {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
 // authsFor lists the Authorization values the upstream saw for host.
 func (u *upstream) authsFor(host string) []string {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	var out []string
 	for _, h := range u.hits {
-		if h.host == host {
+		if h.host == host && h.path != "/hook" {
 			out = append(out, h.auth)
 		}
 	}
