@@ -252,6 +252,7 @@ func restartKeys(running, next *config.Config) []string {
 	diff("limits.leaf_mints", running.Limits.LeafMints != next.Limits.LeafMints)
 	diff("log.level", running.Log.Level != next.Log.Level)
 	diff("log.format", running.Log.Format != next.Log.Format)
+	diff("node", running.Node != next.Node)
 	return keys
 }
 
@@ -278,6 +279,7 @@ func pinRestartKeys(next, running *config.Config) {
 	next.Hooks.SigningKey = running.Hooks.SigningKey
 	next.Limits.MaxConnections = running.Limits.MaxConnections
 	next.Log = running.Log
+	next.Node = running.Node
 }
 
 // rejection turns why a reload failed into the problems it reports: a config or policy

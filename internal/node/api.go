@@ -41,7 +41,7 @@ func (r *Registry) put(w http.ResponseWriter, req *http.Request) {
 	}
 	res, problems := r.Apply(id, data, "", SourceAPI)
 	r.logApply(id, "", res, problems)
-	status := map[Result]int{Refused: http.StatusBadRequest, Created: http.StatusCreated, Changed: http.StatusOK, Unchanged: http.StatusOK}[res]
+	status := map[Result]int{Refused: http.StatusBadRequest, Failed: http.StatusBadRequest, Created: http.StatusCreated, Changed: http.StatusOK, Unchanged: http.StatusOK}[res]
 	writeJSON(w, status, problemsBody{nonNil(problems)})
 }
 
@@ -95,7 +95,7 @@ func (r *Registry) logApply(id, file string, res Result, problems []config.Probl
 		strs[i] = p.String()
 	}
 	switch res {
-	case Refused:
+	case Refused, Failed:
 		r.log.Warn().Str("sandbox", id).Str("source", source).Str("file", file).Strs("problems", strs).
 			Msg("sandbox spec refused; the sandbox keeps what it had")
 	case Created, Changed:

@@ -18,19 +18,24 @@ var specExts = []string{".json", ".yaml", ".yml"}
 // within a second or two of its write, well inside the five the contract allows.
 const DirPoll = time.Second
 
+// dirRetry is how long a spec that could not be served (its network namespace not
+// there yet, a port in use) waits before it is tried again, unchanged.
+var dirRetry = 5 * time.Second
+
 // dirWatch is the state of one watched directory: the hash of each spec file last
-// applied (or refused), by sandbox ID.
+// applied (or refused), by sandbox ID, and when a spec that failed is tried again.
 type dirWatch struct {
-	r    *Registry
-	dir  string
-	seen map[string][sha256.Size]byte
+	r     *Registry
+	dir   string
+	seen  map[string][sha256.Size]byte
+	retry map[string]time.Time
 }
 
 // WatchDir applies the specs in dir, then again every DirPoll until ctx ends: a new
 // or changed file is applied (a refused one logged at WARN with its problems, and
 // changing nothing), a removed one removes its sandbox.
 func (r *Registry) WatchDir(ctx context.Context, dir string) {
-	w := &dirWatch{r: r, dir: dir, seen: map[string][sha256.Size]byte{}}
+	w := &dirWatch{r: r, dir: dir, seen: map[string][sha256.Size]byte{}, retry: map[string]time.Time{}}
 	t := time.NewTicker(DirPoll)
 	defer t.Stop()
 	for {
@@ -57,16 +62,21 @@ func (w *dirWatch) scan() {
 			continue
 		}
 		sum := sha256.Sum256(data)
-		if prev, ok := w.seen[id]; ok && prev == sum {
+		if prev, ok := w.seen[id]; ok && prev == sum && (w.retry[id].IsZero() || time.Now().Before(w.retry[id])) {
 			continue
 		}
 		w.seen[id] = sum
 		res, problems := w.r.Apply(id, data, w.dir, SourceDir)
 		w.r.logApply(id, file, res, problems)
+		delete(w.retry, id)
+		if res == Failed {
+			w.retry[id] = time.Now().Add(dirRetry)
+		}
 	}
 	for id := range w.seen {
 		if _, ok := files[id]; !ok {
 			delete(w.seen, id)
+			delete(w.retry, id)
 			if w.r.Remove(id, SourceDir) {
 				w.r.log.Info().Str("sandbox", id).Msg("sandbox removed: its spec file is gone")
 			}

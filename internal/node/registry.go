@@ -87,6 +87,7 @@ type Result int
 
 const (
 	Refused   Result = iota // a problem is an error: nothing changed
+	Failed                  // the spec is valid but could not be served (its netns, a port in use)
 	Created                 // a new sandbox serves
 	Changed                 // the sandbox serves the new spec
 	Unchanged               // the same spec was in force already
@@ -123,7 +124,7 @@ func (r *Registry) Apply(id string, data []byte, baseDir, source string) (Result
 			delete(r.entries, id) // Serve closed it
 		}
 		r.refused(r.entries[id], problems)
-		return Refused, problems
+		return Failed, problems
 	}
 	r.entries[id] = &entry{hash: spec.Hash(), source: source, sb: sb, problems: problems}
 	if prev == nil {

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,7 +23,10 @@ import (
 
 // host is a Host whose specs are the text "ok ..." (valid) or anything else (an
 // error at "environment"); internal/daemon's is exercised by test/node.
-type host struct{ served, closed atomic.Int32 }
+type host struct {
+	served, closed atomic.Int32
+	failing        atomic.Bool // Serve fails, as when a spec's netns is not there yet
+}
 
 type spec struct{ id, hash string }
 
@@ -43,6 +47,9 @@ func (h *host) Load(id string, data []byte, _ string) (Spec, []config.Problem) {
 }
 
 func (h *host) Serve(s Spec, prev Sandbox) (Sandbox, error) {
+	if h.failing.Load() {
+		return prev, errors.New("netns: no such file or directory")
+	}
 	h.served.Add(1)
 	if prev != nil {
 		return prev, nil
@@ -166,4 +173,27 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("not %s within 5s", what)
 		}
 	}
+}
+
+// A file whose spec is valid but cannot be served yet (its namespace is made after
+// the spec is written) is tried again, unchanged, until it serves.
+func TestWatchDirRetries(t *testing.T) {
+	dirRetry = 200 * time.Millisecond
+	t.Cleanup(func() { dirRetry = 5 * time.Second })
+	dir := t.TempDir()
+	h := &host{}
+	h.failing.Store(true)
+	r := New(h, 10, zerolog.Nop())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := os.WriteFile(filepath.Join(dir, "sbx-1.yaml"), []byte("ok"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	go r.WatchDir(ctx, dir)
+	time.Sleep(300 * time.Millisecond)
+	if _, ok := r.Get("sbx-1"); ok {
+		t.Fatal("registered while Serve fails")
+	}
+	h.failing.Store(false)
+	waitFor(t, "registered once it can be served", func() bool { _, ok := r.Get("sbx-1"); return ok })
 }
