@@ -213,7 +213,12 @@ func (s *sandbox) Status() node.Status {
 	s.mu.Lock()
 	netnsPath := s.l.Netns
 	s.mu.Unlock()
+	env := map[string]string{}
+	if ph := s.srv.Snapshot().Placeholders; ph != nil {
+		env = ph.Env()
+	}
 	return node.Status{
+		Env:         env,
 		Requests:    map[string]int64{"allow": t.Allow.Load(), "deny": t.Deny.Load(), "error": t.Error.Load()},
 		Open:        s.srv.Open(),
 		Credentials: s.creds.store.Status(),

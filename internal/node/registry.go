@@ -49,6 +49,9 @@ type Status struct {
 	Credentials any               `json:"credentials"` // each credential ID's state
 	Listeners   map[string]string `json:"listeners"`   // name -> bound address
 	Netns       string            `json:"netns,omitempty"`
+	// Env is what the sandbox's environment gets for its environment_variable
+	// credentials: NAME -> placeholder (derived per sandbox; never the secret).
+	Env map[string]string `json:"env"`
 }
 
 // Where a spec came from: a spec file and the API may name the same sandbox, and a

@@ -58,6 +58,7 @@ var specA = `{"netns": "/run/netns/sbx-a",
                {"name": "hooks", "address": "127.0.0.1:15003", "mode": "proxy", "role": "hooks"}],
  "dns": {"listen": "127.0.0.1:15053"},
  "environment": {"network": {"allowlist": [{"domain": "a.test", "credential": "key"}, {"domain": "c.test"}]},
+   "env": {"TOKEN": {"credential": "ph"}},
    "sources": [{"path": ".agents/hooks.json", "content": {"gate": {"pre_tool_execution": [
      {"matcher": "*", "hooks": [{"type": "http", "url": "https://a.test/hook", "timeout": 10}]}]}}}]},
  "credentials": {"file": "a-creds.json"}}`
@@ -145,6 +146,9 @@ func (w *world) isolation(t *testing.T) {
 	_, a := w.get(t, "sbx-a")
 	if a["netns"] != "/run/netns/sbx-a" || a["listeners"].(map[string]any)["transparent"] != "127.0.0.1:"+transparentPort {
 		t.Errorf("GET sbx-a: %v", a)
+	}
+	if ph, _ := a["env"].(map[string]any)["TOKEN"].(string); !strings.HasPrefix(ph, "egressd_ph_") {
+		t.Errorf("GET sbx-a: env %v, want TOKEN's placeholder", a["env"])
 	}
 }
 

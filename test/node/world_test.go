@@ -145,7 +145,8 @@ func newWorld(t *testing.T) *world {
 	files := map[string]string{"upstream-ca.pem": string(w.up.ca.PEM())}
 	for _, name := range []string{"node", "a", "b"} {
 		w.secrets[name] = "secret-" + name + "-" + fmt.Sprint(time.Now().UnixNano())
-		files[name+"-creds.json"] = fmt.Sprintf(`{"key": {"token": %q}}`, w.secrets[name])
+		files[name+"-creds.json"] = fmt.Sprintf(`{"key": {"token": %q}, "ph": {"type": "environment_variable", "value": %q, "trusted_domains": ["a.test"]}}`,
+			w.secrets[name], w.secrets[name]+"-ph")
 	}
 	if err := os.MkdirAll(filepath.Join(w.dir, "sandboxes.d"), 0o700); err != nil {
 		t.Fatal(err)
