@@ -73,8 +73,8 @@ type Daemon struct {
 	hold      context.Context // see HoldUntilReady; nil: serve at once
 	serving   []net.Listener  // the proxy's listeners, which Close stops first
 
-	registry *node.Registry // node mode's sandboxes; nil in a sidecar
-	stopNode func()         // stops the node API and the directory watcher
+	registry *node.Registry        // node mode's sandboxes; nil in a sidecar
+	stopNode func(context.Context) // stops the node API and the watcher, drains the sandboxes
 }
 
 // New returns a Daemon for the config at cfgPath ("" for the quick-start defaults),
@@ -339,13 +339,15 @@ func (d *Daemon) Close() {
 	if d.admin != nil {
 		d.admin.Close()
 	}
+	var sandboxes sync.WaitGroup // node mode's drain beside the node's own
 	if d.stopNode != nil {
-		d.stopNode()
+		sandboxes.Go(func() { d.stopNode(ctx) })
 	}
 	d.settle(drain)
 	if err := d.srv.Shutdown(ctx); err != nil {
 		d.log.Warn().Err(err).Msg("drain timed out; open connections closed")
 	}
+	sandboxes.Wait()
 	d.creds.close()
 	d.log.Info().Msg("egressd stopped")
 	os.Stdout.Sync() // the log: every record is written by now (Shutdown waited)

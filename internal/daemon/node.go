@@ -193,13 +193,19 @@ func (s *sandbox) update(l *Loaded, sh shared) error {
 // Close stops the sandbox's listeners and DNS guard and closes every connection it
 // holds at once: a removed sandbox is not drained.
 func (s *sandbox) Close() {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	s.Drain(ctx)
+}
+
+// Drain stops the sandbox's listeners and DNS guard, lets requests in flight finish
+// until ctx ends (egressd's SIGTERM), then closes what is left.
+func (s *sandbox) Drain(ctx context.Context) {
 	if s.stopDNS != nil {
 		s.stopDNS()
 	}
 	s.closeSockets()
 	if s.srv != nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
 		s.srv.Shutdown(ctx)
 		s.srv.Snapshot().Close()
 	}
@@ -250,12 +256,12 @@ func (d *Daemon) startNode(n config.Node) error {
 	if n.SandboxesDir != "" {
 		go d.registry.WatchDir(ctx, n.SandboxesDir)
 	}
-	d.stopNode = func() {
+	d.stopNode = func(ctx context.Context) {
 		cancel()
 		if api != nil {
 			api.Close()
 		}
-		d.registry.Close()
+		d.registry.Drain(ctx)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sort"
@@ -193,9 +194,27 @@ func (r *Registry) IDs() []string {
 	return ids
 }
 
-// Close removes every sandbox.
-func (r *Registry) Close() {
-	for _, id := range r.IDs() {
-		r.Remove(id, "")
+// Drainer is a Sandbox that can let its requests in flight finish before it closes.
+type Drainer interface {
+	Drain(ctx context.Context)
+}
+
+// Drain removes every sandbox, all at once: each drains until ctx ends (a Drainer)
+// or closes.
+func (r *Registry) Drain(ctx context.Context) {
+	r.mu.Lock()
+	entries := r.entries
+	r.entries = map[string]*entry{}
+	r.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, e := range entries {
+		wg.Go(func() {
+			if d, ok := e.sb.(Drainer); ok {
+				d.Drain(ctx)
+				return
+			}
+			e.sb.Close()
+		})
 	}
+	wg.Wait()
 }

@@ -49,6 +49,24 @@ func TestNodeSandboxes(t *testing.T) {
 	t.Run("a bad spec changes nothing", w.badSpec)
 	t.Run("a changed spec file re-decides open tunnels", func(t *testing.T) { w.changedFile(t, bFile) })
 	t.Run("removing a sandbox closes its tunnels within 1s", w.removal)
+	t.Run("SIGTERM drains a sandbox's request in flight", w.drain)
+}
+
+// SIGTERM lets a request in flight in a sandbox finish (limits.drain), as a
+// sidecar's, and egressd then exits 0. It stops egressd: the last case.
+func (w *world) drain(t *testing.T) {
+	done := make(chan string, 1)
+	go func() {
+		status, _ := w.curlPath(t, "sbx-a", "a.test", "/slow")
+		done <- status
+	}()
+	time.Sleep(500 * time.Millisecond)
+	if code, err := w.e.Stop(); code != 0 || err != nil {
+		t.Errorf("SIGTERM: exit %d %v", code, err)
+	}
+	if status := <-done; status != "200" {
+		t.Errorf("the request in flight at SIGTERM: %s, want 200", status)
+	}
 }
 
 // specA is sbx-a's spec: its transparent listener, a hooks listener for its agent

@@ -70,6 +70,9 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	u.hits = append(u.hits, hit{host: r.Host, path: r.URL.Path, auth: r.Header.Get("Authorization"),
 		assertion: r.Header.Get(hookauth.HeaderName), body: string(body)})
 	u.mu.Unlock()
+	if r.URL.Path == "/slow" {
+		time.Sleep(1500 * time.Millisecond)
+	}
 	if r.URL.Path == "/hook" {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprint(w, `{"decision": "allow"}`)
@@ -277,9 +280,13 @@ func addSandbox(t *testing.T, name string) {
 // curl fetches https://host/ from inside sandbox name and returns the status and
 // the Egressd-Reason header ("" when egressd did not refuse it).
 func (w *world) curl(t *testing.T, name, host string) (string, string) {
-	t.Helper()
+	return w.curlPath(t, name, host, "/")
+}
+
+// curlPath is curl for https://host/path.
+func (w *world) curlPath(t *testing.T, name, host, path string) (string, string) {
 	out, err := exec.Command("ip", "netns", "exec", name, "curl", "-s", "-m", "10", "-o", "/dev/null", "-D", "-",
-		"--cacert", w.bundle, "--resolve", host+":443:"+sandboxDst, "-w", "%{http_code}", "https://"+host+"/").Output()
+		"--cacert", w.bundle, "--resolve", host+":443:"+sandboxDst, "-w", "%{http_code}", "https://"+host+path).Output()
 	if err != nil && len(out) == 0 {
 		return "000", ""
 	}
