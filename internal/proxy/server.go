@@ -52,7 +52,11 @@ func New(snap *Snapshot, log zerolog.Logger, m *metrics.Metrics) *Server {
 		mem: membudget.New(0)}
 	s.setMemory(snap)
 	s.snap.Store(snap)
-	m.ObserveMemory(s.mem, s.hookBuf.used.Load)
+	if snap.Sandbox == "" {
+		// The process's budget; a node-mode sandbox's Server has one of its own,
+		// which the gauge does not show.
+		m.ObserveMemory(s.mem, s.hookBuf.used.Load)
+	}
 	s.initRules(snap)
 	return s
 }
