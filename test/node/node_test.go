@@ -45,6 +45,7 @@ func TestNodeSandboxes(t *testing.T) {
 	t.Run("each sandbox its own policy and credential", w.ownPolicyAndCredential)
 	t.Run("a sandbox reaches no other listener, nor the admin listener or the API", w.isolation)
 	t.Run("hook assertions carry the sandbox", w.hookClaim)
+	t.Run("a sandbox's placeholder is worthless in another", w.placeholders)
 	t.Run("the DNS guard inside the sandbox", w.dnsGuard)
 	t.Run("a bad spec changes nothing", w.badSpec)
 	t.Run("a changed spec file re-decides open tunnels", func(t *testing.T) { w.changedFile(t, bFile) })
@@ -359,4 +360,26 @@ func queryIn(t *testing.T, sandbox, name string) *dns.Msg {
 		t.Fatalf("%s: %v", name, err)
 	}
 	return r
+}
+
+// Each sandbox's placeholder is replaced with its own value; another sandbox's,
+// sent from sbx-a, reaches the upstream as the worthless string it is.
+func (w *world) placeholders(t *testing.T) {
+	ph := map[string]string{}
+	for _, sb := range []string{"sbx-a", "sbx-b"} {
+		_, info := w.get(t, sb)
+		ph[sb], _ = info["env"].(map[string]any)["TOKEN"].(string)
+	}
+	if ph["sbx-a"] == "" || ph["sbx-a"] == ph["sbx-b"] {
+		t.Fatalf("placeholders %v: want one per sandbox", ph)
+	}
+	for _, p := range []string{ph["sbx-a"], ph["sbx-b"]} {
+		if status, reason := w.curlPath(t, "sbx-a", "a.test", "/", "-H", "X-Token: "+p); status != "200" {
+			t.Errorf("sbx-a -> a.test with X-Token %s: %s %s", p, status, reason)
+		}
+	}
+	got, want := w.up.tokens(), []string{w.secrets["a"] + "-ph", ph["sbx-b"]}
+	if !slices.Equal(got, want) {
+		t.Errorf("a.test saw X-Token %q, want sbx-a's value, then sbx-b's placeholder unreplaced", got)
+	}
 }

@@ -39,7 +39,7 @@ var sandboxHosts = []string{"a.test", "b.test", "c.test"}
 
 // hit is one request an upstream served: its host, path, Authorization, hook
 // assertion and body.
-type hit struct{ host, path, auth, assertion, body string }
+type hit struct{ host, path, auth, token, assertion, body string }
 
 // upstream is the far end: one TLS server for every name, recording what it saw.
 type upstream struct {
@@ -67,7 +67,7 @@ func startUpstream(t *testing.T) *upstream {
 func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	u.mu.Lock()
-	u.hits = append(u.hits, hit{host: r.Host, path: r.URL.Path, auth: r.Header.Get("Authorization"),
+	u.hits = append(u.hits, hit{host: r.Host, path: r.URL.Path, auth: r.Header.Get("Authorization"), token: r.Header.Get("X-Token"),
 		assertion: r.Header.Get(hookauth.HeaderName), body: string(body)})
 	u.mu.Unlock()
 	if r.URL.Path == "/slow" {
@@ -94,6 +94,19 @@ func (u *upstream) hookCalls() []hit {
 	for _, h := range u.hits {
 		if h.path == "/hook" {
 			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// tokens lists the X-Token values the upstream saw.
+func (u *upstream) tokens() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var out []string
+	for _, h := range u.hits {
+		if h.token != "" {
+			out = append(out, h.token)
 		}
 	}
 	return out
@@ -148,7 +161,7 @@ func newWorld(t *testing.T) *world {
 	files := map[string]string{"upstream-ca.pem": string(w.up.ca.PEM())}
 	for _, name := range []string{"node", "a", "b"} {
 		w.secrets[name] = "secret-" + name + "-" + fmt.Sprint(time.Now().UnixNano())
-		files[name+"-creds.json"] = fmt.Sprintf(`{"key": {"token": %q}, "ph": {"type": "environment_variable", "value": %q, "trusted_domains": ["a.test"]}}`,
+		files[name+"-creds.json"] = fmt.Sprintf(`{"key": {"token": %q}, "ph": {"type": "environment_variable", "value": %q, "injection_location": "header", "trusted_domains": ["a.test"]}}`,
 			w.secrets[name], w.secrets[name]+"-ph")
 	}
 	if err := os.MkdirAll(filepath.Join(w.dir, "sandboxes.d"), 0o700); err != nil {
@@ -210,7 +223,7 @@ func spec(netnsName, creds string, allow ...string) string {
 	}
 	s := fmt.Sprintf(`{"netns": "/run/netns/%s",
  "listeners": [{"name": "transparent", "address": "127.0.0.1:%s", "mode": "transparent"}],
- "environment": {"network": {"allowlist": [%s]}}`, netnsName, transparentPort, strings.Join(entries, ", "))
+ "environment": {"network": {"allowlist": [%s]}, "env": {"TOKEN": {"credential": "ph"}}}`, netnsName, transparentPort, strings.Join(entries, ", "))
 	if creds != "" {
 		s += fmt.Sprintf(`, "credentials": {"file": %q}`, creds)
 	}
@@ -283,10 +296,11 @@ func (w *world) curl(t *testing.T, name, host string) (string, string) {
 	return w.curlPath(t, name, host, "/")
 }
 
-// curlPath is curl for https://host/path.
-func (w *world) curlPath(t *testing.T, name, host, path string) (string, string) {
-	out, err := exec.Command("ip", "netns", "exec", name, "curl", "-s", "-m", "10", "-o", "/dev/null", "-D", "-",
-		"--cacert", w.bundle, "--resolve", host+":443:"+sandboxDst, "-w", "%{http_code}", "https://"+host+path).Output()
+// curlPath is curl for https://host/path, with extra arguments.
+func (w *world) curlPath(t *testing.T, name, host, path string, extra ...string) (string, string) {
+	args := append([]string{"netns", "exec", name, "curl", "-s", "-m", "10", "-o", "/dev/null", "-D", "-",
+		"--cacert", w.bundle, "--resolve", host + ":443:" + sandboxDst, "-w", "%{http_code}"}, extra...)
+	out, err := exec.Command("ip", append(args, "https://"+host+path)...).Output()
 	if err != nil && len(out) == 0 {
 		return "000", ""
 	}
