@@ -2,7 +2,9 @@ package node_test
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -61,7 +63,11 @@ func (w *world) drain(t *testing.T) {
 		status, _ := w.curlPath(t, "sbx-a", "a.test", "/slow")
 		done <- status
 	}()
-	time.Sleep(500 * time.Millisecond)
+	for deadline := time.Now().Add(5 * time.Second); !w.up.seen("/slow"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never reached the upstream")
+		}
+	}
 	if code, err := w.e.Stop(); code != 0 || err != nil {
 		t.Errorf("SIGTERM: exit %d %v", code, err)
 	}
@@ -185,9 +191,13 @@ func dialIn(name, addr string) error {
 // A spec with an error is answered 400 with every problem, and the sandbox keeps
 // serving what it had.
 func (w *world) badSpec(t *testing.T) {
-	code, body := w.put(t, "sbx-a", `{"listeners": [{"name": "t", "address": "127.0.0.1"}], "environment": {"network": {"allowlist": [{"domain": "a..b"}]}}}`)
+	const bad = `{"listeners": [{"name": "t", "address": "127.0.0.1"}], "environment": {"network": {"allowlist": [{"domain": "a..b"}]}}}`
+	code, body := w.put(t, "sbx-a", bad)
 	if code != http.StatusBadRequest || !strings.Contains(body, `"path":"listeners[0].address"`) || !strings.Contains(body, `"path":"environment.network.allowlist[0].domain"`) {
 		t.Errorf("PUT a bad spec: %d %s", code, body)
+	}
+	if check := w.check(t, "sbx-a", bad); check != body {
+		t.Errorf("check --sandbox says\n%s\nthe API\n%s", check, body)
 	}
 	if status, _ := w.curl(t, "sbx-a", "a.test"); status != "200" {
 		t.Errorf("after a refused spec, sbx-a -> a.test: %s, want 200", status)
@@ -382,4 +392,24 @@ func (w *world) placeholders(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("a.test saw X-Token %q, want sbx-a's value, then sbx-b's placeholder unreplaced", got)
 	}
+}
+
+// check runs `egressd check --format json --sandbox` on spec, written as id.json,
+// and returns its problems as the API writes them.
+func (w *world) check(t *testing.T, id, spec string) string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), id+".json")
+	if err := os.WriteFile(file, []byte(spec), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := exec.Command(egressdtest.Binary(), "check", "--format", "json", "--config", w.e.ConfigPath, "--sandbox", file).Output()
+	var rep struct {
+		Problems json.RawMessage `json:"problems"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("check --sandbox printed %s: %v", out, err)
+	}
+	var compact bytes.Buffer
+	json.Compact(&compact, rep.Problems)
+	return `{"problems":` + compact.String() + "}\n"
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -97,6 +98,13 @@ func (u *upstream) hookCalls() []hit {
 		}
 	}
 	return out
+}
+
+// seen reports whether the upstream has begun serving a request for path.
+func (u *upstream) seen(path string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return slices.ContainsFunc(u.hits, func(h hit) bool { return h.path == path })
 }
 
 // tokens lists the X-Token values the upstream saw.
