@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -248,6 +250,10 @@ func (d *Daemon) startNode(n config.Node) error {
 		if err != nil {
 			cancel()
 			return err
+		}
+		if fi, err := os.Stat(filepath.Dir(n.APISocket)); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			d.log.Warn().Str("dir", filepath.Dir(n.APISocket)).Str("mode", fi.Mode().Perm().String()).
+				Msg("node.api_socket's directory is open to other users: make it 0700, so no sandbox can reach the socket's path")
 		}
 		api = &http.Server{Handler: d.registry.Handler(), ReadHeaderTimeout: 10 * time.Second}
 		go api.Serve(ln)
