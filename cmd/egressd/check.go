@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -33,8 +34,12 @@ type checkReport struct {
 func cmdCheck(args []string) int {
 	fs, cfgPath, format := newFlags("check", stderr)
 	strict := fs.Bool("strict", false, "fail on warnings too (for CI pipelines)")
+	sandbox := fs.String("sandbox", "", "a node's sandbox spec `FILE` (<id>.json or .yaml) to validate against --config")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
+	}
+	if *sandbox != "" {
+		return checkSandbox(*cfgPath, *sandbox, *format, *strict)
 	}
 	l, err := daemon.Load(*cfgPath)
 	rep := checkReport{OK: err == nil, Problems: []config.Problem{}}
@@ -69,7 +74,12 @@ func cmdCheck(args []string) int {
 	if *strict && hasWarning(rep.Problems) {
 		rep.OK = false // --strict: a warning fails the check like an error
 	}
-	if *format == "json" {
+	return report(rep, *format)
+}
+
+// report prints rep in format and returns check's exit code.
+func report(rep checkReport, format string) int {
+	if format == "json" {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
 		enc.Encode(rep)
@@ -80,6 +90,29 @@ func cmdCheck(args []string) int {
 		return exitUsage
 	}
 	return exitOK
+}
+
+// checkSandbox validates a sandbox spec file against the node config at cfgPath,
+// with the problems the node API answers for the same spec (daemon.LoadSandbox).
+// The sandbox's ID is the file's name without its extension.
+func checkSandbox(cfgPath, file, format string, strict bool) int {
+	l, err := daemon.Load(cfgPath)
+	if err != nil {
+		printLoadError(stderr, err)
+		return exitUsage
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		fmt.Fprintf(stderr, "egressd: %v\n", err)
+		return exitUsage
+	}
+	id := strings.TrimSuffix(filepath.Base(file), filepath.Ext(file))
+	_, problems := daemon.LoadSandbox(l, id, data, filepath.Dir(file))
+	rep := checkReport{OK: !daemon.HasError(problems) && !(strict && hasWarning(problems)), Problems: problems}
+	if rep.Problems == nil {
+		rep.Problems = []config.Problem{}
+	}
+	return report(rep, format)
 }
 
 func printProblems(rep checkReport) {

@@ -99,6 +99,8 @@ type Config struct {
 	Limits      Limits
 	Log         Log
 	StateDir    string
+	// Node is node mode (node:); its zero value is a sidecar.
+	Node Node
 	// Rules is the policy named by Policy, loaded and compiled with
 	// AllowlistOptions. Set by Parse, Load and LoadDefault; nil from Default.
 	Rules *Policy
@@ -108,7 +110,22 @@ type Config struct {
 	// by the policy file's bytes (`cat egressd.yaml environment.json |
 	// sha256sum`); an inline policy adds nothing. Shown by /healthz.
 	Hash string
+	// raw is what the file said, before defaults: a sandbox spec is validated as
+	// this config with the spec's sections in place (ParseSandbox).
+	raw     *rawConfig
+	baseDir string // where raw's relative paths resolve
 }
+
+// Node is node mode: one egressd serving every sandbox on a machine, each
+// registered at runtime through SandboxesDir or APISocket (docs/node.md).
+type Node struct {
+	SandboxesDir string // one <id>.json|yaml per sandbox, watched; "" for none
+	APISocket    string // the registration API's Unix socket; "" for none
+	MaxSandboxes int    // registered at once; default DefaultMaxSandboxes
+}
+
+// Enabled reports whether the config is a node's.
+func (n Node) Enabled() bool { return n.SandboxesDir != "" || n.APISocket != "" }
 
 // Listener is one address egressd serves the sandbox (or its hooks) on.
 type Listener struct {
@@ -384,6 +401,7 @@ func Parse(data []byte, baseDir string) (*Config, error) {
 	}
 	cfg.Warnings = ps.warnings()
 	cfg.Hash = hashOf(data, policyBytes)
+	cfg.raw, cfg.baseDir = raw, baseDir
 	return cfg, nil
 }
 
@@ -455,7 +473,13 @@ func (c *Config) loadPolicy(inline *rawAllowlist, ps *problems) []byte {
 		return nil
 	}
 	if c.Policy.File == "" {
-		return nil // reported by validate
+		if c.Node.Enabled() {
+			// A node without a policy of its own serves only its sandboxes: its own
+			// listeners, if any, refuse everything.
+			c.Rules = &Policy{Disabled: true}
+			c.Rules.Allowlist, c.Rules.Entries = compileAllowlist(&rawAllowlist{disabled: true}, "policy", opts, ps)
+		}
+		return nil // else reported by validate
 	}
 	data, err := readFile(c.Policy.File)
 	if err != nil {

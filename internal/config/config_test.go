@@ -86,6 +86,7 @@ func TestDefaultMatchesQuickstart(t *testing.T) {
 	qs.Environment = def.Environment
 	qs.Policy.File, qs.Credentials.File, qs.StateDir = def.Policy.File, def.Credentials.File, def.StateDir
 	qs.Rules, qs.Hash, qs.Warnings = nil, "", nil
+	qs.raw, qs.baseDir = def.raw, def.baseDir // what each was read from
 	if !reflect.DeepEqual(def, qs) {
 		t.Errorf("Default and quickstart.yaml differ:\n%s\nvs\n%s", renderResult(def, nil), renderResult(qs, nil))
 	}

@@ -13,6 +13,12 @@ const (
 	// assertions when the config does not.
 	DefaultEnvironment = "env_default"
 
+	// DefaultMaxSandboxes bounds the sandboxes a node serves at once: each holds
+	// listeners, a Snapshot and a credential store.
+	DefaultMaxSandboxes = 2000
+	// DefaultAPISocket is the example node.api_socket of messages.
+	DefaultAPISocket = "/run/egressd/node.sock"
+
 	// DefaultListenerName, DefaultListenerAddress, DefaultMode and
 	// DefaultRole describe the one listener of the quick-start config:
 	// an explicit proxy for the sandbox on loopback (HTTP_PROXY=http://127.0.0.1:15001).

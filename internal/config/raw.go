@@ -28,6 +28,14 @@ type rawConfig struct {
 	Limits      rawLimits      `yaml:"limits"`
 	Log         rawLog         `yaml:"log"`
 	StateDir    string         `yaml:"state_dir"`
+	Node        *rawNode       `yaml:"node"` // nil: a sidecar
+}
+
+// rawNode is node mode: the sandboxes are registered at runtime, not configured.
+type rawNode struct {
+	SandboxesDir string `yaml:"sandboxes_dir"`
+	APISocket    string `yaml:"api_socket"`
+	MaxSandboxes *int   `yaml:"max_sandboxes"`
 }
 
 type rawListener struct {

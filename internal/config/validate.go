@@ -33,11 +33,12 @@ var idPattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 // validate checks raw and returns the Config it describes.
 func validate(raw *rawConfig, baseDir string, ps *problems) *Config {
 	v := &validator{ps: ps, baseDir: baseDir}
+	node := v.node(raw.Node)
 	cfg := &Config{
 		Version:     v.version(raw.Version),
 		Environment: v.environment(raw.Environment),
-		Listeners:   v.listeners(raw.Listeners),
-		Policy:      v.policySource(raw.Policy),
+		Listeners:   v.listeners(raw.Listeners, node.Enabled()),
+		Policy:      v.policySource(raw.Policy, node.Enabled()),
 		Network:     v.network(raw.Network),
 		DNS:         v.dns(raw.DNS),
 		TLS:         v.tls(raw.TLS),
@@ -46,6 +47,7 @@ func validate(raw *rawConfig, baseDir string, ps *problems) *Config {
 		Limits:      v.limits(raw.Limits),
 		Log:         v.log(raw.Log),
 		StateDir:    v.path(or(raw.StateDir, DefaultStateDir)),
+		Node:        node,
 	}
 	cfg.Admin = v.admin(raw.Admin, cfg.Listeners)
 	return cfg
@@ -69,8 +71,28 @@ func (v *validator) environment(env string) string {
 	return env
 }
 
-// listeners checks each listener, then that names and addresses are unique.
-func (v *validator) listeners(raws []rawListener) []Listener {
+// node checks node mode's section: a node needs a way to register sandboxes.
+func (v *validator) node(r *rawNode) Node {
+	if r == nil {
+		return Node{}
+	}
+	n := Node{
+		SandboxesDir: v.path(r.SandboxesDir),
+		APISocket:    v.path(r.APISocket),
+		MaxSandboxes: positive(v, r.MaxSandboxes, "node.max_sandboxes", DefaultMaxSandboxes),
+	}
+	if !n.Enabled() {
+		v.ps.errorf("node", "set node.sandboxes_dir, node.api_socket or both, e.g. api_socket: %s", DefaultAPISocket)
+	}
+	return n
+}
+
+// listeners checks each listener, then that names and addresses are unique. A
+// node may have none: its sandboxes bring their own.
+func (v *validator) listeners(raws []rawListener, optional bool) []Listener {
+	if len(raws) == 0 && optional {
+		return nil
+	}
 	if len(raws) == 0 {
 		v.ps.errorf("listeners", "at least one listener is required, e.g. [{name: sandbox, address: %s}]", DefaultListenerAddress)
 		return nil
@@ -161,7 +183,7 @@ func (v *validator) redirect(r rawListener, l Listener, path string) string {
 	switch {
 	case l.Mode != ModeTransparent:
 		v.ps.errorf(path+".redirect", "only for a transparent listener (mode: %s)", ModeTransparent)
-	case red == RedirectLocal && !l.Address.Addr().IsLoopback():
+	case red == RedirectLocal && l.Address.IsValid() && !l.Address.Addr().IsLoopback():
 		v.ps.warnf(path+".address", "redirect: local delivers to 127.0.0.1 or ::1, not %s", l.Address.Addr())
 	case red == RedirectGateway && l.Address.Addr().IsLoopback():
 		v.ps.errorf(path+".address", "redirect: gateway's DNAT can never reach %s: use the sandbox-facing address", l.Address.Addr())
@@ -225,8 +247,9 @@ func (v *validator) optionalAddr(s, path, example string, portZeroOK bool) strin
 // policySource checks that exactly one of policy.file and
 // policy.allowlist is set. The inline entries are compiled later, with
 // the network and TLS options (Config.loadPolicy).
-func (v *validator) policySource(r rawPolicy) PolicySource {
+func (v *validator) policySource(r rawPolicy, optional bool) PolicySource {
 	switch {
+	case optional && r.File == "" && r.Allowlist == nil:
 	case r.File != "" && r.Allowlist != nil:
 		v.ps.errorf("policy", "set policy.file or policy.allowlist, not both")
 	case r.File == "" && r.Allowlist == nil:

@@ -47,6 +47,7 @@ func buildSnapshot(l *Loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds 
 	}
 	snap := &proxy.Snapshot{
 		Env:         cfg.Environment,
+		Sandbox:     l.Sandbox,
 		Policy:      l.Policy.Allowlist,
 		Guard:       guard,
 		Resolver:    netguard.NewResolver(cfg.Network.Resolver, cfg.Limits.DNS),

@@ -161,5 +161,14 @@ func Placeholders(l *Loaded, creds placeholder.Credentials) (*placeholder.Replac
 	if err != nil {
 		return nil, err
 	}
-	return placeholder.New(key, l.Cfg.Environment, l.Policy.Env, nil, creds), nil
+	return placeholder.New(key, placeholderScope(l), l.Policy.Env, nil, creds), nil
+}
+
+// placeholderScope is what placeholders are derived for: the environment, and in
+// node mode the sandbox too, so no sandbox holds another's placeholder.
+func placeholderScope(l *Loaded) string {
+	if l.Sandbox == "" {
+		return l.Cfg.Environment
+	}
+	return l.Cfg.Environment + "/sandbox/" + l.Sandbox
 }

@@ -45,7 +45,7 @@ func (d *Daemon) setLastReload(source string, err error) {
 // "unrestricted": true when the policy has no "network" (every destination allowed).
 func (d *Daemon) Ready() (bool, map[string]any) {
 	d.mu.Lock()
-	store, pol := d.store, d.current.Policy
+	store, pol := d.creds.store, d.current.Policy
 	d.mu.Unlock()
 	body := map[string]any{"config": "Loaded", "credentials": store.Status()}
 	if pol.Unrestricted {
@@ -252,6 +252,7 @@ func restartKeys(running, next *config.Config) []string {
 	diff("limits.leaf_mints", running.Limits.LeafMints != next.Limits.LeafMints)
 	diff("log.level", running.Log.Level != next.Log.Level)
 	diff("log.format", running.Log.Format != next.Log.Format)
+	diff("node", running.Node != next.Node)
 	return keys
 }
 
@@ -278,6 +279,7 @@ func pinRestartKeys(next, running *config.Config) {
 	next.Hooks.SigningKey = running.Hooks.SigningKey
 	next.Limits.MaxConnections = running.Limits.MaxConnections
 	next.Log = running.Log
+	next.Node = running.Node
 }
 
 // rejection turns why a reload failed into the problems it reports: a config or policy

@@ -202,7 +202,7 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 		inject.Remove(out.Header, "Accept-Encoding")
 		out.Header["Accept-Encoding"] = []string{"identity"}
 	}
-	assertion, err := x.snap.Hooks.Signer.SignCall(m, x.snap.Env, x.ident, body)
+	assertion, err := x.snap.Hooks.Signer.SignSandboxCall(m, x.snap.Env, x.snap.Sandbox, x.ident, body)
 	if err != nil {
 		return nil, &hookError{"hook signing key unavailable", err}
 	}

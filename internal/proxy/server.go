@@ -38,6 +38,8 @@ type Server struct {
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
 	lns     map[net.Listener]struct{}
+	// tally counts the records of every listener (Tally).
+	tally Tally
 	// reflected holds the (rule, credential) pairs an upstream has been seen
 	// reflecting, so each is warned about once (scrub.go).
 	reflected sync.Map
@@ -49,7 +51,11 @@ func New(snap *Snapshot, log zerolog.Logger, m *metrics.Metrics) *Server {
 		mem: membudget.New(0)}
 	s.setMemory(snap)
 	s.snap.Store(snap)
-	m.ObserveMemory(s.mem, s.hookBuf.used.Load)
+	if snap.Sandbox == "" {
+		// The process's budget; a node-mode sandbox's Server has one of its own,
+		// which the gauge does not show.
+		m.ObserveMemory(s.mem, s.hookBuf.used.Load)
+	}
 	s.initRules(snap)
 	return s
 }
@@ -90,9 +96,11 @@ func (s *Server) initRules(snap *Snapshot) {
 // listener is one configured listener with its connection bound, and the hook
 // lane: slots beyond the bound that only pre-tool hook calls may take (lane.go).
 type listener struct {
-	cfg  config.Listener
-	sem  chan struct{}
-	lane chan struct{}
+	cfg     config.Listener
+	sandbox string // Snapshot.Sandbox, fixed for the Server
+	tally   *Tally
+	sem     chan struct{}
+	lane    chan struct{}
 	// overflow counts the connections accepted beyond the bound (being
 	// admitted, in the lane, cut); at maxOverflow the accept loop waits
 	// (awaitRoom).
@@ -115,7 +123,7 @@ func (s *Server) Serve(ln net.Listener, cfg config.Listener) error {
 		return nil
 	}
 	defer s.trackListener(ln, false)
-	l := &listener{cfg: cfg, sem: make(chan struct{}, s.Snapshot().Limits.MaxConnections), lane: make(chan struct{}, hookLane),
+	l := &listener{cfg: cfg, sandbox: s.Snapshot().Sandbox, tally: &s.tally, sem: make(chan struct{}, s.Snapshot().Limits.MaxConnections), lane: make(chan struct{}, hookLane),
 		maxOverflow: overflowBound(), lanes: map[*conn]struct{}{},
 		bySlot: map[slotKind]map[*conn]struct{}{slotMain: {}, slotAdmit: {}}}
 	s.InitMetrics(cfg)
@@ -283,6 +291,12 @@ func (s *Server) closeIdle() int {
 	}
 	return busy
 }
+
+// Tally is the Server's count of records by decision.
+func (s *Server) Tally() *Tally { return &s.tally }
+
+// Open is the number of connections the Server holds open.
+func (s *Server) Open() int { return s.open() }
 
 func (s *Server) open() int {
 	s.mu.Lock()
