@@ -17,6 +17,7 @@ pymod requests || need+=(python3-requests)
 pymod httpx || need+=(python3-httpx)
 pymod h2 || need+=(python3-h2)
 pymod aiohttp || need+=(python3-aiohttp)
+pymod github || need+=(python3-github)
 pymod pip || need+=(python3-pip)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
