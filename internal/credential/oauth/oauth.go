@@ -280,7 +280,7 @@ func (m *Manager) refresh(ctx context.Context, st *state) {
 		return
 	}
 	m.recovered(st)
-	st.cur.Store(newToken(tok, now))
+	st.cur.Store(newToken(tok, now, m.o.Tick))
 	if st.refresh != "" && tok.RefreshToken != "" && tok.RefreshToken != st.refresh {
 		st.refresh = tok.RefreshToken
 		m.writeBack(ctx, st, v)
@@ -417,8 +417,10 @@ func result(err error) string {
 // errNoClient: token calls go only through a client SetClient gave.
 var errNoClient = errors.New("oauth: no HTTP client set")
 
-// newToken computes when to stop serving tok and when to refresh it.
-func newToken(tok *oauth2.Token, now time.Time) *token {
+// newToken computes when to stop serving tok and when to refresh it. The refresh is
+// found by a tick, so it is due at least two ticks before the token stops being served:
+// a short-lived token is then replaced before it expires, not a tick after.
+func newToken(tok *oauth2.Token, now time.Time, tick time.Duration) *token {
 	expiry := tok.Expiry
 	if expiry.IsZero() {
 		expiry = now.Add(DefaultLifetime)
@@ -426,6 +428,9 @@ func newToken(tok *oauth2.Token, now time.Time) *token {
 	life := expiry.Sub(now)
 	skew := min(maxSkew, life/10)
 	at := now.Add(time.Duration(float64(life) * (refreshFrom + refreshSpread*rand.Float64())))
+	if latest := expiry.Add(-skew - 2*tick); at.After(latest) {
+		at = latest // before now for a token shorter than that: refreshed at the next tick
+	}
 	return &token{
 		headers:   []credential.Header{{Name: "Authorization", Value: "Bearer " + tok.AccessToken}},
 		expiry:    expiry.Add(-skew),

@@ -71,7 +71,14 @@ type API struct {
 	expiry  map[string]time.Time // token -> expiry
 	mints   []Mint
 	refused []string // why each refused token call was refused
-	calls   []string // the Authorization of each repository call
+	calls   []Call
+}
+
+// Call is one repository call: the Authorization it carried and whether that was a
+// valid token then.
+type Call struct {
+	Auth  string
+	Valid bool
 }
 
 // StartAPI serves the API of app's installation with a leaf for names (the first names
@@ -180,8 +187,8 @@ func (a *API) Refused() []string {
 	return slices.Clone(a.refused)
 }
 
-// Calls returns the Authorization of each repository call, in order.
-func (a *API) Calls() []string {
+// Calls returns the repository calls, in order.
+func (a *API) Calls() []Call {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return slices.Clone(a.calls)
@@ -191,11 +198,12 @@ func (a *API) Calls() []string {
 // echoes the Authorization it got (as an upstream that reflects requests would).
 func (a *API) repo(w http.ResponseWriter, r *http.Request) {
 	auth := r.Header.Get("Authorization")
-	a.mu.Lock()
-	a.calls = append(a.calls, auth)
-	a.mu.Unlock()
 	tok, _ := strings.CutPrefix(auth, "Bearer ")
-	if !a.Valid(tok) || !slices.Contains(a.repos(tok), r.PathValue("repo")) {
+	valid := a.Valid(tok)
+	a.mu.Lock()
+	a.calls = append(a.calls, Call{Auth: auth, Valid: valid})
+	a.mu.Unlock()
+	if !valid || !slices.Contains(a.repos(tok), r.PathValue("repo")) {
 		w.WriteHeader(http.StatusNotFound)
 		fmt.Fprintf(w, `{"message": "Not Found", "echo": %q}`, auth)
 		return
