@@ -1,13 +1,12 @@
-package proxy
+package upstream
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
-
-	"github.com/egressd/egressd/internal/allowlist"
 )
 
 // An HTTP/1.x client's request to an upstream that speaks only HTTP/2 (its TLS
@@ -16,11 +15,12 @@ import (
 // the upstream is willing, only the framing differs, and a refusal ("could not
 // connect") would be untrue and leave an HTTP/1.1-only client no way through.
 // The response is written to the client in HTTP/1.1 as usual. What HTTP/2 cannot
-// carry, an Upgrade (WebSocket over HTTP/1.1), is refused as upstream_unreachable
-// with detail http2_only, which says what happened.
+// carry, an Upgrade (WebSocket over HTTP/1.1), is refused with ErrHTTP2Only, which
+// the proxy answers as upstream_unreachable with detail http2_only.
 
-// detailHTTP2Only names an upstream that accepts only HTTP/2.
-const detailHTTP2Only = "http2_only"
+// ErrHTTP2Only is a request that an upstream speaking only HTTP/2 cannot be sent:
+// an Upgrade, or a body already partly sent over HTTP/1.1.
+var ErrHTTP2Only = errors.New("the upstream accepts only HTTP/2")
 
 // errUnanswered marks a fresh upstream connection whose TLS handshake confirmed no
 // ALPN protocol and that closed before answering an HTTP/1.1 request.
@@ -36,27 +36,31 @@ func refusedHTTP1(err error) bool {
 
 // sendH2Only sends out over HTTP/2 to an upstream that refused HTTP/1.1 (cause, or
 // nil when it is already known to) and remembers it. A request that HTTP/2 cannot
-// carry (an Upgrade), or whose body was already sent, gets the refusal that says
-// so; the client's retry then goes over HTTP/2.
-func (snap *Snapshot) sendH2Only(out *http.Request, rec *Record, cause error) (*http.Response, error) {
-	snap.h2Only.add(out.URL.Host)
-	if cause == nil {
-		cause = errors.New("the upstream accepts only HTTP/2")
-	}
+// carry (an Upgrade), or whose body was already sent, gets ErrHTTP2Only; the
+// client's retry then goes over HTTP/2.
+func (c *Client) sendH2Only(out *http.Request, cause error) (*http.Response, error) {
+	c.h2Only.add(out.URL.Host)
 	if len(out.Header["Upgrade"]) > 0 || !rewind(out.Body) {
-		return nil, &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: detailHTTP2Only, Err: cause}
+		if cause == nil {
+			return nil, ErrHTTP2Only
+		}
+		return nil, fmt.Errorf("%w: %w", ErrHTTP2Only, cause)
 	}
-	return snap.viaTransport(snap.transport, out, rec, nil)
+	return c.viaTransport(c.h2, out, nil)
 }
 
-// rewind reports whether body can be sent again: none, or the client's body with
-// nothing read from it yet (the failed attempt ended at the TLS handshake).
+// Rewinder is a request body that can be sent again when nothing has been read
+// from it: Rewind reopens it and reports whether it could.
+type Rewinder interface{ Rewind() bool }
+
+// rewind reports whether body can be sent again: none, or a Rewinder with nothing
+// read from it yet (the failed attempt ended at the TLS handshake).
 func rewind(body any) bool {
 	if body == http.NoBody || body == nil {
 		return true
 	}
-	b, ok := body.(*requestBody)
-	return ok && b.reopen()
+	b, ok := body.(Rewinder)
+	return ok && b.Rewind()
 }
 
 // h2OnlySet is the set of upstreams (host:port) that refused HTTP/1.1, bounded so

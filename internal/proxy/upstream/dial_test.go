@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"context"
@@ -38,12 +38,7 @@ func TestDialGuardedDialsOnlyTheDecidedTarget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pol, err := allowlist.Compile(nil, allowlist.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	snap := &Snapshot{Policy: pol, Guard: guard, Limits: config.Default().Limits}
-	snap.Prepare()
+	c := New(Options{Guard: guard, Limits: config.Default().Limits})
 	ap := netip.MustParseAddrPort(canary.Addr().String())
 	decided := allowlist.Target{Host: ap.Addr().String(), Addr: ap.Addr(), Port: ap.Port()}
 	other := allowlist.Target{Host: "127.0.0.2", Addr: netip.MustParseAddr("127.0.0.2"), Port: ap.Port()}
@@ -52,12 +47,12 @@ func TestDialGuardedDialsOnlyTheDecidedTarget(t *testing.T) {
 		ctx  context.Context
 		want error // nil: dialled
 	}{
-		{"no target in the context", context.Background(), errNoTarget},
-		{"another target in the context", withTarget(context.Background(), other), errors.New("mismatch")},
-		{"the decided target", withTarget(context.Background(), decided), nil},
+		{"no target in the context", context.Background(), ErrNoTarget},
+		{"another target in the context", WithTarget(context.Background(), other), errors.New("mismatch")},
+		{"the decided target", WithTarget(context.Background(), decided), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			nc, err := snap.dialGuarded(tc.ctx, "tcp", decided.String())
+			nc, err := c.dialGuarded(tc.ctx, "tcp", decided.String())
 			if tc.want == nil {
 				if err != nil {
 					t.Fatalf("dial of the decided target: %v", err)
@@ -70,8 +65,8 @@ func TestDialGuardedDialsOnlyTheDecidedTarget(t *testing.T) {
 				nc.Close()
 				t.Fatal("dialled without the decided target in the context")
 			}
-			if errors.Is(tc.want, errNoTarget) && !errors.Is(err, errNoTarget) {
-				t.Fatalf("error %v, want errNoTarget", err)
+			if errors.Is(tc.want, ErrNoTarget) && !errors.Is(err, ErrNoTarget) {
+				t.Fatalf("error %v, want ErrNoTarget", err)
 			}
 			waitAccepted(t, accepted, false)
 		})

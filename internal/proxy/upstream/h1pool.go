@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"sync"
 	"syscall"
 	"time"
@@ -27,22 +28,17 @@ import (
 // frames the request and ReadResponse parses the answer, exactly as the Transport
 // does; what the pool leaves out is the Transport's per-request machinery (a
 // writer and a reader goroutine per connection, three goroutine hand-offs, the
-// cancellation and idle-queue bookkeeping): those two goroutines held 32–37% of
-// egressd's CPU samples on the plain and intercepted GET paths, their syscalls
-// included, and egressd's CPU per request fell by 13–24% without them
-// (make bench -profile; the issue 8 note has the figures). Measured again for
-// issue 17, with the quiet check: 70 against 81 µs per request on plain GETs
-// (-13%), 91 against 115 intercepted (-21%), medians of 8 alternated bench runs
-// on a loaded machine, the pool switched off in the other binary.
+// cancellation and idle-queue bookkeeping), which took a large share of egressd's
+// CPU on the plain and intercepted GET paths (make bench -profile
+// shows them).
 //
 // Connections are keyed by scheme and decided target, dialled through the
-// Snapshot's guarded dialer, verified with the upstream TLS policy, and reused only
+// Client's guarded dialer, verified with the upstream TLS policy, and reused only
 // when the previous response was read to its end, neither side asked to close, and
 // nothing arrived on the connection while it was idle (quiet). Where it behaves
 // as the Transport does and where not, and why, is h1pool_diff_test.go's table.
 type h1Pool struct {
-	// What the pool needs of its Snapshot, handed over by newH1Pool so that the
-	// pool never calls back into it.
+	// What the pool needs of its Client, handed over by newH1Pool.
 	dialTarget     func(context.Context, allowlist.Target) (net.Conn, error) // guarded (dial.go)
 	tlsConfig      func() *tls.Config                                        // the upstream TLS policy, a fresh copy
 	dialTimeout    time.Duration                                             // limits.dial, for the TLS handshake
@@ -55,10 +51,10 @@ type h1Pool struct {
 	closed    bool
 }
 
-// newH1Pool is the pool of snap's upstream HTTP/1.1 connections.
-func newH1Pool(snap *Snapshot) *h1Pool {
-	return &h1Pool{dialTarget: snap.dialTarget, tlsConfig: snap.upstreamTLSConfig, dialTimeout: snap.Limits.Dial,
-		responseHeader: snap.Limits.ResponseHeader, upstreamIdle: snap.Limits.UpstreamIdle, idle: map[h1Key][]*h1Conn{}}
+// newH1Pool is the pool of c's upstream HTTP/1.1 connections.
+func newH1Pool(c *Client) *h1Pool {
+	return &h1Pool{dialTarget: c.Dial, tlsConfig: c.tlsConfig, dialTimeout: c.o.Limits.Dial,
+		responseHeader: c.o.Limits.ResponseHeader, upstreamIdle: c.o.Limits.UpstreamIdle, idle: map[h1Key][]*h1Conn{}}
 }
 
 type h1Key struct{ scheme, addr string }
@@ -80,7 +76,7 @@ type h1Conn struct {
 const maxIdlePerTarget = 256
 
 // maxResponseHeaderBytes bounds an upstream's response head, its 1xx responses
-// included: net/http's default, set on the Transports too (snapshot.go) so that
+// included: net/http's default, set on the Transports too (client.go) so that
 // both paths refuse the same heads.
 const maxResponseHeaderBytes = 10 << 20
 
@@ -97,7 +93,7 @@ func h1Eligible(out *http.Request) bool {
 // before any response byte (the upstream closed it after the quiet check) is
 // replaced, as the Transport replaces it: by the next idle one, else a new one.
 // Cancelling out's context ends every wait on the connection, body reads included.
-func (p *h1Pool) roundTrip(out *http.Request, rec *Record) (*http.Response, error) {
+func (p *h1Pool) roundTrip(out *http.Request) (*http.Response, error) {
 	if err := validHeader(out.Header); err != nil {
 		return nil, err
 	}
@@ -108,7 +104,9 @@ func (p *h1Pool) roundTrip(out *http.Request, rec *Record) (*http.Response, erro
 		if err != nil {
 			return nil, err
 		}
-		rec.setResolved(pc.nc.RemoteAddr())
+		if trace := httptrace.ContextClientTrace(ctx); trace != nil && trace.GotConn != nil {
+			trace.GotConn(httptrace.GotConnInfo{Conn: pc.nc, Reused: reused})
+		}
 		stop := context.AfterFunc(ctx, func() { pc.nc.SetDeadline(expiredDeadline) })
 		resp, err := pc.exchange(out, p.responseHeader)
 		if err == nil && ctx.Err() == nil {
@@ -161,10 +159,6 @@ func validHeader(h http.Header) error {
 // errNothingRead marks a failure before any byte of a response arrived.
 var errNothingRead = errors.New("upstream closed the connection before answering")
 
-// errSwitched is a 101 to a request that named no protocol in an Upgrade (the pool
-// carries none): RFC 9110 §15.2.2 lets a server switch only to one it named.
-var errSwitched = errors.New("upstream switched protocols on a request without Upgrade")
-
 // exchange writes out and reads the response head within headerTimeout and
 // maxResponseHeaderBytes, skipping 1xx interim responses.
 func (pc *h1Conn) exchange(out *http.Request, headerTimeout time.Duration) (*http.Response, error) {
@@ -194,7 +188,7 @@ func (pc *h1Conn) exchange(out *http.Request, headerTimeout time.Duration) (*htt
 		case err != nil:
 			return nil, err
 		case resp.StatusCode == http.StatusSwitchingProtocols:
-			return nil, errSwitched
+			return nil, ErrSwitched // the pool carries no Upgrade
 		case resp.StatusCode < 100: // no status line a client could be sent
 			return nil, fmt.Errorf("upstream sent status code %03d", resp.StatusCode)
 		case resp.StatusCode >= 200:
@@ -321,16 +315,6 @@ func (pc *h1Conn) quiet() bool {
 	return isTimeout(err) && socketQuiet(pc.nc)
 }
 
-// rawConn is c's socket, for the calls net.Conn has no method for.
-func rawConn(c net.Conn) (syscall.RawConn, bool) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return nil, false
-	}
-	raw, err := sc.SyscallConn()
-	return raw, err == nil
-}
-
 // socketQuiet reports whether nc's socket has nothing to read and is not closed,
 // without reading: one non-blocking MSG_PEEK.
 func socketQuiet(nc net.Conn) bool {
@@ -338,9 +322,13 @@ func socketQuiet(nc net.Conn) bool {
 	if tc, ok := raw.(*tls.Conn); ok {
 		raw = tc.NetConn()
 	}
-	rc, ok := rawConn(raw)
+	sc, ok := raw.(syscall.Conn)
 	if !ok {
 		return true // nothing to look at: a failure before any answer is retried
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
 	}
 	var peekErr error
 	var b [1]byte
@@ -417,6 +405,9 @@ func (p *h1Pool) handshake(ctx context.Context, nc net.Conn, serverName string) 
 	}
 	return tc, nil
 }
+
+// expiredDeadline is a deadline in the past: a wait with it ends at once.
+var expiredDeadline = time.Unix(1, 0)
 
 // closeIdle closes every idle connection; after it the pool keeps none.
 func (p *h1Pool) closeIdle() {

@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
@@ -22,8 +22,8 @@ import (
 )
 
 // The pool (h1pool.go) against net/http's Transport, configured as egressd
-// configures transportH1: each case sends the same requests, built by the
-// pipeline's own outbound, through both to a raw upstream on loopback that
+// configures its HTTP/1.1 transport: each case sends the same requests, built as
+// the proxy builds an outbound request (diffOutbound), through both to a raw upstream on loopback that
 // records every byte it reads, and compares, path against path, the upstream's
 // transcript (request lines, header order and case, which requests shared a
 // connection) and what the caller got back (the refusal's reason code, or the
@@ -77,13 +77,13 @@ var diffCases = []diffCase{
 	{name: "keep-alive reuse", steps: []diffStep{{resp: ok2}, {resp: ok2}, {resp: "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"}, {resp: ok2}},
 		reqs:     []diffReq{get(0), get(0), {head: headHead}, get(0)},
 		wantHead: "GET /a?b=c HTTP/1.1\r\nHost: HOST\r\n\r\n"},
-	{name: "request head as the client wrote it", steps: []diffStep{{resp: ok2}},
+	{name: "request head as the proxy sends it", steps: []diffStep{{resp: ok2}},
 		reqs: []diffReq{{head: "GET http://HOST/p%20q?x=1&x=2 HTTP/1.1\r\nhost: HOST\r\nx-lower: a\r\nX-UPPER: b\r\n" +
-			"Accept: */*\r\nConnection: keep-alive, X-Hop\r\nX-Hop: h\r\nProxy-Connection: keep-alive\r\nKeep-Alive: 5\r\n" +
-			"Te: trailers, deflate\r\nAccept-Encoding: br\r\nUser-Agent: curl/8\r\nX-Multi: 1\r\nX-Multi: 2\r\n" +
-			"Egressd-Reason: fake\r\nProxy-Authorization: Basic eDp5\r\nExpect: 100-continue\r\n\r\n"}},
+			"Accept: */*\r\nConnection: keep-alive\r\nProxy-Connection: keep-alive\r\nKeep-Alive: 5\r\n" +
+			"Accept-Encoding: br\r\nUser-Agent: curl/8\r\nX-Multi: 1\r\nX-Multi: 2\r\n" +
+			"Proxy-Authorization: Basic eDp5\r\n\r\n"}},
 		wantHead: "GET /p%20q?x=1&x=2 HTTP/1.1\r\nHost: HOST\r\nUser-Agent: curl/8\r\nAccept: */*\r\nAccept-Encoding: br\r\n" +
-			"Te: trailers\r\nX-Lower: a\r\nX-Multi: 1\r\nX-Multi: 2\r\nX-Upper: b\r\n\r\n"},
+			"X-Lower: a\r\nX-Multi: 1\r\nX-Multi: 2\r\nX-Upper: b\r\n\r\n"},
 	{name: "client asks to close", steps: []diffStep{{resp: ok2}, {resp: ok2}},
 		reqs: []diffReq{{head: "GET http://HOST/ HTTP/1.1\r\nHost: HOST\r\nConnection: close\r\n\r\n"}, get(0)}},
 	{name: "HTTP/1.0 client", steps: []diffStep{{resp: ok2}},
@@ -194,14 +194,14 @@ func checkDiff(t *testing.T, tc diffCase, pool, tr diffRun) {
 }
 
 // diffPath sends out one way.
-type diffPath func(snap *Snapshot, out *http.Request) (*http.Response, error)
+type diffPath func(c *Client, out *http.Request) (*http.Response, error)
 
-func poolPath(snap *Snapshot, out *http.Request) (*http.Response, error) {
-	return snap.h1.roundTrip(out, &Record{})
+func poolPath(c *Client, out *http.Request) (*http.Response, error) {
+	return c.pool.roundTrip(out)
 }
 
-func transportPath(snap *Snapshot, out *http.Request) (*http.Response, error) {
-	return snap.viaTransport(snap.transportH1, out, &Record{}, nil)
+func transportPath(c *Client, out *http.Request) (*http.Response, error) {
+	return c.viaTransport(c.h1, out, nil)
 }
 
 // diffRun is what one path produced: what the upstream read on each connection,
@@ -221,15 +221,15 @@ func (r diffRun) transcript() string {
 
 func runDiff(t testing.TB, scheme string, tc diffCase, send diffPath) diffRun {
 	up := startDiffUpstream(t, scheme == "https", tc.steps)
-	snap := diffSnapshot(t, up.ca)
-	defer snap.Close()
+	c := diffClient(t, up.ca)
+	defer c.CloseIdle()
 	var run diffRun
 	for _, r := range tc.reqs {
 		time.Sleep(r.pause)
-		run.outcomes = append(run.outcomes, sendCopies(t, snap, send, scheme, up.addr, r)...)
+		run.outcomes = append(run.outcomes, sendCopies(t, c, send, scheme, up.addr, r)...)
 	}
 	if len(tc.reqs) == 0 {
-		run.outcomes = sendCopies(t, snap, send, scheme, up.addr, get(0))
+		run.outcomes = sendCopies(t, c, send, scheme, up.addr, get(0))
 	}
 	for _, c := range up.transcripts() {
 		run.conns = append(run.conns, strings.ReplaceAll(c, up.addr, "HOST"))
@@ -239,13 +239,13 @@ func runDiff(t testing.TB, scheme string, tc diffCase, send diffPath) diffRun {
 
 // sendCopies sends r.par copies of r at once (one when par is 0) and returns
 // what each caller got, sorted.
-func sendCopies(t testing.TB, snap *Snapshot, send diffPath, scheme, addr string, r diffReq) []string {
+func sendCopies(t testing.TB, c *Client, send diffPath, scheme, addr string, r diffReq) []string {
 	n := max(r.par, 1)
 	out := make([]string, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			resp, err := send(snap, diffOutbound(t, r.head, scheme, addr))
+			resp, err := send(c, diffOutbound(t, r.head, scheme, addr))
 			out[i] = diffOutcome(resp, err)
 		})
 	}
@@ -254,8 +254,10 @@ func sendCopies(t testing.TB, snap *Snapshot, send diffPath, scheme, addr string
 	return out
 }
 
-// diffOutbound builds the upstream request from the client's head with the
-// pipeline's outbound, as prepare does for an allowed request.
+// diffOutbound builds the upstream request from the client's head as the proxy's
+// outbound does for an allowed request: its own header map without hop-by-hop
+// fields, the decided target in the URL and the context, an empty User-Agent so
+// that none is added.
 func diffOutbound(t testing.TB, head, scheme, addr string) *http.Request {
 	head = strings.ReplaceAll(head, "HOST", addr)
 	if scheme == "https" {
@@ -267,16 +269,26 @@ func diffOutbound(t testing.TB, head, scheme, addr string) *http.Request {
 	}
 	ap := netip.MustParseAddrPort(addr)
 	target := allowlist.Target{Host: ap.Addr().String(), Addr: ap.Addr(), Port: ap.Port()}
-	x := &exchange{req: req, target: target, body: newRequestBody(req)}
-	return x.outbound(context.Background(), scheme)
+	out := req.WithContext(WithTarget(context.Background(), target))
+	out.URL.Scheme, out.URL.Host, out.RequestURI, out.Close = scheme, target.String(), "", false
+	out.Header = req.Header.Clone()
+	for _, name := range allowlist.HopByHop {
+		delete(out.Header, name)
+	}
+	if _, ok := out.Header["User-Agent"]; !ok {
+		out.Header["User-Agent"] = nil
+	}
+	if req.ContentLength == 0 {
+		out.Body = http.NoBody
+	}
+	return out
 }
 
 // diffOutcome renders what the caller got: the refusal's reason code, or the
 // response as egressd reads it, body and trailers included.
 func diffOutcome(resp *http.Response, err error) string {
 	if err != nil {
-		rf := classify(err)
-		return "refused " + string(rf.Reason) + " " + rf.Detail
+		return "refused " + diffReason(err) + " "
 	}
 	defer resp.Body.Close()
 	var b strings.Builder
@@ -289,6 +301,15 @@ func diffOutcome(resp *http.Response, err error) string {
 	fmt.Fprintf(&b, "body %q error %v\n", body, err)
 	writeSorted(&b, resp.Trailer)
 	return b.String()
+}
+
+// diffReason is the reason code the proxy gives these failures (its classify):
+// every one is upstream_unreachable but a timeout.
+func diffReason(err error) string {
+	if isTimeout(err) {
+		return "upstream_timeout"
+	}
+	return "upstream_unreachable"
 }
 
 func writeSorted(b *strings.Builder, h http.Header) {
@@ -310,24 +331,18 @@ func writeSorted(b *strings.Builder, h http.Header) {
 	}
 }
 
-// diffSnapshot is a Snapshot whose guard opens loopback only (nothing leaves the
+// diffClient is a Client whose guard opens loopback only (nothing leaves the
 // machine), trusting ca for https.
-func diffSnapshot(t testing.TB, ca *testpki.CA) *Snapshot {
+func diffClient(t testing.TB, ca *testpki.CA) *Client {
 	guard, err := netguard.New(netguard.Options{UnsafeAllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pol, err := allowlist.Compile([]allowlist.Entry{{Domain: "*"}}, allowlist.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	limits := config.Default().Limits
 	limits.ResponseHeader = 8 * time.Second // reading the oversized head takes seconds under -race on a loaded machine
-	snap := &Snapshot{Env: "env_test", Policy: pol, Guard: guard, Limits: limits,
-		Resolver:    netguard.NewResolver("127.0.0.1:1", limits.DNS), // never asked: targets are literals
-		UpstreamTLS: &tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12}}
-	snap.Prepare()
-	return snap
+	return New(Options{Guard: guard, Limits: limits,
+		Resolver: netguard.NewResolver("127.0.0.1:1", limits.DNS), // never asked: targets are literals
+		TLS:      &tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12}})
 }
 
 // diffUpstream is a raw HTTP/1.1 upstream on loopback that answers request heads
