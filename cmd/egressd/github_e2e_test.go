@@ -89,6 +89,18 @@ print(r.full_name, r.private, "|", r.description)`
 	return string(out), err
 }
 
+// python runs a python3 script (sys and requests imported, sys.argv[1] the API URL) as
+// the sandbox and returns its output.
+func (w *ghWorld) python(script string) string {
+	cmd := exec.Command("/usr/bin/python3", "-c", "import sys, requests\n"+script, w.api.URL)
+	cmd.Env = w.sandboxEnv()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		w.t.Errorf("python3: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
 // clone runs git clone of acme/<repo> through egressd into a new directory.
 func (w *ghWorld) clone(repo string) (string, string, error) {
 	dir := filepath.Join(w.t.TempDir(), repo)
@@ -127,6 +139,9 @@ func TestRunGitHubApp(t *testing.T) {
 	}
 	if _, out, err := w.clone("secret"); err == nil {
 		t.Errorf("git clone acme/secret succeeded with a token scoped to [docs]\n%s", out)
+	}
+	if out := w.python(`r = requests.delete(sys.argv[1] + "/installation//token"); print(r.status_code, r.headers.get("Egressd-Reason"))`); out != "403 credential_scope\n" || w.api.Revoked() != 0 {
+		t.Errorf("DELETE /installation/token: %q, %d tokens revoked; want 403 credential_scope and none", out, w.api.Revoked())
 	}
 	first := mints[0].Token
 	time.Sleep(5 * time.Second) // past the first token's 4 s

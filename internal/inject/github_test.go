@@ -59,3 +59,17 @@ func githubInjector(t testing.TB) (*Injector, *allowlist.Policy) {
 	creds := fakeCreds{"gh": {ID: "gh", GitHubApp: &credential.GitHubApp{AppID: "1"}, Headers: []credential.Header{{Name: "Authorization", Value: "Bearer " + ghToken}}}}
 	return New(p, creds), p
 }
+
+func TestRevokesGitHubToken(t *testing.T) {
+	for _, p := range []string{"/installation/token", "/installation/token/", "//installation//token", "/Installation/TOKEN",
+		"/repos/../installation/token", "/api/v3/installation/token", "installation/token"} {
+		if !RevokesGitHubToken(p) {
+			t.Errorf("%q not recognised", p)
+		}
+	}
+	for _, p := range []string{"/installation/repositories", "/installation/tokens", "/repos/acme/installation/token", "/"} {
+		if RevokesGitHubToken(p) {
+			t.Errorf("%q refused", p)
+		}
+	}
+}

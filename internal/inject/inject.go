@@ -34,6 +34,9 @@ type Result struct {
 	Version    string
 	// Scrub masks every value Apply set; nil when it set nothing.
 	Scrub *scrub.Set
+
+	// GitHub: the credential is a github_app (see RevokesGitHubToken).
+	GitHub bool
 }
 
 // Injector holds one processor per injecting rule.
@@ -99,6 +102,7 @@ func (in *Injector) Apply(r *allowlist.Rule, h, trailer http.Header) (Result, er
 			return Result{}, &credential.UnavailableError{ID: v.ID, Cause: credential.CauseNoAccessToken}
 		}
 		secret, res.Credential, res.Version = githubHeaders(r, v), v.ID, v.Version
+		res.GitHub = v.GitHubApp != nil
 	}
 	for _, x := range p.transform {
 		res.Names = addName(res.Names, x.Name)

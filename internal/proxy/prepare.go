@@ -43,6 +43,9 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 	if res.Credential != "" {
 		x.rec.Credential = res.Credential
 	}
+	if res.GitHub && inject.RevokesGitHubToken(out.URL.Path) {
+		return nil, deny(allowlist.ReasonCredentialScope, inject.DetailGitHubRevoke)
+	}
 	x.scrubFor(out, res.Scrub)
 	x.body.trailers(x.req, out, res.Names)
 	return out, nil

@@ -72,6 +72,7 @@ type API struct {
 	mints   []Mint
 	refused []string // why each refused token call was refused
 	calls   []Call
+	revoked int
 }
 
 // Call is one repository call: the Authorization it carried and whether that was a
@@ -89,6 +90,7 @@ func StartAPI(t testing.TB, app *App, installation string, leaf tls.Certificate,
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /app/installations/{id}/access_tokens", a.mint)
 	mux.HandleFunc("GET /repos/{owner}/{repo}", a.repo)
+	mux.HandleFunc("DELETE /installation/token", a.revoke)
 	a.URL, a.Port = serveTLS(t, mux, leaf, names[0])
 	return a
 }
@@ -212,6 +214,27 @@ func (a *API) repo(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("owner") + "/" + r.PathValue("repo")
 	json.NewEncoder(w).Encode(map[string]any{"id": 1, "name": r.PathValue("repo"), "full_name": name,
 		"private": true, "url": a.URL + "/repos/" + name, "description": "you sent " + auth})
+}
+
+// revoke is DELETE /installation/token: the token that authenticates it stops working.
+func (a *API) revoke(w http.ResponseWriter, r *http.Request) {
+	tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.expiry[tok]; !ok {
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
+	a.expiry[tok] = time.Time{}
+	a.revoked++
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// Revoked is how many tokens were revoked.
+func (a *API) Revoked() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.revoked
 }
 
 // repos are the repositories tok was minted for.
