@@ -23,7 +23,7 @@ type ghRig struct {
 
 // newGHRig starts the stand-in API (tokens living lifetime) and a rig over a github_app
 // credential for it; open are the prefixes the token call's guard opens.
-func newGHRig(t *testing.T, lifetime time.Duration, repos []string, open ...netip.Prefix) *ghRig {
+func newGHRig(t testing.TB, lifetime time.Duration, repos []string, open ...netip.Prefix) *ghRig {
 	ca := testpki.New(t)
 	app := githubstub.NewApp(t, "4242")
 	api := githubstub.StartAPI(t, app, "77", ca.Leaf(t, "127.0.0.1"), "127.0.0.1")
@@ -172,5 +172,17 @@ func (r *rig) rewrite(t *testing.T, old, new string) {
 	}
 	if err := os.Rename(tmp, r.path); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// BenchmarkGetGitHubApp is the per-request cost of a github_app credential (the cached
+// installation token), beside BenchmarkGet's plain and oauth2 ones.
+func BenchmarkGetGitHubApp(b *testing.B) {
+	g := newGHRig(b, time.Hour, []string{"docs"}, loopback)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := g.m.Get("gh"); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
