@@ -46,10 +46,11 @@ func (m *Manager) mint(ctx context.Context, st *state) (*oauth2.Token, error) {
 }
 
 // adoptApp takes the installation app. A token minted for another scope (repositories,
-// permissions, installation, API) is dropped at once: a security team that narrows a
-// credential must not see the wider token served until it expires.
+// permissions, installation, API), or for an oauth2 client the secret was before, is
+// dropped at once: a security team that narrows a credential must not see the wider token
+// served until it expires.
 func (st *state) adoptApp(app *credential.GitHubApp) {
-	if st.app != nil && !sameScope(st.app, app) {
+	if st.secret != nil || st.app != nil && !sameScope(st.app, app) {
 		st.cur.Store(nil)
 	}
 	st.app, st.secret, st.refresh = app, nil, ""
