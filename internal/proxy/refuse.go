@@ -130,7 +130,7 @@ func isTimeout(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
-// statusFor maps a reason code to the HTTP status DESIGN.md assigns it.
+// statusFor maps a reason code to the HTTP status docs/reasons.md assigns it.
 func statusFor(r allowlist.Reason) int {
 	switch r {
 	case allowlist.ReasonBadRequest:
@@ -151,7 +151,7 @@ func statusFor(r allowlist.Reason) int {
 }
 
 // refusalFor classifies err, records it on rec, and renders the response. A status
-// of 0 means the status DESIGN.md assigns to the reason.
+// of 0 means the status docs/reasons.md assigns to the reason.
 func refusalFor(snap *Snapshot, rec *Record, err error, status int) (int, http.Header, []byte) {
 	rf := rec.refused(err)
 	code, h, body := refusalResponse(rf, rec, snap.Env)

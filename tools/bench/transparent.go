@@ -8,71 +8,47 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
+	"github.com/egressd/egressd/internal/testutil/netns"
 )
 
 // The transparent path: the same spliced HTTPS requests through one egressd,
-// once from inside a sandbox network namespace whose TCP 443 egressd-netns
-// DNATs to egressd's transparent listener, once through its explicit listener
-// with CONNECT, and once direct.
+// from a sandbox namespace whose TCP 443 egressd-netns DNATs to egressd's
+// transparent listener, through its explicit listener with CONNECT, and direct.
 //
-// It needs root, and it never touches the host's network: when the path runs,
-// the bench re-executes itself under `unshare -rnm` (user, network and mount
-// namespaces) with -paths transparent -json, and that copy — alone in a
-// network namespace with only lo — makes the sandbox namespace with
-// deploy/netns/egressd-netns, runs the loads, runs `egressd-netns down`
-// (always: at the end, on an error, on Ctrl-C or SIGTERM, and when it sees
-// its parent die), and prints its rows as JSON, which the parent puts in its
-// report. Everything the copy starts (the upstream, the DNS stub, its
-// egressds, the namespaces, the iptables rules) lives in its namespaces and
-// ends with it. It mounts a tmpfs over /run/netns and /etc/netns (when they
-// exist) in its own mount namespace first, so the files `ip netns add` and
-// egressd-netns write there are its own, not the host's.
-//
-// In the copy's namespace: the upstream also listens on standInAddr:443 (an
-// address egressd treats as public, added to lo), the DNS stub answers
-// transparentHost with it, and a second egressd listens for the sandbox on the
-// veth's host side (10.200.<netnsIndex>.1:15002, transparent) and on
-// 127.0.0.1:0 (explicit), with an allowlist of transparentHost:443 only
-// (spliced: nothing to inject). The sandbox's client sockets are made on an
-// OS thread that has joined the sandbox's namespace (sandboxNS.dial).
+// It needs root and never touches the host's network: the bench re-executes
+// itself under `unshare -rnm` with -paths transparent -json, and that copy,
+// alone in a network namespace with only lo, makes the sandbox namespace,
+// measures, always runs `egressd-netns down`, and prints its rows as JSON for
+// the parent's report. Its tmpfs over /run/netns and /etc/netns keeps `ip
+// netns` from seeing the host's files. The stand-in upstream address is one
+// egressd's guard treats as public, as a real upstream would be.
 
 const (
 	transparentHost = "tp." + benchZone
-	// standInAddr stands for the public address of transparentHost. It is
-	// 93.184.216.34 (example.com's old address) only on the lo of the bench's
-	// own namespace: egressd's address guard treats it as public, as it would
-	// a real upstream, where 127.0.0.1 would need unsafe_allow_cidrs.
-	standInAddr = "93.184.216.34"
-	standInPort = "443"
-	// netnsScript is where the bench finds egressd-netns: the repository
-	// root, where make bench runs.
-	netnsScript = "deploy/netns/egressd-netns"
-	netnsName   = "egrbench"
-	netnsIndex  = 1 // 10.200.1.0/30, in the bench's own namespace
-	tproxyPort  = 15002
-	dnsPort     = 15053
-	// envBenchNetns marks the re-executed bench in its own namespace.
-	envBenchNetns = "EGRESSD_BENCH_NETNS"
-	// transparentExplicitRow is the row of the explicit-listener runs.
+	// standInAddr is public to egressd's guard, and exists only on the lo of
+	// the bench's own namespace.
+	standInAddr            = "93.184.216.34"
+	standInPort            = "443"
+	netnsScript            = "deploy/netns/egressd-netns" // from the repository root
+	netnsName              = "egrbench"
+	netnsIndex             = 1 // 10.200.1.0/30, in the bench's own namespace
+	tproxyPort             = 15002
+	dnsPort                = 15053
+	envBenchNetns          = "EGRESSD_IN_NETNS" // marks the copy, as internal/testutil/netns's
 	transparentExplicitRow = "transparent-explicit"
-	// netnsScriptTimeout bounds one egressd-netns up or down.
-	netnsScriptTimeout = time.Minute
-	// childStopDelay is how long the parent waits for the copy to clean up
-	// after it sent SIGTERM, before it kills it.
-	childStopDelay = time.Minute
+	netnsScriptTimeout     = time.Minute
+	childStopDelay         = time.Minute // for the copy to clean up after SIGTERM
 )
 
 func transparentPathSpec() pathSpec {
@@ -140,9 +116,7 @@ func reexecTransparent(ctx context.Context, env pathEnv) ([]pathResult, error) {
 	cmd := exec.CommandContext(ctx, "unshare", args...)
 	cmd.Env = append(os.Environ(), envBenchNetns+"=1")
 	cmd.Stdout, cmd.Stderr = &out, env.stderr
-	// Its own process group, so that Ctrl-C reaches it only as the SIGTERM
-	// sent here, once; Pdeathsig in case this process dies first (the copy
-	// also watches for that).
+	// Its own process group, so that Ctrl-C reaches it once, as this SIGTERM.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = childStopDelay
@@ -169,13 +143,19 @@ func reexecTransparent(ctx context.Context, env pathEnv) ([]pathResult, error) {
 
 // measureTransparentInside is the path in the bench's own namespace.
 func measureTransparentInside(ctx context.Context, env pathEnv) (rows []pathResult, err error) {
-	if !onlyLoopback() {
+	if !netns.Inside() {
 		return nil, fmt.Errorf("%s is set, but this network namespace has other interfaces than lo: not a namespace of the bench's own", envBenchNetns)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go watchParent(ctx, cancel)
-	if err := privateNetnsDirs(); err != nil {
+	go func() { // the copy cleans up even when the bench that started it was killed
+		for ppid := os.Getppid(); ctx.Err() == nil; time.Sleep(200 * time.Millisecond) {
+			if os.Getppid() != ppid {
+				cancel()
+			}
+		}
+	}()
+	if err := netns.PrivateNetnsDirs(); err != nil {
 		return nil, err
 	}
 	script, err := filepath.Abs(netnsScript)
@@ -196,10 +176,10 @@ func measureTransparentInside(ctx context.Context, env pathEnv) (rows []pathResu
 	if err := sb.run("up"); err != nil {
 		return nil, err
 	}
-	if err := sb.open(); err != nil {
+	if sb.ns, err = os.Open("/run/netns/" + sb.name); err != nil {
 		return nil, err
 	}
-	defer sb.close()
+	defer sb.ns.Close()
 	if out, err := exec.Command("ip", "addr", "add", standInAddr+"/32", "dev", "lo").CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("ip addr add %s/32 dev lo: %v: %s", standInAddr, err, bytes.TrimSpace(out))
 	}
@@ -220,99 +200,35 @@ func measureTransparentInside(ctx context.Context, env pathEnv) (rows []pathResu
 	return measureTransparentRuns(ctx, env, te, sb)
 }
 
-// measureTransparentRuns runs, per round, direct, then transparent and
-// explicit in alternating order, and returns the transparent row and the
-// transparent-explicit row; both share the direct runs.
+// measureTransparentRuns returns the transparent row and the
+// transparent-explicit row, which share the direct runs.
 func measureTransparentRuns(ctx context.Context, env pathEnv, te *egressd, sb *sandboxNS) ([]pathResult, error) {
-	o, up := env.o, env.w.up
-	lo := loadOptions{clients: o.clients, size: o.size, warmup: o.warmup, duration: o.duration}
-	direct := customTarget{
-		target: target{url: "https://" + transparentHost + "/", dialAddr: net.JoinHostPort(standInAddr, standInPort),
-			allowDial: allowStandIn, roots: up.roots},
-		method: http.MethodGet, check: expectSize(o.size),
-	}
+	up, lo := env.w.up, env.o.load()
+	direct := target{url: "https://" + transparentHost + "/", dialAddr: net.JoinHostPort(standInAddr, standInPort),
+		allowDial: allowStandIn, roots: up.roots}
 	tp := direct
 	tp.dialFrom = sb.dial
 	explicit := direct
 	explicit.dialAddr, explicit.proxy = "", te.proxyURL
-	targets := [2]customTarget{tp, explicit}
-	rows := [2]*rowBuilder{
-		{res: pathResult{Path: "transparent", Description: transparentPathSpec().desc}},
-		{res: pathResult{Path: transparentExplicitRow, Description: fmt.Sprintf("the transparent row's requests through the same egressd's explicit listener: CONNECT %s:%s from the bench's namespace, spliced (the transparent row's direct runs)", transparentHost, standInPort)}},
+	rows := []*rowBuilder{newRow("transparent", transparentPathSpec().desc, ""),
+		newRow(transparentExplicitRow, fmt.Sprintf("the transparent row's requests through the same egressd's explicit listener: CONNECT %s:%s from the bench's namespace, spliced (the transparent row's direct runs)", transparentHost, standInPort), "")}
+	var legs []leg
+	for i, t := range []target{tp, explicit} {
+		legs = append(legs, leg{row: rows[i],
+			run: func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, t, lo, up, cpu) },
+			check: func(round int, d runResult, x *viaRun) []string {
+				ps := injectionProblems(injectNone, round, env.o.rounds, d, x.r)
+				if x.log.EgressLines == 0 {
+					ps = append(ps, runLabel("egressd", round, env.o.rounds)+": egressd logged no egress line: the requests did not go through it")
+				}
+				return ps
+			}})
 	}
-	for round := range o.rounds {
-		before := up.counts()
-		d, err := runCustomLoad(ctx, direct, lo, nil)
-		if err != nil {
-			return nil, fmt.Errorf("direct: %w", err)
-		}
-		d.fillUpstream(up.counts().sub(before))
-		order := []int{0, 1}
-		if round%2 == 1 {
-			order = []int{1, 0}
-		}
-		for _, i := range order {
-			before := up.counts()
-			x, err := measureVia(te, env.dns, func(cpu func() (time.Duration, error)) (runResult, error) {
-				return runCustomLoad(ctx, targets[i], lo, cpu)
-			})
-			if err != nil {
-				return nil, fmt.Errorf("through egressd (%s): %w", rows[i].res.Path, err)
-			}
-			x.r.fillUpstream(up.counts().sub(before))
-			acceptSplicedTLS(&x.log)
-			rb := rows[i]
-			rb.res.Problems = append(rb.res.Problems, injectionProblems(pathSpec{name: rb.res.Path}, round, o.rounds, d, x.r)...)
-			if x.log.EgressLines == 0 {
-				rb.res.Problems = append(rb.res.Problems, runLabel("egressd", round, o.rounds)+": egressd logged no egress line: the requests did not go through it")
-			}
-			rb.add(d, x)
-		}
+	err := runRounds(env, te, func(int) (runResult, error) { return runCounted(ctx, direct, lo, up, nil) }, legs, nil)
+	if err != nil {
+		return nil, err
 	}
 	return []pathResult{rows[0].finish(te), rows[1].finish(te)}, nil
-}
-
-// splicedTLSKey is logSummary's key of a transparent listener's egress line for
-// an allowed TLS connection it spliced without error: it has no HTTP status
-// (egressd answered nothing), so status 0.
-const splicedTLSKey = " tls: decision=allow status=0"
-
-// acceptSplicedTLS counts the transparent listener's spliced tunnels, which
-// log status 0, with the allowed 200s instead of as unexpected lines.
-func acceptSplicedTLS(s *logSummary) {
-	n := s.Unexpected[splicedTLSKey]
-	if n == 0 {
-		return
-	}
-	delete(s.Unexpected, splicedTLSKey)
-	if len(s.Unexpected) == 0 {
-		s.Unexpected = nil
-	}
-	s.Allowed200 += n
-	kept := s.Examples[:0]
-	for _, ex := range s.Examples {
-		if !isSplicedTLS(ex) {
-			kept = append(kept, ex)
-		}
-	}
-	s.Examples = kept
-	if len(s.Examples) == 0 {
-		s.Examples = nil
-	}
-}
-
-// isSplicedTLS reports whether a raw log line is one that splicedTLSKey
-// groups.
-func isSplicedTLS(line string) bool {
-	key, ok := unexpectedKey([]byte(strings.TrimSuffix(line, "…")), true)
-	if !ok || strings.HasPrefix(key, "unparsed line") {
-		// An example cut short: decide on the fields it still has (the
-		// error comes late in the line, and may be cut off).
-		return strings.Contains(line, `"scheme":"tls"`) && strings.Contains(line, `"decision":"allow"`) &&
-			strings.Contains(line, `"status":0,`) && strings.Contains(line, `"reason":"",`) && strings.Contains(line, `"detail":"",`) &&
-			(strings.Contains(line, `"error":""`) || !strings.Contains(line, `"error":`))
-	}
-	return key == splicedTLSKey
 }
 
 // allowStandIn lets the transparent path's clients dial the stand-in upstream
@@ -322,47 +238,6 @@ func allowStandIn(addr string) error {
 		return nil
 	}
 	return loopbackOnly(addr)
-}
-
-// onlyLoopback reports whether lo is this network namespace's only interface.
-func onlyLoopback() bool {
-	ifs, err := net.Interfaces()
-	return err == nil && len(ifs) == 1 && ifs[0].Flags&net.FlagLoopback != 0
-}
-
-// watchParent cancels when this process's parent changes (it died), so that
-// the copy cleans up even when the bench that started it was killed.
-func watchParent(ctx context.Context, cancel context.CancelFunc) {
-	ppid := os.Getppid()
-	t := time.NewTicker(200 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if os.Getppid() != ppid {
-				cancel()
-				return
-			}
-		}
-	}
-}
-
-// privateNetnsDirs mounts an empty tmpfs over /run/netns and /etc/netns,
-// where they exist, in this process's own mount namespace (unshare makes its
-// mounts private): `ip netns add` and egressd-netns then write their files
-// there, and never see or remove the host's.
-func privateNetnsDirs() error {
-	for _, d := range []string{"/run/netns", "/etc/netns"} {
-		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
-			continue
-		}
-		if err := unix.Mount("tmpfs", d, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
-			return fmt.Errorf("mounting a tmpfs on %s in the bench's own mount namespace: %w", d, err)
-		}
-	}
-	return nil
 }
 
 // sandboxNS is the sandbox namespace egressd-netns makes.
@@ -389,59 +264,39 @@ func (sb *sandboxNS) run(verb string) error {
 	return nil
 }
 
-func (sb *sandboxNS) open() error {
-	f, err := os.Open("/run/netns/" + sb.name)
-	if err != nil {
-		return err
-	}
-	sb.ns = f
-	return nil
-}
-
-func (sb *sandboxNS) close() {
-	if sb.ns != nil {
-		sb.ns.Close()
-	}
-}
-
 // dial connects from inside the sandbox: the socket is made on an OS thread
 // that has joined the sandbox's network namespace, which then rejoins its
 // own. A thread that cannot rejoin is never reused: its goroutine ends
 // locked to it, and the runtime ends the thread.
 func (sb *sandboxNS) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
+	var c net.Conn
+	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		home, err := os.Open("/proc/thread-self/ns/net")
+		if err == nil {
+			defer home.Close()
+			err = unix.Setns(int(sb.ns.Fd()), unix.CLONE_NEWNET)
+		}
 		if err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{err: err}
-			return
-		}
-		defer home.Close()
-		if err := unix.Setns(int(sb.ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("joining the sandbox's network namespace: %w", err)}
+			errc <- fmt.Errorf("joining the sandbox's network namespace: %w", err)
 			return
 		}
 		d := net.Dialer{Timeout: requestTimeout}
-		c, dialErr := d.DialContext(ctx, network, addr)
-		if err := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); err != nil {
+		c, err = d.DialContext(ctx, network, addr)
+		if rerr := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); rerr != nil {
 			if c != nil {
 				c.Close()
 			}
-			ch <- result{err: fmt.Errorf("rejoining the bench's network namespace: %w", err)}
+			errc <- fmt.Errorf("rejoining the bench's network namespace: %w", rerr)
 			return // still locked: the thread ends with this goroutine
 		}
 		runtime.UnlockOSThread()
-		ch <- result{c, dialErr}
+		errc <- err
 	}()
-	r := <-ch
-	return r.c, r.err
+	err := <-errc // before c is read
+	return c, err
 }
 
 // startTransparentEgressd starts the transparent path's egressd in dir and
@@ -455,13 +310,9 @@ func startTransparentEgressd(ctx context.Context, bin, dir, dnsAddr, hostIP stri
 	return e, err
 }
 
-// transparentConfig is the transparent path's egressd: its explicit listener (bench,
-// CONNECT from the bench's namespace), a transparent one on the veth's host side
-// (the sandbox's TCP 443, DNATed there by egressd-netns), and the DNS guard
-// there too (as a deployment has it; the load makes no DNS queries), with
-// transparentHost:443 (spliced: nothing to inject) as the only entry. It
-// reaches the upstream by name: transparentHost, pinned to standInAddr in the
-// DNS stub, which egressd's address guard treats as public.
+// transparentConfig is the transparent path's egressd: its explicit listener,
+// a transparent one and the DNS guard on the veth's host side (as a deployment
+// has them), and transparentHost:443, spliced, as the only entry.
 func transparentConfig(dnsAddr, hostIP string) *egressdtest.Config {
 	cfg := baseConfig(dnsAddr)
 	cfg.Listeners = []egressdtest.Listener{{Name: benchListener, Address: "127.0.0.1:0", Mode: "proxy"},

@@ -1,11 +1,6 @@
 package main
 
 import (
-	"context"
-	"encoding/json"
-	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -34,84 +29,13 @@ func TestParsePeers(t *testing.T) {
 			t.Errorf("parsePeers(%q) = %v, %v; want %v", tc.in, names(got), err, tc.want)
 		}
 	}
-	if got, _ := parsePeers("goproxy,smokescreen"); !got[0].kind.mitm || got[1].kind.mitm {
+	if got, _ := parsePeers("goproxy,smokescreen"); got[0].kind.noMITM != "" || got[1].kind.noMITM == "" {
 		t.Error("goproxy must intercept and smokescreen not")
 	}
 	for _, bad := range []string{"", ",", "squid", "goproxy,goproxy", "goproxy=", "off,goproxy", "goproxy=/a,goproxy=/b"} {
 		if got, err := parsePeers(bad); err == nil {
 			t.Errorf("parsePeers(%q) = %v, want an error", bad, names(got))
 		}
-	}
-}
-
-func TestPeersFlag(t *testing.T) {
-	exe := filepath.Join(t.TempDir(), "egressd")
-	if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	o, err := parseFlags([]string{"-egressd", exe}, io.Discard)
-	if err != nil || len(o.peers) != 2 {
-		t.Fatalf("default -peers: %d peers, %v", len(o.peers), err)
-	}
-	if o, err = parseFlags([]string{"-egressd", exe, "-peers", "off"}, io.Discard); err != nil || o.peers != nil {
-		t.Errorf("-peers off: %v, %v", o.peers, err)
-	}
-	if _, err = parseFlags([]string{"-egressd", exe, "-peers", "nginx"}, io.Discard); err == nil {
-		t.Error("-peers nginx: no error")
-	}
-}
-
-func TestPathsPeers(t *testing.T) {
-	want := map[string]peerUse{"plain": peersTunnel, "connect": peersTunnel, "intercept": peersIntercept, "intercept-newconn": peersIntercept}
-	for _, p := range paths {
-		if p.peers != want[p.name] {
-			t.Errorf("path %s: peers %d, want %d", p.name, p.peers, want[p.name])
-		}
-	}
-	if !needsPeers(paths[:1]) {
-		t.Error("plain needs no peers")
-	}
-	ps, err := lookupPaths("credential,vault,hook,transparent")
-	if err != nil || needsPeers(ps) {
-		t.Errorf("credential, vault, hook, transparent: needsPeers, %v", err)
-	}
-}
-
-func TestFindPeers(t *testing.T) {
-	ctx := context.Background()
-	// From the bench's own directory there is no scripts/peers.sh: skipped, with the reason.
-	bins, skips, err := findPeers(ctx, []peerSpec{{kind: peerKinds[0]}, {kind: peerKinds[1]}}, io.Discard)
-	if err != nil || len(bins) != 0 || !strings.Contains(skips["goproxy"], peersScript) || !strings.Contains(skips["smokescreen"], peersScript) {
-		t.Errorf("no script: %v, %v, %v", bins, skips, err)
-	}
-	if _, _, err := findPeers(ctx, []peerSpec{{kind: peerKinds[0], bin: "/nonexistent/goproxybare"}}, io.Discard); err == nil {
-		t.Error("goproxy=/nonexistent/goproxybare: no error")
-	}
-	exe := filepath.Join(t.TempDir(), "smokescreen")
-	if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bins, skips, err = findPeers(ctx, []peerSpec{{kind: peerKinds[1], bin: exe}}, io.Discard)
-	if err != nil || bins["smokescreen"] != exe || len(skips) != 0 {
-		t.Errorf("smokescreen=%s: %v, %v, %v", exe, bins, skips, err)
-	}
-}
-
-func TestParsePeerPaths(t *testing.T) {
-	got := parsePeerPaths([]byte("goproxy=/c/peers/goproxybare-abc/goproxybare\n\nnoise\nsmokescreen=/c/peers/smokescreen-v0.1.0/smokescreen\n"))
-	if len(got) != 2 || got["goproxy"] != "/c/peers/goproxybare-abc/goproxybare" || got["smokescreen"] != "/c/peers/smokescreen-v0.1.0/smokescreen" {
-		t.Errorf("parsePeerPaths = %v", got)
-	}
-	errs := "peers: building goproxybare\npeers: error: goproxy: go build failed\npeers: built smokescreen\n"
-	if got := peerErrorLine(errs, "goproxy"); got != "peers: error: goproxy: go build failed" {
-		t.Errorf("peerErrorLine = %q", got)
-	}
-}
-
-func TestWithoutProxyEnv(t *testing.T) {
-	got := withoutProxyEnv([]string{"HOME=/root", "HTTP_PROXY=http://x", "https_proxy=http://y", "ALL_PROXY=z", "no_proxy=*", "PATH=/bin"})
-	if !slices.Equal(got, []string{"HOME=/root", "PATH=/bin"}) {
-		t.Errorf("withoutProxyEnv = %v", got)
 	}
 }
 
@@ -127,21 +51,22 @@ func peerReport(rounds int) *report {
 			p.Rounds = append(p.Rounds, newRound(d, x))
 		}
 		p.finish()
-		ps := &peerSet{order: peerKinds, procs: []*peerProc{{kind: peerKinds[0]}, {kind: peerKinds[1]}}}
+		ps := &peerSet{order: peerKinds, procs: map[string]*peerProc{"goproxy": {kind: peerKinds[0]}, "smokescreen": {kind: peerKinds[1]}}}
 		use := map[string]peerUse{"plain": peersTunnel, "intercept": peersIntercept}[name]
 		pp := ps.forPath(pathSpec{name: name, peers: use})
 		if pp != nil {
 			for i := range pp.results {
-				if pp.results[i].skipped() {
+				if pp.results[i].Skipped != "" {
 					continue
 				}
 				for j := range rounds {
 					run := runResult{ReqPerSec: float64(300 + 100*i + 10*j), Requests: 10, CPUSeconds: 2e-3, P50US: 5000, P99US: 12000, Total: 20, UpstreamRequests: 20}
 					run.hist.record(5e6)
-					pp.results[i].Rounds = append(pp.results[i].Rounds, peerRound{DirectReqPerSec: d.ReqPerSec, ReqPerSec: run.ReqPerSec, Ratio: run.ReqPerSec / d.ReqPerSec, CPUPerReqUS: 200, cpuOK: true})
-					pp.runs[i] = append(pp.runs[i], run)
+					pp.results[i].Rounds = append(pp.results[i].Rounds, roundResult{DirectReqPerSec: d.ReqPerSec, EgressdReqPerSec: run.ReqPerSec, Ratio: run.ReqPerSec / d.ReqPerSec, CPUPerReqUS: 200, cpuOK: true})
+					pp.results[i].runs = append(pp.results[i].runs, run)
 				}
-				pp.results[i].fold(pp.runs[i])
+				pp.results[i].Run = combine(pp.results[i].runs)
+				pp.results[i].Ratio, pp.results[i].CPUPerReqUS = roundMedians(pp.results[i].Rounds)
 				pp.results[i].PeakRSSBytes = int64(14+i) << 20
 			}
 			p.Peers = pp.results
@@ -211,8 +136,11 @@ func TestWriteTextPeers(t *testing.T) {
 	if r.failed() {
 		t.Error("a peer's exit fails the report")
 	}
+}
 
-	// Skipped peers: a row that says so, and why under the table.
+// Skipped peers: a row that says so, and why under the table.
+func TestWriteTextSkippedPeer(t *testing.T) {
+	r := peerReport(1)
 	r.Peers[0] = peerInfo{Peer: "goproxy", Skipped: "scripts/peers.sh build failed (exit status 1): peers: error: goproxy: go build failed"}
 	for i := range r.Paths {
 		for j := range r.Paths[i].Peers {
@@ -221,12 +149,12 @@ func TestWriteTextPeers(t *testing.T) {
 			}
 		}
 	}
-	b.Reset()
+	var b strings.Builder
 	if err := r.writeText(&b); err != nil {
 		t.Fatal(err)
 	}
-	out = b.String()
-	rows = tableRows(out[strings.Index(out, "  path"):])
+	out := b.String()
+	rows := tableRows(out[strings.Index(out, "  path"):])
 	if got := rows["plain/goproxy"]; !slices.Equal(got, []string{"skipped", "-", "-", "-", "-"}) {
 		t.Errorf("skipped goproxy row = %q\n%s", got, out)
 	}
@@ -254,66 +182,5 @@ func TestWriteTextPeersRounds(t *testing.T) {
 	}
 	if !strings.Contains(out, "    goproxy     0.30 0.31 0.32\n") {
 		t.Errorf("no per-round ratios of goproxy:\n%s", out)
-	}
-}
-
-func TestWriteTextNoPeers(t *testing.T) {
-	r := peerReport(1)
-	r.Peers = nil
-	for i := range r.Paths {
-		r.Paths[i].Peers = nil
-	}
-	var b strings.Builder
-	if err := r.writeText(&b); err != nil {
-		t.Fatal(err)
-	}
-	if out := b.String(); !strings.Contains(out, "egressd req/s") || strings.Contains(out, "proxy req/s") || strings.Contains(out, "peers (indented rows)") {
-		t.Errorf("without peers, the table changed:\n%s", out)
-	}
-}
-
-func TestWriteJSONPeers(t *testing.T) {
-	var b strings.Builder
-	if err := peerReport(1).writeJSON(&b); err != nil {
-		t.Fatal(err)
-	}
-	var got struct {
-		Peers []struct {
-			Peer         string `json:"peer"`
-			PeakRSSBytes int64  `json:"peak_rss_bytes"`
-			Exit         string `json:"exit"`
-		} `json:"peers"`
-		Paths []struct {
-			Path  string `json:"path"`
-			Peers []struct {
-				Peer          string  `json:"peer"`
-				Skipped       string  `json:"skipped"`
-				NotApplicable bool    `json:"not_applicable"`
-				Ratio         float64 `json:"ratio"`
-				CPU           float64 `json:"cpu_us_per_req"`
-				PeakRSS       int64   `json:"peak_rss_after_bytes"`
-				Run           struct {
-					ReqPerSec float64 `json:"req_per_s"`
-					P50US     float64 `json:"p50_us"`
-					P99US     float64 `json:"p99_us"`
-				} `json:"run"`
-			} `json:"peers"`
-		} `json:"paths"`
-	}
-	if err := json.Unmarshal([]byte(b.String()), &got); err != nil {
-		t.Fatal(err)
-	}
-	if len(got.Peers) != 2 || got.Peers[0].Peer != "goproxy" || got.Peers[1].Exit == "" || len(got.Paths) != 3 {
-		t.Fatalf("JSON: %+v", got)
-	}
-	plain, intercept, cred := got.Paths[0].Peers, got.Paths[1].Peers, got.Paths[2].Peers
-	if len(plain) != 2 || plain[0].Peer != "goproxy" || plain[0].Ratio != 0.3 || plain[0].CPU != 200 || plain[0].Run.ReqPerSec != 300 || plain[0].PeakRSS != 14<<20 {
-		t.Errorf("plain peers: %+v", plain)
-	}
-	if len(intercept) != 2 || intercept[1].Peer != "smokescreen" || !intercept[1].NotApplicable || intercept[1].Skipped == "" {
-		t.Errorf("intercept peers: %+v", intercept)
-	}
-	if cred != nil {
-		t.Errorf("credential peers: %+v", cred)
 	}
 }

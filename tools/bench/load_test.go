@@ -9,45 +9,38 @@ import (
 	"time"
 )
 
-// TestRunCustomLoad drives the upstream with GETs and the hook endpoint with
+// TestRunLoad drives the upstream with GETs and the hook endpoint with
 // POSTs for a moment, direct, and checks what both sides counted.
-func TestRunCustomLoad(t *testing.T) {
+func TestRunLoad(t *testing.T) {
 	up, hs := startServers(t, 64)
 	lo := loadOptions{clients: 2, warmup: 50 * time.Millisecond, duration: 200 * time.Millisecond}
-
-	before := up.counts()
-	get := customTarget{target: target{url: (&world{up: up}).hostURL(transformHost), dialAddr: up.tlsAddr, roots: up.roots}, method: http.MethodGet, check: expectSize(64)}
-	r, err := runCustomLoad(context.Background(), get, lo, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.fillUpstream(up.counts().sub(before))
-	if r.Requests == 0 || r.Errors != 0 || r.ClientConns != 2 || r.UpstreamConns != 2 || r.UpstreamRequests != r.Total {
-		t.Errorf("GET: %+v", r)
+	get := target{url: (&world{up: up}).hostURL(transformHost), dialAddr: up.tlsAddr, roots: up.roots}
+	r, err := runCounted(context.Background(), get, loadOptions{clients: 2, size: 64, duration: 200 * time.Millisecond}, up, nil)
+	if err != nil || r.Total == 0 || r.Errors != 0 || r.ClientConns < 2 || r.UpstreamConns != r.ClientConns || r.UpstreamRequests != r.Total {
+		t.Errorf("GET: %+v, %v", r, err)
 	}
 
 	hb := hs.counts()
-	post := customTarget{target: target{url: hs.url(hookURLPath), dialAddr: hs.addr, roots: up.roots}, method: http.MethodPost, body: hookRequestBody(), check: expectBody(hookAllow)}
-	r, err = runCustomLoad(context.Background(), post, lo, nil)
+	post := target{url: hs.url(hookURLPath), dialAddr: hs.addr, roots: up.roots, method: http.MethodPost, body: hookRequestBody(), check: expectBody(hookAllow)}
+	r, err = runLoad(context.Background(), post, lo, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := hs.counts().sub(hb)
-	r.fillHook(c)
-	if r.Requests == 0 || r.Errors != 0 || c.served != r.Total || c.badBody != 0 || c.asserted != 0 || r.UpstreamConns != 2 {
+	if r.Total == 0 || r.Errors != 0 || c[cServed] != r.Total || c[cBadBody] != 0 || c[cAsserted] != 0 || c[cAccepted] != r.ClientConns || r.ClientConns < 2 {
 		t.Errorf("POST: %+v, endpoint %+v", r, c)
 	}
 
 	// A response the check refuses is an error of the run, not a failed run.
 	bad := post
 	bad.check = expectBody([]byte(`{"decision":"deny"}`))
-	if r, err = runCustomLoad(context.Background(), bad, lo, nil); err != nil || r.Errors == 0 || r.Requests != 0 {
+	if r, err = runLoad(context.Background(), bad, lo, nil); err != nil || r.Errors == 0 || r.Requests != 0 {
 		t.Errorf("refused bodies: %+v, %v", r, err)
 	}
 	// Nothing but loopback is dialled unless allowDial says so.
 	away := get
 	away.dialAddr = "192.0.2.1:443"
-	if r, err = runCustomLoad(context.Background(), away, loadOptions{clients: 1, duration: 20 * time.Millisecond}, nil); err != nil || r.Errors == 0 || r.ClientConns != 0 {
+	if r, err = runLoad(context.Background(), away, loadOptions{clients: 1, size: 64, duration: 20 * time.Millisecond}, nil); err != nil || r.Errors == 0 || r.ClientConns != 0 {
 		t.Errorf("a non-loopback dial: %+v, %v", r, err)
 	}
 }
@@ -71,11 +64,5 @@ func TestExpectChecks(t *testing.T) {
 	deny := `{"decision":"deny","reason":"egressd: endpoint timed out (fail-closed)"}`
 	if err := expectBody(hookAllow, "Egressd-Hook")(resp(deny, http.Header{"Egressd-Hook": {"fail-closed"}})); err == nil || !strings.Contains(err.Error(), "fail-closed") {
 		t.Errorf("egressd's deny: %v", err)
-	}
-}
-
-func TestRunLabel(t *testing.T) {
-	if runLabel("direct", 0, 1) != "direct run" || runLabel("egressd", 1, 3) != "egressd run, round 2" {
-		t.Error(runLabel("direct", 0, 1), runLabel("egressd", 1, 3))
 	}
 }

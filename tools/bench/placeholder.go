@@ -10,31 +10,24 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
 )
 
-// The placeholder path (issue 15): a POST whose JSON body carries the
-// placeholder of an environment_variable credential, which egressd replaces
-// with the value on the way to the upstream. Only a policy file carries the
-// `env` section that names the placeholder, so the path runs through an egressd
-// of its own (in <tmp>/placeholder/) whose policy is placeholderPolicy and
-// whose credentials.json holds the credential. The sandbox's placeholder comes
-// from that egressd's GET /v1/sandbox/env. The upstream answers 200 only when
-// the body holds the value and no placeholder (422 otherwise: a client error).
+// The placeholder path: a POST whose JSON body carries an environment_variable
+// credential's placeholder, which egressd replaces with the value. Only a
+// policy file carries the env section, so the path has an egressd of its own;
+// the placeholder comes from its GET /v1/sandbox/env. The upstream answers 422
+// unless the body holds the value and no placeholder.
 const (
 	placeholderRow        = "placeholder"
 	placeholderHost       = "ph." + benchZone
 	placeholderPath       = "/placeholder"
 	placeholderCredential = "bench-env"
 	placeholderEnvName    = "BENCH_API_KEY"
-	// placeholderValue is the fake secret egressd puts in place of the placeholder.
-	placeholderValue = "bench-env-value-not-a-secret-0123456789abcdef"
-	// placeholderPrefix begins every placeholder (internal/placeholder).
-	placeholderPrefix = "egressd_ph_"
-	// placeholderBodySize is the JSON body's size as the sandbox sends it.
-	placeholderBodySize = 1024
+	placeholderValue      = "bench-env-value-not-a-secret-0123456789abcdef"
+	placeholderPrefix     = "egressd_ph_" // internal/placeholder's
+	placeholderBodySize   = 1024
 )
 
 func placeholderPathSpec() pathSpec {
@@ -47,15 +40,11 @@ func placeholderPathSpec() pathSpec {
 }
 
 // placeholderBody is the JSON body the sandbox sends: secret (the placeholder,
-// or the value for the direct run) in a field, padded to placeholderBodySize
-// with the placeholder.
+// or the value for the direct run) in a field, padded to placeholderBodySize.
 func placeholderBody(secret string) []byte {
 	head := `{"model":"bench","api_key":"` + secret + `","input":"`
 	const tail = `"}`
-	pad := placeholderBodySize - len(head) - len(tail)
-	if pad < 0 {
-		pad = 0
-	}
+	pad := max(0, placeholderBodySize-len(head)-len(tail))
 	return []byte(head + strings.Repeat("a", pad) + tail)
 }
 
@@ -78,11 +67,12 @@ func servePlaceholder(w http.ResponseWriter, r *http.Request, body []byte) {
 }
 
 // measurePlaceholder starts the path's egressd, reads the placeholder and runs
-// o.rounds pairs of direct and through-egressd POSTs.
+// the rounds of direct and through-egressd POSTs.
 func measurePlaceholder(ctx context.Context, env pathEnv) ([]pathResult, error) {
-	pe, err := startPlaceholderEgressd(ctx, env)
+	cfg, files := placeholderConfig(env.w.up, env.dns.Addr)
+	pe, err := startEgressd(ctx, env.o.egressd, filepath.Join(env.dir, placeholderRow), cfg, files)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s egressd: %w", placeholderRow, err)
 	}
 	defer pe.stop()
 	ph, err := sandboxPlaceholder(pe)
@@ -93,39 +83,17 @@ func measurePlaceholder(ctx context.Context, env pathEnv) ([]pathResult, error) 
 	if err != nil {
 		return nil, err
 	}
-	w, o := env.w, env.o
-	url := w.hostURL(placeholderHost)
-	url = strings.TrimSuffix(url, "/") + placeholderPath
-	drain := func(resp *http.Response) error { _, err := io.Copy(io.Discard, resp.Body); return err }
-	direct := customTarget{target: target{url: url, dialAddr: w.up.tlsAddr, roots: w.up.roots},
-		method: http.MethodPost, body: placeholderBody(placeholderValue), check: drain}
-	via := customTarget{target: target{url: url, proxy: pe.proxyURL, roots: roots},
-		method: http.MethodPost, body: placeholderBody(ph), check: drain}
-	lo := loadOptions{clients: o.clients, size: o.size, warmup: o.warmup, duration: o.duration}
-	rb := &rowBuilder{res: pathResult{Path: placeholderRow, Description: placeholderPathSpec().desc,
-		Injects: "the value of " + placeholderCredential + " in place of its placeholder (body)"}}
-	for range o.rounds {
-		d, err := upstreamRun(w.up, func() (runResult, error) { return runCustomLoad(ctx, direct, lo, nil) })
-		if err != nil {
-			return nil, fmt.Errorf("direct: %w", err)
-		}
-		x, err := measureVia(pe, env.dns, func(cpu func() (time.Duration, error)) (runResult, error) {
-			return upstreamRun(w.up, func() (runResult, error) { return runCustomLoad(ctx, via, lo, cpu) })
-		})
-		if err != nil {
-			return nil, fmt.Errorf("through egressd: %w", err)
-		}
-		rb.add(d, x)
+	up, lo := env.w.up, env.o.load()
+	url := strings.TrimSuffix(env.w.hostURL(placeholderHost), "/") + placeholderPath
+	direct := target{url: url, dialAddr: up.tlsAddr, roots: up.roots, method: http.MethodPost, body: placeholderBody(placeholderValue), check: drain}
+	via := target{url: url, proxy: pe.proxyURL, roots: roots, method: http.MethodPost, body: placeholderBody(ph), check: drain}
+	rb := newRow(placeholderRow, placeholderPathSpec().desc, "the value of "+placeholderCredential+" in place of its placeholder (body)")
+	err = runRounds(env, pe, func(int) (runResult, error) { return runCounted(ctx, direct, lo, up, nil) },
+		[]leg{{row: rb, run: func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, via, lo, up, cpu) }}}, nil)
+	if err != nil {
+		return nil, err
 	}
 	return []pathResult{rb.finish(pe)}, nil
-}
-
-// upstreamRun runs load and fills its far-side figures from the upstream's counters.
-func upstreamRun(u *upstream, load func() (runResult, error)) (runResult, error) {
-	conns, served := u.srv.Conns(), u.served.Load()
-	r, err := load()
-	r.UpstreamConns, r.UpstreamRequests = u.srv.Conns()-conns, u.served.Load()-served
-	return r, err
 }
 
 // sandboxPlaceholder reads placeholderEnvName's placeholder from egressd's
@@ -146,19 +114,8 @@ func sandboxPlaceholder(e *egressd) (string, error) {
 	return ph, nil
 }
 
-// startPlaceholderEgressd starts the path's egressd in <tmp>/placeholder.
-func startPlaceholderEgressd(ctx context.Context, env pathEnv) (*egressd, error) {
-	cfg, files := placeholderConfig(env.w.up, env.dns.Addr)
-	e, err := startEgressd(ctx, env.o.egressd, filepath.Join(env.dir, placeholderRow), cfg, files)
-	if err != nil {
-		return nil, fmt.Errorf("%s egressd: %w", placeholderRow, err)
-	}
-	return e, nil
-}
-
-// placeholderConfig is baseConfig but for the policy, a file (environment.json:
-// one entry and the env section, which only a policy file carries), and the
-// credentials file (the environment_variable credential).
+// placeholderConfig is baseConfig but for the policy file (one entry and the
+// env section) and the environment_variable credential.
 func placeholderConfig(up *upstream, dnsAddr string) (*egressdtest.Config, map[string]string) {
 	cfg := baseConfig(dnsAddr)
 	cfg.Policy.File = "environment.json"

@@ -125,14 +125,3 @@ func TestVaultConfig(t *testing.T) {
 		t.Errorf("the vault config names credentials.json or the oauth2 entry:\n%s", y)
 	}
 }
-
-func TestLogSummaryMerge(t *testing.T) {
-	var a, b logSummary
-	a.add([]byte(`{"level":"warn","message":"x"}`))
-	b.add([]byte(`{"level":"warn","message":"x"}`))
-	b.add([]byte(`{"level":"info","method":"GET","scheme":"https","decision":"allow","status":200,"error":"","message":"egress"}`))
-	a.merge(b)
-	if a.Lines != 3 || a.EgressLines != 1 || a.Allowed200 != 1 || a.Unexpected["warn: x"] != 2 || len(a.Examples) != 2 {
-		t.Errorf("merged = %+v", a)
-	}
-}

@@ -6,17 +6,6 @@ import (
 	"time"
 )
 
-func TestMedian(t *testing.T) {
-	for _, tc := range []struct {
-		in   []float64
-		want float64
-	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2.5}} {
-		if got := median(tc.in); got != tc.want {
-			t.Errorf("median(%v) = %v, want %v", tc.in, got, tc.want)
-		}
-	}
-}
-
 func TestCombineRounds(t *testing.T) {
 	var a, b runResult
 	a.hist.record(time.Millisecond)
@@ -25,7 +14,7 @@ func TestCombineRounds(t *testing.T) {
 	a.Requests, b.Requests = 1, 1
 	a.Errors, b.ErrorKinds, b.Errors = 0, map[string]int64{"boom": 2}, 2
 	c := combine([]runResult{a, b})
-	if c.ReqPerSec != 200 || c.Requests != 2 || c.Errors != 2 || c.ErrorKinds["boom"] != 2 || c.hist.n != 2 || c.MaxUS < 2900 {
+	if c.ReqPerSec != 200 || c.Requests != 2 || c.Errors != 2 || c.ErrorKinds["boom"] != 2 || c.hist.n() != 2 || c.MaxUS < 2900 {
 		t.Errorf("combine = %+v", c)
 	}
 
@@ -35,7 +24,7 @@ func TestCombineRounds(t *testing.T) {
 		newRound(runResult{ReqPerSec: 100}, runResult{ReqPerSec: 60, Requests: 10, CPUSeconds: 3e-3}),
 	}}
 	p.finish()
-	if lo, hi := p.ratioRange(); p.Ratio != 0.6 || lo != 0.5 || hi != 0.7 || p.CPUPerReqUS != 200 {
+	if lo, hi := ratioRange(p.Rounds); p.Ratio != 0.6 || lo != 0.5 || hi != 0.7 || p.CPUPerReqUS != 200 {
 		t.Errorf("ratio %v (%v-%v), cpu %v", p.Ratio, lo, hi, p.CPUPerReqUS)
 	}
 }

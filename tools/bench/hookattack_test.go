@@ -7,18 +7,6 @@ import (
 	"github.com/egressd/egressd/internal/testutil/hookflood"
 )
 
-// The attack row's egressd has its own limits.max_connections, which the held
-// tunnels fill, and hooks.identify url, so the fake calls contest the hook lane.
-func TestAttackConfig(t *testing.T) {
-	up := testUpstream()
-	up.hook = &hookServer{addr: "127.0.0.1:1444"}
-	cfg, files := attackConfig(up, "127.0.0.1:5353")
-	loaded, _ := loadConfig(t, cfg, files)
-	if loaded.Limits.MaxConnections != attackMaxConnections || loaded.Hooks.Identify != "url" {
-		t.Errorf("max_connections %d, identify %q; want %d, url", loaded.Limits.MaxConnections, loaded.Hooks.Identify, attackMaxConnections)
-	}
-}
-
 // A row whose ordinary probe was served, whose tunnels held fewer slots than
 // the limit, whose flood fell short, or where a real call got no answer, has a
 // problem saying so.

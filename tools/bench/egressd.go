@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,19 +20,14 @@ import (
 )
 
 const (
-	// logSettle bounds the wait for egressd to finish writing the lines of a
-	// run (tunnels log when they close, just after the run ends).
-	logSettle = 3 * time.Second
-	// maxExamples is how many raw unexpected log lines a report keeps per path.
-	maxExamples = 5
-	// adminTimeout bounds one request to Vault's HTTP API.
-	adminTimeout = 5 * time.Second
+	// logSettle bounds the wait for the lines of a run: tunnels log when they
+	// close, just after the run ends.
+	logSettle   = 3 * time.Second
+	maxExamples = 5 // raw unexpected log lines kept per path
 )
 
-// egressd is an egressd subprocess under test (internal/testutil/egressdtest:
-// listeners on port 0, their addresses from its "listening" lines, its log in
-// a file of its directory, SIGTERM at the end and SIGKILL if the bench dies),
-// with what the bench reads of it: CPU, RSS, metrics and the log of a run.
+// egressd is an egressd subprocess (internal/testutil/egressdtest) with what
+// the bench reads of it: CPU, RSS, metrics and the log of a run.
 type egressd struct {
 	*egressdtest.Egressd
 	proxyURL string // http://127.0.0.1:port of the bench listener
@@ -91,10 +87,7 @@ func (e *egressd) adminGet(path string) ([]byte, error) {
 // metric is one series from /metrics, -1 when egressd does not export it.
 func (e *egressd) metric(series string) (int64, error) {
 	m, err := e.Metrics()
-	if err != nil {
-		return -1, err
-	}
-	return gauge(m, series), nil
+	return gauge(m, series), err
 }
 
 // gauge is series' value in m, or -1 when there is none.
@@ -194,6 +187,8 @@ var (
 	unmasked  = []byte(`"scrubbed":0,`)
 	allowed   = []byte(`"decision":"allow"`)
 	status200 = []byte(`"status":200,`)
+	status0   = []byte(`"status":0,`)
+	tlsScheme = []byte(`"scheme":"tls"`)
 	noError   = []byte(`"error":""`)
 )
 
@@ -205,8 +200,10 @@ func (s *logSummary) add(line []byte) {
 		if bytes.Contains(line, scrubbed) && !bytes.Contains(line, unmasked) {
 			s.Scrubbed++
 		}
-		// The fast path: most lines are successes and are not decoded.
-		if bytes.Contains(line, allowed) && bytes.Contains(line, status200) && bytes.Contains(line, noError) {
+		// The fast path: most lines are successes and are not decoded. A
+		// transparent listener's spliced TLS has no HTTP status.
+		ok := bytes.Contains(line, status200) || bytes.Contains(line, tlsScheme) && bytes.Contains(line, status0)
+		if ok && bytes.Contains(line, allowed) && bytes.Contains(line, noError) {
 			s.Allowed200++
 			return
 		}
@@ -236,8 +233,8 @@ func addCount(dst *map[string]int64, k string, n int64) {
 	(*dst)[k] += n
 }
 
-// reflectedWarn begins the WARN egressd logs the first time an upstream reflects
-// an injected value (internal/proxy/scrub.go).
+// reflectedWarn begins the WARN egressd logs the first time an upstream
+// reflects an injected value, which the credential paths' upstream does on purpose.
 const reflectedWarn = "an upstream reflected a value egressd injected"
 
 // unexpectedKey groups an egress line that is not a plain success, or a
@@ -263,20 +260,13 @@ func unexpectedKey(line []byte, isEgress bool) (string, bool) {
 		}
 		return k, true
 	}
-	if l.Level == "warn" && strings.HasPrefix(l.Message, reflectedWarn) {
-		return "", false // the credential paths' upstream reflects on purpose
-	}
-	if l.Level == "warn" || l.Level == "error" || l.Level == "fatal" || l.Level == "panic" {
-		return l.Level + ": " + l.Message + errSuffix(l.Error), true
+	if l.Level == "warn" && !strings.HasPrefix(l.Message, reflectedWarn) || slices.Contains([]string{"error", "fatal", "panic"}, l.Level) {
+		if l.Error != "" {
+			l.Message += ": " + normalizeErr(l.Error)
+		}
+		return l.Level + ": " + l.Message, true
 	}
 	return "", false
-}
-
-func errSuffix(err string) string {
-	if err == "" {
-		return ""
-	}
-	return ": " + normalizeErr(err)
 }
 
 // ephemeral matches loopback addresses with a port, which differ on every

@@ -4,34 +4,39 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/egressd/egressd/internal/testutil/dnsstub"
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
 )
 
-// The bench's egressd configs: the full request path (allowlist, address guard,
-// interception and injection where an entry asks for it, one JSON log line per
-// request at info, which is part of the cost) with loopback opened, since the
-// upstream lives there. Listeners bind port 0. The intercepted entries are names
-// in benchZone, which only the DNS stub (network.resolver) answers; localhost
-// still comes from /etc/hosts.
+// The bench's egressd configs: the full request path, the JSON log line per
+// request at info included (it is part of the cost), with loopback opened
+// (unsafe_allow_cidrs) since the upstream lives there.
 
 const (
-	// benchListener is the explicit listener every bench egressd has.
-	benchListener = "bench"
-	// stateDir is where egressd generates its CA on start.
-	stateDir = "state"
-	// upstreamCAFile holds the bench CA, which signed the upstream's leaf:
-	// tls.upstream_ca_file.
-	upstreamCAFile = "bench-ca.pem"
-	// credentialsFile is the file backend's credentials.
+	benchListener   = "bench"
+	stateDir        = "state" // where egressd generates its CA
+	upstreamCAFile  = "bench-ca.pem"
 	credentialsFile = "credentials.json"
+	// benchZone is the zone the DNS stub answers, all with 127.0.0.1: egressd
+	// decides interception per entry, so each intercepted path needs a host
+	// of its own, and only localhost resolves without DNS.
+	benchZone = "bench.test"
 )
 
-// baseConfig is what every bench egressd's config has: the environment, the
-// bench listener and the admin listener on 127.0.0.1:0, the DNS stub as
-// resolver (it answers *.bench.test only and forwards nothing),
-// unsafe_allow_cidrs 127.0.0.0/8 (the development and test switch that lets it
-// dial the loopback upstream), interception where an entry injects, the bench
-// CA for the upstream, the file backend and the JSON log at info.
+// startDNS starts egressd's network.resolver: A 127.0.0.1 for benchZone,
+// NXDOMAIN elsewhere, never forwarding, so no DNS traffic leaves the machine.
+func startDNS() (*dnsstub.Server, error) {
+	s, err := dnsstub.New()
+	if err != nil {
+		return nil, err
+	}
+	s.SetZone(benchZone, func(int) []string { return []string{"A 127.0.0.1"} })
+	return s, nil
+}
+
+// baseConfig is what every bench egressd's config has: listeners on
+// 127.0.0.1:0, the DNS stub, interception where an entry injects, the bench CA
+// for the upstream, the file backend.
 func baseConfig(dnsAddr string) *egressdtest.Config {
 	return &egressdtest.Config{
 		Version:     1,
@@ -47,14 +52,9 @@ func baseConfig(dnsAddr string) *egressdtest.Config {
 }
 
 // benchConfig is the config of the first egressd (and of the vault path's and
-// the hook-attack row's), with the files beside it. Its entries: localhost on
-// the upstream's two ports (plain, connect: spliced, nothing injected), the
-// transform host (intercept, intercept-newconn), the credential host
-// (credential, vault) and, file-backed only, the oauth2 host; with the hook
-// endpoint running, its host (hook, intercept-post) and hooks.json. vault, when
-// set, is the credentials section instead of the file backend. maxConns is
-// limits.max_connections: benchMaxConnections (above -idle-tunnels' most, so
-// that path measures memory), or the attack row's, below its attackers.
+// the hook-attack row's), with the files beside it: one entry per path's host,
+// the hook's when its endpoint runs. vault, when set, replaces the file
+// backend; maxConns is limits.max_connections.
 func benchConfig(up *upstream, dnsAddr string, vault *egressdtest.Credentials, maxConns int) (*egressdtest.Config, map[string]string) {
 	cfg := baseConfig(dnsAddr)
 	files := map[string]string{upstreamCAFile: string(up.caPEM)}
@@ -79,16 +79,6 @@ func benchConfig(up *upstream, dnsAddr string, vault *egressdtest.Credentials, m
 	}
 	cfg.Limits = &egressdtest.Limits{MaxConnections: maxConns}
 	return cfg, files
-}
-
-// vaultCredentials is the credentials section of the vault path's egressd:
-// the Vault dev server on 127.0.0.1, its root token in tokenFile (the bench
-// measures the request path, not the login), and background reads only.
-func vaultCredentials(addr, tokenFile string) *egressdtest.Credentials {
-	return &egressdtest.Credentials{Backend: "vault", Vault: &egressdtest.Vault{
-		Address: addr, Auth: egressdtest.VaultAuth{Method: "token", TokenFile: tokenFile},
-		KVMount: "secret", KVPrefix: vaultKVPrefix, Refresh: vaultRefresh.String(),
-	}}
 }
 
 // portNum is the port of a host:port address (0 when it has none).

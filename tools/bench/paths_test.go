@@ -1,11 +1,7 @@
 package main
 
 import (
-	"context"
 	"crypto/x509"
-	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -72,7 +68,7 @@ func TestInterceptPaths(t *testing.T) {
 func TestInjectionProblems(t *testing.T) {
 	p := pathSpec{name: "intercept", inject: injectTransform}
 	ok := runResult{UpstreamRequests: 10, Transformed: 10}
-	if got := injectionProblems(p, 0, 1, runResult{UpstreamRequests: 10}, ok); len(got) != 0 {
+	if got := injectionProblems(p.inject, 0, 1, runResult{UpstreamRequests: 10}, ok); len(got) != 0 {
 		t.Errorf("all injected: %v", got)
 	}
 	for _, tc := range []struct {
@@ -86,7 +82,7 @@ func TestInjectionProblems(t *testing.T) {
 		{"other header", p, runResult{}, runResult{UpstreamRequests: 10, Transformed: 10, Credentialed: 1}},
 		{"uninjected path", pathSpec{name: "connect"}, runResult{}, runResult{UpstreamRequests: 10, Transformed: 1}},
 	} {
-		if got := injectionProblems(tc.p, 0, 1, tc.direct, tc.via); len(got) == 0 {
+		if got := injectionProblems(tc.p.inject, 0, 1, tc.direct, tc.via); len(got) == 0 {
 			t.Errorf("%s: no problem found", tc.name)
 		}
 	}
@@ -97,43 +93,23 @@ func TestVaultPath(t *testing.T) {
 	if err != nil || len(ps) != 1 || !ps[0].vault || ps[0].inject != injectVaultCredential {
 		t.Fatalf("lookupPaths(vault) = %+v, %v", ps, err)
 	}
-	if intercepts(ps) || !needsVault(ps) {
-		t.Errorf("vault alone: intercepts %v (want false: its CA is the second egressd's), needsVault %v", intercepts(ps), needsVault(ps))
+	if intercepts(ps) {
+		t.Error("vault alone intercepts: its CA is the second egressd's")
 	}
 	w := &world{up: &upstream{tlsAddr: "127.0.0.1:1443"}, proxy: "http://127.0.0.1:3128"}
 	if d, v := ps[0].direct(w), ps[0].viaProxy(w); d.url != "https://"+credentialHost+":1443/" || v.url != d.url || v.proxy != w.proxy {
 		t.Errorf("vault: direct %+v, via %+v; want the credential path's host", d, v)
 	}
 	ok := runResult{UpstreamRequests: 10, VaultCredentialed: 10}
-	if got := injectionProblems(ps[0], 0, 1, runResult{UpstreamRequests: 10}, ok); len(got) != 0 {
+	if got := injectionProblems(ps[0].inject, 0, 1, runResult{UpstreamRequests: 10}, ok); len(got) != 0 {
 		t.Errorf("all from Vault: %v", got)
 	}
 	// The file's token on the vault path means the second egressd did not read Vault.
-	if got := injectionProblems(ps[0], 0, 1, runResult{}, runResult{UpstreamRequests: 10, Credentialed: 10}); len(got) == 0 {
+	if got := injectionProblems(ps[0].inject, 0, 1, runResult{}, runResult{UpstreamRequests: 10, Credentialed: 10}); len(got) == 0 {
 		t.Error("the file-backed token on the vault path: no problem found")
 	}
 	cred, _ := lookupPaths("credential")
-	if got := injectionProblems(cred[0], 0, 1, runResult{}, runResult{UpstreamRequests: 10, Credentialed: 10, VaultCredentialed: 1}); len(got) == 0 {
+	if got := injectionProblems(cred[0].inject, 0, 1, runResult{}, runResult{UpstreamRequests: 10, Credentialed: 10, VaultCredentialed: 1}); len(got) == 0 {
 		t.Error("Vault's token on the credential path: no problem found")
-	}
-}
-
-func TestFindVaultdev(t *testing.T) {
-	if bin, skip, err := findVaultdev(context.Background(), vaultdevOff, io.Discard); bin != "" || skip == "" || err != nil {
-		t.Errorf("-vaultdev off: %q, %q, %v; want skipped", bin, skip, err)
-	}
-	if _, _, err := findVaultdev(context.Background(), "/nonexistent/vaultdev", io.Discard); err == nil {
-		t.Error("-vaultdev /nonexistent/vaultdev: no error")
-	}
-	exe := filepath.Join(t.TempDir(), "vaultdev")
-	if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if bin, skip, err := findVaultdev(context.Background(), exe, io.Discard); bin != exe || skip != "" || err != nil {
-		t.Errorf("-vaultdev %s: %q, %q, %v", exe, bin, skip, err)
-	}
-	// From the bench's own directory there is no scripts/vaultdev.sh: skipped, with the reason.
-	if bin, skip, err := findVaultdev(context.Background(), "", io.Discard); bin != "" || !strings.Contains(skip, vaultdevScript) || err != nil {
-		t.Errorf("no -vaultdev, no script: %q, %q, %v", bin, skip, err)
 	}
 }
