@@ -48,7 +48,7 @@ $(STATICCHECK):
 # EGRESSD_REQUIRE_VAULT makes the Vault integration tests fail rather than skip
 # without a server, which scripts/with-vault.sh starts for the run and stops after it;
 # EGRESSD_REQUIRE_CLIENTS makes the real-client suite (test/clients) fail rather than
-# skip a client that deps did not install.
+# skip a client that deps did not install (PyGithub in cmd/egressd too).
 unit:
 	scripts/with-vault.sh env EGRESSD_REQUIRE_NETNS=1 EGRESSD_REQUIRE_CGROUP=1 EGRESSD_REQUIRE_VAULT=1 \
 	  EGRESSD_REQUIRE_CLIENTS=1 EGRESSD_CLIENTS_NODE_MODULES=$(CACHE)/node/node_modules \

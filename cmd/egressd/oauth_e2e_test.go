@@ -45,6 +45,28 @@ func (e *tokenEndpoint) calls() int {
 	return len(e.auths)
 }
 
+// mintingConfig is the config of a run whose credential egressd mints from a token
+// endpoint on loopback: the allowlist entries (flow mappings, one a line), the stub
+// resolver that names the endpoint, the roots trusted upstream and the credentials file.
+func mintingConfig(env, entries, resolver, caFile, credFile string) string {
+	return fmt.Sprintf(`version: 1
+environment: %s
+listeners:
+  - {name: sandbox, address: "127.0.0.1:0", mode: proxy, role: sandbox}
+admin: {address: "127.0.0.1:0"}
+policy:
+  allowlist:
+    - %s
+network:
+  resolver: %q
+  unsafe_allow_cidrs: [127.0.0.0/8]
+tls: {intercept: auto, upstream_ca_file: %q}
+credentials: {backend: file, file: %q}
+log: {level: info, format: json}
+state_dir: state
+`, env, strings.ReplaceAll(entries, "\n", "\n    - "), resolver, caFile, credFile)
+}
+
 func startTokenEndpoint(t *testing.T, lifetime int) *tokenEndpoint {
 	ca := testpki.New(t)
 	e := &tokenEndpoint{caPEM: ca.PEM()}
@@ -93,22 +115,8 @@ func TestRunOAuth2(t *testing.T) {
 	dns := dnsstub.Start(t)
 	dns.Set(vaultHost, "A 127.0.0.1")
 	dns.Set(oauthHost, "A 127.0.0.1")
-	d := startFileLoggedRunner(t, fmt.Sprintf(`version: 1
-environment: env_oauth_e2e
-listeners:
-  - {name: sandbox, address: "127.0.0.1:0", mode: proxy, role: sandbox}
-admin: {address: "127.0.0.1:0"}
-policy:
-  allowlist:
-    - {domain: %s, ports: [%d], credential: api}
-network:
-  resolver: %q
-  unsafe_allow_cidrs: [127.0.0.0/8]
-tls: {intercept: auto, upstream_ca_file: %q}
-credentials: {backend: file, file: %q}
-log: {level: info, format: json}
-state_dir: state
-`, vaultHost, up.port, dns.Addr, caFile, credFile))
+	d := startFileLoggedRunner(t, mintingConfig("env_oauth_e2e", fmt.Sprintf("{domain: %s, ports: [%d], credential: api}", vaultHost, up.port),
+		dns.Addr, caFile, credFile))
 	code, pem := d.adminGet("/ca.pem")
 	roots := x509.NewCertPool()
 	if code != http.StatusOK || !roots.AppendCertsFromPEM([]byte(pem)) {

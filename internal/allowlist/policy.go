@@ -14,6 +14,9 @@ type Entry struct {
 	Transform      []Header // already merged from the map and list shapes by the config loader
 	Credential     string   // credential ID, "" for none
 	AllowPlaintext bool     // inject over plain http:// too (insecure; default false)
+
+	// GitHub is how a github_app credential's token is sent: GitHubAPI ("" too) or GitHubGit.
+	GitHub string
 }
 
 // Rule is a compiled entry. Rules belong to their Policy: never modify one.
@@ -24,6 +27,7 @@ type Rule struct {
 	Transform      []Header // canonical names; values may be secrets
 	Credential     string   // credential ID, "" for none
 	AllowPlaintext bool
+	GitHub         string // GitHubAPI or GitHubGit, never ""
 }
 
 // Injects reports whether the rule adds headers: a transform or a credential.
@@ -191,6 +195,7 @@ func (c *compiler) add(i int, e Entry) {
 		AllowPlaintext: e.AllowPlaintext,
 	}
 	c.credential(i, e.Credential)
+	r.GitHub = c.github(i, e)
 	c.checkInterceptable(r)
 	pattern, ok := c.pattern(i, e.Domain)
 	if !ok {

@@ -46,6 +46,7 @@ func decodeEntry(d *decoder, n *yaml.Node, path string) allowlist.Entry {
 		Transform:      r.Transform.headers,
 		Credential:     r.Credential,
 		AllowPlaintext: r.AllowPlaintext,
+		GitHub:         r.GitHub,
 	}
 	if r.Domain == nil {
 		d.ps.errorf(path+".domain", `required, e.g. "domain": "api.example.com"`)

@@ -178,6 +178,7 @@ type rawEntry struct {
 	Transform      rawTransform `yaml:"transform"`
 	Credential     string       `yaml:"credential"`
 	AllowPlaintext bool         `yaml:"allow_plaintext"`
+	GitHub         string       `yaml:"github"` // "api" | "git": how a github_app token is sent
 }
 
 // rawDuration is a Go duration string ("10s", "5m"), parsed as it is

@@ -39,6 +39,10 @@ type Value struct {
 	OAuth2  *OAuth2   // type oauth2: the client (redacts itself)
 	Env     *EnvVar   // type environment_variable: the value (redacts itself)
 	ReadAt  time.Time // last successful read of this credential
+
+	// GitHubApp: type github_app, the installation (redacts itself); Headers are set by
+	// the token manager.
+	GitHubApp *GitHubApp
 }
 
 // Names returns the names of the headers the credential sets, in order.

@@ -170,12 +170,17 @@ func newStore(ctx context.Context, l *Loaded, log zerolog.Logger, m *metrics.Met
 	}
 	store := credential.NewStore(backend, ids, opts)
 	store.Start(ctx)
-	oo := oauth.Options{Log: log, Metrics: func(id, result string) { m.OAuthRefresh.WithLabelValues(id, result).Inc() }}
+	oo := oauth.Options{Log: log, Metrics: func(id, result string) { m.OAuthRefresh.WithLabelValues(id, result).Inc() },
+		Mint: func(id, result string) { m.CredentialMint.WithLabelValues(id, result).Inc() }}
 	oo.Writer, _ = backend.(credential.Writer)
 	for _, id := range ids {
 		if v, err := store.Get(id); err == nil && v.OAuth2 != nil {
 			m.OAuthRefresh.WithLabelValues(id, oauth.ResultOK)
 			m.OAuthRefresh.WithLabelValues(id, oauth.ResultError)
+		}
+		if v, err := store.Get(id); err == nil && v.GitHubApp != nil {
+			m.CredentialMint.WithLabelValues(id, oauth.ResultOK)
+			m.CredentialMint.WithLabelValues(id, oauth.ResultError)
 		}
 	}
 	return store, oauth.New(store, oo), nil

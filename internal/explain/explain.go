@@ -126,13 +126,14 @@ func addName(names []string, name string) []string {
 }
 
 // SecretNames is the header names a credential of shape s sets: its headers, or
-// Authorization for oauth2 (the access token); none for environment_variable.
+// Authorization for oauth2 and github_app (the minted token); none for
+// environment_variable.
 func SecretNames(s credential.Secret) []string {
 	names := make([]string, 0, len(s.Headers)+1)
 	for _, h := range s.Headers {
 		names = append(names, h.Name)
 	}
-	if s.OAuth2 != nil && len(names) == 0 {
+	if (s.OAuth2 != nil || s.GitHubApp != nil) && len(names) == 0 {
 		names = append(names, "Authorization")
 	}
 	return names
@@ -149,7 +150,7 @@ func FromStore(creds inject.Credentials) HeaderNames {
 		if err != nil {
 			return nil, err
 		}
-		return SecretNames(credential.Secret{Headers: v.Headers, OAuth2: v.OAuth2, Env: v.Env}), nil
+		return SecretNames(credential.Secret{Headers: v.Headers, OAuth2: v.OAuth2, Env: v.Env, GitHubApp: v.GitHubApp}), nil
 	}
 }
 

@@ -34,6 +34,9 @@ type Result struct {
 	Version    string
 	// Scrub masks every value Apply set; nil when it set nothing.
 	Scrub *scrub.Set
+
+	// GitHub: the credential is a github_app (see RevokesGitHubToken).
+	GitHub bool
 }
 
 // Injector holds one processor per injecting rule.
@@ -93,12 +96,13 @@ func (in *Injector) Apply(r *allowlist.Rule, h, trailer http.Header) (Result, er
 		if err != nil {
 			return Result{}, err
 		}
-		if v.OAuth2 != nil && len(v.Headers) == 0 {
-			// An oauth2 client without an access token (no token manager, or none yet):
-			// never forward without the header it stands for.
+		if (v.OAuth2 != nil || v.GitHubApp != nil) && len(v.Headers) == 0 {
+			// An oauth2 client or GitHub App without a token (no token manager, or none
+			// yet): never forward without the header it stands for.
 			return Result{}, &credential.UnavailableError{ID: v.ID, Cause: credential.CauseNoAccessToken}
 		}
-		secret, res.Credential, res.Version = v.Headers, v.ID, v.Version
+		secret, res.Credential, res.Version = githubHeaders(r, v), v.ID, v.Version
+		res.GitHub = v.GitHubApp != nil
 	}
 	for _, x := range p.transform {
 		res.Names = addName(res.Names, x.Name)

@@ -48,6 +48,9 @@ func (x *exchange) inject(out *http.Request, d allowlist.Decision) error {
 	if res.Credential != "" {
 		x.rec.Credential = res.Credential
 	}
+	if res.GitHub && inject.RevokesGitHubToken(out.URL.Path) {
+		return deny(allowlist.ReasonCredentialScope, inject.DetailGitHubRevoke)
+	}
 	x.scrubFor(out, res.Scrub)
 	x.body.trailers(x.req, out, res.Names)
 	return nil

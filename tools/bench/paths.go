@@ -34,6 +34,7 @@ const (
 	injectCredential                // Authorization: Bearer credentialToken, from credentials.json
 	injectVaultCredential           // Authorization: Bearer vaultCredentialToken, from Vault
 	injectOAuth                     // Authorization: Bearer oauthAccessToken, from the token endpoint
+	injectGitHub                    // Authorization: Basic x-access-token:githubToken, minted by the App
 )
 
 func (i injection) String() string {
@@ -46,6 +47,8 @@ func (i injection) String() string {
 		return "Authorization (credential " + credentialID + " from Vault)"
 	case injectOAuth:
 		return "Authorization (oauth2 credential " + oauthCredentialID + ")"
+	case injectGitHub:
+		return "Authorization (github_app credential " + githubCredentialID + ", git)"
 	}
 	return "nothing"
 }
@@ -63,6 +66,7 @@ const (
 	transformHost  = "inject." + benchZone
 	credentialHost = "cred." + benchZone
 	oauthHost      = "oauth." + benchZone
+	githubHost     = "github." + benchZone
 )
 
 // paths lists every path the bench knows, in the order it runs them.
@@ -92,6 +96,8 @@ var paths = []pathSpec{
 		"as intercept, but the entry names a file-backed credential (Authorization: Bearer) instead of a transform"),
 	interceptPath("oauth2", oauthHost, injectOAuth, false, peersNone,
 		"as credential, but the entry names a file-backed oauth2 credential: the access token egressd got from the upstream's token endpoint (refresh-token grant, cached for its hour)"),
+	interceptPath("github_app", githubHost, injectGitHub, false, peersNone,
+		"as oauth2, but a github_app credential on a \"github\": \"git\" entry: the installation token egressd minted at the upstream's token endpoint (App JWT, cached for its hour), sent as HTTP Basic x-access-token"),
 	vaultPath(),
 	placeholderPathSpec(),
 	hookPathSpec(),

@@ -258,7 +258,7 @@ func (r *report) writeDetails(w io.Writer) error {
 			x := run.r
 			fmt.Fprintf(tw, "%-*s\t%-7s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", pw, p.Path, run.name,
 				thousands(float64(x.Total)), x.Errors, x.ClientConns, x.UpstreamConns,
-				thousands(float64(x.UpstreamRequests)), thousands(float64(x.Transformed+x.Credentialed+x.VaultCredentialed+x.OAuthCredentialed)),
+				thousands(float64(x.UpstreamRequests)), thousands(float64(x.Transformed+x.Credentialed+x.VaultCredentialed+x.OAuthCredentialed+x.GitHubCredentialed)),
 				dur(x.MeanUS), dur(x.MaxUS), lines, ok, leaf, dns)
 		}
 	}

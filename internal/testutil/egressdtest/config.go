@@ -55,6 +55,7 @@ type Entry struct {
 	Transform      map[string]string `yaml:"transform,omitempty"`
 	Credential     string            `yaml:"credential,omitempty"`
 	AllowPlaintext bool              `yaml:"allow_plaintext,omitempty"`
+	GitHub         string            `yaml:"github,omitempty"`
 }
 
 // Network is the resolver and the address guard's exceptions.
