@@ -19,6 +19,7 @@ type rawConfig struct {
 	Environment string         `yaml:"environment"`
 	Listeners   []rawListener  `yaml:"listeners"`
 	Admin       rawAdmin       `yaml:"admin"`
+	Readiness   rawReadiness   `yaml:"readiness"`
 	Policy      rawPolicy      `yaml:"policy"`
 	Network     rawNetwork     `yaml:"network"`
 	DNS         rawDNS         `yaml:"dns"`
@@ -39,9 +40,15 @@ type rawListener struct {
 }
 
 type rawAdmin struct {
-	Address *string `yaml:"address"` // nil: default; "": off
-	Pprof   bool    `yaml:"pprof"`
-	Exposed bool    `yaml:"exposed"`
+	Address       *string      `yaml:"address"`        // nil: default; "": off
+	HealthAddress string       `yaml:"health_address"` // "": health stays on the admin listener
+	Pprof         bool         `yaml:"pprof"`
+	Exposed       bool         `yaml:"exposed"`
+	Token         rawSecretRef `yaml:"token"` // {credential: ID} or {file: path}
+}
+
+type rawReadiness struct {
+	RequireCredentials bool `yaml:"require_credentials"`
 }
 
 // rawPolicy is policy.file or an inline policy.allowlist.
