@@ -381,8 +381,10 @@ func (v *validator) credentials(r rawCredentials) Credentials {
 		MaxStale: v.duration(r.MaxStale, "credentials.max_stale", DefaultMaxStale),
 	}
 	c.Vault = v.vault(r.Vault, c.Backend == BackendVault)
-	if r.File == "" && (r.Backend == "" || r.Backend == BackendFile) {
-		v.ps.errorf("credentials.file", "required for the file backend, e.g. file: %s", filepath.Base(DefaultCredentialsFile))
+	if c.File == "" && c.Backend == BackendFile {
+		// The documented default: credentials.json beside the config file, as
+		// configs/quickstart.yaml names configs/credentials.json.
+		c.File = v.path(filepath.Base(DefaultCredentialsFile))
 	}
 	return c
 }

@@ -102,11 +102,11 @@ func newLeaves(cfg *config.Config, m *metrics.Metrics) (*mitm.Leaves, error) {
 	}), nil
 }
 
-// credentialIDs lists the credential IDs the policy (and the hook signing key and
-// runtime token) references, sorted.
+// credentialIDs lists the credential IDs the policy (and the hook signing key, the
+// runtime token and the admin token) references, sorted.
 func credentialIDs(l *Loaded) []string {
 	var ids []string
-	for _, id := range []string{l.Cfg.Hooks.SigningKey.Credential, l.Cfg.Hooks.RuntimeAuth.Credential} {
+	for _, id := range []string{l.Cfg.Hooks.SigningKey.Credential, l.Cfg.Hooks.RuntimeAuth.Credential, l.Cfg.Admin.Token.Credential} {
 		if id != "" && !slices.Contains(ids, id) {
 			ids = append(ids, id)
 		}

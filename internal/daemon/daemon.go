@@ -49,9 +49,10 @@ type Daemon struct {
 	lastReload admin.ReloadStatus // the last reload's outcome
 	self       []netip.AddrPort
 
-	srv   *proxy.Server
-	admin *http.Server
-	errc  chan error
+	srv    *proxy.Server
+	admin  *http.Server // the admin listener's; nil when off
+	health *http.Server // the health listener's; nil unless admin.health_address
+	errc   chan error
 
 	leaves   *mitm.Leaves      // the CA is fixed for the process's life
 	signer   *hooks.Signer     // the hook signing key, likewise
@@ -140,8 +141,8 @@ func (d *Daemon) Start(l *Loaded) error {
 		d.serving = append(d.serving, ln)
 		go func() { d.errc <- d.srv.Serve(ln, lc) }()
 	}
-	if admin := socks.Get(sockets.TCP, adminSocket); admin != nil {
-		d.serveAdmin(admin.Listener())
+	if err := d.serveAdmin(socks); err != nil {
+		return err
 	}
 	if err := d.serveDNS(l, socks.Get(sockets.UDP, dnsSocket), socks.Get(sockets.TCP, dnsSocket)); err != nil {
 		return err
@@ -195,17 +196,56 @@ func (d *Daemon) warnUnheld(opened []sockets.Spec) {
 	}
 }
 
-func (d *Daemon) serveAdmin(ln net.Listener) {
-	h := admin.Handler(d, d.metrics)
-	if d.boot.Admin.Pprof {
-		h = admin.WithPprof(h)
+// serveAdmin serves the admin listener (admin.address) and, when it has its own,
+// the health listener (admin.health_address), on their TCP sockets from socks or
+// on the Unix sockets they name. With admin.token, every admin request needs it.
+func (d *Daemon) serveAdmin(socks *sockets.Set) error {
+	a := d.boot.Admin
+	ln, err := d.adminListener(socks, adminSocket, a.Socket, "admin.address")
+	if err != nil {
+		return err
 	}
-	d.admin = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	if ln != nil {
+		h := admin.Handler(d, d.metrics, !a.SeparateHealth())
+		if a.Pprof {
+			h = admin.WithPprof(h)
+		}
+		if a.Token != (config.SecretRef{}) {
+			h = admin.WithToken(h, secretToken("admin.token", a.Token, &d.live))
+		}
+		d.admin = d.serveHTTP(h, ln)
+	}
+	ln, err = d.adminListener(socks, healthSocket, a.HealthSocket, "admin.health_address")
+	if ln != nil {
+		d.health = d.serveHTTP(admin.Health(d, d.metrics), ln)
+	}
+	return err
+}
+
+// adminListener is the admin or health listener: the Unix socket at path, or the
+// TCP socket name of socks (nil when it has none).
+func (d *Daemon) adminListener(socks *sockets.Set, name, path, key string) (net.Listener, error) {
+	if path != "" {
+		ln, err := listenUnix(path, key)
+		if err == nil {
+			d.log.Info().Str("listener", name).Str("address", config.UnixPrefix+path).Msg("listening")
+		}
+		return ln, err
+	}
+	if s := socks.Get(sockets.TCP, name); s != nil {
+		return s.Listener(), nil
+	}
+	return nil, nil
+}
+
+func (d *Daemon) serveHTTP(h http.Handler, ln net.Listener) *http.Server {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
-		if err := d.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			d.errc <- err
 		}
 	}()
+	return srv
 }
 
 // serveDNS starts the DNS guard on its sockets, udp and tcp (nil unless dns.listen
@@ -366,8 +406,10 @@ func (d *Daemon) Close() {
 		// worker (an upgrade) answers the next ones from the same sockets.
 		d.stopDNS()
 	}
-	if d.admin != nil {
-		d.admin.Close()
+	for _, srv := range []*http.Server{d.admin, d.health} {
+		if srv != nil {
+			srv.Close()
+		}
 	}
 	d.settle(drain)
 	if err := d.srv.Shutdown(ctx); err != nil {

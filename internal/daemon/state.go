@@ -218,7 +218,7 @@ func (d *Daemon) CAPEM() []byte { return d.leaves.CA().CertPEM }
 
 // restartKeys names the settings of next that differ from running and that a reload
 // cannot apply, because what they shape is built once at start: the sockets
-// (listeners, admin.address, dns.listen and the DNS guard's TCP bounds), how the DNS
+// (listeners, admin.address, admin.health_address, dns.listen and the DNS guard's TCP bounds), how the DNS
 // guard answers names off the allowlist (dns.refused_names), the interception CA and the hook signing key
 // (tls.ca_cert, tls.ca_key, state_dir, hooks.signing_key), each listener's connection
 // limit (limits.max_connections) and the logger (log.level, log.format).
@@ -236,8 +236,12 @@ func restartKeys(running, next *config.Config) []string {
 			diff(fmt.Sprintf("listeners[%d]", i), lc != next.Listeners[i])
 		}
 	}
-	diff("admin.address", running.Admin.Address != next.Admin.Address)
-	diff("admin.pprof", running.Admin.Pprof != next.Admin.Pprof)
+	ra, na := running.Admin, next.Admin
+	diff("admin.address", ra.Address != na.Address || ra.Socket != na.Socket)
+	diff("admin.health_address", ra.HealthAddress != na.HealthAddress || ra.HealthSocket != na.HealthSocket)
+	diff("admin.exposed", ra.Exposed != na.Exposed)
+	diff("admin.token", ra.Token != na.Token)
+	diff("admin.pprof", ra.Pprof != na.Pprof)
 	diff("dns.listen", running.DNS.Listen != next.DNS.Listen)
 	diff("dns.refused_names", running.DNS.RefusedNames != next.DNS.RefusedNames)
 	diff("dns.max_tcp_connections", running.DNS.MaxTCPConnections != next.DNS.MaxTCPConnections)

@@ -71,6 +71,9 @@ type Options struct {
 	// loopback-only network namespace (netns.Inside) or Wrap puts egressd in one:
 	// for configs that name addresses not on this machine.
 	LoopbackOnly bool
+	// AdminToken is sent as "Authorization: Bearer <token>" to the admin listener
+	// (admin.token).
+	AdminToken string
 	// ProxyListener is the listener whose address is Egressd.Proxy; default "sandbox".
 	ProxyListener string
 	// Wait is what Start waits for; StartTimeout and StopTimeout bound the
