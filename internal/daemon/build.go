@@ -139,11 +139,12 @@ func storeKey(l *Loaded) string {
 	return fmt.Sprintf("%s|%s|%s|%x|%s", c.Backend, c.File, c.MaxStale, vault[:8], strings.Join(credentialIDs(l), ","))
 }
 
-// newStore builds and starts the credential store for the policy's credential IDs, and
-// the oauth2 token manager over it (not started: it needs the Snapshot's guard for its
-// token calls, see startOAuth). A Vault that cannot be reached, or refuses the login, is
-// not fatal: its credentials are unavailable (never_read, /readyz not ready) while the
-// backend keeps retrying.
+// newStore builds and starts the credential store for the policy's credential IDs (its
+// first reads in the background: egressd serves meanwhile, and a request that needs a
+// credential still being read waits for it, credential.FirstReadWait), and the oauth2
+// token manager over it (not started: it needs the Snapshot's guard for its token calls).
+// A Vault that cannot be reached, or refuses the login, is not fatal: its credentials are
+// unavailable (never_read, credential_ready 0) while the backend keeps retrying.
 func newStore(ctx context.Context, l *Loaded, log zerolog.Logger, m *metrics.Metrics) (*credential.Store, *oauth.Manager, error) {
 	c := l.Cfg.Credentials
 	backend, err := NewBackend(l, log)
@@ -168,15 +169,22 @@ func newStore(ctx context.Context, l *Loaded, log zerolog.Logger, m *metrics.Met
 		Age:     func(id string, s float64) { m.CredentialAge.WithLabelValues(id).Set(s) },
 	}
 	store := credential.NewStore(backend, ids, opts)
-	store.Start(ctx)
+	store.StartAsync(ctx)
+	go func() {
+		select {
+		case <-store.FirstRead():
+		case <-ctx.Done():
+			return
+		}
+		for _, id := range ids {
+			if v, err := store.Get(id); err == nil && v.OAuth2 != nil {
+				m.OAuthRefresh.WithLabelValues(id, oauth.ResultOK)
+				m.OAuthRefresh.WithLabelValues(id, oauth.ResultError)
+			}
+		}
+	}()
 	oo := oauth.Options{Log: log, Metrics: func(id, result string) { m.OAuthRefresh.WithLabelValues(id, result).Inc() }}
 	oo.Writer, _ = backend.(credential.Writer)
-	for _, id := range ids {
-		if v, err := store.Get(id); err == nil && v.OAuth2 != nil {
-			m.OAuthRefresh.WithLabelValues(id, oauth.ResultOK)
-			m.OAuthRefresh.WithLabelValues(id, oauth.ResultError)
-		}
-	}
 	return store, oauth.New(store, oo), nil
 }
 

@@ -111,6 +111,7 @@ func (d *Daemon) Start(l *Loaded) error {
 		socks.Close()
 		return err
 	}
+	d.metrics.CAExpiry.Set(float64(d.leaves.CA().Cert.NotAfter.Unix()))
 	snap, err := d.runtimeFor(l)
 	if err != nil {
 		socks.Close()
@@ -131,6 +132,7 @@ func (d *Daemon) Start(l *Loaded) error {
 	}
 	d.srv = proxy.New(snap, d.log, d.metrics)
 	d.store.Subscribe(d.srv.CredentialChanged)
+	d.metrics.ObserveCredentials(d.credentialReady)
 	if d.hold != nil {
 		d.WaitReady(d.hold)
 	}
@@ -350,7 +352,7 @@ func (d *Daemon) runtimeFor(l *Loaded) (*proxy.Snapshot, error) {
 		return nil, err
 	}
 	tokens.SetClient(tokenClient(l, snap))
-	tokens.Start(ctx)
+	tokens.StartAsync(ctx, store.FirstRead())
 	if d.stop != nil {
 		d.stop()
 	}

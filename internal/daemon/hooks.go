@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"slices"
@@ -26,6 +27,14 @@ type liveStore struct {
 }
 
 func (s *liveStore) Get(id string) (credential.Value, error) { return s.p.Load().Get(id) }
+
+// Await waits, at most credential.FirstReadWait, for id's first read and first
+// access token while they are in flight after a start (inject.Awaiter).
+func (s *liveStore) Await(ctx context.Context, id string) {
+	ctx, cancel := context.WithTimeout(ctx, credential.FirstReadWait)
+	defer cancel()
+	s.p.Load().Await(ctx, id)
+}
 
 // loadHooks reads hooks.json (hooks.file, else the policy's inline .agents/hooks.json)
 // and indexes its http hooks; nil when there is none. A hooks.json that cannot be

@@ -9,6 +9,7 @@ import (
 
 	"github.com/egressd/egressd/internal/admin"
 	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/proxy"
 )
@@ -40,25 +41,71 @@ func (d *Daemon) setLastReload(source string, err error) {
 	d.mu.Unlock()
 }
 
-// Ready reports readiness: the config is Loaded and every credential the policy
-// references can be served; the body has each credential's state (never a value), and
-// "unrestricted": true when the policy has no "network" (every destination allowed).
+// Ready reports readiness: the config is loaded and the listeners serve (Start
+// serves them before the admin and health listeners answer); with
+// readiness.require_credentials, also every credential the policy references can be
+// served. The body has each credential's state (never a value) and "unrestricted":
+// true when the policy has no "network" (every destination allowed).
 func (d *Daemon) Ready() (bool, map[string]any) {
 	d.mu.Lock()
-	store, pol := d.store, d.current.Policy
+	cur := d.current
 	d.mu.Unlock()
-	body := map[string]any{"config": "Loaded", "credentials": store.Status()}
-	if pol.Unrestricted {
+	creds := d.credentialStates()
+	body := map[string]any{"config": "loaded", "listeners": "serving", "credentials": creds}
+	if cur.Policy.Unrestricted {
 		body["unrestricted"] = true
 	}
-	return store.Ready(), body
+	if !cur.Cfg.Readiness.RequireCredentials {
+		return true, body
+	}
+	for _, st := range creds {
+		if !st.Ready {
+			return false, body
+		}
+	}
+	return true, body
+}
+
+// credentialStates is each credential's state, as the store has it and with an
+// oauth2 credential ready only while it holds an access token.
+func (d *Daemon) credentialStates() map[string]credential.Status {
+	d.mu.Lock()
+	store := d.store
+	d.mu.Unlock()
+	states := store.Status()
+	tokens := d.live.p.Load()
+	for id, st := range states {
+		if st.Ready && !tokens.Ready(id) {
+			st.Ready, st.Error = false, credential.CauseNoAccessToken
+			states[id] = st
+		}
+	}
+	return states
+}
+
+// credentialReady is credential_ready's source: each credential, servable now.
+func (d *Daemon) credentialReady() map[string]bool {
+	out := map[string]bool{}
+	for id, st := range d.credentialStates() {
+		out[id] = st.Ready
+	}
+	return out
 }
 
 // readyPoll is how often WaitReady asks Ready.
 const readyPoll = 50 * time.Millisecond
 
-// WaitReady waits until Ready says ready (true), or ctx ends (false).
+// WaitReady waits until the first reads of every credential are done and Ready
+// says ready (true), or ctx ends (false).
 func (d *Daemon) WaitReady(ctx context.Context) bool {
+	d.mu.Lock()
+	store := d.store
+	d.mu.Unlock()
+	select {
+	case <-store.FirstRead():
+	case <-ctx.Done():
+		return false
+	}
 	t := time.NewTicker(readyPoll)
 	defer t.Stop()
 	for {

@@ -33,6 +33,7 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 	if err := x.replacePlaceholders(out, d.Rule); err != nil {
 		return nil, err
 	}
+	x.snap.Injector.Await(ctx, d.Rule) // a first read still in flight after a start
 	res, err := x.snap.Injector.Apply(d.Rule, out.Header, x.req.Trailer)
 	if err != nil {
 		return nil, err

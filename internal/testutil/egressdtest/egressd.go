@@ -1,6 +1,7 @@
 package egressdtest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -43,8 +44,8 @@ const (
 	WaitStarted Wait = iota
 	// WaitHealthy: and /healthz answers 200.
 	WaitHealthy
-	// WaitReady: and /readyz answers 200 with "ready": true (the credential
-	// backend has answered).
+	// WaitReady: and /readyz answers 200 with "ready": true and no credential
+	// whose first read is pending (the credential backend has answered).
 	WaitReady
 )
 
@@ -276,8 +277,10 @@ func (e *Egressd) waitPaths() []string {
 func (e *Egressd) waitAdminOK(ctx context.Context, path string) error {
 	var last error
 	for {
-		code, _, err := e.AdminGet(path)
-		if err == nil && code == 200 {
+		code, body, err := e.AdminGet(path)
+		// /readyz is 200 before the credentials' first reads are done: wait for those
+		// too (no credential "pending"), so a test's first request finds them read.
+		if err == nil && code == 200 && !bytes.Contains(body, []byte(`"pending": true`)) {
 			return nil
 		}
 		if last = err; err == nil {
