@@ -217,6 +217,10 @@ type TLS struct {
 	CACert, CAKey string
 	// UpstreamCAFile adds roots for verifying upstreams (private PKI, tests).
 	UpstreamCAFile string
+	// CAPublicDir holds the CA's public files every user may read (the CA
+	// certificate, the merged bundle, the PKCS#12 trust store); default
+	// <state_dir>/ca (DefaultCAPublicDir).
+	CAPublicDir string
 	// DenyInTunnel is DenyInTunnelAuto (default), DenyInTunnelAlways or
 	// DenyInTunnelNever; DenyInside says what it means for this config.
 	DenyInTunnel string

@@ -156,6 +156,9 @@ const (
 
 	// DefaultStateDir holds the generated CA and hook signing key.
 	DefaultStateDir = ".egressd"
+	// DefaultCAPublicDir is tls.ca_public_dir's default, inside state_dir: the
+	// CA's public files, which `egressd ca env` points clients at.
+	DefaultCAPublicDir = "ca"
 )
 
 // defaultPorts returns the ports an allowlist entry without "ports"

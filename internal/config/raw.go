@@ -78,6 +78,7 @@ type rawTLS struct {
 	CACert         string `yaml:"ca_cert"`
 	CAKey          string `yaml:"ca_key"`
 	UpstreamCAFile string `yaml:"upstream_ca_file"`
+	CAPublicDir    string `yaml:"ca_public_dir"`
 	DenyInTunnel   string `yaml:"deny_in_tunnel"`
 }
 

@@ -49,6 +49,10 @@ func validate(raw *rawConfig, baseDir string, ps *problems) *Config {
 	}
 	cfg.Admin = v.admin(raw.Admin, cfg.Listeners)
 	cfg.Readiness = Readiness{RequireCredentials: raw.Readiness.RequireCredentials}
+	cfg.TLS.CAPublicDir = v.path(raw.TLS.CAPublicDir)
+	if cfg.TLS.CAPublicDir == "" {
+		cfg.TLS.CAPublicDir = filepath.Join(cfg.StateDir, DefaultCAPublicDir)
+	}
 	return cfg
 }
 

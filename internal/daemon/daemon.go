@@ -112,6 +112,7 @@ func (d *Daemon) Start(l *Loaded) error {
 		return err
 	}
 	d.metrics.CAExpiry.Set(float64(d.leaves.CA().Cert.NotAfter.Unix()))
+	d.writePublicCA(l.Cfg)
 	snap, err := d.runtimeFor(l)
 	if err != nil {
 		socks.Close()
@@ -155,6 +156,19 @@ func (d *Daemon) Start(l *Loaded) error {
 	d.log.Info().Str("environment", l.Cfg.Environment).Str("config_hash", l.Cfg.Hash).Int("pid", os.Getpid()).
 		Msg("egressd started")
 	return nil
+}
+
+// writePublicCA writes the CA's public files (the certificate, the merged bundle, the
+// PKCS#12 trust store) where every user can read them, as `egressd ca init` does, so a
+// sandbox running as another user trusts egressd without a step of its own. A failure
+// is a warning: clients may trust the CA by other means.
+func (d *Daemon) writePublicCA(cfg *config.Config) {
+	pub, err := mitm.WritePublic(d.leaves.CA(), cfg.TLS.CAPublicDir, cfg.StateDir)
+	if err != nil {
+		d.log.Warn().Err(err).Str("dir", cfg.TLS.CAPublicDir).Msg("cannot write the CA's public files (tls.ca_public_dir)")
+		return
+	}
+	d.log.Info().Str("bundle", pub.Bundle).Str("trust_store", pub.TrustStore).Msg("CA public files written")
 }
 
 // listen opens (or, under a supervisor, takes) every socket l serves, logs each

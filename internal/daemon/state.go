@@ -297,6 +297,7 @@ func restartKeys(running, next *config.Config) []string {
 	diff("dns.tcp_max_queries", running.DNS.TCPMaxQueries != next.DNS.TCPMaxQueries)
 	diff("tls.ca_cert", running.TLS.CACert != next.TLS.CACert)
 	diff("tls.ca_key", running.TLS.CAKey != next.TLS.CAKey)
+	diff("tls.ca_public_dir", running.TLS.CAPublicDir != next.TLS.CAPublicDir)
 	diff("state_dir", running.StateDir != next.StateDir)
 	diff("hooks.signing_key", running.Hooks.SigningKey != next.Hooks.SigningKey)
 	diff("limits.max_connections", running.Limits.MaxConnections != next.Limits.MaxConnections)
@@ -324,7 +325,7 @@ func pinRestartKeys(next, running *config.Config) {
 	next.Listeners = running.Listeners
 	next.Admin = running.Admin
 	next.DNS = running.DNS
-	next.TLS.CACert, next.TLS.CAKey = running.TLS.CACert, running.TLS.CAKey
+	next.TLS.CACert, next.TLS.CAKey, next.TLS.CAPublicDir = running.TLS.CACert, running.TLS.CAKey, running.TLS.CAPublicDir
 	next.StateDir = running.StateDir
 	next.Hooks.SigningKey = running.Hooks.SigningKey
 	next.Limits.MaxConnections = running.Limits.MaxConnections
