@@ -119,8 +119,8 @@ policy: {file: environment.json}
 credentials: {file: credentials.json}
 `
 
-// badConfig has one problem of each kind on its own line, plus a missing
-// credentials section.
+// badConfig has one problem of each kind on its own line, plus a routable
+// admin address.
 const badConfig = `version: 1
 environment: env_bad
 listeners:

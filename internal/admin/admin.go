@@ -119,7 +119,9 @@ func Handler(st State, m *metrics.Metrics, withHealth bool) http.Handler {
 		}
 		snap := st.Snapshot()
 		res := explain.URL(snap.Policy, snap.Guard, snap.Env, raw)
-		writeJSON(w, http.StatusOK, explain.Credential(res, explain.FromStore(snap.Injector.Credentials())))
+		creds := snap.Injector.Credentials()
+		res = explain.Credential(res, explain.FromStore(creds))
+		writeJSON(w, http.StatusOK, explain.Placeholders(res, snap.Placeholders.Vars(), explain.EnvFromStore(creds)))
 	})
 	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, _ *http.Request) {
 		reload(w, st)

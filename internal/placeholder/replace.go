@@ -121,6 +121,18 @@ func (r *Replacer) Env() map[string]string {
 	return out
 }
 
+// Vars returns the policy's env section as the Replacer holds it: NAME -> credential ID.
+func (r *Replacer) Vars() map[string]string {
+	out := map[string]string{}
+	if r == nil {
+		return out
+	}
+	for name, ph := range r.env {
+		out[name] = r.byPH[ph]
+	}
+	return out
+}
+
 // Intercepts reports whether host is a trusted domain of an environment_variable
 // credential: intercept: auto terminates TLS there so that the placeholder can be replaced.
 func (r *Replacer) Intercepts(host string) bool {
