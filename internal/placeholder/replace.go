@@ -2,6 +2,7 @@ package placeholder
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -131,6 +132,28 @@ func (r *Replacer) Vars() map[string]string {
 		out[name] = r.byPH[ph]
 	}
 	return out
+}
+
+// Await waits, at most credential.FirstReadWait, for the first read of every
+// credential with a placeholder while it is still in flight after a start (when the
+// Credentials can wait: inject.Awaiter), so that whether a host is a trusted domain
+// (Intercepts) is known before its tunnel is spliced or intercepted. It returns at once
+// once they have been read.
+func (r *Replacer) Await(ctx context.Context) {
+	if r == nil {
+		return
+	}
+	a, ok := r.creds.(interface {
+		Await(ctx context.Context, id string)
+	})
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, credential.FirstReadWait)
+	defer cancel()
+	for _, id := range r.ids {
+		a.Await(ctx, id)
+	}
 }
 
 // Intercepts reports whether host is a trusted domain of an environment_variable
