@@ -92,3 +92,17 @@ func httpGet(t *testing.T, u string) int {
 	res.Body.Close()
 	return res.StatusCode
 }
+
+// TestCheckAdminTokenFile: check reports an admin.token file run could not read.
+func TestCheckAdminTokenFile(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"egressd.yaml": `version: 1
+listeners: [{name: sandbox, address: 127.0.0.1:15001}]
+admin: {address: 127.0.0.1:15000, token: {file: missing-token}}
+policy: {allowlist: [{domain: example.com}]}
+credentials: {file: credentials.json}
+`, "credentials.json": `{}`})
+	res := egressd(t, "check", "--config", filepath.Join(dir, "egressd.yaml"))
+	if res.code != 1 || !strings.Contains(res.stdout, "error: admin.token.file: cannot read the admin token") {
+		t.Errorf("check with an admin.token file that does not exist: %s\nwant exit 1 and the error", res)
+	}
+}
