@@ -2,8 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"regexp"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -113,5 +115,23 @@ state_dir: state
 		if v := d.metric(`egressd_credential_ready{credential="missing"}`); v != 0 {
 			t.Errorf(`egressd_credential_ready{credential="missing"} = %v, want 0`, v)
 		}
+		checkBuildAndCAMetrics(t, d)
+	}
+}
+
+// checkBuildAndCAMetrics: egressd exports its CA's expiry (the generated CA is valid
+// for two years) and build_info{version,commit,go} = 1.
+func checkBuildAndCAMetrics(t *testing.T, d *runner) {
+	t.Helper()
+	m, err := d.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exp := time.Unix(int64(m["egressd_ca_expiry_timestamp_seconds"]), 0); time.Until(exp) < 365*24*time.Hour {
+		t.Errorf("egressd_ca_expiry_timestamp_seconds = %v, want the generated CA's expiry, two years ahead", exp)
+	}
+	want := fmt.Sprintf(`egressd_build_info{commit="unknown",go=%q,version="dev"}`, runtime.Version())
+	if v, ok := m[want]; !ok || v != 1 {
+		t.Errorf("%s = %v (%t), want 1", want, v, ok)
 	}
 }
