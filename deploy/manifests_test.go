@@ -143,7 +143,7 @@ func TestKubernetesManifests(t *testing.T) {
 		if !dns.Addr().IsLoopback() {
 			t.Errorf("dns.listen %s: REDIRECT delivers to loopback", dns)
 		}
-		admin := int(cfg.Admin.Address.Port())
+		admin := int(cfg.Admin.HealthAddress.Port()) // the probes' port (the admin API is a Unix socket)
 		wantPort(t, egressd, "transparent", "TCP", tproxy)
 		wantPort(t, egressd, "dns-udp", "UDP", int(dns.Port()))
 		wantPort(t, egressd, "dns-tcp", "TCP", int(dns.Port()))

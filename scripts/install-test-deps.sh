@@ -5,13 +5,16 @@
 # Debian's python3 with requests, httpx (with h2 for HTTP/2), aiohttp, pip and PyGithub
 # (python3-github, for cmd/egressd's github_app test).
 # The suite runs /usr/bin/python3, which sees these packages (a pyenv or venv
-# python3 earlier on PATH does not). Node and undici: scripts/install-client-deps.sh.
+# python3 earlier on PATH does not). A JDK (javac beside java: cmd/egressd runs a
+# single-file Java client, `java Main.java`, to check egressd's PKCS#12 trust store).
+# Node and undici: scripts/install-client-deps.sh.
 set -euo pipefail
 need=()
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v git >/dev/null 2>&1 || need+=(git)
+command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)
 [ -x /usr/bin/python3 ] || need+=(python3)
 pymod() { [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import $1" >/dev/null 2>&1; }
 pymod requests || need+=(python3-requests)

@@ -61,7 +61,7 @@ func cmdCheck(args []string) int {
 		creds := lintCredentials(l)
 		rep.Problems = append(rep.Problems, creds...)
 		rep.Problems = append(rep.Problems, lintSplicedReflection(l)...)
-		lint := lintHooks(l)
+		lint := append(lintHooks(l), lintAdminToken(l)...)
 		rep.Problems = append(rep.Problems, lint...)
 		for _, p := range slices.Concat(lint, creds, l.Cfg.Warnings) {
 			rep.OK = rep.OK && p.Warning

@@ -85,6 +85,7 @@ func TestDefaultMatchesQuickstart(t *testing.T) {
 	// Align what legitimately differs, then compare everything else.
 	qs.Environment = def.Environment
 	qs.Policy.File, qs.Credentials.File, qs.StateDir = def.Policy.File, def.Credentials.File, def.StateDir
+	qs.TLS.CAPublicDir = def.TLS.CAPublicDir
 	qs.Rules, qs.Hash, qs.Warnings = nil, "", nil
 	qs.raw, qs.baseDir = def.raw, def.baseDir // what each was read from
 	if !reflect.DeepEqual(def, qs) {

@@ -19,6 +19,7 @@ type rawConfig struct {
 	Environment string         `yaml:"environment"`
 	Listeners   []rawListener  `yaml:"listeners"`
 	Admin       rawAdmin       `yaml:"admin"`
+	Readiness   rawReadiness   `yaml:"readiness"`
 	Policy      rawPolicy      `yaml:"policy"`
 	Network     rawNetwork     `yaml:"network"`
 	DNS         rawDNS         `yaml:"dns"`
@@ -47,9 +48,15 @@ type rawListener struct {
 }
 
 type rawAdmin struct {
-	Address *string `yaml:"address"` // nil: default; "": off
-	Pprof   bool    `yaml:"pprof"`
-	Exposed bool    `yaml:"exposed"`
+	Address       *string      `yaml:"address"`        // nil: default; "": off
+	HealthAddress string       `yaml:"health_address"` // "": health stays on the admin listener
+	Pprof         bool         `yaml:"pprof"`
+	Exposed       bool         `yaml:"exposed"`
+	Token         rawSecretRef `yaml:"token"` // {credential: ID} or {file: path}
+}
+
+type rawReadiness struct {
+	RequireCredentials bool `yaml:"require_credentials"`
 }
 
 // rawPolicy is policy.file or an inline policy.allowlist.
@@ -79,6 +86,7 @@ type rawTLS struct {
 	CACert         string `yaml:"ca_cert"`
 	CAKey          string `yaml:"ca_key"`
 	UpstreamCAFile string `yaml:"upstream_ca_file"`
+	CAPublicDir    string `yaml:"ca_public_dir"`
 	DenyInTunnel   string `yaml:"deny_in_tunnel"`
 }
 

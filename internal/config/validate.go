@@ -50,6 +50,11 @@ func validate(raw *rawConfig, baseDir string, ps *problems) *Config {
 		Node:        node,
 	}
 	cfg.Admin = v.admin(raw.Admin, cfg.Listeners)
+	cfg.Readiness = Readiness{RequireCredentials: raw.Readiness.RequireCredentials}
+	cfg.TLS.CAPublicDir = v.path(raw.TLS.CAPublicDir)
+	if cfg.TLS.CAPublicDir == "" {
+		cfg.TLS.CAPublicDir = filepath.Join(cfg.StateDir, DefaultCAPublicDir)
+	}
 	return cfg
 }
 
@@ -137,34 +142,81 @@ func (v *validator) listener(r rawListener, path string) Listener {
 	return l
 }
 
-// admin parses admin.address ("" turns the admin listener off) and keeps it
-// apart from the sandbox's listeners.
+// admin parses admin.address ("" turns the admin listener off) and
+// admin.health_address, keeps both apart from the sandbox's listeners and from
+// each other, and refuses a routable admin listener without exposed and a token.
 func (v *validator) admin(r rawAdmin, ls []Listener) Admin {
+	a := Admin{Pprof: r.Pprof, Exposed: r.Exposed, Token: SecretRef{Credential: r.Token.Credential, File: v.path(r.Token.File)}}
+	if r.Token.Credential != "" && r.Token.File != "" {
+		v.ps.errorf("admin.token", "set credential or file, not both")
+	}
 	s := DefaultAdminAddress
 	if r.Address != nil {
 		s = *r.Address
 	}
+	a.HealthAddress, a.HealthSocket = v.endpoint(r.HealthAddress, "admin.health_address", DefaultHealthExample, ls)
 	if s == "" {
 		if r.Pprof {
 			v.ps.errorf("admin.pprof", "needs the admin listener; set admin.address or drop admin.pprof")
 		}
-		return Admin{}
+		return a
 	}
-	ap, ok := v.addrPort(s, "admin.address", DefaultAdminAddress, true)
+	a.Address, a.Socket = v.endpoint(s, "admin.address", DefaultAdminAddress, ls)
+	switch {
+	case a.HealthSocket != "" && a.HealthSocket == a.Socket:
+		v.ps.errorf("admin.health_address", "%s is admin.address too: give the health listener its own address", a.HealthSocket)
+	case conflicts(a.HealthAddress, a.Address):
+		v.ps.errorf("admin.health_address", "%s is already used by admin.address; give the health listener its own port", a.HealthAddress)
+	}
+	v.adminExposure(a)
+	return a
+}
+
+// adminExposure refuses an admin listener on a routable address unless the
+// operator says it is on purpose (admin.exposed) and protects it with a token:
+// reload, explain and the sandbox's placeholders would be open to the network.
+func (v *validator) adminExposure(a Admin) {
+	if !a.Address.IsValid() || a.Address.Addr().IsLoopback() {
+		return
+	}
+	switch {
+	case !a.Exposed:
+		v.ps.errorf("admin.address", "%s is routable: reload, explain and the sandbox's placeholders would be reachable "+
+			"from the network; use 127.0.0.1:%d or unix:///run/egressd/admin.sock, and put probes and Prometheus on "+
+			"admin.health_address (e.g. %s), which serves only /healthz, /readyz and /metrics; or, to expose it "+
+			"on purpose, set admin.exposed: true and admin.token: {credential: ID} or {file: path}",
+			a.Address, a.Address.Port(), DefaultHealthExample)
+	case a.Token == (SecretRef{}):
+		v.ps.errorf("admin.token", "required with admin.exposed on the routable %s: {credential: ID} or {file: path}, "+
+			"the Bearer token every admin request must carry; or move admin.address to 127.0.0.1 and probes to "+
+			"admin.health_address", a.Address)
+	}
+}
+
+// endpoint parses an admin or health address: "" (none), unix:///path (a Unix
+// socket), or an ip:port kept apart from the sandbox's listeners.
+func (v *validator) endpoint(s, path, example string, ls []Listener) (netip.AddrPort, string) {
+	if s == "" {
+		return netip.AddrPort{}, ""
+	}
+	if rest, ok := strings.CutPrefix(s, UnixPrefix); ok {
+		if rest == "" {
+			v.ps.errorf(path, "%s names no socket path, e.g. %s/run/egressd/admin.sock", quoteShort(s), UnixPrefix)
+			return netip.AddrPort{}, ""
+		}
+		return netip.AddrPort{}, v.path(rest)
+	}
+	ap, ok := v.addrPort(s, path, example, true)
 	if !ok {
-		return Admin{}
+		return netip.AddrPort{}, ""
 	}
 	for i, l := range ls {
 		if conflicts(ap, l.Address) {
-			v.ps.errorf("admin.address", "%s is already used by %s; the admin listener must never be the sandbox's", ap, indexPath("listeners", i))
-			return Admin{Address: ap, Pprof: r.Pprof}
+			v.ps.errorf(path, "%s is already used by %s; the admin and health listeners must never be the sandbox's", ap, indexPath("listeners", i))
+			break
 		}
 	}
-	if ap.Addr().IsUnspecified() && !r.Exposed {
-		v.ps.warnf("admin.address", "%s exposes reload and explain on every interface, the sandbox's included; prefer 127.0.0.1 "+
-			"(or, when rules keep the sandbox off the port as deploy/kubernetes' do, say so with admin.exposed: true)", ap)
-	}
-	return Admin{Address: ap, Pprof: r.Pprof, Exposed: r.Exposed}
+	return ap, ""
 }
 
 // redirect checks listeners[].redirect against the listener's mode and address:
@@ -356,8 +408,10 @@ func (v *validator) credentials(r rawCredentials) Credentials {
 		MaxStale: v.duration(r.MaxStale, "credentials.max_stale", DefaultMaxStale),
 	}
 	c.Vault = v.vault(r.Vault, c.Backend == BackendVault)
-	if r.File == "" && (r.Backend == "" || r.Backend == BackendFile) {
-		v.ps.errorf("credentials.file", "required for the file backend, e.g. file: %s", filepath.Base(DefaultCredentialsFile))
+	if c.File == "" && c.Backend == BackendFile {
+		// The documented default: credentials.json beside the config file, as
+		// configs/quickstart.yaml names configs/credentials.json.
+		c.File = v.path(filepath.Base(DefaultCredentialsFile))
 	}
 	return c
 }

@@ -15,14 +15,36 @@ import (
 // Refresh ± Jitter until ctx ends. If the backend is a Watcher, Start also runs its Watch,
 // re-reading every ID on each change; if it is an IDWatcher, its WatchIDs, re-reading the
 // IDs it names. Reads after the first are never on the request path.
-// Start must be called once.
+// Start (or StartAsync) must be called once.
 func (s *Store) Start(ctx context.Context) {
+	s.StartAsync(ctx)
+	select {
+	case <-s.first:
+	case <-ctx.Done():
+	}
+}
+
+// StartAsync is Start without the wait: the first reads run in the background, each ID's
+// Status is pending until its own is done, FirstRead is closed once all are, and
+// AwaitFirst waits for one.
+func (s *Store) StartAsync(ctx context.Context) {
 	if !s.started.CompareAndSwap(false, true) {
 		panic("credential: Store.Start called twice")
 	}
-	first, cancel := context.WithTimeout(ctx, s.o.ReadTimeout)
-	s.refreshAll(first)
-	cancel()
+	s.wg.Go(func() {
+		first, cancel := context.WithTimeout(ctx, s.o.ReadTimeout)
+		s.refreshAll(first)
+		cancel()
+		for _, id := range s.ids {
+			s.entries[id].firstDone() // a read cut short by the timeout is done too
+		}
+		close(s.first)
+		s.startLoops(ctx)
+	})
+}
+
+// startLoops starts the refresh loop of every ID and the backend's watchers.
+func (s *Store) startLoops(ctx context.Context) {
 	for _, id := range s.ids {
 		e := s.entries[id]
 		s.wg.Go(func() { s.loop(ctx, e) })
@@ -120,6 +142,7 @@ func (s *Store) read(ctx context.Context, e *entry) bool {
 		next.hasGood = true
 	}
 	e.cur.Store(next)
+	e.firstDone()
 	s.report(e.id, prev, next)
 	return true
 }

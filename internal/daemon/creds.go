@@ -60,7 +60,7 @@ func (c *creds) snapshot(l *Loaded, sh shared, follow func(id string)) (*proxy.S
 		return nil, err
 	}
 	tokens.SetClient(tokenClient(l, snap))
-	tokens.Start(ctx)
+	tokens.StartAsync(ctx, store.FirstRead())
 	c.close()
 	c.store, c.key, c.stop = store, key, cancel
 	c.live.p.Store(tokens)

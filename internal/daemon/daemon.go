@@ -49,9 +49,10 @@ type Daemon struct {
 	lastReload admin.ReloadStatus // the last reload's outcome
 	self       []netip.AddrPort
 
-	srv   *proxy.Server
-	admin *http.Server
-	errc  chan error
+	srv    *proxy.Server
+	admin  *http.Server // the admin listener's; nil when off
+	health *http.Server // the health listener's; nil unless admin.health_address
+	errc   chan error
 
 	leaves *mitm.Leaves  // the CA is fixed for the process's life
 	signer *hooks.Signer // the hook signing key, likewise
@@ -110,6 +111,8 @@ func (d *Daemon) Start(l *Loaded) error {
 		socks.Close()
 		return err
 	}
+	d.metrics.CAExpiry.Set(float64(d.leaves.CA().Cert.NotAfter.Unix()))
+	d.writePublicCA(l.Cfg)
 	snap, err := d.runtimeFor(l)
 	if err != nil {
 		socks.Close()
@@ -130,6 +133,7 @@ func (d *Daemon) Start(l *Loaded) error {
 	}
 	d.srv = proxy.New(snap, d.log, d.metrics)
 	d.creds.store.Subscribe(d.srv.CredentialChanged)
+	d.metrics.ObserveCredentials(d.credentialReady)
 	if d.hold != nil {
 		d.WaitReady(d.hold)
 	}
@@ -140,8 +144,8 @@ func (d *Daemon) Start(l *Loaded) error {
 		d.serving = append(d.serving, ln)
 		go func() { d.errc <- d.srv.Serve(ln, lc) }()
 	}
-	if admin := socks.Get(sockets.TCP, adminSocket); admin != nil {
-		d.serveAdmin(admin.Listener())
+	if err := d.serveAdmin(socks); err != nil {
+		return err
 	}
 	if err := d.serveDNS(l, socks.Get(sockets.UDP, dnsSocket), socks.Get(sockets.TCP, dnsSocket)); err != nil {
 		return err
@@ -155,6 +159,19 @@ func (d *Daemon) Start(l *Loaded) error {
 	d.log.Info().Str("environment", l.Cfg.Environment).Str("config_hash", l.Cfg.Hash).Int("pid", os.Getpid()).
 		Msg("egressd started")
 	return nil
+}
+
+// writePublicCA writes the CA's public files (the certificate, the merged bundle, the
+// PKCS#12 trust store) where every user can read them, as `egressd ca init` does, so a
+// sandbox running as another user trusts egressd without a step of its own. A failure
+// is a warning: clients may trust the CA by other means.
+func (d *Daemon) writePublicCA(cfg *config.Config) {
+	pub, err := mitm.WritePublic(d.leaves.CA(), cfg.TLS.CAPublicDir, cfg.StateDir)
+	if err != nil {
+		d.log.Warn().Err(err).Str("dir", cfg.TLS.CAPublicDir).Msg("cannot write the CA's public files (tls.ca_public_dir)")
+		return
+	}
+	d.log.Info().Str("bundle", pub.Bundle).Str("trust_store", pub.TrustStore).Msg("CA public files written")
 }
 
 // listen opens (or, under a supervisor, takes) every socket l serves, logs each
@@ -198,17 +215,56 @@ func (d *Daemon) warnUnheld(opened []sockets.Spec) {
 	}
 }
 
-func (d *Daemon) serveAdmin(ln net.Listener) {
-	h := admin.Handler(d, d.metrics)
-	if d.boot.Admin.Pprof {
-		h = admin.WithPprof(h)
+// serveAdmin serves the admin listener (admin.address) and, when it has its own,
+// the health listener (admin.health_address), on their TCP sockets from socks or
+// on the Unix sockets they name. With admin.token, every admin request needs it.
+func (d *Daemon) serveAdmin(socks *sockets.Set) error {
+	a := d.boot.Admin
+	ln, err := d.adminListener(socks, adminSocket, a.Socket, "admin.address")
+	if err != nil {
+		return err
 	}
-	d.admin = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	if ln != nil {
+		h := admin.Handler(d, d.metrics, !a.SeparateHealth())
+		if a.Pprof {
+			h = admin.WithPprof(h)
+		}
+		if a.Token != (config.SecretRef{}) {
+			h = admin.WithToken(h, secretToken("admin.token", a.Token, &d.creds.live))
+		}
+		d.admin = d.serveHTTP(h, ln)
+	}
+	ln, err = d.adminListener(socks, healthSocket, a.HealthSocket, "admin.health_address")
+	if ln != nil {
+		d.health = d.serveHTTP(admin.Health(d, d.metrics), ln)
+	}
+	return err
+}
+
+// adminListener is the admin or health listener: the Unix socket at path, or the
+// TCP socket name of socks (nil when it has none).
+func (d *Daemon) adminListener(socks *sockets.Set, name, path, key string) (net.Listener, error) {
+	if path != "" {
+		ln, err := listenUnix(path, key)
+		if err == nil {
+			d.log.Info().Str("listener", name).Str("address", config.UnixPrefix+path).Msg("listening")
+		}
+		return ln, err
+	}
+	if s := socks.Get(sockets.TCP, name); s != nil {
+		return s.Listener(), nil
+	}
+	return nil, nil
+}
+
+func (d *Daemon) serveHTTP(h http.Handler, ln net.Listener) *http.Server {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
-		if err := d.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			d.errc <- err
 		}
 	}()
+	return srv
 }
 
 // serveDNS starts the DNS guard on its sockets, udp and tcp (nil unless dns.listen
@@ -336,8 +392,10 @@ func (d *Daemon) Close() {
 		// worker (an upgrade) answers the next ones from the same sockets.
 		d.stopDNS()
 	}
-	if d.admin != nil {
-		d.admin.Close()
+	for _, srv := range []*http.Server{d.admin, d.health} {
+		if srv != nil {
+			srv.Close()
+		}
 	}
 	var sandboxes sync.WaitGroup // node mode's drain beside the node's own
 	if d.stopNode != nil {

@@ -5,6 +5,7 @@ package explain
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -37,6 +38,17 @@ type Result struct {
 	CredentialUnknown string    `json:"credential_headers_unknown,omitempty"`
 	Note              string    `json:"note,omitempty"`
 	Hook              *HookInfo `json:"hook,omitempty"`
+	// Placeholders are the environment_variable credentials whose placeholders
+	// egressd replaces in requests to this host.
+	Placeholders []Placeholder `json:"placeholders,omitempty"`
+}
+
+// Placeholder is an environment_variable credential whose placeholder egressd
+// replaces with its value in requests to the explained host. Never the value.
+type Placeholder struct {
+	Credential string   `json:"credential"`
+	Variables  []string `json:"variables"` // the sandbox's variables holding the placeholder (env section)
+	Locations  []string `json:"locations"` // where it is replaced: header, query, body
 }
 
 // URL explains raw against policy p and guard g for environment env.
@@ -162,6 +174,63 @@ func FromBackend(ctx context.Context, b credential.Backend) HeaderNames {
 			return nil, err
 		}
 		return SecretNames(s), nil
+	}
+}
+
+// EnvVarOf returns credential id's environment_variable shape (nil for another
+// type), or an error when the credential backend cannot say.
+type EnvVarOf func(id string) (*credential.EnvVar, error)
+
+// Placeholders adds to an allowed res the environment_variable credentials whose
+// placeholders egressd replaces in requests to res's host: those of vars (the
+// policy's env section, NAME -> credential ID) that trust the host, and the rule's
+// own credential when it is one without trusted domains. Over https egressd then
+// intercepts the host whatever the rule says, as the proxy does.
+func Placeholders(res Result, vars map[string]string, envOf EnvVarOf) Result {
+	if res.Decision != "allow" || envOf == nil {
+		return res
+	}
+	ids := slices.Sorted(maps.Values(vars))
+	if res.Credential != "" {
+		ids = append(ids, res.Credential)
+	}
+	for _, id := range slices.Compact(ids) {
+		e, err := envOf(id)
+		if err != nil || e == nil || !(e.Trusts(res.Host) || len(e.TrustedDomains) == 0 && id == res.Credential) {
+			continue
+		}
+		if slices.ContainsFunc(res.Placeholders, func(p Placeholder) bool { return p.Credential == id }) {
+			continue
+		}
+		p := Placeholder{Credential: id, Variables: []string{}, Locations: slices.Clone(e.Locations)}
+		for name, v := range vars {
+			if v == id {
+				p.Variables = append(p.Variables, name)
+			}
+		}
+		slices.Sort(p.Variables)
+		res.Placeholders = append(res.Placeholders, p)
+		res.Intercept = res.Intercept || res.Scheme == "https"
+	}
+	return res
+}
+
+// EnvFromStore answers EnvVarOf from a running egressd's credentials.
+func EnvFromStore(creds inject.Credentials) EnvVarOf {
+	if creds == nil {
+		return nil
+	}
+	return func(id string) (*credential.EnvVar, error) {
+		v, err := creds.Get(id)
+		return v.Env, err
+	}
+}
+
+// EnvFromBackend answers EnvVarOf by reading the credential from b.
+func EnvFromBackend(ctx context.Context, b credential.Backend) EnvVarOf {
+	return func(id string) (*credential.EnvVar, error) {
+		s, _, err := b.Read(ctx, id)
+		return s.Env, err
 	}
 }
 

@@ -6,6 +6,7 @@
 package inject
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"slices"
@@ -23,6 +24,12 @@ var ErrNoProcessor = errors.New("inject: no processor for the rule (policy and i
 // Credentials resolves a credential ID to its current headers, from memory.
 type Credentials interface {
 	Get(id string) (credential.Value, error)
+}
+
+// Awaiter is Credentials that can wait, bounded, for a credential whose first read is
+// still in flight after a start (credential.FirstReadWait).
+type Awaiter interface {
+	Await(ctx context.Context, id string)
 }
 
 // Result is what Apply did: for the canonical log line, header names, the
@@ -74,6 +81,19 @@ func New(p *allowlist.Policy, creds Credentials) *Injector {
 // Credentials returns the credentials the Injector reads (nil when none were given):
 // explain lists the header names a credential sets from them.
 func (in *Injector) Credentials() Credentials { return in.creds }
+
+// Await waits, as the Credentials allow (Awaiter), for the first read of r's credential
+// when it is still in flight, so that the first request after a start is served
+// rather than refused. It returns at once for a credential read before.
+func (in *Injector) Await(ctx context.Context, r *allowlist.Rule) {
+	p := in.rules[r]
+	if p == nil || p.credential == "" {
+		return
+	}
+	if a, ok := in.creds.(Awaiter); ok {
+		a.Await(ctx, p.credential)
+	}
+}
 
 // Apply sets rule r's headers on h, the outbound request's header, after removing
 // every client copy of those names (any case) from h and from trailer. When the

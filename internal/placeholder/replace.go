@@ -2,6 +2,7 @@ package placeholder
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -119,6 +120,40 @@ func (r *Replacer) Env() map[string]string {
 		out[k] = v
 	}
 	return out
+}
+
+// Vars returns the policy's env section as the Replacer holds it: NAME -> credential ID.
+func (r *Replacer) Vars() map[string]string {
+	out := map[string]string{}
+	if r == nil {
+		return out
+	}
+	for name, ph := range r.env {
+		out[name] = r.byPH[ph]
+	}
+	return out
+}
+
+// Await waits, at most credential.FirstReadWait, for the first read of every
+// credential with a placeholder while it is still in flight after a start (when the
+// Credentials can wait: inject.Awaiter), so that whether a host is a trusted domain
+// (Intercepts) is known before its tunnel is spliced or intercepted. It returns at once
+// once they have been read.
+func (r *Replacer) Await(ctx context.Context) {
+	if r == nil {
+		return
+	}
+	a, ok := r.creds.(interface {
+		Await(ctx context.Context, id string)
+	})
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, credential.FirstReadWait)
+	defer cancel()
+	for _, id := range r.ids {
+		a.Await(ctx, id)
+	}
 }
 
 // Intercepts reports whether host is a trusted domain of an environment_variable

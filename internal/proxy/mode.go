@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/netip"
@@ -74,6 +75,11 @@ type tunnelPlan struct {
 // answered inside TLS.
 func planTunnel(snap *Snapshot, t allowlist.Target, d allowlist.Decision, inTLS bool) tunnelPlan {
 	hookHost := snap.Hooks != nil && snap.Hooks.Index != nil && snap.Hooks.Index.Intercepts(t.Host, t.Port)
+	if d.Allowed() && !d.Intercept && !hookHost {
+		// Whether t trusts a placeholder is known once its credentials are read: wait,
+		// bounded, for first reads still in flight after a start, rather than splice.
+		snap.Placeholders.Await(context.Background())
+	}
 	switch {
 	case d.Allowed() && (d.Intercept || hookHost || snap.Placeholders.Intercepts(t.Host)):
 		return tunnelPlan{kind: tunnelIntercepted}

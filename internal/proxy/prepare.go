@@ -40,6 +40,7 @@ func (x *exchange) inject(out *http.Request, d allowlist.Decision) error {
 	if err := x.replacePlaceholders(out, d.Rule); err != nil {
 		return err
 	}
+	x.snap.Injector.Await(out.Context(), d.Rule) // a first read still in flight after a start
 	res, err := x.snap.Injector.Apply(d.Rule, out.Header, x.req.Trailer)
 	if err != nil {
 		return err

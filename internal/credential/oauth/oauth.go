@@ -117,6 +117,10 @@ type state struct {
 	cur  atomic.Pointer[token]  // the last access token; nil before the first
 	seen atomic.Pointer[string] // the backend version last adopted
 	due  atomic.Int64           // unix nanos before which no retry starts after a failure
+	// first is closed once the first attempt is done, whatever its outcome: a request
+	// waits for it (AwaitToken) rather than failing while it is in flight.
+	first     chan struct{}
+	firstOnce sync.Once
 
 	mu       sync.Mutex            // serialises refreshes; guards the fields below
 	secret   *credential.OAuth2    // an oauth2 credential's client, or nil
@@ -154,16 +158,88 @@ func (m *Manager) SetClient(c *http.Client) { m.client.Store(c) }
 // Source has started.
 func (m *Manager) Start(ctx context.Context) {
 	m.ctx = ctx
+	m.fetchAll()
+	m.wg.Go(m.loop)
+}
+
+// StartAsync is Start without the wait, once ready is closed (the Source's first
+// reads are done): the first tokens are fetched in the background, and a request
+// that needs one meanwhile waits for it (AwaitToken). Call it once, instead of Start.
+func (m *Manager) StartAsync(ctx context.Context, ready <-chan struct{}) {
+	m.ctx = ctx
+	m.wg.Go(func() {
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return
+		}
+		m.fetchAll()
+		m.loop()
+	})
+}
+
+// fetchAll makes the first token call of every oauth2 credential at once, and waits.
+func (m *Manager) fetchAll() {
 	var wg sync.WaitGroup
 	for _, id := range m.src.IDs() {
 		if v, err := m.src.Get(id); err == nil && minted(v) {
 			st := m.state(id)
-			st.busy.Store(true)
-			wg.Go(func() { m.run(st) })
+			if st.busy.CompareAndSwap(false, true) {
+				wg.Go(func() { m.run(st) })
+			}
 		}
 	}
 	wg.Wait()
-	m.wg.Go(m.loop)
+}
+
+// AwaitToken waits, until ctx ends, for the first access token of id when its first
+// token call is still to come or in flight, starting that call if none runs; it
+// returns at once for anything else (not oauth2, a token held before, a first call
+// that failed). Later refreshes never hold a request: the last token serves.
+func (m *Manager) AwaitToken(ctx context.Context, id string) {
+	v, err := m.src.Get(id)
+	if err != nil || v.OAuth2 == nil {
+		return
+	}
+	st := m.state(id)
+	if st.cur.Load() != nil {
+		return
+	}
+	select {
+	case <-st.first:
+		return
+	default:
+	}
+	m.kick(st)
+	select {
+	case <-st.first:
+	case <-ctx.Done():
+	}
+}
+
+// Await waits, until ctx ends, for id's first read by the Source (when it can wait:
+// credential.Store.AwaitFirst) and then for its first access token (AwaitToken).
+func (m *Manager) Await(ctx context.Context, id string) {
+	if a, ok := m.src.(interface {
+		AwaitFirst(context.Context, string)
+	}); ok {
+		a.AwaitFirst(ctx, id)
+	}
+	m.AwaitToken(ctx, id)
+}
+
+// Ready reports whether id can be served now: an oauth2 credential only with an
+// unexpired access token. It starts nothing.
+func (m *Manager) Ready(id string) bool {
+	v, err := m.src.Get(id)
+	if err != nil {
+		return false
+	}
+	if v.OAuth2 == nil {
+		return true
+	}
+	t := m.state(id).cur.Load()
+	return t != nil && m.o.Now().Before(t.expiry)
 }
 
 // Wait blocks until the background work has ended (after Start's ctx ended).
@@ -196,7 +272,7 @@ func (m *Manager) state(id string) *state {
 	defer m.mu.Unlock()
 	st := m.states[id]
 	if st == nil {
-		st = &state{id: id, retry: newRetry()}
+		st = &state{id: id, retry: newRetry(), first: make(chan struct{})}
 		m.states[id] = st
 	}
 	return st
@@ -254,6 +330,7 @@ func (m *Manager) kick(st *state) {
 
 // run refreshes st; busy is set by the caller and cleared here.
 func (m *Manager) run(st *state) {
+	defer st.firstOnce.Do(func() { close(st.first) })
 	defer st.busy.Store(false)
 	ctx, cancel := context.WithTimeout(m.ctx, callTimeout)
 	defer cancel()

@@ -1,6 +1,7 @@
 package egressdtest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -44,8 +45,8 @@ const (
 	WaitStarted Wait = iota
 	// WaitHealthy: and /healthz answers 200.
 	WaitHealthy
-	// WaitReady: and /readyz answers 200 with "ready": true (the credential
-	// backend has answered).
+	// WaitReady: and /readyz answers 200 with "ready": true and no credential
+	// whose first read is pending (the credential backend has answered).
 	WaitReady
 )
 
@@ -72,6 +73,9 @@ type Options struct {
 	// loopback-only network namespace (netns.Inside) or Wrap puts egressd in one:
 	// for configs that name addresses not on this machine.
 	LoopbackOnly bool
+	// AdminToken is sent as "Authorization: Bearer <token>" to the admin listener
+	// (admin.token).
+	AdminToken string
 	// ProxyListener is the listener whose address is Egressd.Proxy; default "sandbox".
 	ProxyListener string
 	// Wait is what Start waits for; StartTimeout and StopTimeout bound the
@@ -246,8 +250,10 @@ func (e *Egressd) waitPaths() []string {
 func (e *Egressd) waitAdminOK(ctx context.Context, path string) error {
 	var last error
 	for {
-		code, _, err := e.AdminGet(path)
-		if err == nil && code == 200 {
+		code, body, err := e.AdminGet(path)
+		// /readyz is 200 before the credentials' first reads are done: wait for those
+		// too (no credential "pending"), so a test's first request finds them read.
+		if err == nil && code == 200 && !bytes.Contains(body, []byte(`"pending": true`)) {
 			return nil
 		}
 		if last = err; err == nil {
