@@ -170,6 +170,13 @@ type rawEntry struct {
 	Transform      rawTransform `yaml:"transform"`
 	Credential     string       `yaml:"credential"`
 	AllowPlaintext bool         `yaml:"allow_plaintext"`
+	AWS            *rawAWSScope `yaml:"aws"`
+}
+
+// rawAWSScope is an entry's "aws" block.
+type rawAWSScope struct {
+	Regions  []string `yaml:"regions"`
+	Services []string `yaml:"services"`
 }
 
 // rawDuration is a Go duration string ("10s", "5m"), parsed as it is
