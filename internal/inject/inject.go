@@ -34,6 +34,8 @@ type Result struct {
 	Version    string
 	// Scrub masks every value Apply set; nil when it set nothing.
 	Scrub *scrub.Set
+	// aws is set for an aws credential: Sign signs the request with its keys.
+	aws *awsSigning
 }
 
 // Injector holds one processor per injecting rule.
@@ -98,23 +100,41 @@ func (in *Injector) Apply(r *allowlist.Rule, h, trailer http.Header) (Result, er
 			// never forward without the header it stands for.
 			return Result{}, &credential.UnavailableError{ID: v.ID, Cause: credential.CauseNoAccessToken}
 		}
+		if v.AWS != nil && !v.AWS.HasKeys() {
+			// vault_aws keys not read yet, or expired: never forward the sandbox's signature.
+			return Result{}, &credential.UnavailableError{ID: v.ID, Cause: credential.CauseNoAWSKeys}
+		}
 		secret, res.Credential, res.Version = v.Headers, v.ID, v.Version
+		if v.AWS != nil {
+			res.aws = &awsSigning{keys: v.AWS, scope: r.AWS}
+			secret = awsSecrets(v.AWS)
+		}
 	}
 	for _, x := range p.transform {
 		res.Names = addName(res.Names, x.Name)
 	}
 	for _, x := range secret {
 		res.Names = addName(res.Names, x.Name)
+	}
+	if res.aws != nil {
+		// Left in h for Sign to check; removed from the trailer like any injected name.
+		for _, name := range awsNames(res.aws.keys) {
+			res.Names = addName(res.Names, name)
+		}
 	}
 	for _, name := range res.Names {
-		Remove(h, name)
 		Remove(trailer, name)
+		if res.aws == nil || !slices.Contains(awsNames(res.aws.keys), name) {
+			Remove(h, name)
+		}
 	}
 	for _, x := range p.transform {
 		h[x.Name] = []string{x.Value}
 	}
 	for _, x := range secret {
-		h[x.Name] = []string{x.Value}
+		if x.Name != "" {
+			h[x.Name] = []string{x.Value}
+		}
 	}
 	res.Scrub = p.scrubSet(secret)
 	return res, nil

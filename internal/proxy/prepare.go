@@ -43,6 +43,10 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 	}
 	x.scrubFor(out, res.Scrub)
 	x.body.trailers(x.req, out, res.Names)
+	// Last: a SigV4 signature covers the headers as they leave.
+	if err := res.Sign(ctx, out, x.target.Host, x.snap.Placeholders); err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 
