@@ -43,8 +43,15 @@ type VaultAWS struct {
 // Path is the engine path read for the keys, e.g. "aws/sts/deploy".
 func (v *VaultAWS) Path() string { return v.Mount + "/" + v.Kind + "/" + v.Role }
 
-// HasKeys reports whether the keys are filled in (static, or read from Vault).
-func (a *AWS) HasKeys() bool { return a.AccessKeyID != "" && a.SecretAccessKey != "" }
+// awsExpirySkew is how long before their expiry keys stop being signed with, so that a
+// request signed just before still arrives valid.
+const awsExpirySkew = 30 * time.Second
+
+// Usable reports whether the keys are filled in (static, or read from Vault) and, for
+// keys that expire, not within awsExpirySkew of expiring at now.
+func (a *AWS) Usable(now time.Time) bool {
+	return a.AccessKeyID != "" && a.SecretAccessKey != "" && (a.Expires.IsZero() || now.Before(a.Expires.Add(-awsExpirySkew)))
+}
 
 // Secrets are the values that must never reach the sandbox: the key pair and the session
 // token (the access key ID is not secret to AWS, but it names the real principal).

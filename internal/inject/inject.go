@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/credential"
@@ -100,7 +101,7 @@ func (in *Injector) Apply(r *allowlist.Rule, h, trailer http.Header) (Result, er
 			// never forward without the header it stands for.
 			return Result{}, &credential.UnavailableError{ID: v.ID, Cause: credential.CauseNoAccessToken}
 		}
-		if v.AWS != nil && !v.AWS.HasKeys() {
+		if v.AWS != nil && !v.AWS.Usable(time.Now()) {
 			// vault_aws keys not read yet, or expired: never forward the sandbox's signature.
 			return Result{}, &credential.UnavailableError{ID: v.ID, Cause: credential.CauseNoAWSKeys}
 		}
