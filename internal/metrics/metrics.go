@@ -39,6 +39,7 @@ type Metrics struct {
 	ConfigReloads     *prometheus.CounterVec   // config_reloads_total{result}
 	Scrubbed          *prometheus.CounterVec   // scrubbed_total{rule}
 	OAuthRefresh      *prometheus.CounterVec   // oauth_refresh_total{credential,result}
+	CredentialMint    *prometheus.CounterVec   // credential_mint_total{credential,result}
 	// MemoryBudget is memory_budget_bytes{holder}, read from the budget when
 	// scraped (ObserveMemory); MemoryBudgetLimit is memory_budget_limit_bytes.
 	MemoryBudget      *pulledGaugeVec
@@ -85,6 +86,9 @@ func New() *Metrics {
 		OAuthRefresh: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egressd_oauth_refresh_total", Help: "oauth2 token calls by credential ID and result (ok, error).",
 		}, []string{"credential", "result"}),
+		CredentialMint: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egressd_credential_mint_total", Help: "Short-lived keys or tokens minted for a credential (aws keys read from Vault's AWS secrets engine), by credential ID and result (ok, error).",
+		}, []string{"credential", "result"}),
 	}
 	m.MemoryBudget = &pulledGaugeVec{GaugeVec: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "egressd_memory_budget_bytes", Help: "Bytes of the memory budget (limits.memory) each holder holds.",
@@ -93,7 +97,7 @@ func New() *Metrics {
 		Name: "egressd_memory_budget_limit_bytes", Help: "The memory budget's size in bytes (limits.memory, auto resolved).",
 	}, m.budgetLimit)
 	m.Registry.MustRegister(m.Requests, m.Duration, m.TunnelsActive, m.Bytes, m.CredentialRefresh,
-		m.CredentialAge, m.LeafCache, m.HookRequests, m.ConfigReloads, m.Scrubbed, m.OAuthRefresh,
+		m.CredentialAge, m.LeafCache, m.HookRequests, m.ConfigReloads, m.Scrubbed, m.OAuthRefresh, m.CredentialMint,
 		m.MemoryBudget, m.MemoryBudgetLimit,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.initKnown()

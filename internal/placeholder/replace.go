@@ -62,13 +62,13 @@ var ErrPlaintext = errors.New("a credential placeholder would be replaced in a p
 // Replacer finds and replaces the placeholders of one policy's credentials.
 type Replacer struct {
 	creds Credentials
-	byPH  map[string]string // placeholder -> credential ID
-	phs   []string          // the placeholders, sorted
-	lower []string          // phs lower-cased, for header names
-	m     *matcher          // over phs
-	env   map[string]string // the policy's env section: NAME -> placeholder
+	byPH  map[string]string  // placeholder -> credential ID
+	phs   []string           // the placeholders, sorted
+	lower []string           // phs lower-cased, for header names
+	m     *matcher           // over phs
+	env   map[string]string  // the policy's env section: NAME -> placeholder
 	aws   map[string]AWSPair // aws credential ID -> its placeholder key pair (aws.go)
-	ids   []string          // every credential with a placeholder, sorted
+	ids   []string           // every credential with a placeholder, sorted
 	// values is what Scrub masks (scrub.go); mu serialises its updates.
 	values atomic.Pointer[valueSet]
 	mu     sync.Mutex
