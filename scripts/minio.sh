@@ -4,6 +4,7 @@
 # module proxy with `go install` (no prebuilt download) at the pinned version below.
 #
 #   scripts/minio.sh build   build the binary unless cached; print its path
+#   scripts/minio.sh path    print the cached binary's path; fail when not built
 #
 # The binary is cached in ${EGRESSD_CACHE:-$HOME/.cache/egressd}/minio/<version>/ so
 # every clone on the machine shares it. A cold build downloads ~1 GB of modules and
@@ -53,6 +54,10 @@ cmd_build() {
 
 case "${1:-}" in
 build) cmd_build ;;
+path)
+  [ -x "$CACHE_ROOT/$MINIO_VERSION/minio" ] || die "not built (scripts/minio.sh build)"
+  echo "$CACHE_ROOT/$MINIO_VERSION/minio"
+  ;;
 *)
   echo "usage: $0 build" >&2
   exit 2
