@@ -78,6 +78,9 @@ func printExplain(r explain.Result) {
 	fmt.Printf("intercept:  %t\n", r.Intercept)
 	fmt.Printf("inject:     %s\n", orNone(strings.Join(r.Inject, ", ")))
 	fmt.Printf("credential: %s\n", orNone(r.Credential))
+	if r.AWS != nil {
+		fmt.Printf("aws:        signed again (SigV4) for regions %s, services %s\n", strings.Join(r.AWS.Regions, " "), strings.Join(r.AWS.Services, " "))
+	}
 	if r.CredentialUnknown != "" {
 		fmt.Printf("credential headers: unknown (%s)\n", r.CredentialUnknown)
 	}

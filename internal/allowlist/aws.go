@@ -10,8 +10,8 @@ import (
 // again with its aws credential may name in their SigV4 credential scope. Both lists are
 // required and lower-case; "*" alone allows any.
 type AWSScope struct {
-	Regions  []string
-	Services []string
+	Regions  []string `json:"regions"`
+	Services []string `json:"services"`
 }
 
 // AllowsRegion reports whether a request signed for region may be signed again.

@@ -63,6 +63,17 @@ func (a *AWS) Secrets() []string {
 	return out
 }
 
+// HeaderNames are the headers a signature with these keys sets: the sandbox's copies
+// are removed and set again. The security token comes with temporary keys (a session
+// token, or any keys from Vault's STS endpoint).
+func (a *AWS) HeaderNames() []string {
+	names := []string{"Authorization", "X-Amz-Date"}
+	if a.SessionToken != "" || (a.Vault != nil && a.Vault.Kind == AWSKindSTS) {
+		names = append(names, "X-Amz-Security-Token")
+	}
+	return names
+}
+
 // String shows the source, never a key.
 func (a *AWS) String() string {
 	if a.Vault != nil {

@@ -38,6 +38,8 @@ type Result struct {
 	CredentialUnknown string    `json:"credential_headers_unknown,omitempty"`
 	Note              string    `json:"note,omitempty"`
 	Hook              *HookInfo `json:"hook,omitempty"`
+	// AWS is the entry's aws block: what an aws credential signs requests for.
+	AWS *allowlist.AWSScope `json:"aws,omitempty"`
 }
 
 // URL explains raw against policy p and guard g for environment env.
@@ -60,7 +62,7 @@ func URL(p *allowlist.Policy, g *netguard.Guard, env, raw string) Result {
 		for _, h := range d.Rule.Transform {
 			res.Inject = addName(res.Inject, h.Name)
 		}
-		res.Credential = d.Rule.Credential
+		res.Credential, res.AWS = d.Rule.Credential, d.Rule.AWS
 	}
 	if !d.Allowed() {
 		return res.deny(env, d.Reason, d.Detail)
@@ -80,7 +82,7 @@ func URL(p *allowlist.Policy, g *netguard.Guard, env, raw string) Result {
 func (r Result) deny(env string, reason allowlist.Reason, detail string) Result {
 	r.Decision, r.Reason, r.Detail = "deny", string(reason), detail
 	r.Message = reason.Message(r.Host, r.Port, env, detail)
-	r.Inject, r.Credential, r.Intercept = []string{}, "", false
+	r.Inject, r.Credential, r.Intercept, r.AWS = []string{}, "", false, nil
 	return r
 }
 
@@ -133,7 +135,8 @@ func addName(names []string, name string) []string {
 }
 
 // SecretNames is the header names a credential of shape s sets: its headers, or
-// Authorization for oauth2 (the access token); none for environment_variable.
+// Authorization for oauth2 (the access token), the SigV4 headers for aws; none for
+// environment_variable.
 func SecretNames(s credential.Secret) []string {
 	names := make([]string, 0, len(s.Headers)+1)
 	for _, h := range s.Headers {
@@ -141,6 +144,9 @@ func SecretNames(s credential.Secret) []string {
 	}
 	if s.OAuth2 != nil && len(names) == 0 {
 		names = append(names, "Authorization")
+	}
+	if s.AWS != nil {
+		names = append(names, s.AWS.HeaderNames()...)
 	}
 	return names
 }
@@ -156,7 +162,7 @@ func FromStore(creds inject.Credentials) HeaderNames {
 		if err != nil {
 			return nil, err
 		}
-		return SecretNames(credential.Secret{Headers: v.Headers, OAuth2: v.OAuth2, Env: v.Env}), nil
+		return SecretNames(credential.Secret{Headers: v.Headers, OAuth2: v.OAuth2, Env: v.Env, AWS: v.AWS}), nil
 	}
 }
 

@@ -119,13 +119,13 @@ func (in *Injector) Apply(r *allowlist.Rule, h, trailer http.Header) (Result, er
 	}
 	if res.aws != nil {
 		// Left in h for Sign to check; removed from the trailer like any injected name.
-		for _, name := range awsNames(res.aws.keys) {
+		for _, name := range res.aws.keys.HeaderNames() {
 			res.Names = addName(res.Names, name)
 		}
 	}
 	for _, name := range res.Names {
 		Remove(trailer, name)
-		if res.aws == nil || !slices.Contains(awsNames(res.aws.keys), name) {
+		if res.aws == nil || !slices.Contains(res.aws.keys.HeaderNames(), name) {
 			Remove(h, name)
 		}
 	}

@@ -22,16 +22,6 @@ type awsSigning struct {
 	scope *allowlist.AWSScope
 }
 
-// awsNames are the headers an aws credential sets (the security token only for
-// temporary keys): the sandbox's copies are removed, and the signer sets them again.
-func awsNames(a *credential.AWS) []string {
-	names := []string{"Authorization", "X-Amz-Date"}
-	if a.SessionToken != "" {
-		names = append(names, "X-Amz-Security-Token")
-	}
-	return names
-}
-
 // Sign signs out again (SigV4) with the real keys of the aws credential Apply read, once
 // every other stage has changed out for the last time; nothing for any other credential.
 // A request not signed with the credential's placeholder key, or not for a region and
