@@ -13,14 +13,30 @@ import sys
 import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from botocore.history import get_global_history_recorder
 
 endpoint, bucket, case = sys.argv[1:4]
 sent = []
+last = {}
 
 
 def record(request, **_):
     v = request.headers.get("X-Amz-Content-SHA256", "")
     sent.append(v.decode() if isinstance(v, bytes) else v)
+
+
+class LastResponse:
+    """Keeps the last HTTP response's status and Egressd-Reason, before any parsing."""
+
+    def emit(self, event_type, payload, source):
+        if event_type == "HTTP_RESPONSE":
+            last["status"] = payload["status_code"]
+            last["reason"] = payload["headers"].get("egressd-reason", "")
+
+
+recorder = get_global_history_recorder()
+recorder.enable()
+recorder.add_handler(LastResponse())
 
 
 def client(service="s3", region="us-east-1"):
@@ -31,11 +47,12 @@ def client(service="s3", region="us-east-1"):
 
 
 def refused(call):
+    """The refusal as the client received it: egressd's JSON body is no XML an SDK
+    parses, so the status and Egressd-Reason are read before parsing."""
     try:
         call()
-    except ClientError as e:
-        meta = e.response["ResponseMetadata"]
-        return {"status": meta["HTTPStatusCode"], "reason": meta["HTTPHeaders"].get("egressd-reason", "")}
+    except Exception as e:  # ClientError, or the parser's error on egressd's JSON body
+        return {"status": last.get("status", 0), "reason": last.get("reason", ""), "error": type(e).__name__}
     return {"status": 200}
 
 
