@@ -64,16 +64,16 @@ fuzz:
 ## smokescreen (the bench builds them with scripts/peers.sh, cached after the first time),
 ## as ratios to a direct connection; then scrubbing's CPU share per 1 KiB request.
 bench: build
-	$(GO) run ./bench -egressd $(BIN)/egressd
+	$(GO) run ./tools/bench -egressd $(BIN)/egressd
 	@echo "scrubbing's share of egressd's CPU per 1 KiB request, with 0 and 100 environment_variable credentials loaded:"
 	$(GO) test -run '^$$' -bench 'BenchmarkScrubRequest1KiB' -benchtime 3000x -count 3 ./internal/proxy/
 
 ## bench-idle: egressd's memory with IDLE_TUNNELS (default 10000) idle CONNECT tunnels
-## open (about 30 s; not in make bench). Raising the fd limit takes CAP_SYS_RESOURCE; without
+## open (tens of seconds; not in make bench). Raising the fd limit takes CAP_SYS_RESOURCE; without
 ## it the bench opens as many tunnels as the limit allows and says so.
 IDLE_TUNNELS ?= 10000
 bench-idle: build
-	$(GO) run ./bench -egressd $(BIN)/egressd -paths idle-tunnels -idle-tunnels $(IDLE_TUNNELS)
+	$(GO) run ./tools/bench -egressd $(BIN)/egressd -paths idle-tunnels -idle-tunnels $(IDLE_TUNNELS)
 
 ## soak: SOAK_DURATION (default 10m) of mixed traffic, reloads and credential rotations
 ## through bin/egressd, in a loopback-only network namespace; fails on goroutine, fd or

@@ -146,7 +146,7 @@ func metricNames(t *testing.T, root string) []string {
 }
 
 // TestNoDanglingDesignLinks: the README and deploy/ READMEs are what a user reads
-// from a clone; DESIGN.md is not in it, so they point at docs/ instead.
+// from a clone; the design notes are not in it, so they point at docs/ instead.
 func TestNoDanglingDesignLinks(t *testing.T) {
 	pages, _ := filepath.Glob("../deploy/*/README.md")
 	pages = append(pages, "../README.md")

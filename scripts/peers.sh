@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The peer proxies egressd's bench measures beside egressd (bench/peers.go):
+# The peer proxies egressd's bench measures beside egressd (tools/bench/peers.go):
 #
 #   goproxy      tools/peers (goproxybare): a bare github.com/elazarl/goproxy
 #                v1.9.3 forward proxy, MITM for the hosts it is told to
@@ -16,8 +16,8 @@
 # platform), smokescreen by its version; both are cached in
 # ${EGRESSD_CACHE:-$HOME/.cache/egressd}/peers/{goproxybare-<hash>,smokescreen-<version>}/
 # so every clone on the machine shares them; .cache/peers/ in the repo links to
-# them. A cold build needs the Go module proxy and takes ~10-40 s each on 2
-# CPUs; a cached `build` takes milliseconds.
+# them. A cold build needs the Go module proxy and takes tens of seconds each;
+# a cached `build` takes milliseconds.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

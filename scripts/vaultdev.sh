@@ -16,10 +16,10 @@
 # The binary is keyed by a hash of tools/vaultdev/{go.mod,go.sum,main.go,
 # patches/*} and cached in ${EGRESSD_CACHE:-$HOME/.cache/egressd}/vaultdev/<hash>/
 # so every clone on the machine shares it; .cache/vaultdev/vaultdev in the
-# repo links to it. A cold build downloads ~3 GB of modules into GOMODCACHE,
-# vendors them (~180 MB, in a scratch dir, deleted afterwards), applies
-# tools/vaultdev/patches/*.patch to the vendored sdk and builds: ~5 min on 2
-# CPUs. A cached `build` takes milliseconds; `start` ~0.2 s.
+# repo links to it. A cold build downloads gigabytes of modules into GOMODCACHE,
+# vendors them (in a scratch dir, deleted afterwards), applies
+# tools/vaultdev/patches/*.patch to the vendored sdk and builds: minutes. A
+# cached `build` takes milliseconds; `start` well under a second.
 #
 # Environment: EGRESSD_CACHE (cache root), VAULTDEV_ADDR (listen address for
 # `start`, default 127.0.0.1:0 = a free port), VAULTDEV_ROOT_TOKEN (fixed root

@@ -235,7 +235,7 @@ func TestCheckLoadError(t *testing.T) {
 }
 
 // starPolicy puts a credential under "*": every host it matches would receive the
-// secret. DESIGN.md asks check to warn (a warning, so exit 0).
+// secret, which check warns about (a warning, so exit 0): it may be meant.
 const starPolicy = `{"network": {"allowlist": [
   {"domain": "*", "credential": "example-api"},
   {"domain": "api.example.com", "credential": "example-api"}
@@ -413,7 +413,7 @@ func containsLine(lines []string, prefix, sub string) bool {
 }
 
 // TestCheckFindsWhatRunHits: what `run` would trip over is a problem in `check`, with
-// the fix in the message (issue 16): a credential ID the file lacks (503 at run time),
+// the fix in the message: a credential ID the file lacks (503 at run time),
 // an inline secret in a transform, a world-readable credentials file, a misspelt
 // hooks.json event (the gate silently off), JSON errors located by line and column;
 // --strict fails on warnings.

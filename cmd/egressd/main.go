@@ -6,7 +6,8 @@ import (
 	"os"
 )
 
-// Exit codes (DESIGN.md "Commands").
+// Exit codes, which scripts and supervisors act on: a usage error is not worth
+// a restart, a runtime failure may be.
 const (
 	exitOK      = 0
 	exitUsage   = 1 // validation or usage error, with a message

@@ -596,8 +596,8 @@ func allowedVerdict(path string) verdict {
 
 var notAllowlisted = verdict{status: http.StatusForbidden, reason: "not_allowlisted"}
 
-// TestReloadBrokenUnderLoad is issue 7's "a reload with a broken policy under load
-// changes nothing": 8 clients request an allowed and a denied host continuously while
+// TestReloadBrokenUnderLoad: a reload with a broken policy under load changes
+// nothing. 8 clients request an allowed and a denied host continuously while
 // ten reloads of a broken policy come by POST /v1/reload, SIGHUP and the file watcher
 // in turn. Every allowed request must get its 200 from the upstream and every denied
 // one the 403 not_allowlisted: no failure, no changed answer. The broken policies

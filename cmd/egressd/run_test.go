@@ -34,8 +34,8 @@ import (
 // waitTimeout bounds every wait for the runner: a log line, a signal's effect, an exit.
 const waitTimeout = 10 * time.Second
 
-// egressFields are the fields DESIGN.md ("Observability and operations") puts on
-// every canonical log line, present even when empty.
+// egressFields are the fields of every canonical log line, present even when
+// empty, so that log queries never miss a key (docs/observability.md).
 var egressFields = []string{
 	"req_id", "listener", "role", "client", "method", "scheme", "host", "port", "path",
 	"decision", "reason", "rule", "intercepted", "injected", "credential", "credential_version",
@@ -343,7 +343,8 @@ func echoedPath(body string) string {
 	return got.Path
 }
 
-// zeroSeries are series DESIGN.md says exist from the start, with zero values.
+// zeroSeries are series that exist from the start, with zero values, so that
+// rate() and alerts see them before the first event (docs/observability.md).
 var zeroSeries = []string{
 	`egressd_requests_total{decision="allow",listener="sandbox",reason=""}`,
 	`egressd_requests_total{decision="deny",listener="sandbox",reason="not_allowlisted"}`,

@@ -25,7 +25,7 @@ func (d Decision) RuleName() string {
 }
 
 // Decide applies the allowlist to t, whose Host must be normalised (see
-// ParseAuthority). Checks run in the DESIGN.md order: bad_request (no host),
+// ParseAuthority). Checks run in the docs/reasons.md order: bad_request (no host),
 // not_allowlisted (no rule matches), port_not_allowed (the winning rule does
 // not list the port). The most specific rule wins: the exact name or IP, then
 // the longest wildcard suffix, then "*"; headers come only from the winner.

@@ -9,7 +9,7 @@ import (
 )
 
 // Reason is why a request was refused or failed; ReasonNone ("") means allowed.
-// The string values are the stable codes of DESIGN.md: they appear in logs,
+// The string values are the stable codes of docs/reasons.md: they appear in logs,
 // metrics and the Egressd-Reason header, so never rename them.
 type Reason string
 

@@ -28,7 +28,7 @@ func TestReasonIsDenial(t *testing.T) {
 	}
 }
 
-// The codes are a public contract (DESIGN.md): logs, metrics, headers.
+// The codes are a public contract (docs/reasons.md): logs, metrics, headers.
 func TestReasonCodes(t *testing.T) {
 	codes := map[Reason]string{
 		ReasonBadRequest: "bad_request", ReasonNotAllowlisted: "not_allowlisted",

@@ -6,8 +6,8 @@ import (
 	"github.com/egressd/egressd/internal/allowlist"
 )
 
-// Defaults applied when a key is absent. Each matches the example in
-// DESIGN.md ("Operator config"); change both together.
+// Defaults applied when a key is absent. Each matches docs/configuration.md;
+// change both together.
 const (
 	// DefaultEnvironment names the environment in logs, metrics and hook
 	// assertions when the config does not.
@@ -36,7 +36,7 @@ const (
 	DefaultIntercept = allowlist.InterceptAuto
 
 	// DefaultDenyInTunnel answers a refused CONNECT inside TLS wherever
-	// egressd intercepts, so the agent reads the reason (DESIGN.md).
+	// egressd intercepts, so the agent reads the reason (docs/reasons.md).
 	DefaultDenyInTunnel = DenyInTunnelAuto
 
 	// DefaultBackend keeps secrets in a local JSON file (the embedded default).
@@ -100,7 +100,7 @@ const (
 	// ones are a hook failure (deny when fail-closed).
 	DefaultHookBodyBytes int64 = 1 << 20
 	// DefaultLeafMints bounds how many interception leaves are minted at once
-	// (a key and a signature each, ~0.1 ms of CPU): a flood of new hosts queues
+	// (a key and a signature each, CPU work): a flood of new hosts queues
 	// for a slot instead of starving requests already in flight.
 	DefaultLeafMints = 4
 	// DefaultHookBufferBytes bounds all hook bodies buffered at once (requests

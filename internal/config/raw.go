@@ -7,8 +7,8 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// The raw schema: what egressd.yaml may say, key for key as DESIGN.md
-// ("Operator config") lists it. Nothing here is validated; validate.go turns
+// The raw schema: what egressd.yaml may say, key for key as
+// docs/configuration.md lists it. Nothing here is validated; validate.go turns
 // a rawConfig into a Config. Pointers mark keys whose absence means "use the
 // default" where the zero value is meaningful (admin.address "" turns the
 // admin listener off; fail_closed false opens hooks). The yaml tags are the

@@ -34,7 +34,7 @@ func (e *secretError) Is(target error) bool { return target == ErrInvalid }
 func shapeErr(id, what string) error { return &secretError{id: id, what: what, hint: true} }
 func valueErr(id, what string) error { return &secretError{id: id, what: what} }
 
-// ParseSecret turns a secret of one of the three shapes of DESIGN.md into the headers it sets:
+// ParseSecret turns a secret of one of the three shapes of docs/policy.md into the headers it sets:
 //
 //	{"token": "t"}                        Authorization: Bearer t
 //	{"headers": {"x-api-key": "k"}}       X-Api-Key: k (names canonicalised, sorted)

@@ -16,8 +16,9 @@ const (
 	DecisionDeny  = "deny"
 )
 
-// Deadline margins (DESIGN.md "Hooks": the deny is sent no later than the hook's
-// timeout minus 0.5 s).
+// Deadline margins: the deny is sent no later than the hook's timeout minus
+// 0.5 s, so that it reaches the runtime before the runtime gives up and reads
+// the silence as allow (docs/hooks.md).
 const (
 	// DeadlineMargin is subtracted from the hook's timeout, so that egressd's deny
 	// reaches the runtime before the runtime gives up, which it would count as allow.

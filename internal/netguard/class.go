@@ -14,7 +14,7 @@ import "net/netip"
 // used as the `detail` of an internal_address denial.
 type Class string
 
-// The address classes of DESIGN.md "Decisions and errors".
+// The address classes, the detail of an internal_address refusal (docs/reasons.md).
 const (
 	Public      Class = "" // not blocked by class
 	Loopback    Class = "loopback"

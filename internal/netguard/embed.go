@@ -109,8 +109,8 @@ func low32(j *judgement, ip netip.Addr) bool {
 
 // compatible judges ::a.b.c.d by a.b.c.d, since a kernel with a sit tunnel
 // (Linux sit0) still sends it there over IPv4. :: and ::1 are not embeddings.
-// DESIGN.md lists ::/96 as reserved, so an address whose IPv4 part is public
-// is reserved, not public: the IPv4 class decides, but never below reserved.
+// ::/96 is reserved (RFC 4291 deprecated it), so an address whose IPv4 part is
+// public is reserved, not public: the IPv4 class decides, but never below reserved.
 func compatible(j *judgement, ip netip.Addr) bool {
 	if ip == netip.IPv6Unspecified() || ip == netip.IPv6Loopback() {
 		return false

@@ -80,7 +80,7 @@ func or(c, def Class) Class {
 	return c
 }
 
-// embeddings returns the IPv6 forms DESIGN.md lists that carry v4, each
+// embeddings returns the IPv6 forms that carry v4, each
 // judged by v4: IPv4-mapped, IPv4-compatible, NAT64 (64:ff9b::/96), 6to4,
 // and Teredo with v4 as the server and as the (obfuscated) client. The other
 // IPv4 address a Teredo form carries is the public 8.8.4.4.

@@ -87,9 +87,9 @@ func (b *requestBody) Close() error {
 	return nil
 }
 
-// reopen undoes a transport's Close when nothing has been read: a request that
-// failed before any of its body was sent may be sent again.
-func (b *requestBody) reopen() bool {
+// Rewind undoes a transport's Close when nothing has been read: a request that
+// failed before any of its body was sent may be sent again (upstream.Rewinder).
+func (b *requestBody) Rewind() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.n.Load() != 0 || b.readErr != nil {

@@ -223,7 +223,7 @@ func (c *conn) refuseHead(snap *Snapshot, req *http.Request, err error) {
 }
 
 // writeRefusal records err on rec and writes its response. A status of 0 means the
-// status DESIGN.md assigns to the reason.
+// status docs/reasons.md assigns to the reason.
 func (c *conn) writeRefusal(snap *Snapshot, rec *Record, err error, status int) {
 	c.writeRefusalHead(snap, rec, err, status, false)
 }

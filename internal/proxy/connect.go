@@ -28,7 +28,7 @@ func (c *conn) serveConnect(snap *Snapshot, req *http.Request, rec *Record) bool
 	plan := planTunnel(snap, t, d, false)
 	var up net.Conn
 	if plan.kind == tunnelSpliced {
-		if up, err = snap.dialTarget(c.ctx, t); err != nil {
+		if up, err = snap.upstream.Dial(c.ctx, t); err != nil {
 			plan = refusedTunnel(snap, err, false)
 		} else {
 			rec.setResolved(up.RemoteAddr())

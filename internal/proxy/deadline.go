@@ -10,7 +10,7 @@ import (
 )
 
 // Every read from and write to a client has a deadline, so that no client can hold
-// a connection slot, a goroutine or a buffer by going quiet (DESIGN.md "Hooks": the
+// a connection slot, a goroutine or a buffer by going quiet (docs/hooks.md: the
 // paragraph on attacks):
 //
 //   - request heads: limits.read_header (conn.nextRequest);

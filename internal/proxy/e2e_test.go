@@ -62,7 +62,7 @@ func TestForwardAllowedReachesUpstreamWithCleanHeaders(t *testing.T) {
 	w.assertNoCanaryHit()
 }
 
-// logFields is DESIGN.md's list: every field on every line.
+// logFields is docs/observability.md's list: every field on every line.
 var logFields = []string{"req_id", "listener", "role", "client", "method", "scheme", "host", "port",
 	"path", "decision", "reason", "rule", "intercepted", "injected", "credential", "credential_version",
 	"hook_group", "hook_event", "status", "bytes_in", "bytes_out", "resolved_ip", "dur_ms"}

@@ -15,7 +15,7 @@ import (
 	"github.com/egressd/egressd/internal/allowlist"
 )
 
-// Protocol edges of issue 13: each case asserts the refusal, what the upstream saw,
+// Protocol edges: each case asserts the refusal, what the upstream saw,
 // and that the canaries saw nothing.
 
 // pipelined is a request sent right behind a refused one: it must never be parsed.

@@ -42,6 +42,12 @@ type Hooks struct {
 	RuntimeToken func() ([]byte, error)
 }
 
+// hookCallKey marks the context of a hook call's outbound request: its answer is
+// read into the hook share (hookbuf.go), not held in an HTTP/2 window (memory.go).
+type hookCallKey struct{}
+
+func isHookCall(ctx context.Context) bool { return ctx.Value(hookCallKey{}) != nil }
+
 // hookMatch reports whether the request is a hook call: a POST to the URL of an
 // http hook of an enabled group that egressd can tell is the runtime's (x.ident).
 func (x *exchange) hookMatch(role string) (hooks.Match, bool) {
@@ -200,7 +206,7 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 		return nil, &hookError{"hook signing key unavailable", err}
 	}
 	out.Header.Set(hookauth.HeaderName, assertion)
-	resp, err := x.snap.roundTrip(out, x.rec)
+	resp, err := x.snap.forward(out)
 	if err != nil {
 		return nil, err
 	}

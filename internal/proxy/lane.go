@@ -16,7 +16,7 @@ import (
 )
 
 // The hook lane keeps a pre-tool hook call answered when the sandbox holds every
-// connection slot (slow bodies, clients that never read, held tunnels; DESIGN.md
+// connection slot (slow bodies, clients that never read, held tunnels; docs/hooks.md
 // "Hooks"). The runtime reads a 503 or a reset as "allow", so at
 // limits.max_connections, with no waiting connection to evict (slots.go), a
 // newcomer is admitted: egressd reads its first head, bounded in size (one read

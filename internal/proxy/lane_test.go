@@ -76,7 +76,7 @@ func (w *world) fakeHookCall(t *testing.T) {
 }
 
 // Shutdown lets requests in flight finish but does not wait for idle tunnels: it
-// closes them at once (DESIGN.md: SIGTERM drains in-flight requests for at most
+// closes them at once (docs/observability.md: SIGTERM drains in-flight requests for at most
 // limits.drain, then closes tunnels and WebSockets).
 func TestShutdownClosesIdleTunnels(t *testing.T) {
 	w := newWorld(t, worldOpts{})

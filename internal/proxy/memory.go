@@ -1,10 +1,9 @@
 package proxy
 
 import (
+	"context"
 	"errors"
-	"io"
 	"net/http"
-	"sync"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/membudget"
@@ -46,62 +45,19 @@ const (
 var errH2Windows = &refusal{Reason: allowlist.ReasonOverloaded, Detail: membudget.H2Windows.Detail(),
 	Err: errors.New("limits.memory reached: too many HTTP/2 receive windows held at once")}
 
-// windowHold is one upstream HTTP/2 stream's window, reserved while its response
-// body is open: what the Transport may buffer for it.
-type windowHold struct {
-	mem  *membudget.Budget
-	once sync.Once
-}
-
-// holdUpstreamWindow reserves a stream's window for a request sent on tr when tr
-// may speak HTTP/2. Hook calls reserve none: egressd reads their answers itself,
-// from the hook share (hookbuf.go), so a flood of other holders cannot deny them.
-func (snap *Snapshot) holdUpstreamWindow(tr *http.Transport, rec *Record) (*windowHold, error) {
-	if tr != snap.transport || rec.HookEvent != "" {
+// holdUpstreamWindow reserves a stream's window for a request the upstream client
+// sends on its HTTP/2 transport (upstream.Options.HoldWindow), until the response
+// body ends. Hook calls reserve none: egressd reads their answers itself, from the
+// hook share (hookbuf.go), so a flood of other holders cannot deny them.
+func (snap *Snapshot) holdUpstreamWindow(ctx context.Context) (release func(), err error) {
+	if isHookCall(ctx) {
 		return nil, nil
 	}
 	if !snap.mem.Reserve(membudget.H2Windows, upstreamStreamWindow) {
 		return nil, errH2Windows
 	}
-	return &windowHold{mem: snap.mem}, nil
-}
-
-// keep ties the window to resp's body, or releases it when there is none to
-// buffer: a failed round trip, an HTTP/1.1 answer, a protocol switch.
-func (h *windowHold) keep(resp *http.Response, err error) (*http.Response, error) {
-	if h == nil {
-		return resp, err
-	}
-	if err != nil || resp.ProtoMajor != 2 || resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == http.NoBody {
-		h.release()
-		return resp, err
-	}
-	resp.Body = &heldBody{ReadCloser: resp.Body, h: h}
-	return resp, nil
-}
-
-func (h *windowHold) release() {
-	h.once.Do(func() { h.mem.Release(membudget.H2Windows, upstreamStreamWindow) })
-}
-
-// heldBody releases its window when the body ends or is closed, whichever is first.
-type heldBody struct {
-	io.ReadCloser
-	h *windowHold
-}
-
-func (b *heldBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err != nil {
-		b.h.release()
-	}
-	return n, err
-}
-
-func (b *heldBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.h.release()
-	return err
+	mem := snap.mem
+	return func() { mem.Release(membudget.H2Windows, upstreamStreamWindow) }, nil
 }
 
 // holdStreamWindow reserves what an intercepted HTTP/2 client may send on r's

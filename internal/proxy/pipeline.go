@@ -154,7 +154,7 @@ func (x *exchange) serve(ctx context.Context, cs clientSide) (*http.Response, er
 		x.stage = stageForward
 		x.body.deadline.forwarding(x.snap.Limits.StreamIdle)
 		var resp *http.Response
-		if resp, err = x.snap.roundTrip(out, x.rec); err == nil {
+		if resp, err = x.snap.forward(out); err == nil {
 			return x.scrubbed(resp), nil
 		}
 	}

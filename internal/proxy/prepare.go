@@ -3,10 +3,12 @@ package proxy
 import (
 	"context"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/inject"
+	"github.com/egressd/egressd/internal/proxy/upstream"
 )
 
 // prepare runs every stage before forwarding and returns the outbound request, or
@@ -95,10 +97,16 @@ func reflectsRequest(req *http.Request) bool {
 // removes or sets for the upstream (hop-by-hop fields, Expect, injected headers) never
 // changes the request the client is answered for (Expect: 100-continue) or the
 // record. The target is the decided, normalised one (in the URL, and as a value in
-// the context for the dialer: dial.go). Injection comes after, so nothing the client
-// sends can strip what egressd adds.
+// the context for the upstream client's dialer: upstream.WithTarget), and the
+// address the client connects to comes back through httptrace (gotConn). Injection
+// comes after, so nothing the client sends can strip what egressd adds.
 func (x *exchange) outbound(ctx context.Context, scheme string) *http.Request {
-	out := x.req.WithContext(withTarget(ctx, x.target))
+	ctx = upstream.WithTarget(ctx, x.target)
+	if x.hook != nil {
+		ctx = context.WithValue(ctx, hookCallKey{}, true)
+	}
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: x.gotConn})
+	out := x.req.WithContext(ctx)
 	u := *x.req.URL
 	u.Scheme, u.Host, u.User = scheme, x.target.String(), nil
 	out.URL = &u
@@ -129,6 +137,11 @@ func (x *exchange) outbound(ctx context.Context, scheme string) *http.Request {
 		out.Header["User-Agent"] = nil
 	}
 	return out
+}
+
+// gotConn records the address the upstream client connected to for the request.
+func (x *exchange) gotConn(info httptrace.GotConnInfo) {
+	x.rec.setResolved(info.Conn.RemoteAddr())
 }
 
 // hostHeader is the Host the upstream sees: the target, without the scheme's default port.

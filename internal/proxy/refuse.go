@@ -17,6 +17,7 @@ import (
 	"github.com/egressd/egressd/internal/inject"
 	"github.com/egressd/egressd/internal/netguard"
 	"github.com/egressd/egressd/internal/placeholder"
+	"github.com/egressd/egressd/internal/proxy/upstream"
 	"github.com/egressd/egressd/internal/sigv4"
 )
 
@@ -69,6 +70,9 @@ func cancelled(ctx context.Context) error {
 	return nil
 }
 
+// detailHTTP2Only names an upstream that accepts only HTTP/2 (upstream.ErrHTTP2Only).
+const detailHTTP2Only = "http2_only"
+
 // detailBadName is the bad_request detail of a host that is not a DNS name.
 const detailBadName = "bad_name"
 
@@ -78,13 +82,15 @@ func classify(err error) *refusal {
 	var r *refusal
 	var blocked *netguard.BlockedError
 	var dnsErr *netguard.DNSError
-	var dialErr *dialError
+	var dialErr *upstream.DialError
 	var credErr *credential.UnavailableError
 	var scopeErr *placeholder.ScopeError
 	var awsErr *sigv4.ScopeError
 	switch {
 	case errors.As(err, &r):
 		return r
+	case errors.Is(err, upstream.ErrHTTP2Only):
+		return &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: detailHTTP2Only, Err: err}
 	case errors.Is(err, placeholder.ErrPlaintext):
 		return &refusal{Reason: allowlist.ReasonPlaintextCredential, Err: err}
 	case errors.As(err, &scopeErr):
@@ -128,7 +134,7 @@ func isTimeout(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
-// statusFor maps a reason code to the HTTP status DESIGN.md assigns it.
+// statusFor maps a reason code to the HTTP status docs/reasons.md assigns it.
 func statusFor(r allowlist.Reason) int {
 	switch r {
 	case allowlist.ReasonBadRequest:
@@ -149,7 +155,7 @@ func statusFor(r allowlist.Reason) int {
 }
 
 // refusalFor classifies err, records it on rec, and renders the response. A status
-// of 0 means the status DESIGN.md assigns to the reason.
+// of 0 means the status docs/reasons.md assigns to the reason.
 func refusalFor(snap *Snapshot, rec *Record, err error, status int) (int, http.Header, []byte) {
 	rf := rec.refused(err)
 	code, h, body := refusalResponse(rf, rec, snap.Env)

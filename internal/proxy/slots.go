@@ -104,7 +104,7 @@ func (s *Server) acceptOverloaded(l *listener, nc net.Conn) {
 // in the hook lane, cut and given cutLinger to send their call) are bounded by
 // what they cost, not by a count a flood fills in milliseconds: overflowMemory
 // at overflowConnBytes each, and a quarter of the file descriptors egressd may
-// open. A lane connection past its TLS handshake costs egressd about 54 KiB of
+// open. A lane connection past its TLS handshake costs egressd tens of KiB of
 // RSS (a goroutine, the read and write buffers of the connection and of the
 // tunnel inside it, the TLS state, and the collector's headroom over them).
 const (

@@ -71,7 +71,7 @@ func (c *conn) serveTransparentTLS(snap *Snapshot, rec *Record) {
 		return
 	}
 	if plan.kind == tunnelSpliced {
-		up, err := snap.dialTarget(c.ctx, t)
+		up, err := snap.upstream.Dial(c.ctx, t)
 		if err == nil {
 			rec.setResolved(up.RemoteAddr())
 			c.tunnel(snap, t, up, hello, rec)

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -77,6 +78,16 @@ func closeWrite(c net.Conn) {
 		return
 	}
 	c.Close()
+}
+
+// rawConn is c's socket, for the calls net.Conn has no method for.
+func rawConn(c net.Conn) (syscall.RawConn, bool) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil, false
+	}
+	raw, err := sc.SyscallConn()
+	return raw, err == nil
 }
 
 // recentlyActive reports whether c received data within d, from TCP_INFO.

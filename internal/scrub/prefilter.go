@@ -6,12 +6,12 @@ import (
 )
 
 // The prefilter keeps the DFA off the bytes that cannot hold an anchor. The
-// DFA costs one dependent table load per byte (~2.5 ns here, 80% of a
-// Reader's CPU in the profile); the prefilter looks at one 4-byte gram every
+// DFA costs one dependent table load per byte (most of a Reader's CPU in a
+// profile); the prefilter looks at one 4-byte gram every
 // step bytes, where step is the shortest anchor's length less gramLen-1, and
 // runs the DFA only around a gram that occurs in some anchor. Why this and
 // not a byte skip (bytes.IndexByte to the next first byte, the library's own
-// prefilter, which FindAllOverlapping does not use anyway): the ~100 forms of
+// prefilter, which FindAllOverlapping does not use anyway): the hundred or so forms of
 // three credentials start with dozens of distinct bytes, all common in text,
 // so a first-byte skip barely skips; and the library alternatives for many
 // literals (coregx/coregex's Teddy) stop at 32 of them.
@@ -58,8 +58,8 @@ func newPrefilter(anchors [][]byte) *prefilter {
 		return nil
 	}
 	// 128 to 256 bits per gram: a gram of text not in any anchor hits with
-	// probability under 1%. Measured on 1 MiB of text against 3 credentials
-	// (2,700 grams): 533 regions to scan at 2^17 bits, 160 at 2^19.
+	// probability under 1%, and a larger bitmap leaves fewer regions to scan
+	// (BenchmarkMatcher).
 	size := max(minBitmap, min(maxBitmap, bits.Len(uint(grams))+7))
 	p.bits = make([]uint64, 1<<size/64)
 	p.shift = uint(32 - size)

@@ -169,7 +169,7 @@ func TestClientEnv(t *testing.T) {
 	if !slices.Equal(env, want) {
 		t.Errorf("ClientEnv:\n got %q\nwant %q", env, want)
 	}
-	// Every name DESIGN.md lists.
+	// Every name docs/clients.md lists.
 	for _, name := range []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "CARGO_HTTP_CAINFO", "PIP_CERT", "DENO_CERT"} {
 		if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, name+"=") }) {
 			t.Errorf("%s missing", name)

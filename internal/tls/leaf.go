@@ -24,8 +24,8 @@ const (
 	// CA's NotAfter. A day keeps a leaf lifted from memory short-lived while
 	// a busy host is re-minted about once a day.
 	DefaultLeafValidity = 24 * time.Hour
-	// DefaultLeafCacheSize bounds the leaves kept in memory (about 2 KiB each:
-	// key, DER chain, parsed certificate). An agent rarely talks to more
+	// DefaultLeafCacheSize bounds the leaves kept in memory (each a key, a
+	// DER chain and a parsed certificate). An agent rarely talks to more
 	// hosts than this; beyond it the least recently used leaf is dropped.
 	DefaultLeafCacheSize = 4096
 	// DefaultMintConcurrency bounds how many leaves are minted at once.

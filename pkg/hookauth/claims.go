@@ -21,7 +21,7 @@ import (
 	"time"
 )
 
-// The assertion's constants, as DESIGN.md "Hooks" fixes them.
+// The assertion's constants, as docs/hooks.md documents them for endpoints.
 const (
 	// HeaderName carries the assertion on a hook call.
 	HeaderName = "Egressd-Hook-Assertion"

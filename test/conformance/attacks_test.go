@@ -19,9 +19,8 @@ import (
 	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
-// The sandbox attacks egressd itself (issue 12; DESIGN.md "Hooks", the paragraph on
-// attacks): it holds every connection slot, or fills memory, and a pre-tool hook
-// call must still get the endpoint's answer or egressd's fail-closed deny within
+// The sandbox attacks egressd itself (docs/hooks.md): it holds every connection
+// slot, or fills memory, and a pre-tool hook call must still get the endpoint's answer or egressd's fail-closed deny within
 // its timeout. Each scenario runs its attack from attackWorkers goroutines (each
 // reopening its connection when egressd ends it), and while it runs asserts:
 //   - the hook call to the live endpoint is answered within the hook's timeout: the
@@ -53,11 +52,10 @@ var raceSlack = time.Duration(boolInt(egressdtest.RaceEnabled)) * time.Second
 // bigPath is the echo upstream's large answer (writeBig).
 const bigPath = "/attack/big"
 
-// rssLimit is how far above idle egressd's RSS may go under an attack: rssBound,
-// the 64 MiB goal (measured: 2-6 MiB when slots are held, 40-50 MiB under the
-// memory attacks; without the hook budget ~190 MiB). A race build of egressd
-// scales it: the race detector's shadow memory grows with the heap. Figures in
-// the issue 12 note come from the build an operator runs.
+// rssLimit is how far above idle egressd's RSS may go under an attack:
+// rssBound, well above what the attacks cost with the hook budget and well
+// below what they cost without it. A race build of egressd scales it: the race
+// detector's shadow memory grows with the heap.
 func rssLimit() int64 {
 	return int64(rssBound) * int64(1+3*boolInt(egressdtest.RaceEnabled))
 }

@@ -25,8 +25,8 @@ const (
 	floodNames   = 3000
 	floodWorkers = 8
 	floodFor     = 20 * time.Second
-	// rssBound is how far above idle egressd's RSS may go under an attack
-	// (issue 12: "within 64 MiB of idle").
+	// rssBound is how far above idle egressd's RSS may go under an attack: an
+	// attack that grows it further is on its way to an OOM kill.
 	rssBound = 64 << 20
 )
 

@@ -20,8 +20,7 @@ import (
 	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
-// The sandbox drives egressd into an OOM kill (THREATS.md, "kill it or take its
-// place"): while egressd is dead every hook call meets "connection refused", which
+// The sandbox drives egressd into an OOM kill, to take its place: while egressd is dead every hook call meets "connection refused", which
 // the agent runtime reads as allow. Each case starts egressd at its default limits
 // inside a memory cgroup of the shipped Kubernetes limit (shippedMemory), runs one
 // attack that did get it OOM-killed there for oomAttackTime, and asserts:

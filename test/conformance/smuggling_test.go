@@ -227,7 +227,7 @@ func (k *kase) assertBadBodyRefused(c *conn) *http.Response {
 }
 
 // skipIfBadBodyBug checks the reason of the refusal of a broken request body. The
-// body is the client's: DESIGN.md says 400 bad_request ("malformed request").
+// body is the client's fault: 400 bad_request ("malformed request", docs/reasons.md).
 func (k *kase) skipIfBadBodyBug(resp *http.Response) {
 	k.t.Helper()
 	if resp == nil {

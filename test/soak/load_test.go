@@ -420,8 +420,8 @@ func denialLabel(d denial) string {
 	return d.reason
 }
 
-// checkDenial checks a refusal: status, Egressd-Reason, and the JSON body that
-// DESIGN.md ("Decisions and errors") prescribes.
+// checkDenial checks a refusal: status, Egressd-Reason, and the JSON body every
+// refusal carries (docs/reasons.md).
 func checkDenial(resp *http.Response, body []byte, d denial) string {
 	var got egressdtest.Refusal
 	if resp.StatusCode != d.status || resp.Header.Get("Egressd-Reason") != d.reason {

@@ -1,5 +1,5 @@
 // Command goproxybare is a bare github.com/elazarl/goproxy forward proxy, one of
-// the peers egressd's bench (bench/peers.go) measures beside egressd. It is a
+// the peers egressd's bench (tools/bench/peers.go) measures beside egressd. It is a
 // bench-only tool: it has no policy, no allowlist and no per-request logging,
 // and it dials nothing but loopback addresses.
 //

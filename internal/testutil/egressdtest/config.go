@@ -4,8 +4,8 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// Config is egressd.yaml as the suites write it: the keys of DESIGN.md's config
-// reference, each omitted when empty so that egressd applies its default. It is a
+// Config is egressd.yaml as the suites write it: the keys of
+// docs/configuration.md, each omitted when empty so that egressd applies its default. It is a
 // separate type from internal/config's raw schema, whose types are unexported and
 // made for decoding (positions, durations parsed in place, nil meaning "missing");
 // TestConfigKeysKnown keeps the two in step by loading a Config with every key set.

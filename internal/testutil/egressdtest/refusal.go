@@ -1,7 +1,7 @@
 package egressdtest
 
 // Refusal is the JSON body of a response egressd makes itself: a denial or an
-// error (DESIGN.md, "Decisions and errors").
+// error (docs/reasons.md).
 type Refusal struct {
 	Error     string `json:"error"` // egress_denied, or the error class
 	Reason    string `json:"reason"`

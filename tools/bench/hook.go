@@ -1,0 +1,307 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"github.com/egressd/egressd/pkg/hookauth"
+)
+
+// The hook path: a pre_tool_execution hook call, as an agent runtime makes it
+// before every tool call, through egressd, which signs the POST body, forwards
+// it and checks the endpoint's decision. It is compared with the same POSTs to
+// a URL of the same entry that is no hook's, so the difference is what a hook
+// call adds. The endpoint runs in the bench process with the upstream's leaf.
+
+const (
+	hookHost      = "hook." + benchZone
+	hookURLPath   = "/pre"   // the hook URL's path in hooks.json
+	hookOtherPath = "/audit" // a path of the same entry that no hook names
+	hookOtherRow  = "intercept-post"
+	hookGroup     = "bench-gate"
+	hookTimeout   = 10 // seconds, in hooks.json
+	hookBodySize  = 512
+	// hookAllowBody is what the client must get back unchanged: egressd's
+	// fail-closed deny is anything else.
+	hookAllowBody = `{"decision":"allow"}`
+	// hookVerifyEvery: the endpoint verifies the first assertion of every run
+	// and then every hookVerifyEvery-th with pkg/hookauth, which is too slow
+	// for every request.
+	hookVerifyEvery = 1024
+	hookMaxBody     = 64 << 10
+	envBench        = "env_bench" // the env claim of every assertion
+
+)
+
+var hookAllow = []byte(hookAllowBody)
+
+// hooksJSON is the hooks.json egressd reads (hooks.file): one group, one
+// pre_tool_execution rule, one http hook. %s is the hook URL.
+const hooksJSON = `{"` + hookGroup + `": {"pre_tool_execution": [{"matcher": "code_execution", "hooks": [{"type": "http", "url": %q, "timeout": %d}]}]}}
+`
+
+// hookServer is the policy endpoint: it reads each POST, counts what arrived
+// and answers hookAllowBody.
+type hookServer struct {
+	tally
+	addr       string // 127.0.0.1:port
+	verifier   atomic.Pointer[hookauth.Verifier]
+	sampleNext atomic.Bool            // verify the next assertion (armed before each run)
+	firstErr   atomic.Pointer[string] // the first refusal, for the report
+}
+
+// startHookServer serves the endpoint with the upstream's leaf, which egressd trusts.
+func startHookServer(up *upstream) (*hookServer, error) {
+	h := &hookServer{}
+	addrs, err := h.serve(h.ServeHTTP, &up.cert)
+	if err != nil {
+		return nil, err
+	}
+	h.addr = addrs[0]
+	return h, nil
+}
+
+func (h *hookServer) close() { h.srv.Close() }
+
+// url is https://hookHost:<port><path>.
+func (h *hookServer) url(path string) string {
+	return "https://" + hookHost + h.addr[strings.LastIndexByte(h.addr, ':'):] + path
+}
+
+// setVerifier makes the endpoint verify sampled assertions against jwks,
+// egressd's /.well-known/jwks.json.
+func (h *hookServer) setVerifier(jwks []byte) error {
+	keys, err := hookauth.ParseJWKS(jwks)
+	if err != nil {
+		return fmt.Errorf("egressd's JWKS: %w", err)
+	}
+	aud, err := hookauth.Origin(h.url(hookURLPath))
+	if err != nil {
+		return err
+	}
+	v, err := hookauth.NewVerifier(hookauth.Options{Audience: aud, Env: envBench, Keys: keys})
+	if err != nil {
+		return err
+	}
+	h.verifier.Store(v)
+	return nil
+}
+
+// ServeHTTP reads the body, counts what the request carried and answers
+// hookAllowBody: what a policy endpoint that allows does.
+func (h *hookServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, hookMaxBody))
+	h.n[cServed].Add(1)
+	if r.Method != http.MethodPost || err != nil || len(body) != hookBodySize {
+		h.n[cBadBody].Add(1)
+	}
+	h.countTransform(r)
+	if v := r.Header[hookauth.HeaderName]; len(v) == 1 && v[0] != "" {
+		n := h.n[cAsserted].Add(1)
+		if h.sampleNext.CompareAndSwap(true, false) || n%hookVerifyEvery == 0 {
+			h.verify(r.Context(), v[0], body)
+		}
+	}
+	hdr := w.Header()
+	hdr["Content-Type"] = []string{"application/json"}
+	hdr["Content-Length"] = []string{strconv.Itoa(len(hookAllow))}
+	_, _ = w.Write(hookAllow)
+}
+
+func (h *hookServer) verify(ctx context.Context, assertion string, body []byte) {
+	v := h.verifier.Load()
+	if v == nil {
+		h.refuse("no verifier: egressd's JWKS was not read")
+		return
+	}
+	if _, err := v.Verify(ctx, assertion, body); err != nil {
+		h.refuse(err.Error())
+		return
+	}
+	h.n[cVerified].Add(1)
+}
+
+func (h *hookServer) refuse(why string) {
+	h.n[cRefused].Add(1)
+	h.firstErr.CompareAndSwap(nil, &why)
+}
+
+// hookRequestBody is the tool call every POST sends: hookBodySize bytes of
+// JSON in the shape of a runtime's pre_tool_execution call.
+func hookRequestBody() []byte {
+	const head = `{"hook_event_name":"pre_tool_execution","session_id":"bench-session-0001","tool_name":"code_execution","tool_input":{"language":"python","code":"import os\nprint(os.listdir('.'))\n`
+	const tail = `"}}`
+	return []byte(head + strings.Repeat("#", hookBodySize-len(head)-len(tail)) + tail)
+}
+
+func hookPathSpec() pathSpec {
+	return pathSpec{
+		name: "hook",
+		desc: fmt.Sprintf("POST of a %d-byte JSON tool call to https://%s:<port>%s, a pre_tool_execution hook URL in hooks.json, keep-alive; through egressd intercepted, "+
+			"the body read, signed (%s), forwarded, and the endpoint's %s buffered and checked; compared with %s", hookBodySize, hookHost, hookURLPath, hookauth.HeaderName, hookAllowBody, hookOtherRow),
+		inject:  injectTransform, // the entry's transform: egressd's CA is needed
+		measure: measureHook,
+	}
+}
+
+// measureHook runs, per round, the POSTs direct to the endpoint, then through
+// egressd to the hook URL and to the other URL of the same entry, and returns
+// the hook row, the intercept-post row (both sharing the direct runs) and the
+// hook-attack row.
+func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
+	w, e, lo := env.w, env.e, env.o.load()
+	hs := w.up.hook
+	jwks, err := e.adminGet("/.well-known/jwks.json")
+	if err != nil {
+		return nil, fmt.Errorf("egressd's JWKS: %w", err)
+	}
+	if err := hs.setVerifier(jwks); err != nil {
+		return nil, err
+	}
+	direct := target{url: hs.url(hookURLPath), dialAddr: hs.addr, roots: w.up.roots,
+		method: http.MethodPost, body: hookRequestBody(), check: expectBody(hookAllow, "Egressd-Hook")}
+	call := direct
+	call.dialAddr, call.proxy, call.roots = "", w.proxy, w.egressdRoots
+	other := call
+	other.url = hs.url(hookOtherPath)
+	injects := transformHeader + " (transform)"
+	rows := []*rowBuilder{newRow("hook", hookPathSpec().desc, injects+" and "+hookauth.HeaderName+" (signed)"),
+		newRow(hookOtherRow, fmt.Sprintf("the hook row's POSTs to https://%s:<port>%s: the same entry and transform, but no hook URL, so intercepted and forwarded as any request (the hook row's direct runs)", hookHost, hookOtherPath), injects)}
+	runDirect := func(round int) (runResult, error) {
+		d, c, _, err := hookRun(ctx, hs, e, direct, lo, nil)
+		for _, rb := range rows {
+			rb.res.Problems = append(rb.res.Problems, hookProblems(hookDirect, c, 0, runLabel("direct", round, env.o.rounds))...)
+		}
+		return d, err
+	}
+	legs := []leg{hookLeg(ctx, env, rows[0], call, hookCall), hookLeg(ctx, env, rows[1], other, hookOther)}
+	if err := runRounds(env, e, runDirect, legs, nil); err != nil {
+		return nil, err
+	}
+	attacked, err := measureHookUnderAttack(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	return []pathResult{rows[0].finish(e), rows[1].finish(e), attacked}, nil
+}
+
+// hookLeg is a row's runs of t through egressd, checked as kind.
+func hookLeg(ctx context.Context, env pathEnv, rb *rowBuilder, t target, kind int) leg {
+	var c counts
+	var allows int64
+	hs := env.w.up.hook
+	return leg{row: rb,
+		run: func(cpu cpuFunc) (r runResult, err error) {
+			r, c, allows, err = hookRun(ctx, hs, env.e, t, env.o.load(), cpu)
+			return r, err
+		},
+		check: func(round int, _ runResult, _ *viaRun) []string {
+			ps := hookProblems(kind, c, allows, runLabel("egressd", round, env.o.rounds))
+			if msg := hs.firstErr.Load(); c[cRefused] > 0 && msg != nil {
+				ps = append(ps, "first refusal: "+*msg)
+			}
+			return ps
+		}}
+}
+
+// hookRun runs t with the endpoint's first assertion sampled, and returns what
+// the endpoint counted and how much egressd's allowed hook calls grew (-1 when
+// /metrics could not be read).
+func hookRun(ctx context.Context, hs *hookServer, e *egressd, t target, lo loadOptions, cpu cpuFunc) (runResult, counts, int64, error) {
+	hs.sampleNext.Store(true)
+	allowBefore, allowErr := hookAllows(e)
+	before := hs.counts()
+	r, err := runLoad(ctx, t, lo, cpu)
+	c := hs.counts().sub(before)
+	r.fill(c)
+	allows := int64(-1)
+	if allowAfter, err := hookAllows(e); err == nil && allowErr == nil {
+		allows = allowAfter - allowBefore
+	}
+	return r, c, allows, err
+}
+
+// Kinds of hook-path runs, for hookProblems.
+const (
+	hookDirect = iota // direct to the endpoint: nothing injected, nothing signed
+	hookCall          // through egressd to the hook URL: transform and assertion on every request
+	hookOther         // through egressd to the other URL: transform, no assertion
+)
+
+// hookProblems checks one run's counts at the endpoint. allows is how much
+// egressd_hook_requests_total{event="pre_tool_execution",outcome="allow"} grew
+// during it, or -1 when /metrics could not be read.
+func hookProblems(kind int, c counts, allows int64, label string) []string {
+	var out []string
+	add := func(format string, args ...any) { out = append(out, label+": "+fmt.Sprintf(format, args...)) }
+	if c[cBadBody] > 0 {
+		add("%d of %d requests reached the endpoint as something else than a POST of the %d-byte body sent", c[cBadBody], c[cServed], hookBodySize)
+	}
+	if kind != hookDirect && c[cServed] == 0 {
+		add("no request reached the endpoint")
+	}
+	switch kind {
+	case hookDirect:
+		if c[cTransform] > 0 || c[cAsserted] > 0 {
+			add("%d of %d requests carried %s and %d %s, which only egressd sets", c[cTransform], c[cServed], transformHeader, c[cAsserted], hookauth.HeaderName)
+		}
+	case hookCall:
+		if c[cAsserted] != c[cServed] {
+			add("%d of %d hook calls reached the endpoint with exactly one %s", c[cAsserted], c[cServed], hookauth.HeaderName)
+		}
+		if c[cTransform] != c[cServed] {
+			add("%d of %d hook calls carried %s as configured", c[cTransform], c[cServed], transformHeader)
+		}
+		if c[cRefused] > 0 {
+			add("pkg/hookauth refused %d of %d sampled assertions", c[cRefused], c[cRefused]+c[cVerified])
+		} else if c[cServed] > 0 && c[cVerified] == 0 {
+			add("no assertion was verified with pkg/hookauth")
+		}
+		if allows >= 0 && allows != c[cServed] {
+			add("egressd_hook_requests_total{pre_tool_execution,allow} grew by %d, the endpoint answered %d", allows, c[cServed])
+		}
+	case hookOther:
+		if c[cTransform] != c[cServed] {
+			add("%d of %d requests carried %s as configured", c[cTransform], c[cServed], transformHeader)
+		}
+		if c[cAsserted] > 0 {
+			add("%d of %d requests carried %s, though their URL is no hook's", c[cAsserted], c[cServed], hookauth.HeaderName)
+		}
+		if allows > 0 {
+			add("egressd_hook_requests_total{pre_tool_execution,allow} grew by %d during requests to a URL that is no hook's", allows)
+		}
+	}
+	return out
+}
+
+// hookAllows reads egressd_hook_requests_total{event="pre_tool_execution",
+// outcome="allow"} from egressd's /metrics; an absent series is 0 (no call yet).
+func hookAllows(e *egressd) (int64, error) {
+	n, err := e.metric(`egressd_hook_requests_total{event="pre_tool_execution",outcome="allow"}`)
+	return max(n, 0), err
+}
+
+// writeHookNote compares the hook row with the intercept-post row: what a
+// signed hook call costs over the same intercepted POST.
+func (r *report) writeHookNote(w io.Writer) {
+	h, b := r.path("hook"), r.path(hookOtherRow)
+	if h == nil || b == nil || b.Ratio <= 0 || b.Egressd.ReqPerSec <= 0 {
+		return
+	}
+	fmt.Fprintf(w, "hook / intercept: ratio %.2f / %.2f = %.2f, egressd req/s %.2f", h.Ratio, b.Ratio, h.Ratio/b.Ratio, h.Egressd.ReqPerSec/b.Egressd.ReqPerSec)
+	if h.CPUPerReqUS > 0 && b.CPUPerReqUS > 0 {
+		fmt.Fprintf(w, ", CPU %+.1f µs/req (%.1f vs %.1f)", h.CPUPerReqUS-b.CPUPerReqUS, h.CPUPerReqUS, b.CPUPerReqUS)
+	}
+	if h.Egressd.P50US > 0 && b.Egressd.P50US > 0 {
+		fmt.Fprintf(w, ", p50 %s (%s vs %s), p99 %s (%s vs %s)",
+			signedDur(h.Egressd.P50US-b.Egressd.P50US), dur(h.Egressd.P50US), dur(b.Egressd.P50US),
+			signedDur(h.Egressd.P99US-b.Egressd.P99US), dur(h.Egressd.P99US), dur(b.Egressd.P99US))
+	}
+	fmt.Fprintf(w, " (a signed pre_tool_execution call vs the same %d-byte POST to a URL of the same entry that is no hook's)\n", hookBodySize)
+	r.writeAttackNote(w)
+}

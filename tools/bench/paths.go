@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// pathSpec is one way traffic can cross egressd, measured direct to the
+// upstream and through egressd, with everything else equal.
+type pathSpec struct {
+	name, desc       string
+	direct, viaProxy func(*world) target
+	// inject is what egressd must add to every request of the path; the
+	// upstream checks every request (injectionProblems).
+	inject  injection
+	newConn bool // one TCP and TLS handshake per request
+	// vault: through the second egressd, whose credentials come from Vault.
+	vault bool
+	// measure, when set, replaces measurePath: the path makes its own runs and
+	// returns its rows, or one row with Skipped set.
+	measure func(context.Context, pathEnv) ([]pathResult, error)
+	peers   peerUse // which peer proxies also carry the load
+}
+
+// injection is what an allowlist entry adds to the requests of a path.
+type injection int
+
+const (
+	injectNone            injection = iota
+	injectTransform                 // transformHeader: transformValue
+	injectCredential                // Authorization: Bearer credentialToken, from credentials.json
+	injectVaultCredential           // Authorization: Bearer vaultCredentialToken, from Vault
+	injectOAuth                     // Authorization: Bearer oauthAccessToken, from the token endpoint
+)
+
+func (i injection) String() string {
+	switch i {
+	case injectTransform:
+		return transformHeader + " (transform)"
+	case injectCredential:
+		return "Authorization (credential " + credentialID + ")"
+	case injectVaultCredential:
+		return "Authorization (credential " + credentialID + " from Vault)"
+	case injectOAuth:
+		return "Authorization (oauth2 credential " + oauthCredentialID + ")"
+	}
+	return "nothing"
+}
+
+// world is what a path's targets are made from.
+type world struct {
+	up           *upstream
+	proxy        string         // http://127.0.0.1:port, egressd's bench listener
+	egressdRoots *x509.CertPool // egressd's CA: what an intercepted tunnel's client trusts
+	peers        *peerSet       // nil for none
+}
+
+// Hosts of the intercepted paths: one allowlist entry each, resolved by the DNS stub.
+const (
+	transformHost  = "inject." + benchZone
+	credentialHost = "cred." + benchZone
+	oauthHost      = "oauth." + benchZone
+)
+
+// paths lists every path the bench knows, in the order it runs them.
+var paths = []pathSpec{
+	{
+		name:     "plain",
+		desc:     "GET http://localhost:<port>/, keep-alive; through egressd as absolute-form",
+		direct:   func(w *world) target { return target{url: w.httpURL(), dialAddr: w.up.httpAddr} },
+		viaProxy: func(w *world) target { return target{url: w.httpURL(), proxy: w.proxy} },
+		peers:    peersTunnel,
+	},
+	{
+		name: "connect",
+		desc: "GET https://localhost:<port>/ over HTTP/1.1 keep-alive; through egressd in a CONNECT tunnel (spliced)",
+		direct: func(w *world) target {
+			return target{url: w.httpsURL(), dialAddr: w.up.tlsAddr, roots: w.up.roots}
+		},
+		viaProxy: func(w *world) target { return target{url: w.httpsURL(), proxy: w.proxy, roots: w.up.roots} },
+		peers:    peersTunnel,
+	},
+	interceptPath("intercept", transformHost, injectTransform, false, peersIntercept,
+		"GET https://"+transformHost+":<port>/ over HTTP/1.1 keep-alive; through egressd intercepted (client trusts egressd's CA), a transform sets "+transformHeader),
+	interceptPath("intercept-newconn", transformHost, injectTransform, true, peersIntercept,
+		"as intercept, but a new TCP+TLS connection per request (handshakes/s; egressd's leaf cache warm); direct: a new TLS connection per request"),
+	resumePath(),
+	interceptPath("credential", credentialHost, injectCredential, false, peersNone,
+		"as intercept, but the entry names a file-backed credential (Authorization: Bearer) instead of a transform"),
+	interceptPath("oauth2", oauthHost, injectOAuth, false, peersNone,
+		"as credential, but the entry names a file-backed oauth2 credential: the access token egressd got from the upstream's token endpoint (refresh-token grant, cached for its hour)"),
+	vaultPath(),
+	placeholderPathSpec(),
+	hookPathSpec(),
+	transparentPathSpec(),
+	idlePathSpec(), // not in defaultPaths: make bench-idle
+}
+
+// vaultPath is the credential path through a second egressd whose token comes
+// from Vault; Vault is never on the request path after the first read.
+func vaultPath() pathSpec {
+	p := interceptPath("vault", credentialHost, injectVaultCredential, false, peersNone,
+		"as credential, but through a second egressd whose credentials.backend is vault: the token is read from a Vault dev server (KV v2, refresh "+vaultRefresh.String()+") the bench starts; skipped without one")
+	p.vault = true
+	return p
+}
+
+// resumePath is intercept-newconn whose clients keep a TLS session cache, so
+// every reconnection offers to resume.
+func resumePath() pathSpec {
+	p := interceptPath("intercept-resume", transformHost, injectTransform, true, peersNone,
+		"as intercept-newconn, but each client keeps a TLS session cache, so every reconnection offers to resume (handshakes/s of resumed sessions); direct: the same against the upstream")
+	for _, mk := range []*func(*world) target{&p.direct, &p.viaProxy} {
+		inner := *mk
+		*mk = func(w *world) target { t := inner(w); t.resumeSessions = true; return t }
+	}
+	return p
+}
+
+// interceptPath is an HTTPS path to host whose entry injects inj, so egressd
+// terminates the tunnel with a leaf from its CA.
+func interceptPath(name, host string, inj injection, newConn bool, peers peerUse, desc string) pathSpec {
+	return pathSpec{
+		name: name, desc: desc, inject: inj, newConn: newConn, peers: peers,
+		direct: func(w *world) target {
+			return target{url: w.hostURL(host), dialAddr: w.up.tlsAddr, roots: w.up.roots, newConnPerRequest: newConn}
+		},
+		viaProxy: func(w *world) target {
+			return target{url: w.hostURL(host), proxy: w.proxy, roots: w.egressdRoots, newConnPerRequest: newConn}
+		},
+	}
+}
+
+func (w *world) httpURL() string  { return "http://" + localhostAddr(w.up.httpAddr) + "/" }
+func (w *world) httpsURL() string { return "https://" + localhostAddr(w.up.tlsAddr) + "/" }
+
+// hostURL is https://host:<the upstream's TLS port>/.
+func (w *world) hostURL(host string) string {
+	return "https://" + host + w.up.tlsAddr[strings.LastIndexByte(w.up.tlsAddr, ':'):] + "/"
+}
+
+// intercepts reports whether any of ps needs the first egressd's CA.
+func intercepts(ps []pathSpec) bool {
+	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.inject != injectNone && !p.vault })
+}
+
+func hasPath(ps []pathSpec, name string) bool {
+	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.name == name })
+}
+
+func pathNames() []string {
+	names := make([]string, len(paths))
+	for i, p := range paths {
+		names[i] = p.name
+	}
+	return names
+}
+
+// lookupPaths parses -paths: names from paths, each once, in the order given.
+func lookupPaths(list string) ([]pathSpec, error) {
+	var out []pathSpec
+	for name := range strings.SplitSeq(list, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		i := slices.IndexFunc(paths, func(p pathSpec) bool { return p.name == name })
+		if i < 0 {
+			return nil, fmt.Errorf("-paths: unknown path %q (known: %s)", name, strings.Join(pathNames(), ", "))
+		}
+		if hasPath(out, name) {
+			return nil, fmt.Errorf("-paths: %q given twice", name)
+		}
+		out = append(out, paths[i])
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("-paths: name at least one of %s", strings.Join(pathNames(), ", "))
+	}
+	return out, nil
+}

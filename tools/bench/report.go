@@ -1,0 +1,229 @@
+package main
+
+import (
+	"cmp"
+	"encoding/json"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/egressd/egressd/internal/testutil/procfs"
+)
+
+// report is everything one bench run found, printed as tables or as JSON.
+type report struct {
+	Settings settings     `json:"settings"`
+	Paths    []pathResult `json:"paths"`
+	// PeakRSSBytes is egressd's VmHWM at the end: the peak over every run.
+	PeakRSSBytes   int64       `json:"egressd_peak_rss_bytes"`
+	RSSError       string      `json:"egressd_rss_error,omitempty"`
+	LeafCache      *leafCounts `json:"egressd_leaf_cache,omitempty"` // from /metrics at the end
+	LeafCacheError string      `json:"egressd_leaf_cache_error,omitempty"`
+	// EgressdExit is "" when egressd exited 0 on SIGTERM, else how it ended;
+	// VaultEgressdExit the same for the vault path's.
+	EgressdExit      string     `json:"egressd_exit,omitempty"`
+	VaultEgressdExit string     `json:"vault_egressd_exit,omitempty"`
+	Peers            []peerInfo `json:"peers,omitempty"`
+}
+
+type settings struct {
+	Clients    int     `json:"clients"`
+	SizeBytes  int     `json:"size_bytes"`
+	DurationS  float64 `json:"duration_s"`
+	WarmupS    float64 `json:"warmup_s"`
+	Rounds     int     `json:"rounds"`
+	CPUs       int     `json:"cpus"`
+	GoVersion  string  `json:"go_version"`
+	ClockTicks int64   `json:"clock_ticks_per_s"`
+	// LoadAvg is the 1-minute load average at start: other work on the
+	// machine makes every figure noisy.
+	LoadAvg float64 `json:"load_avg_1m"`
+}
+
+// pathResult is one row: its direct runs and its runs through egressd, compared.
+type pathResult struct {
+	Path              string `json:"path"`
+	Description       string `json:"description"`
+	Skipped           string `json:"skipped,omitempty"` // why it was not measured
+	Injects           string `json:"injects,omitempty"`
+	NewConnPerRequest bool   `json:"new_conn_per_request,omitempty"`
+	// Direct and Egressd are every round's runs together: req/s is the median
+	// of the rounds, latencies over all requests, counts are sums.
+	Direct  runResult `json:"direct"`
+	Egressd runResult `json:"egressd"`
+	// Ratio and CPUPerReqUS are medians over the rounds.
+	Ratio          float64       `json:"ratio"`
+	CPUPerReqUS    float64       `json:"egressd_cpu_us_per_req"`
+	Rounds         []roundResult `json:"rounds"`
+	Log            logSummary    `json:"egressd_log"`
+	LeafCache      *leafCounts   `json:"egressd_leaf_cache,omitempty"` // growth over the row's runs
+	LeafCacheError string        `json:"egressd_leaf_cache_error,omitempty"`
+	DNSQueries     int64         `json:"dns_queries"`
+	PeakRSSBytes   int64         `json:"egressd_peak_rss_after_bytes"`
+	// Problems are failed checks of what reached the far side.
+	Problems []string       `json:"problems,omitempty"`
+	Attack   *attackSummary `json:"attack,omitempty"`
+	Idle     *idleResult    `json:"idle_tunnels,omitempty"`
+	Peers    []peerResult   `json:"peers,omitempty"` // in -peers order
+}
+
+// roundResult is one direct run and the proxy's run after it.
+type roundResult struct {
+	DirectReqPerSec  float64 `json:"direct_req_per_s"`
+	EgressdReqPerSec float64 `json:"egressd_req_per_s"`
+	Ratio            float64 `json:"ratio"`
+	CPUPerReqUS      float64 `json:"egressd_cpu_us_per_req"`
+	cpuOK            bool
+}
+
+func newRound(direct, via runResult) roundResult {
+	r := roundResult{DirectReqPerSec: direct.ReqPerSec, EgressdReqPerSec: via.ReqPerSec}
+	if direct.ReqPerSec > 0 {
+		r.Ratio = via.ReqPerSec / direct.ReqPerSec
+	}
+	if via.Requests > 0 && via.CPUError == "" {
+		r.CPUPerReqUS, r.cpuOK = via.CPUSeconds*1e6/float64(via.Requests), true
+	}
+	return r
+}
+
+// combine folds the rounds' runs of one side of a row into one result.
+func combine(runs []runResult) runResult {
+	var r runResult
+	rates := make([]float64, len(runs))
+	for i := range runs {
+		x := &runs[i]
+		rates[i] = x.ReqPerSec
+		r.Requests += x.Requests
+		r.Seconds += x.Seconds
+		r.Total += x.Total
+		r.Errors += x.Errors
+		addCounts(&r.ErrorKinds, x.ErrorKinds)
+		r.ClientConns += x.ClientConns
+		r.UpstreamConns += x.UpstreamConns
+		r.UpstreamRequests += x.UpstreamRequests
+		r.Transformed += x.Transformed
+		r.Credentialed += x.Credentialed
+		r.VaultCredentialed += x.VaultCredentialed
+		r.OAuthCredentialed += x.OAuthCredentialed
+		r.TLSHandshakes += x.TLSHandshakes
+		r.TLSResumed += x.TLSResumed
+		r.CPUSeconds += x.CPUSeconds
+		r.CPUError = cmp.Or(x.CPUError, r.CPUError)
+		r.hist.merge(&x.hist)
+	}
+	r.ReqPerSec = median(rates)
+	r.setLatencies()
+	return r
+}
+
+// median of vs (the mean of the middle two for an even count); 0 for none.
+func median(vs []float64) float64 {
+	if len(vs) == 0 {
+		return 0
+	}
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+func newReport(o options) *report {
+	return &report{Settings: settings{
+		Clients: o.clients, SizeBytes: o.size, DurationS: o.duration.Seconds(), WarmupS: o.warmup.Seconds(),
+		Rounds: o.rounds, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
+		ClockTicks: procfs.ClockTicks(), LoadAvg: loadAvg(),
+	}}
+}
+
+// finish sets the medians over the rounds.
+func (p *pathResult) finish() { p.Ratio, p.CPUPerReqUS = roundMedians(p.Rounds) }
+
+// roundMedians is the median ratio over rounds and, when every round has a CPU
+// figure, the median CPU per request (else 0).
+func roundMedians(rounds []roundResult) (ratio, cpuPerReq float64) {
+	ratios := make([]float64, len(rounds))
+	var cpus []float64
+	for i, r := range rounds {
+		ratios[i] = r.Ratio
+		if r.cpuOK {
+			cpus = append(cpus, r.CPUPerReqUS)
+		}
+	}
+	if len(cpus) == len(rounds) {
+		cpuPerReq = median(cpus)
+	}
+	return median(ratios), cpuPerReq
+}
+
+// ratioRange is the lowest and highest ratio over rounds.
+func ratioRange(rounds []roundResult) (lo, hi float64) {
+	for i, r := range rounds {
+		if i == 0 || r.Ratio < lo {
+			lo = r.Ratio
+		}
+		hi = max(hi, r.Ratio)
+	}
+	return lo, hi
+}
+
+// failed reports whether anything went wrong that the numbers alone hide.
+func (r *report) failed() bool {
+	for _, p := range r.Paths {
+		if p.Direct.Errors > 0 || p.Egressd.Errors > 0 || p.Egressd.CPUError != "" || len(p.Log.Unexpected) > 0 || len(p.Problems) > 0 ||
+			(p.Idle != nil && len(p.Idle.Problems) > 0) {
+			return true
+		}
+	}
+	return r.EgressdExit != "" || r.VaultEgressdExit != ""
+}
+
+func (r *report) writeJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false) // descriptions hold <port>
+	return enc.Encode(r)
+}
+
+func (r *report) path(name string) *pathResult {
+	for i := range r.Paths {
+		if r.Paths[i].Path == name {
+			return &r.Paths[i]
+		}
+	}
+	return nil
+}
+
+// namedRun is one side of a row in the details and problems lists.
+type namedRun struct {
+	name string
+	r    runResult
+}
+
+// namedRuns is the row's direct and egressd runs, then each measured peer's.
+func (p *pathResult) namedRuns() []namedRun {
+	runs := []namedRun{{"direct", p.Direct}, {"egressd", p.Egressd}}
+	for _, pr := range p.Peers {
+		if pr.Skipped == "" {
+			runs = append(runs, namedRun{pr.Peer, pr.Run})
+		}
+	}
+	return runs
+}
+
+// loadAvg is the 1-minute load average, or 0 if /proc/loadavg cannot be read.
+func loadAvg() float64 {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}

@@ -1,0 +1,358 @@
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// busyLoad is the load average per CPU above which the report warns that the
+// machine was not quiet.
+const busyLoad = 0.5
+
+func (r *report) writeText(w io.Writer) error {
+	s := r.Settings
+	fmt.Fprintf(w, "egressd bench: %d clients, %d-byte responses, HTTP/1.1, %s measured after %s warm-up per run, %s, %d CPUs shared by load, upstream and egressd\n\n",
+		s.Clients, s.SizeBytes, seconds(s.DurationS), seconds(s.WarmupS), roundsText(s.Rounds), s.CPUs)
+	if s.LoadAvg > busyLoad*float64(s.CPUs) {
+		fmt.Fprintf(w, "warning: load average %.2f at start on %d CPUs: other work competes with the bench, so figures are noisy\n\n", s.LoadAvg, s.CPUs)
+	}
+	if err := r.writeMain(w); err != nil {
+		return err
+	}
+	if r.RSSError != "" {
+		fmt.Fprintf(w, "\negressd peak RSS: unavailable (%s)\n", r.RSSError)
+	} else {
+		fmt.Fprintf(w, "\negressd peak RSS (VmHWM over the whole run): %s\n", mib(r.PeakRSSBytes))
+	}
+	r.writePeers(w)
+	r.writeNotes(w)
+	r.writeIdle(w)
+	if err := r.writeDetails(w); err != nil {
+		return err
+	}
+	r.writeProblems(w)
+	return nil
+}
+
+func roundsText(n int) string {
+	if n == 1 {
+		return "1 round (direct, then egressd) per path"
+	}
+	return fmt.Sprintf("%d rounds (direct, egressd, alternated) per path, medians shown", n)
+}
+
+// table is the main table's writer: one row per path, its peers' indented
+// under it, the ratio range only with several rounds.
+type table struct {
+	tw    *tabwriter.Writer
+	pw    int // the path column, left-aligned by padding (tabwriter aligns one way)
+	multi bool
+}
+
+// row writes label and the cells direct req/s, proxy req/s, ratio, ratio
+// range, direct and proxy latencies, CPU and VmHWM.
+func (t table) row(label string, cells ...string) {
+	if !t.multi {
+		cells = slices.Delete(cells, 3, 4)
+	}
+	fmt.Fprintf(t.tw, "%-*s\t%s\t\n", t.pw, label, strings.Join(cells, "\t"))
+}
+
+// figures are the cells of a measured row.
+func (t table) figures(label, direct string, via runResult, ratio, cpu float64, rounds []roundResult, directLat string, hwm int64) {
+	lo, hi := ratioRange(rounds)
+	cpuCell := fmt.Sprintf("%.1f", cpu)
+	if via.CPUError != "" {
+		cpuCell = "n/a"
+	}
+	t.row(label, direct, thousands(via.ReqPerSec), fmt.Sprintf("%.2f", ratio), fmt.Sprintf("%.2f-%.2f", lo, hi),
+		directLat, latencies(via), cpuCell, mib(hwm))
+}
+
+func (r *report) writeMain(w io.Writer) error {
+	t := table{tw: tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight), pw: r.pathWidth(), multi: r.Settings.Rounds > 1}
+	via := "egressd"
+	if slices.ContainsFunc(r.Paths, func(p pathResult) bool { return len(p.Peers) > 0 }) {
+		via = "proxy" // a path's row is egressd's, the indented ones its peers'
+	}
+	t.row("path", "direct req/s", via+" req/s", "ratio", "ratio min-max", "direct p50/p99", via+" p50/p99", via+" CPU µs/req", via+" VmHWM")
+	for _, p := range r.Paths {
+		switch {
+		case p.Idle != nil:
+			t.row(p.Path, "idle: below", "-", "-", "-", "-", "-", "-", mib(p.PeakRSSBytes))
+		case p.Skipped != "":
+			t.row(p.Path, "skipped", "-", "-", "-", "-", "-", "-", "-")
+		default:
+			t.figures(p.Path, thousands(p.Direct.ReqPerSec), p.Egressd, p.Ratio, p.CPUPerReqUS, p.Rounds, latencies(p.Direct), p.PeakRSSBytes)
+		}
+		for _, pr := range p.Peers { // "—": it does not intercept; reasons under the table
+			switch {
+			case pr.NotApplicable:
+				t.row("  "+pr.Peer, "", "—", "—", "—", "", "—", "—", "—")
+			case pr.Skipped != "":
+				t.row("  "+pr.Peer, "", "skipped", "-", "-", "", "-", "-", "-")
+			default:
+				t.figures("  "+pr.Peer, "", pr.Run, pr.Ratio, pr.CPUPerReqUS, pr.Rounds, "", pr.PeakRSSBytes)
+			}
+		}
+	}
+	return t.tw.Flush()
+}
+
+// writePeers says, under the table, what the peer rows are: each peer's peak
+// RSS, why one was skipped or has "—", and how one did not exit cleanly.
+func (r *report) writePeers(w io.Writer) {
+	if len(r.Peers) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "peers (indented rows): the same load through each, every round right after egressd's run; ratio against that round's direct run")
+	for _, pi := range r.Peers {
+		if pi.Skipped != "" {
+			fmt.Fprintf(w, "  %s: skipped: %s\n", pi.Peer, pi.Skipped)
+		} else {
+			fmt.Fprintf(w, "  %s peak RSS (VmHWM over the whole run): %s\n", pi.Peer, mib(pi.PeakRSSBytes))
+		}
+		var na []string
+		why := ""
+		for _, p := range r.Paths {
+			for _, pr := range p.Peers {
+				if pr.Peer == pi.Peer && pr.NotApplicable {
+					na, why = append(na, p.Path), pr.Skipped
+				}
+			}
+		}
+		if len(na) > 0 {
+			fmt.Fprintf(w, "  %s on %s: —: %s\n", pi.Peer, strings.Join(na, ", "), why)
+		}
+		if pi.Exit != "" {
+			fmt.Fprintf(w, "  %s did not exit cleanly: %s\n", pi.Peer, pi.Exit)
+		}
+	}
+}
+
+// writeNotes prints what the table implies but does not show: skipped paths,
+// handshakes/s, rows compared with each other, the leaf cache, every round's ratio.
+func (r *report) writeNotes(w io.Writer) {
+	fmt.Fprintln(w)
+	for _, p := range r.Paths {
+		if p.Skipped != "" {
+			fmt.Fprintf(w, "%s: skipped: %s\n", p.Path, p.Skipped)
+		}
+	}
+	for _, p := range r.Paths {
+		if p.NewConnPerRequest {
+			fmt.Fprintf(w, "%s: a new TCP+TLS connection per request, so %s client TLS handshakes/s direct, %s through egressd (%s egressd->upstream conns over its runs); resumed: %s direct, %s through egressd\n",
+				p.Path, thousands(p.Direct.ReqPerSec), thousands(p.Egressd.ReqPerSec), thousands(float64(p.Egressd.UpstreamConns)),
+				resumedShare(p.Direct), resumedShare(p.Egressd))
+		}
+	}
+	r.compareNote(w, "credential", "intercept", false, "")
+	if v := r.path("vault"); v != nil && v.Skipped == "" {
+		r.compareNote(w, "vault", "credential", true, " (a second egressd, credentials.backend vault)")
+	}
+	r.writeHookNote(w)
+	r.writePlaceholderNote(w)
+	r.writeTransparentNote(w)
+	r.writeLeafNote(w)
+	if r.Settings.Rounds > 1 {
+		fmt.Fprintln(w, "ratio per round:")
+		for _, p := range r.Paths {
+			if p.Skipped == "" {
+				writeRounds(w, r.pathWidth(), p.Path, p.Rounds)
+				for _, pr := range p.Peers {
+					if pr.Skipped == "" {
+						writeRounds(w, r.pathWidth(), "  "+pr.Peer, pr.Rounds)
+					}
+				}
+			}
+		}
+	}
+}
+
+func writeRounds(w io.Writer, pw int, label string, rounds []roundResult) {
+	fmt.Fprintf(w, "  %-*s", pw, label)
+	for _, rd := range rounds {
+		fmt.Fprintf(w, " %.2f", rd.Ratio)
+	}
+	fmt.Fprintln(w)
+}
+
+// compareNote compares row a with row b, both through egressd.
+func (r *report) compareNote(w io.Writer, a, b string, latency bool, suffix string) {
+	x, y := r.path(a), r.path(b)
+	if x == nil || y == nil || y.Ratio <= 0 || y.Egressd.ReqPerSec <= 0 {
+		return
+	}
+	fmt.Fprintf(w, "%s / %s: ratio %.2f / %.2f = %.2f, egressd req/s %.2f", a, b, x.Ratio, y.Ratio, x.Ratio/y.Ratio, x.Egressd.ReqPerSec/y.Egressd.ReqPerSec)
+	if x.CPUPerReqUS > 0 && y.CPUPerReqUS > 0 {
+		fmt.Fprintf(w, ", egressd CPU %.1f vs %.1f µs/req (%+.0f%%)", x.CPUPerReqUS, y.CPUPerReqUS, 100*(x.CPUPerReqUS/y.CPUPerReqUS-1))
+	}
+	if latency && x.Egressd.P50US > 0 && y.Egressd.P50US > 0 {
+		fmt.Fprintf(w, ", p50 %s vs %s, p99 %s vs %s", dur(x.Egressd.P50US), dur(y.Egressd.P50US), dur(x.Egressd.P99US), dur(y.Egressd.P99US))
+	}
+	fmt.Fprintln(w, suffix)
+}
+
+func (r *report) writeLeafNote(w io.Writer) {
+	switch {
+	case r.LeafCacheError != "":
+		fmt.Fprintf(w, "egressd leaf cache: unavailable (%s)\n", r.LeafCacheError)
+	case r.LeafCache != nil:
+		fmt.Fprintf(w, "egressd leaf cache (egressd_leaf_cache_total, /metrics at the end): %s hits, %s misses; per path:", thousands(float64(r.LeafCache.Hit)), thousands(float64(r.LeafCache.Miss)))
+		for _, p := range r.Paths {
+			if p.LeafCache != nil {
+				fmt.Fprintf(w, " %s %s/%s", p.Path, thousands(float64(p.LeafCache.Hit)), thousands(float64(p.LeafCache.Miss)))
+			}
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// resumedShare is how many of a run's TLS handshakes resumed a session.
+func resumedShare(r runResult) string {
+	return fmt.Sprintf("%s of %s", thousands(float64(r.TLSResumed)), thousands(float64(r.TLSHandshakes)))
+}
+
+func (r *report) pathWidth() int {
+	w := len("path")
+	for _, p := range r.Paths {
+		w = max(w, len(p.Path))
+		for _, pr := range p.Peers {
+			w = max(w, len("  "+pr.Peer))
+		}
+	}
+	return w
+}
+
+// writeDetails is the second table: what each run did besides its speed, so
+// a reader can tell a fast run from a broken one.
+func (r *report) writeDetails(w io.Writer) error {
+	sum := ""
+	if r.Settings.Rounds > 1 {
+		sum = fmt.Sprintf(", summed over %d rounds", r.Settings.Rounds)
+	}
+	fmt.Fprintf(w, "\ndetails (requests include warm-up%s; conns: dials by the clients / accepts by the upstream; injected: upstream requests carrying the path's header)\n", sum)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	pw := r.pathWidth()
+	fmt.Fprintf(tw, "%-*s\t%-7s\trequests\terrors\tclient conns\tupstream conns\tupstream reqs\tinjected\tmean\tmax\tegressd egress lines\tallowed 200\tleaf hit/miss\tDNS queries\t\n", pw, "path", "run")
+	for _, p := range r.Paths {
+		if p.Skipped != "" || p.Idle != nil {
+			continue
+		}
+		for _, run := range p.namedRuns() {
+			lines, ok, leaf, dns := "-", "-", "-", "-"
+			if run.name == "egressd" {
+				lines, ok = thousands(float64(p.Log.EgressLines)), thousands(float64(p.Log.Allowed200))
+				dns = thousands(float64(p.DNSQueries))
+				if p.LeafCache != nil {
+					leaf = thousands(float64(p.LeafCache.Hit)) + "/" + thousands(float64(p.LeafCache.Miss))
+				}
+			}
+			x := run.r
+			fmt.Fprintf(tw, "%-*s\t%-7s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", pw, p.Path, run.name,
+				thousands(float64(x.Total)), x.Errors, x.ClientConns, x.UpstreamConns,
+				thousands(float64(x.UpstreamRequests)), thousands(float64(x.Transformed+x.Credentialed+x.VaultCredentialed+x.OAuthCredentialed)),
+				dur(x.MeanUS), dur(x.MaxUS), lines, ok, leaf, dns)
+		}
+	}
+	return tw.Flush()
+}
+
+// writeProblems lists every client error and every unexpected egressd log
+// line, grouped, with a few raw lines.
+func (r *report) writeProblems(w io.Writer) {
+	for _, p := range r.Paths {
+		for _, run := range p.namedRuns() {
+			if run.r.Errors > 0 {
+				fmt.Fprintf(w, "\n%s %s: %d client errors\n", p.Path, run.name, run.r.Errors)
+				writeCounts(w, run.r.ErrorKinds)
+			}
+		}
+		if p.Egressd.CPUError != "" {
+			fmt.Fprintf(w, "\n%s egressd: CPU time not measured: %s\n", p.Path, p.Egressd.CPUError)
+		}
+		if len(p.Problems) > 0 {
+			fmt.Fprintf(w, "\n%s: injection check failed (egressd must set %s on every request)\n", p.Path, cmp.Or(p.Injects, "nothing"))
+			for _, pr := range p.Problems {
+				fmt.Fprintf(w, "  %s\n", pr)
+			}
+		}
+		if len(p.Log.Unexpected) > 0 {
+			fmt.Fprintf(w, "\n%s egressd: unexpected log lines\n", p.Path)
+			writeCounts(w, p.Log.Unexpected)
+			for _, ex := range p.Log.Examples {
+				fmt.Fprintf(w, "  e.g. %s\n", ex)
+			}
+		}
+	}
+	if r.EgressdExit != "" {
+		fmt.Fprintf(w, "\negressd did not exit cleanly: %s\n", r.EgressdExit)
+	}
+	if r.VaultEgressdExit != "" {
+		fmt.Fprintf(w, "\nthe vault path's egressd did not exit cleanly: %s\n", r.VaultEgressdExit)
+	}
+}
+
+// writeCounts prints a count map, largest first.
+func writeCounts(w io.Writer, counts map[string]int64) {
+	keys := slices.SortedFunc(maps.Keys(counts), func(a, b string) int {
+		return cmp.Or(cmp.Compare(counts[b], counts[a]), strings.Compare(a, b))
+	})
+	for _, k := range keys {
+		fmt.Fprintf(w, "  %8d  %s\n", counts[k], k)
+	}
+}
+
+func latencies(r runResult) string { return dur(r.P50US) + "/" + dur(r.P99US) }
+
+// dur prints microseconds with three significant figures in a readable unit.
+func dur(us float64) string {
+	d := time.Duration(us * float64(time.Microsecond))
+	switch {
+	case d >= time.Second:
+		return fmt.Sprintf("%.2fs", d.Seconds())
+	case d >= 10*time.Millisecond:
+		return fmt.Sprintf("%.1fms", us/1e3)
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.2fms", us/1e3)
+	default:
+		return fmt.Sprintf("%.0fµs", us)
+	}
+}
+
+// signedDur is dur with a sign.
+func signedDur(us float64) string {
+	if us < 0 {
+		return "-" + dur(-us)
+	}
+	return "+" + dur(us)
+}
+
+func seconds(s float64) string { return time.Duration(s * float64(time.Second)).String() }
+
+// thousands rounds v and groups its digits: 12345.6 -> "12,346".
+func thousands(v float64) string {
+	s := strconv.FormatInt(int64(v+0.5), 10)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+func mib(b int64) string {
+	if b <= 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+}

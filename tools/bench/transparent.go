@@ -1,0 +1,342 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
+	"github.com/egressd/egressd/internal/testutil/netns"
+)
+
+// The transparent path: the same spliced HTTPS requests through one egressd,
+// from a sandbox namespace whose TCP 443 egressd-netns DNATs to egressd's
+// transparent listener, through its explicit listener with CONNECT, and direct.
+//
+// It needs root and never touches the host's network: the bench re-executes
+// itself under `unshare -rnm` with -paths transparent -json, and that copy,
+// alone in a network namespace with only lo, makes the sandbox namespace,
+// measures, always runs `egressd-netns down`, and prints its rows as JSON for
+// the parent's report. Its tmpfs over /run/netns and /etc/netns keeps `ip
+// netns` from seeing the host's files. The stand-in upstream address is one
+// egressd's guard treats as public, as a real upstream would be.
+
+const (
+	transparentHost = "tp." + benchZone
+	// standInAddr is public to egressd's guard, and exists only on the lo of
+	// the bench's own namespace.
+	standInAddr            = "93.184.216.34"
+	standInPort            = "443"
+	netnsScript            = "deploy/netns/egressd-netns" // from the repository root
+	netnsName              = "egrbench"
+	netnsIndex             = 1 // 10.200.1.0/30, in the bench's own namespace
+	tproxyPort             = 15002
+	dnsPort                = 15053
+	envBenchNetns          = "EGRESSD_IN_NETNS" // marks the copy, as internal/testutil/netns's
+	transparentExplicitRow = "transparent-explicit"
+	netnsScriptTimeout     = time.Minute
+	childStopDelay         = time.Minute // for the copy to clean up after SIGTERM
+)
+
+func transparentPathSpec() pathSpec {
+	return pathSpec{
+		name: "transparent",
+		desc: fmt.Sprintf("GET https://%s/ over HTTP/1.1 keep-alive from a sandbox namespace (deploy/netns/egressd-netns): TCP to %s:%s DNATed to egressd's transparent listener on 10.200.%d.1:%d, "+
+			"which peeks the SNI, resolves the name itself and splices; direct: the same from the bench's namespace; compared with %s. In a namespace of its own (unshare -rnm); needs root",
+			transparentHost, standInAddr, standInPort, netnsIndex, tproxyPort, transparentExplicitRow),
+		measure: measureTransparent,
+	}
+}
+
+// measureTransparent skips the path when it cannot run here, re-executes the
+// bench in a namespace of its own when it runs outside one, and measures when
+// it is that copy.
+func measureTransparent(ctx context.Context, env pathEnv) ([]pathResult, error) {
+	if os.Getenv(envBenchNetns) == "1" {
+		return measureTransparentInside(ctx, env)
+	}
+	if why := transparentUnavailable(); why != "" {
+		return []pathResult{{Path: "transparent", Description: transparentPathSpec().desc, Skipped: why}}, nil
+	}
+	return reexecTransparent(ctx, env)
+}
+
+// transparentUnavailable says why the path cannot run here, or "".
+func transparentUnavailable() string {
+	if os.Geteuid() != 0 {
+		return "needs root (egressd-netns makes a namespace, a veth and iptables rules, inside a namespace of the bench's own)"
+	}
+	for _, tool := range []string{"ip", "iptables", "ip6tables", "unshare"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return tool + " not found (scripts/install-netns-deps.sh installs iproute2 and iptables; unshare is in util-linux)"
+		}
+	}
+	if fi, err := os.Stat(netnsScript); err != nil || fi.IsDir() {
+		return "no " + netnsScript + " in the working directory (run from the repository root, as make bench does)"
+	}
+	out, err := exec.Command("unshare", "-rnm", "--", "ip", "link", "set", "lo", "up").CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("unshare -rnm does not work here (%v): %s", err, lastLine(string(out)))
+	}
+	return ""
+}
+
+// reexecTransparent runs `bench -paths transparent -json` with the same
+// settings under unshare -rnm, bringing lo up first, and returns the rows it
+// reports. Its stderr is the bench's; Ctrl-C or SIGTERM here sends it SIGTERM,
+// and it cleans up before it exits.
+func reexecTransparent(ctx context.Context, env pathEnv) ([]pathResult, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	o := env.o
+	args := []string{"-rnm", "--", "/bin/sh", "-c", `ip link set lo up && exec "$0" "$@"`, exe,
+		"-egressd", o.egressd, "-duration", o.duration.String(), "-warmup", o.warmup.String(),
+		"-clients", strconv.Itoa(o.clients), "-size", strconv.Itoa(o.size), "-rounds", strconv.Itoa(o.rounds),
+		"-paths", "transparent", "-json"}
+	if o.keep {
+		args = append(args, "-keep")
+	}
+	fmt.Fprintln(env.stderr, "bench: transparent: re-running the bench in a namespace of its own (unshare -rnm)")
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, "unshare", args...)
+	cmd.Env = append(os.Environ(), envBenchNetns+"=1")
+	cmd.Stdout, cmd.Stderr = &out, env.stderr
+	// Its own process group, so that Ctrl-C reaches it once, as this SIGTERM.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = childStopDelay
+	runErr := cmd.Run()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("interrupted: %w", err)
+	}
+	var exit *exec.ExitError
+	if runErr != nil && (!errors.As(runErr, &exit) || exit.ExitCode() != exitErrors) {
+		return nil, fmt.Errorf("in a namespace of its own: %w (its messages are above)", runErr)
+	}
+	var rep report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		return nil, fmt.Errorf("in a namespace of its own: its report: %w", err)
+	}
+	if len(rep.Paths) == 0 {
+		return nil, errors.New("in a namespace of its own: no rows in its report")
+	}
+	if rep.EgressdExit != "" {
+		rep.Paths[0].Problems = append(rep.Paths[0].Problems, "the namespace's first egressd did not exit cleanly: "+rep.EgressdExit)
+	}
+	return rep.Paths, nil
+}
+
+// measureTransparentInside is the path in the bench's own namespace.
+func measureTransparentInside(ctx context.Context, env pathEnv) (rows []pathResult, err error) {
+	if !netns.Inside() {
+		return nil, fmt.Errorf("%s is set, but this network namespace has other interfaces than lo: not a namespace of the bench's own", envBenchNetns)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { // the copy cleans up even when the bench that started it was killed
+		for ppid := os.Getppid(); ctx.Err() == nil; time.Sleep(200 * time.Millisecond) {
+			if os.Getppid() != ppid {
+				cancel()
+			}
+		}
+	}()
+	if err := netns.PrivateNetnsDirs(); err != nil {
+		return nil, err
+	}
+	script, err := filepath.Abs(netnsScript)
+	if err != nil {
+		return nil, err
+	}
+	sb := &sandboxNS{name: netnsName, scriptPath: script, hostIP: fmt.Sprintf("10.200.%d.1", netnsIndex)}
+	_ = sb.run("down") // nothing to remove, unless a copy of the bench was killed here
+	defer func() {
+		if derr := sb.run("down"); derr != nil {
+			if err == nil && len(rows) > 0 {
+				rows[0].Problems = append(rows[0].Problems, derr.Error())
+			} else {
+				err = errors.Join(err, derr)
+			}
+		}
+	}()
+	if err := sb.run("up"); err != nil {
+		return nil, err
+	}
+	if sb.ns, err = os.Open("/run/netns/" + sb.name); err != nil {
+		return nil, err
+	}
+	defer sb.ns.Close()
+	if out, err := exec.Command("ip", "addr", "add", standInAddr+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("ip addr add %s/32 dev lo: %v: %s", standInAddr, err, bytes.TrimSpace(out))
+	}
+	up := env.w.up
+	if _, err := up.srv.Listen(net.JoinHostPort(standInAddr, standInPort), &up.cert); err != nil {
+		return nil, fmt.Errorf("upstream on %s: %w", standInAddr, err)
+	}
+	env.dns.Set(transparentHost, "A "+standInAddr)
+	te, err := startTransparentEgressd(ctx, env.o.egressd, filepath.Join(env.dir, "transparent"), env.dns.Addr, sb.hostIP)
+	if err != nil {
+		return nil, fmt.Errorf("egressd with a transparent listener: %w", err)
+	}
+	defer func() {
+		if msg := te.stop(); msg != "" && len(rows) > 0 {
+			rows[0].Problems = append(rows[0].Problems, "its egressd did not exit cleanly: "+msg)
+		}
+	}()
+	return measureTransparentRuns(ctx, env, te, sb)
+}
+
+// measureTransparentRuns returns the transparent row and the
+// transparent-explicit row, which share the direct runs.
+func measureTransparentRuns(ctx context.Context, env pathEnv, te *egressd, sb *sandboxNS) ([]pathResult, error) {
+	up, lo := env.w.up, env.o.load()
+	direct := target{url: "https://" + transparentHost + "/", dialAddr: net.JoinHostPort(standInAddr, standInPort),
+		allowDial: allowStandIn, roots: up.roots}
+	tp := direct
+	tp.dialFrom = sb.dial
+	explicit := direct
+	explicit.dialAddr, explicit.proxy = "", te.proxyURL
+	rows := []*rowBuilder{newRow("transparent", transparentPathSpec().desc, ""),
+		newRow(transparentExplicitRow, fmt.Sprintf("the transparent row's requests through the same egressd's explicit listener: CONNECT %s:%s from the bench's namespace, spliced (the transparent row's direct runs)", transparentHost, standInPort), "")}
+	var legs []leg
+	for i, t := range []target{tp, explicit} {
+		legs = append(legs, leg{row: rows[i],
+			run: func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, t, lo, up, cpu) },
+			check: func(round int, d runResult, x *viaRun) []string {
+				ps := injectionProblems(injectNone, round, env.o.rounds, d, x.r)
+				if x.log.EgressLines == 0 {
+					ps = append(ps, runLabel("egressd", round, env.o.rounds)+": egressd logged no egress line: the requests did not go through it")
+				}
+				return ps
+			}})
+	}
+	err := runRounds(env, te, func(int) (runResult, error) { return runCounted(ctx, direct, lo, up, nil) }, legs, nil)
+	if err != nil {
+		return nil, err
+	}
+	return []pathResult{rows[0].finish(te), rows[1].finish(te)}, nil
+}
+
+// allowStandIn lets the transparent path's clients dial the stand-in upstream
+// (on lo, in the bench's own namespace) besides loopback.
+func allowStandIn(addr string) error {
+	if addr == net.JoinHostPort(standInAddr, standInPort) {
+		return nil
+	}
+	return loopbackOnly(addr)
+}
+
+// sandboxNS is the sandbox namespace egressd-netns makes.
+type sandboxNS struct {
+	name       string
+	scriptPath string
+	hostIP     string   // the veth's host side: egressd's transparent listener
+	ns         *os.File // /run/netns/<name>, once up
+}
+
+// run runs egressd-netns verb (up or down) for the sandbox, in its own
+// process group (Ctrl-C must not stop it half-way) and bounded in time.
+func (sb *sandboxNS) run(verb string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), netnsScriptTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, sb.scriptPath, verb, sb.name)
+	cmd.Env = append(os.Environ(), "EGRESSD_NETNS_INDEX="+strconv.Itoa(netnsIndex),
+		"EGRESSD_TPROXY_PORT="+strconv.Itoa(tproxyPort), "EGRESSD_DNS_PORT="+strconv.Itoa(dnsPort))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("egressd-netns %s %s: %v: %s", verb, sb.name, err, lastLine(string(out)))
+	}
+	return nil
+}
+
+// dial connects from inside the sandbox: the socket is made on an OS thread
+// that has joined the sandbox's network namespace, which then rejoins its
+// own. A thread that cannot rejoin is never reused: its goroutine ends
+// locked to it, and the runtime ends the thread.
+func (sb *sandboxNS) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		home, err := os.Open("/proc/thread-self/ns/net")
+		if err == nil {
+			defer home.Close()
+			err = unix.Setns(int(sb.ns.Fd()), unix.CLONE_NEWNET)
+		}
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("joining the sandbox's network namespace: %w", err)
+			return
+		}
+		d := net.Dialer{Timeout: requestTimeout}
+		c, err = d.DialContext(ctx, network, addr)
+		if rerr := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); rerr != nil {
+			if c != nil {
+				c.Close()
+			}
+			errc <- fmt.Errorf("rejoining the bench's network namespace: %w", rerr)
+			return // still locked: the thread ends with this goroutine
+		}
+		runtime.UnlockOSThread()
+		errc <- err
+	}()
+	err := <-errc // before c is read
+	return c, err
+}
+
+// startTransparentEgressd starts the transparent path's egressd in dir and
+// returns once its listeners and /healthz are up.
+func startTransparentEgressd(ctx context.Context, bin, dir, dnsAddr, hostIP string) (*egressd, error) {
+	e, err := startEgressd(ctx, bin, dir, transparentConfig(dnsAddr, hostIP), map[string]string{credentialsFile: "{}\n"}) // no entry names a credential
+	if err == nil && e.Addrs["transparent"] == "" {
+		e.stop()
+		return nil, errors.New("no listening line for the transparent listener")
+	}
+	return e, err
+}
+
+// transparentConfig is the transparent path's egressd: its explicit listener,
+// a transparent one and the DNS guard on the veth's host side (as a deployment
+// has them), and transparentHost:443, spliced, as the only entry.
+func transparentConfig(dnsAddr, hostIP string) *egressdtest.Config {
+	cfg := baseConfig(dnsAddr)
+	cfg.Listeners = []egressdtest.Listener{{Name: benchListener, Address: "127.0.0.1:0", Mode: "proxy"},
+		{Name: "transparent", Address: net.JoinHostPort(hostIP, strconv.Itoa(tproxyPort)), Mode: "transparent"}}
+	cfg.DNS = &egressdtest.DNS{Listen: net.JoinHostPort(hostIP, strconv.Itoa(dnsPort))}
+	cfg.Policy.Allowlist = []egressdtest.Entry{{Domain: transparentHost, Ports: []int{portNum(net.JoinHostPort(standInAddr, standInPort))}}}
+	cfg.Network.UnsafeAllowCIDRs, cfg.TLS.UpstreamCAFile = nil, ""
+	return cfg
+}
+
+// writeTransparentNote compares the transparent row with the
+// transparent-explicit row: the same egressd, the same spliced requests.
+func (r *report) writeTransparentNote(w io.Writer) {
+	t, x := r.path("transparent"), r.path(transparentExplicitRow)
+	if t == nil || x == nil || t.Skipped != "" || x.Egressd.ReqPerSec <= 0 {
+		return
+	}
+	fmt.Fprintf(w, "transparent / explicit: %s vs %s req/s = %.2f (ratios to direct %.2f vs %.2f)",
+		thousands(t.Egressd.ReqPerSec), thousands(x.Egressd.ReqPerSec), t.Egressd.ReqPerSec/x.Egressd.ReqPerSec, t.Ratio, x.Ratio)
+	if t.CPUPerReqUS > 0 && x.CPUPerReqUS > 0 {
+		fmt.Fprintf(w, ", egressd CPU %.1f vs %.1f µs/req", t.CPUPerReqUS, x.CPUPerReqUS)
+	}
+	if t.Egressd.P50US > 0 && x.Egressd.P50US > 0 {
+		fmt.Fprintf(w, ", p50 %s vs %s, p99 %s vs %s", dur(t.Egressd.P50US), dur(x.Egressd.P50US), dur(t.Egressd.P99US), dur(x.Egressd.P99US))
+	}
+	fmt.Fprintln(w, " (one egressd, spliced TLS to "+transparentHost+":"+standInPort+": from the sandbox namespace via the DNAT vs CONNECT from outside)")
+}
