@@ -90,7 +90,7 @@ func (in *Injector) Apply(r *allowlist.Rule, h, trailer http.Header) (Result, er
 		return Result{}, nil
 	}
 	var res Result
-	var secret []credential.Header
+	var secret, scrubOnly []credential.Header // scrubOnly: values masked, never set (aws keys)
 	if p.credential != "" {
 		v, err := in.creds.Get(p.credential)
 		if err != nil {
@@ -108,7 +108,7 @@ func (in *Injector) Apply(r *allowlist.Rule, h, trailer http.Header) (Result, er
 		secret, res.Credential, res.Version = v.Headers, v.ID, v.Version
 		if v.AWS != nil {
 			res.aws = &awsSigning{keys: v.AWS, scope: r.AWS}
-			secret = awsSecrets(v.AWS)
+			scrubOnly = awsSecrets(v.AWS)
 		}
 	}
 	for _, x := range p.transform {
@@ -133,9 +133,10 @@ func (in *Injector) Apply(r *allowlist.Rule, h, trailer http.Header) (Result, er
 		h[x.Name] = []string{x.Value}
 	}
 	for _, x := range secret {
-		if x.Name != "" {
-			h[x.Name] = []string{x.Value}
-		}
+		h[x.Name] = []string{x.Value}
+	}
+	if scrubOnly != nil {
+		secret = slices.Concat(secret, scrubOnly) // a new slice: v.Headers is shared
 	}
 	res.Scrub = p.scrubSet(secret)
 	return res, nil

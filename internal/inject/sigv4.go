@@ -39,7 +39,8 @@ func (res Result) Sign(ctx context.Context, out *http.Request, host string, phs 
 	})
 }
 
-// awsSecrets are the aws keys as nameless headers: scrubbed from responses, never set.
+// awsSecrets are the aws keys as headers for the scrub Set only: masked in responses,
+// never set (the signature carries them; Sign sets its own headers).
 func awsSecrets(a *credential.AWS) []credential.Header {
 	var out []credential.Header
 	for _, s := range a.Secrets() {
