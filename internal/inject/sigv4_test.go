@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -52,6 +53,9 @@ func TestAWSApplySignScrub(t *testing.T) {
 	res, err := in.Apply(r, out.Header, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if want := []string{"Authorization", "X-Amz-Date", "X-Amz-Security-Token"}; !slices.Equal(res.Names, want) {
+		t.Errorf("injected names %q, want %q", res.Names, want)
 	}
 	if err := res.Sign(context.Background(), out, "s3.example.com", placeholders{"aws-dev": awsPlaceholder}); err != nil {
 		t.Fatal(err)
