@@ -123,8 +123,9 @@ func lintHooks(l *daemon.Loaded) []config.Problem {
 }
 
 // lintMemory warns when the limits cannot fit the memory limit check can see (the
-// cgroup's, else GOMEMLIMIT): the budget and egressd's own footprint, the
-// connections every listener may hold beside them, a hook buffer the budget caps.
+// cgroup's, else GOMEMLIMIT): the budget (which every connection draws on) and
+// egressd's own footprint, the connections every listener may hold beyond its
+// bound beside them, a hook buffer the budget caps.
 // Where egressd runs elsewhere, check sees that machine's limit, not this one's.
 func lintMemory(cfg *config.Config) []config.Problem {
 	limit, from := membudget.MemoryLimit()
@@ -132,7 +133,7 @@ func lintMemory(cfg *config.Config) []config.Problem {
 		return nil
 	}
 	budget, _ := membudget.Resolve(cfg.Limits.Memory)
-	d := membudget.Demand{Budget: budget, Listeners: len(cfg.Listeners), MaxConns: cfg.Limits.MaxConnections,
+	d := membudget.Demand{Budget: budget, Listeners: len(cfg.Listeners),
 		HookBuffer: cfg.Limits.HookBufferBytes, HookBodyMax: cfg.Limits.HookBodyBytes}
 	var out []config.Problem
 	for _, s := range d.Shortfalls(limit, from) {

@@ -17,6 +17,7 @@
 //	server.go       Server, listeners, accept, Swap, Shutdown (drain)
 //	slots.go        connection slots at limits.max_connections: evicting the longest wait
 //	lane.go         the hook lane: slots kept for pre-tool hook calls
+//	connmem.go      what each connection holds of the memory budget; memory.go: the budget's shares, HTTP/2 windows
 //	conn.go         one client connection: the request loop, handle, refusal writing
 //	mode.go         the connection's mode (route), and planTunnel: what a tunnel becomes
 //	head.go         the bounded request head and its framing checks

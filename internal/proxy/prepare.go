@@ -59,6 +59,9 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 // it runs (upgradeSource): frames must stay uncompressed for that, so an upgrade
 // offers no extension.
 func (x *exchange) replacePlaceholders(out *http.Request, rule *allowlist.Rule) error {
+	if !x.holdPlaceholderBody(out) {
+		return errPlaceholderMemory
+	}
 	pr, err := x.snap.Placeholders.Apply(out, x.target.Host, rule, x.scheme == "http")
 	x.ph = pr
 	if err != nil {

@@ -148,6 +148,8 @@ func (s *Server) InitMetrics(cfg config.Listener) {
 	s.metrics.InitListener(cfg.Name, denialCodes, failureCodes)
 }
 
+// accept serves nc in a free slot of l with its cost reserved from the memory
+// budget (connmem.go); when either is lacking, nc is one beyond the bound.
 func (s *Server) accept(l *listener, nc net.Conn) {
 	select {
 	case l.sem <- struct{}{}:
@@ -158,9 +160,21 @@ func (s *Server) accept(l *listener, nc net.Conn) {
 	}
 }
 
-// serveConn serves nc, which holds one of l's slots, on a goroutine of its own.
+// serveConn serves nc, which holds one of l's slots, on a goroutine of its own,
+// once its cost is reserved; when the budget cannot grant it, the slot is given
+// back and nc admitted as a connection beyond the bound (lane.go), refused
+// overloaded unless it is a pre-tool hook call.
 func (s *Server) serveConn(l *listener, nc net.Conn) {
-	s.serveIn(newConn(s, l, nc), l.sem)
+	m, ok := s.reserveConn(l)
+	if !ok {
+		<-l.sem
+		l.overflow.Add(1)
+		go s.admit(l, nc, membudget.Conns.Detail())
+		return
+	}
+	c := newConn(s, l, nc)
+	c.mem = m
+	s.serveIn(c, l.sem)
 }
 
 // serveIn serves c, which holds a slot of sem, on a goroutine of its own.
