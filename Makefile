@@ -25,13 +25,14 @@ test: deps lint unit
 
 # deps installs what the tests need on a fresh machine (iproute2, util-linux,
 # iptables; the real-client suite's curl, git and Python libraries from Debian,
-# its pinned undici from npm into $(CACHE)/node) and builds the Vault dev server
-# once (cached outside the clone).
+# its pinned undici from npm into $(CACHE)/node; boto3 and the AWS CLI) and builds
+# the Vault dev server and MinIO (test/aws's S3) once (cached outside the clone).
 deps:
 	@scripts/install-test-deps.sh
 	@scripts/install-netns-deps.sh
 	@scripts/install-client-deps.sh $(CACHE)
 	@scripts/vaultdev.sh build >/dev/null
+	@scripts/minio.sh build >/dev/null
 
 lint: $(STATICCHECK)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -58,7 +58,7 @@ func cmdCheck(args []string) int {
 		rep.Problems = append(rep.Problems, l.Cfg.Warnings...)
 		rep.Problems = append(rep.Problems, lintPolicy(l)...)
 		rep.Problems = append(rep.Problems, lintMemory(l.Cfg)...)
-		creds := lintCredentials(l)
+		creds := append(lintCredentials(l), lintAWS(l)...)
 		rep.Problems = append(rep.Problems, creds...)
 		rep.Problems = append(rep.Problems, lintSplicedReflection(l)...)
 		lint := append(lintHooks(l), lintAdminToken(l)...)

@@ -83,6 +83,9 @@ func printExplain(r explain.Result) {
 		fmt.Printf("placeholder: %s (credential %s) replaced in %s\n", orNone(strings.Join(p.Variables, ", ")), p.Credential,
 			strings.Join(p.Locations, ", "))
 	}
+	if r.AWS != nil {
+		fmt.Printf("aws:        signed again (SigV4) for regions %s, services %s\n", strings.Join(r.AWS.Regions, " "), strings.Join(r.AWS.Services, " "))
+	}
 	if r.CredentialUnknown != "" {
 		fmt.Printf("credential headers: unknown (%s)\n", r.CredentialUnknown)
 	}

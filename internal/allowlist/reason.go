@@ -93,6 +93,10 @@ func (r Reason) Message(host string, port uint16, env, detail string) string {
 		if detail == "port" {
 			return fmt.Sprintf("the request's Host names another port than the connection's destination %s (only the port differs): send it without a port, or with this one", hostPort(host, port))
 		}
+	case ReasonCredentialScope:
+		if m := awsScopeMessage(host, detail); m != "" {
+			return m
+		}
 	case ReasonUpstreamUnreachable:
 		if detail == "http2_only" {
 			return fmt.Sprintf("%s accepts only HTTP/2; egressd now speaks HTTP/2 to it: retry the request (an HTTP/1.1 upgrade such as WebSocket cannot be carried)", hostPort(host, port))

@@ -187,6 +187,13 @@ type rawEntry struct {
 	Credential     string       `yaml:"credential"`
 	AllowPlaintext bool         `yaml:"allow_plaintext"`
 	GitHub         string       `yaml:"github"` // "api" | "git": how a github_app token is sent
+	AWS            *rawAWSScope `yaml:"aws"`
+}
+
+// rawAWSScope is an entry's "aws" block.
+type rawAWSScope struct {
+	Regions  []string `yaml:"regions"`
+	Services []string `yaml:"services"`
 }
 
 // rawDuration is a Go duration string ("10s", "5m"), parsed as it is

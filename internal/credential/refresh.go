@@ -138,7 +138,7 @@ func (s *Store) read(ctx context.Context, e *entry) bool {
 	next := &state{good: prev.good, hasGood: prev.hasGood, result: classify(err), err: err}
 	if err == nil {
 		next.good = Value{ID: e.id, Version: version, Type: sec.Type, Headers: slices.Clone(sec.Headers),
-			OAuth2: sec.OAuth2, Env: sec.Env, GitHubApp: sec.GitHubApp, ReadAt: start}
+			OAuth2: sec.OAuth2, Env: sec.Env, GitHubApp: sec.GitHubApp, AWS: sec.AWS, ReadAt: start}
 		next.hasGood = true
 	}
 	e.cur.Store(next)

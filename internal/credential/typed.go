@@ -55,11 +55,13 @@ type Secret struct {
 	Env     *EnvVar  // type environment_variable: no headers; placeholders are replaced
 	// GitHubApp: type github_app; the headers come from the installation tokens minted
 	GitHubApp *GitHubApp
+	// AWS: type aws: no headers; requests are signed again (SigV4)
+	AWS *AWS
 }
 
 // empty reports whether the secret sets nothing at all.
 func (s Secret) empty() bool {
-	return len(s.Headers) == 0 && s.OAuth2 == nil && s.Env == nil && s.GitHubApp == nil
+	return len(s.Headers) == 0 && s.OAuth2 == nil && s.Env == nil && s.GitHubApp == nil && s.AWS == nil
 }
 
 // OAuth2 is an oauth2 client. ClientSecret and RefreshToken are secrets: OAuth2 redacts
@@ -171,8 +173,10 @@ func Parse(id string, raw map[string]any) (Secret, error) {
 		return parseEnvVar(id, raw)
 	case TypeGitHubApp:
 		return parseGitHubApp(id, raw)
+	case TypeAWS:
+		return parseAWS(id, raw)
 	}
-	return Secret{}, valueErr(id, `"type": `+typeName(t)+` is not a credential type; use "bearer_token", "oauth2", "environment_variable" or "github_app" (or drop "type" for egressd's own shapes)`)
+	return Secret{}, valueErr(id, `"type": `+typeName(t)+` is not a credential type; use "bearer_token", "oauth2", "environment_variable", "github_app" or "aws" (or drop "type" for egressd's own shapes)`)
 }
 
 func typeName(t any) string {

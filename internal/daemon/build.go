@@ -157,6 +157,7 @@ func newStore(ctx context.Context, l *Loaded, log zerolog.Logger, m *metrics.Met
 		log.Info().Str("address", vb.Address()).Str("auth", c.Vault.Auth.Method).Str("kv_mount", c.Vault.KVMount).
 			Str("kv_prefix", c.Vault.KVPrefix).Msg("credentials from vault")
 		opts.Refresh = c.Vault.Refresh
+		vb.SetMintMetrics(func(id, result string) { m.CredentialMint.WithLabelValues(id, result).Inc() })
 	}
 	ids := credentialIDs(l)
 	for _, id := range ids {

@@ -41,6 +41,8 @@ type Result struct {
 	// Placeholders are the environment_variable credentials whose placeholders
 	// egressd replaces in requests to this host.
 	Placeholders []Placeholder `json:"placeholders,omitempty"`
+	// AWS is the entry's aws block: what an aws credential signs requests for.
+	AWS *allowlist.AWSScope `json:"aws,omitempty"`
 }
 
 // Placeholder is an environment_variable credential whose placeholder egressd
@@ -75,7 +77,7 @@ func URL(p *allowlist.Policy, g *netguard.Guard, env, raw string) Result {
 		for _, h := range d.Rule.Transform {
 			res.Inject = addName(res.Inject, h.Name)
 		}
-		res.Credential = d.Rule.Credential
+		res.Credential, res.AWS = d.Rule.Credential, d.Rule.AWS
 	}
 	if !d.Allowed() {
 		return res.deny(env, d.Reason, d.Detail)
@@ -95,7 +97,7 @@ func URL(p *allowlist.Policy, g *netguard.Guard, env, raw string) Result {
 func (r Result) deny(env string, reason allowlist.Reason, detail string) Result {
 	r.Decision, r.Reason, r.Detail = "deny", string(reason), detail
 	r.Message = reason.Message(r.Host, r.Port, env, detail)
-	r.Inject, r.Credential, r.Intercept = []string{}, "", false
+	r.Inject, r.Credential, r.Intercept, r.AWS = []string{}, "", false, nil
 	return r
 }
 
@@ -138,7 +140,7 @@ func addName(names []string, name string) []string {
 }
 
 // SecretNames is the header names a credential of shape s sets: its headers, or
-// Authorization for oauth2 and github_app (the minted token); none for
+// Authorization for oauth2 and github_app (the minted token), the SigV4 headers for aws; none for
 // environment_variable.
 func SecretNames(s credential.Secret) []string {
 	names := make([]string, 0, len(s.Headers)+1)
@@ -147,6 +149,9 @@ func SecretNames(s credential.Secret) []string {
 	}
 	if (s.OAuth2 != nil || s.GitHubApp != nil) && len(names) == 0 {
 		names = append(names, "Authorization")
+	}
+	if s.AWS != nil {
+		names = append(names, s.AWS.HeaderNames()...)
 	}
 	return names
 }
@@ -162,7 +167,7 @@ func FromStore(creds inject.Credentials) HeaderNames {
 		if err != nil {
 			return nil, err
 		}
-		return SecretNames(credential.Secret{Headers: v.Headers, OAuth2: v.OAuth2, Env: v.Env, GitHubApp: v.GitHubApp}), nil
+		return SecretNames(credential.Secret{Headers: v.Headers, OAuth2: v.OAuth2, Env: v.Env, GitHubApp: v.GitHubApp, AWS: v.AWS}), nil
 	}
 }
 

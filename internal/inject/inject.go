@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/credential"
@@ -44,6 +45,8 @@ type Result struct {
 
 	// GitHub: the credential is a github_app (see RevokesGitHubToken).
 	GitHub bool
+	// aws is set for an aws credential: Sign signs the request with its keys.
+	aws *awsSigning
 }
 
 // Injector holds one processor per injecting rule.
@@ -110,7 +113,7 @@ func (in *Injector) Apply(r *allowlist.Rule, h, trailer http.Header) (Result, er
 		return Result{}, nil
 	}
 	var res Result
-	var secret []credential.Header
+	var secret, scrubOnly []credential.Header // scrubOnly: values masked, never set (aws keys)
 	if p.credential != "" {
 		v, err := in.creds.Get(p.credential)
 		if err != nil {
@@ -121,24 +124,43 @@ func (in *Injector) Apply(r *allowlist.Rule, h, trailer http.Header) (Result, er
 			// yet): never forward without the header it stands for.
 			return Result{}, &credential.UnavailableError{ID: v.ID, Cause: credential.CauseNoAccessToken}
 		}
+		if v.AWS != nil && !v.AWS.Usable(time.Now()) {
+			// vault_aws keys not read yet, or expired: never forward the sandbox's signature.
+			return Result{}, &credential.UnavailableError{ID: v.ID, Cause: credential.CauseNoAWSKeys}
+		}
 		secret, res.Credential, res.Version = githubHeaders(r, v), v.ID, v.Version
 		res.GitHub = v.GitHubApp != nil
+		if v.AWS != nil {
+			res.aws = &awsSigning{keys: v.AWS, scope: r.AWS}
+			scrubOnly = awsSecrets(v.AWS)
+		}
 	}
 	for _, x := range p.transform {
 		res.Names = addName(res.Names, x.Name)
 	}
 	for _, x := range secret {
 		res.Names = addName(res.Names, x.Name)
+	}
+	if res.aws != nil {
+		// Left in h for Sign to check; removed from the trailer like any injected name.
+		for _, name := range res.aws.keys.HeaderNames() {
+			res.Names = addName(res.Names, name)
+		}
 	}
 	for _, name := range res.Names {
-		Remove(h, name)
 		Remove(trailer, name)
+		if res.aws == nil || !slices.Contains(res.aws.keys.HeaderNames(), name) {
+			Remove(h, name)
+		}
 	}
 	for _, x := range p.transform {
 		h[x.Name] = []string{x.Value}
 	}
 	for _, x := range secret {
 		h[x.Name] = []string{x.Value}
+	}
+	if scrubOnly != nil {
+		secret = slices.Concat(secret, scrubOnly) // a new slice: v.Headers is shared
 	}
 	res.Scrub = p.scrubSet(secret)
 	return res, nil

@@ -95,7 +95,7 @@ func New() *Metrics {
 			Name: "egressd_oauth_refresh_total", Help: "oauth2 token calls by credential ID and result (ok, error).",
 		}, []string{"credential", "result"}),
 		CredentialMint: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "egressd_credential_mint_total", Help: "Token calls for minted credentials (github_app) by credential ID and result (ok, error).",
+			Name: "egressd_credential_mint_total", Help: "Short-lived keys or tokens egressd mints for a credential (github_app installation tokens, aws keys read from Vault's AWS secrets engine), by credential ID and result (ok, error).",
 		}, []string{"credential", "result"}),
 	}
 	m.MemoryBudget = &pulledGaugeVec{GaugeVec: prometheus.NewGaugeVec(prometheus.GaugeOpts{

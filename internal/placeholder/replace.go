@@ -63,12 +63,13 @@ var ErrPlaintext = errors.New("a credential placeholder would be replaced in a p
 // Replacer finds and replaces the placeholders of one policy's credentials.
 type Replacer struct {
 	creds Credentials
-	byPH  map[string]string // placeholder -> credential ID
-	phs   []string          // the placeholders, sorted
-	lower []string          // phs lower-cased, for header names
-	m     *matcher          // over phs
-	env   map[string]string // the policy's env section: NAME -> placeholder
-	ids   []string          // every credential with a placeholder, sorted
+	byPH  map[string]string  // placeholder -> credential ID
+	phs   []string           // the placeholders, sorted
+	lower []string           // phs lower-cased, for header names
+	m     *matcher           // over phs
+	env   map[string]string  // the policy's env section: NAME -> placeholder
+	aws   map[string]AWSPair // aws credential ID -> its placeholder key pair (aws.go)
+	ids   []string           // every credential with a placeholder, sorted
 	// values is what Scrub masks (scrub.go); mu serialises its updates.
 	values atomic.Pointer[valueSet]
 	mu     sync.Mutex
@@ -79,12 +80,19 @@ type Replacer struct {
 
 // New derives the placeholders of ids (every credential the policy names, in its env
 // section or its entries) and of the env section's variables (NAME -> credential ID).
+// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY name an aws credential: they get its
+// placeholder key pair, which is signed with rather than replaced.
 func New(key []byte, env string, vars map[string]string, ids []string, creds Credentials) *Replacer {
-	r := &Replacer{creds: creds, byPH: map[string]string{}, env: map[string]string{}}
+	r := &Replacer{creds: creds, byPH: map[string]string{}, env: map[string]string{}, aws: map[string]AWSPair{}}
 	for _, id := range ids {
 		r.add(Derive(key, env, id), id)
 	}
 	for name, id := range vars {
+		if IsAWSVar(name) {
+			r.aws[id] = DeriveAWS(key, env, id)
+			r.env[name] = r.aws[id].envValue(name)
+			continue
+		}
 		ph := Derive(key, env, id)
 		r.add(ph, id)
 		r.env[name] = ph

@@ -54,7 +54,8 @@ func (x *exchange) inject(out *http.Request, d allowlist.Decision) error {
 	}
 	x.scrubFor(out, res.Scrub)
 	x.body.trailers(x.req, out, res.Names)
-	return nil
+	// Last: a SigV4 signature covers the headers as they leave.
+	return res.Sign(out.Context(), out, x.target.Host, x.snap.Placeholders)
 }
 
 // prepare is decide, outbound and inject for a hook call, whose body egressd has
