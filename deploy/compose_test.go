@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"net/netip"
 	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -12,8 +13,8 @@ import (
 // No engine is needed: `config` only reads and validates.
 func TestCompose(t *testing.T) {
 	admin := readAdmin(t, readRepoFile(t, "compose/egressd.yaml"))
-	if ap, err := netip.ParseAddrPort(admin.Address); err != nil || !ap.Addr().IsLoopback() || admin.Exposed {
-		t.Errorf("compose egressd.yaml admin.address %q (exposed %v): want the container's loopback", admin.Address, admin.Exposed)
+	if ap, err := netip.ParseAddrPort(admin.Address); !strings.HasPrefix(admin.Address, "unix://") && (err != nil || !ap.Addr().IsLoopback()) || admin.Exposed {
+		t.Errorf("compose egressd.yaml admin.address %q (exposed %v): want a Unix socket or the container's loopback", admin.Address, admin.Exposed)
 	}
 	if admin.HealthAddress == "" {
 		t.Errorf("compose egressd.yaml: no admin.health_address to publish")

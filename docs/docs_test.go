@@ -12,12 +12,14 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
 )
 
@@ -48,6 +50,28 @@ func TestEveryEntryKeyDocumented(t *testing.T) {
 
 func TestEveryReasonDocumented(t *testing.T) {
 	named(t, "reasons.md", reasonCodes(t, "../internal/allowlist", "Reason"), "reason code")
+}
+
+// TestReasonTableIsTheList: the reason table of reasons.md has one row per code of
+// allowlist.Reasons (the list metrics exports and explain answers with), in its order.
+func TestReasonTableIsTheList(t *testing.T) {
+	doc, err := os.ReadFile("reasons.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, _ := strings.Cut(string(doc), "| reason | status |")
+	table, _, _ = strings.Cut(table, "\n\n")
+	var rows []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z_]+)` \\|").FindAllStringSubmatch(table, -1) {
+		rows = append(rows, m[1])
+	}
+	var want []string
+	for _, r := range allowlist.Reasons {
+		want = append(want, string(r))
+	}
+	if !slices.Equal(rows, want) {
+		t.Errorf("reasons.md's table lists %v, want allowlist.Reasons: %v", rows, want)
+	}
 }
 
 func TestEveryDNSGuardReasonDocumented(t *testing.T) {

@@ -16,16 +16,17 @@ const caUsage = `usage: egressd ca <command> [--config FILE] [--format json]
 
 commands:
   init   create the interception CA in state_dir (or check tls.ca_cert and tls.ca_key)
-         and write the merged bundle (system roots + CA) beside it
+         and write its public files into tls.ca_public_dir (default state_dir/ca): the
+         CA certificate, the merged bundle (system roots + CA) and a PKCS#12 trust store
   env    print the environment that makes common clients trust egressd:
          eval "$(egressd ca env)"
 `
 
-// caFiles is what both ca commands produce: the CA and the merged bundle.
+// caFiles is what both ca commands produce: the CA and its public files.
 type caFiles struct {
 	ca      *mitm.CA
 	created bool
-	bundle  string
+	pub     mitm.Public
 }
 
 // cmdCA runs `egressd ca init` and `egressd ca env`.
@@ -91,28 +92,30 @@ func caSetup(l *daemon.Loaded) (caFiles, int) {
 		}
 		return caFiles{}, exitRuntime
 	}
-	bundle, err := mitm.WriteBundle(ca, cfg.StateDir)
+	pub, err := mitm.WritePublic(ca, cfg.TLS.CAPublicDir, cfg.StateDir)
 	if err != nil {
 		fmt.Fprintf(stderr, "egressd: %v\n", err)
 		return caFiles{}, exitRuntime
 	}
-	return caFiles{ca: ca, created: created, bundle: bundle}, exitOK
+	return caFiles{ca: ca, created: created, pub: pub}, exitOK
 }
 
 func printCAInit(w io.Writer, f caFiles, asJSON bool) error {
 	if asJSON {
 		return writeJSON(w, struct {
-			CA      string `json:"ca"`
-			Created bool   `json:"created"`
-			Bundle  string `json:"bundle"`
-		}{f.ca.CertFile, f.created, f.bundle})
+			CA         string `json:"ca"`
+			Created    bool   `json:"created"`
+			Public     string `json:"public_ca"`
+			Bundle     string `json:"bundle"`
+			TrustStore string `json:"trust_store"`
+		}{f.ca.CertFile, f.created, f.pub.Cert, f.pub.Bundle, f.pub.TrustStore})
 	}
 	if f.created {
 		fmt.Fprintf(w, "created CA %s\n", f.ca.CertFile)
 	} else {
 		fmt.Fprintf(w, "CA exists at %s\n", f.ca.CertFile)
 	}
-	_, err := fmt.Fprintf(w, "wrote bundle %s\n", f.bundle)
+	_, err := fmt.Fprintf(w, "wrote %s, %s and %s (readable by every user)\n", f.pub.Cert, f.pub.Bundle, f.pub.TrustStore)
 	return err
 }
 
@@ -123,7 +126,7 @@ func printCAEnv(w io.Writer, f caFiles, asJSON bool) error {
 	if f.created {
 		fmt.Fprintf(stderr, "egressd: created CA %s\n", f.ca.CertFile)
 	}
-	env := mitm.ClientEnv(f.bundle, f.ca.CertFile)
+	env := mitm.ClientEnv(f.pub)
 	if asJSON {
 		m := make(map[string]string, len(env))
 		for _, kv := range env {
@@ -131,13 +134,14 @@ func printCAEnv(w io.Writer, f caFiles, asJSON bool) error {
 			m[name] = value
 		}
 		return writeJSON(w, struct {
-			CA     string            `json:"ca"`
-			Bundle string            `json:"bundle"`
-			Env    map[string]string `json:"env"`
-		}{f.ca.CertFile, f.bundle, m})
+			CA         string            `json:"ca"`
+			Bundle     string            `json:"bundle"`
+			TrustStore string            `json:"trust_store"`
+			Env        map[string]string `json:"env"`
+		}{f.pub.Cert, f.pub.Bundle, f.pub.TrustStore, m})
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "# egressd CA: %s\n", f.ca.CertFile)
+	fmt.Fprintf(&b, "# egressd CA: %s (every user can read the files named below)\n", f.pub.Cert)
 	for _, kv := range env {
 		name, value, _ := strings.Cut(kv, "=")
 		fmt.Fprintf(&b, "export %s=%s\n", name, shellQuote(value))

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -33,8 +34,12 @@ type checkReport struct {
 func cmdCheck(args []string) int {
 	fs, cfgPath, format := newFlags("check", stderr)
 	strict := fs.Bool("strict", false, "fail on warnings too (for CI pipelines)")
+	sandbox := fs.String("sandbox", "", "a node's sandbox spec `FILE` (<id>.json or .yaml) to validate against --config")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
+	}
+	if *sandbox != "" {
+		return checkSandbox(*cfgPath, *sandbox, *format, *strict)
 	}
 	l, err := daemon.Load(*cfgPath)
 	rep := checkReport{OK: err == nil, Problems: []config.Problem{}}
@@ -53,10 +58,10 @@ func cmdCheck(args []string) int {
 		rep.Problems = append(rep.Problems, l.Cfg.Warnings...)
 		rep.Problems = append(rep.Problems, lintPolicy(l)...)
 		rep.Problems = append(rep.Problems, lintMemory(l.Cfg)...)
-		creds := append(lintCredentials(l), lintVaultAuth(l.Cfg)...)
+		creds := slices.Concat(lintCredentials(l), lintAWS(l), lintVaultAuth(l.Cfg))
 		rep.Problems = append(rep.Problems, creds...)
 		rep.Problems = append(rep.Problems, lintSplicedReflection(l)...)
-		lint := lintHooks(l)
+		lint := append(lintHooks(l), lintAdminToken(l)...)
 		rep.Problems = append(rep.Problems, lint...)
 		for _, p := range slices.Concat(lint, creds, l.Cfg.Warnings) {
 			rep.OK = rep.OK && p.Warning
@@ -69,7 +74,12 @@ func cmdCheck(args []string) int {
 	if *strict && hasWarning(rep.Problems) {
 		rep.OK = false // --strict: a warning fails the check like an error
 	}
-	if *format == "json" {
+	return report(rep, *format)
+}
+
+// report prints rep in format and returns check's exit code.
+func report(rep checkReport, format string) int {
+	if format == "json" {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
 		enc.Encode(rep)
@@ -80,6 +90,29 @@ func cmdCheck(args []string) int {
 		return exitUsage
 	}
 	return exitOK
+}
+
+// checkSandbox validates a sandbox spec file against the node config at cfgPath,
+// with the problems the node API answers for the same spec (daemon.LoadSandbox).
+// The sandbox's ID is the file's name without its extension.
+func checkSandbox(cfgPath, file, format string, strict bool) int {
+	l, err := daemon.Load(cfgPath)
+	if err != nil {
+		printLoadError(stderr, err)
+		return exitUsage
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		fmt.Fprintf(stderr, "egressd: %v\n", err)
+		return exitUsage
+	}
+	id := strings.TrimSuffix(filepath.Base(file), filepath.Ext(file))
+	_, problems := daemon.LoadSandbox(l, id, data, filepath.Dir(file))
+	rep := checkReport{OK: !daemon.HasError(problems) && !(strict && hasWarning(problems)), Problems: problems}
+	if rep.Problems == nil {
+		rep.Problems = []config.Problem{}
+	}
+	return report(rep, format)
 }
 
 func printProblems(rep checkReport) {
@@ -123,8 +156,9 @@ func lintHooks(l *daemon.Loaded) []config.Problem {
 }
 
 // lintMemory warns when the limits cannot fit the memory limit check can see (the
-// cgroup's, else GOMEMLIMIT): the budget and egressd's own footprint, the
-// connections every listener may hold beside them, a hook buffer the budget caps.
+// cgroup's, else GOMEMLIMIT): the budget (which every connection draws on) and
+// egressd's own footprint, the connections every listener may hold beyond its
+// bound beside them, a hook buffer the budget caps.
 // Where egressd runs elsewhere, check sees that machine's limit, not this one's.
 func lintMemory(cfg *config.Config) []config.Problem {
 	limit, from := membudget.MemoryLimit()
@@ -132,7 +166,7 @@ func lintMemory(cfg *config.Config) []config.Problem {
 		return nil
 	}
 	budget, _ := membudget.Resolve(cfg.Limits.Memory)
-	d := membudget.Demand{Budget: budget, Listeners: len(cfg.Listeners), MaxConns: cfg.Limits.MaxConnections,
+	d := membudget.Demand{Budget: budget, Listeners: len(cfg.Listeners),
 		HookBuffer: cfg.Limits.HookBufferBytes, HookBodyMax: cfg.Limits.HookBodyBytes}
 	var out []config.Problem
 	for _, s := range d.Shortfalls(limit, from) {

@@ -2,9 +2,7 @@ package main
 
 import (
 	"bufio"
-	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,22 +33,14 @@ func startFiles(t *testing.T) string {
 		"environment.json": `{"network": {"allowlist": [{"domain": "example.com"}]}}`,
 		"credentials.json": `{}`,
 		"ca.pem":           string(ca.PEM()),
-		"ca-key.pem":       keyPEM(t, ca),
-		"other-key.pem":    keyPEM(t, other),
+		"ca-key.pem":       string(ca.KeyPEM()),
+		"other-key.pem":    string(other.KeyPEM()),
 		"junk.pem":         "not PEM at all\n",
 	})
 	if err := os.Mkdir(filepath.Join(dir, "adir"), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	return dir
-}
-
-func keyPEM(t *testing.T, ca *testpki.CA) string {
-	der, err := x509.MarshalPKCS8PrivateKey(ca.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
 }
 
 // startCases are configs that `run` refuses to start with, and the exact message

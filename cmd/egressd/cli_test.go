@@ -119,12 +119,13 @@ policy: {file: environment.json}
 credentials: {file: credentials.json}
 `
 
-// badConfig has one problem of each kind on its own line, plus a missing
-// credentials section.
+// badConfig has one problem of each kind on its own line, plus a routable
+// admin address.
 const badConfig = `version: 1
 environment: env_bad
 listeners:
   - {name: sandbox, address: 127.0.0.1:15001, mode: proxy, role: sandbox}
+admin: {address: 0.0.0.0:15000}
 policy:
   allowlist:
     - domain: example.com
@@ -141,7 +142,7 @@ var badConfigProblems = []struct{ path, msg string }{
 	{"network.allow_cidrs[0]", `invalid CIDR "10.0.0.0/33"`},
 	{"limits.dial", `invalid duration "10 parsecs"`},
 	{"limits.read_headr", `did you mean "read_header"?`},
-	{"credentials.file", "required for the file backend"},
+	{"admin.address", "0.0.0.0:15000 is routable: reload, explain and the sandbox's placeholders would be reachable from the network; use 127.0.0.1:15000"},
 }
 
 func TestCheckReportsEveryProblem(t *testing.T) {

@@ -44,6 +44,7 @@ func cmdExplain(args []string) int {
 	}
 	res := explain.URL(l.Policy.Allowlist, guard, l.Cfg.Environment, fs.Arg(0))
 	res = explain.Credential(res, offlineHeaderNames(l))
+	res = explain.Placeholders(res, l.Policy.Env, offlineEnvVars(l))
 	if *hook {
 		ix, err := daemon.LoadHooks(l.Cfg)
 		if err != nil {
@@ -78,6 +79,13 @@ func printExplain(r explain.Result) {
 	fmt.Printf("intercept:  %t\n", r.Intercept)
 	fmt.Printf("inject:     %s\n", orNone(strings.Join(r.Inject, ", ")))
 	fmt.Printf("credential: %s\n", orNone(r.Credential))
+	for _, p := range r.Placeholders {
+		fmt.Printf("placeholder: %s (credential %s) replaced in %s\n", orNone(strings.Join(p.Variables, ", ")), p.Credential,
+			strings.Join(p.Locations, ", "))
+	}
+	if r.AWS != nil {
+		fmt.Printf("aws:        signed again (SigV4) for regions %s, services %s\n", strings.Join(r.AWS.Regions, " "), strings.Join(r.AWS.Services, " "))
+	}
 	if r.CredentialUnknown != "" {
 		fmt.Printf("credential headers: unknown (%s)\n", r.CredentialUnknown)
 	}
@@ -111,4 +119,17 @@ func offlineHeaderNames(l *daemon.Loaded) explain.HeaderNames {
 		return nil
 	}
 	return explain.FromBackend(context.Background(), b)
+}
+
+// offlineEnvVars reads environment_variable credentials where explain can without a
+// connection: from the credentials file (nil for Vault, which is not contacted).
+func offlineEnvVars(l *daemon.Loaded) explain.EnvVarOf {
+	if l.Cfg.Credentials.Backend != config.BackendFile {
+		return nil
+	}
+	b, err := daemon.NewBackend(l, zerolog.Nop())
+	if err != nil {
+		return nil
+	}
+	return explain.EnvFromBackend(context.Background(), b)
 }

@@ -85,3 +85,44 @@ func TestExplainBadName(t *testing.T) {
 		}
 	}
 }
+
+// TestExplainPlaceholder: for a trusted domain of an environment_variable credential,
+// explain says what the proxy does: it intercepts the host (under intercept: auto,
+// although the entry injects nothing) and replaces the placeholder the sandbox holds
+// (named by its variable) in the credential's locations; another host is spliced and
+// gets no replacement. The value is never printed.
+func TestExplainPlaceholder(t *testing.T) {
+	dir := writeFiles(t, map[string]string{
+		"egressd.yaml": minimalConfig,
+		"credentials.json": `{"search": {"type": "environment_variable", "value": "` + explainSecret + `",
+			"injection_location": ["header", "query"], "trusted_domains": ["api.search.example"]}}`,
+		"environment.json": `{"network": {"allowlist": [{"domain": "api.search.example"}, {"domain": "other.example"}]},
+			"env": {"SEARCH_API_KEY": {"credential": "search"}}}`,
+	})
+	cfg := filepath.Join(dir, "egressd.yaml")
+	for _, tc := range []struct {
+		url, intercept, placeholder string
+	}{
+		{"https://api.search.example/v1", "true", "SEARCH_API_KEY (credential search) replaced in header, query"},
+		{"https://other.example/", "false", ""},
+	} {
+		res := egressd(t, "explain", "--config", cfg, tc.url)
+		f := explainText(t, res)
+		if res.code != 0 || f["intercept"] != tc.intercept || f["placeholder"] != tc.placeholder {
+			t.Errorf("explain %s: %s\nwant intercept %s, placeholder %q", tc.url, res, tc.intercept, tc.placeholder)
+		}
+		jres := egressd(t, "explain", "--config", cfg, "--format", "json", tc.url)
+		var got explain.Result
+		if err := json.Unmarshal([]byte(jres.stdout), &got); err != nil {
+			t.Fatalf("explain --format json: %v\n%s", err, jres)
+		}
+		if (tc.placeholder != "") != (len(got.Placeholders) == 1 && got.Intercept) {
+			t.Errorf("explain --format json %s: intercept %t, placeholders %+v", tc.url, got.Intercept, got.Placeholders)
+		}
+		for _, out := range []string{res.all(), jres.all()} {
+			if strings.Contains(out, explainSecret) {
+				t.Errorf("explain %s printed a secret value:\n%s", tc.url, out)
+			}
+		}
+	}
+}

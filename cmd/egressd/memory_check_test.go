@@ -10,8 +10,10 @@ import (
 
 // TestCheckWarnsWhenLimitsCannotFitMemory: with a memory limit check can see (here
 // GOMEMLIMIT, 100 MiB), limits that let clients make egressd hold more than it
-// (10,000 connections beside the budget) are a warning naming the key and the
-// number that fits, as is a hook buffer the budget caps; limits that fit are not.
+// (a budget that leaves no room for egressd's own footprint and the connections
+// beyond a listener's bound) are a warning naming the key and the size that fits,
+// as is a hook buffer the budget caps; limits that fit are not, whatever
+// limits.max_connections (every connection draws on the budget).
 func TestCheckWarnsWhenLimitsCannotFitMemory(t *testing.T) {
 	if _, from := membudget.MemoryLimit(); from == membudget.FromCgroup {
 		t.Skip("this test's cgroup has a memory limit, which check would read before GOMEMLIMIT")
@@ -21,9 +23,8 @@ func TestCheckWarnsWhenLimitsCannotFitMemory(t *testing.T) {
 		name, limits, want string
 	}{
 		{"a hook buffer past half the budget", "limits: {max_connections: 100}\n", "warning: limits.hook_buffer_bytes: 32MiB is more than half the memory budget (25MiB): hook bodies get 12.5MiB"},
-		{"default connections", "", "warning: limits.max_connections: 10000 connections (1 listeners x 10000) cost about 156.2MiB beyond the memory budget (25MiB); with it and egressd's idle footprint they exceed the memory limit egressd can see (100MiB, GOMEMLIMIT): lower limits.max_connections to 3264, or raise the limit"},
-		{"a budget past the limit", "limits: {memory: 96MiB, max_connections: 100}\n", "warning: limits.memory: the memory budget (96MiB) and egressd's idle footprint (about 24MiB) exceed the memory limit egressd can see (100MiB, GOMEMLIMIT)"},
-		{"limits that fit", "limits: {max_connections: 1000, hook_buffer_bytes: 8388608}\n", ""},
+		{"a budget past the limit", "limits: {memory: 50MiB}\n", "warning: limits.memory: the memory budget (50MiB), egressd's idle footprint (about 24MiB) and what connections beyond limits.max_connections may hold (32MiB on each of 1 listeners) exceed the memory limit egressd can see (100MiB, GOMEMLIMIT): a flood could get egressd OOM-killed; use auto, or at most 44MiB"},
+		{"limits that fit", "limits: {max_connections: 100000, hook_buffer_bytes: 8388608}\n", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := writeFiles(t, map[string]string{"egressd.yaml": minimalConfig + tc.limits, "credentials.json": `{}`,

@@ -33,6 +33,7 @@ type tokenEndpoint struct {
 	port   int
 	caPEM  []byte
 	down   atomic.Bool
+	delay  atomic.Int64 // nanoseconds each answer waits; -1: never answers
 	issued atomic.Int64
 	mu     sync.Mutex
 	auths  []string
@@ -45,11 +46,40 @@ func (e *tokenEndpoint) calls() int {
 	return len(e.auths)
 }
 
+// mintingConfig is the config of a run whose credential egressd mints from a token
+// endpoint on loopback: the allowlist entries (flow mappings, one a line), the stub
+// resolver that names the endpoint, the roots trusted upstream and the credentials file.
+func mintingConfig(env, entries, resolver, caFile, credFile string) string {
+	return fmt.Sprintf(`version: 1
+environment: %s
+listeners:
+  - {name: sandbox, address: "127.0.0.1:0", mode: proxy, role: sandbox}
+admin: {address: "127.0.0.1:0"}
+policy:
+  allowlist:
+    - %s
+network:
+  resolver: %q
+  unsafe_allow_cidrs: [127.0.0.0/8]
+tls: {intercept: auto, upstream_ca_file: %q}
+credentials: {backend: file, file: %q}
+log: {level: info, format: json}
+state_dir: state
+`, env, strings.ReplaceAll(entries, "\n", "\n    - "), resolver, caFile, credFile)
+}
+
 func startTokenEndpoint(t *testing.T, lifetime int) *tokenEndpoint {
 	ca := testpki.New(t)
 	e := &tokenEndpoint{caPEM: ca.PEM()}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.ParseForm()
+		switch d := time.Duration(e.delay.Load()); {
+		case d < 0:
+			<-r.Context().Done()
+			return
+		case d > 0:
+			time.Sleep(d)
+		}
 		u, p, _ := r.BasicAuth()
 		e.mu.Lock()
 		e.auths = append(e.auths, r.PostForm.Get("grant_type")+" "+u+":"+p+" "+r.PostForm.Get("refresh_token"))
@@ -78,44 +108,7 @@ func TestRunOAuth2(t *testing.T) {
 	t.Parallel()
 	te := startTokenEndpoint(t, 6)
 	up := startRecordingUpstream(t)
-	dir := t.TempDir()
-	caFile := filepath.Join(dir, "roots.pem")
-	upCA, _ := os.ReadFile(up.caFile)
-	credFile := filepath.Join(dir, "credentials.json")
-	must := func(err error) {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(os.WriteFile(caFile, append(upCA, te.caPEM...), 0o600))
-	must(os.WriteFile(credFile, fmt.Appendf(nil, `{"api": {"type": "oauth2", "client_id": "cid", "client_secret": %q,
-  "refresh_token": %q, "token_url": "https://%s:%d/token"}}`, oauthSecret, oauthRT, oauthHost, te.port), 0o600))
-	dns := dnsstub.Start(t)
-	dns.Set(vaultHost, "A 127.0.0.1")
-	dns.Set(oauthHost, "A 127.0.0.1")
-	d := startFileLoggedRunner(t, fmt.Sprintf(`version: 1
-environment: env_oauth_e2e
-listeners:
-  - {name: sandbox, address: "127.0.0.1:0", mode: proxy, role: sandbox}
-admin: {address: "127.0.0.1:0"}
-policy:
-  allowlist:
-    - {domain: %s, ports: [%d], credential: api}
-network:
-  resolver: %q
-  unsafe_allow_cidrs: [127.0.0.0/8]
-tls: {intercept: auto, upstream_ca_file: %q}
-credentials: {backend: file, file: %q}
-log: {level: info, format: json}
-state_dir: state
-`, vaultHost, up.port, dns.Addr, caFile, credFile))
-	code, pem := d.adminGet("/ca.pem")
-	roots := x509.NewCertPool()
-	if code != http.StatusOK || !roots.AppendCertsFromPEM([]byte(pem)) {
-		t.Fatalf("/ca.pem: %d", code)
-	}
-	e := &vaultE2E{t: t, d: d, roots: roots}
-	target := fmt.Sprintf("https://%s:%d/", vaultHost, up.port)
+	d, e, target := startOAuthRunner(t, te, up, "")
 	if r := fetchOnce(e.client(), target); !r.ok() {
 		t.Fatalf("first request: %+v", r)
 	}
@@ -190,4 +183,33 @@ state_dir: state
 			t.Errorf("the log shows a secret (%s)", s)
 		}
 	}
+}
+
+// startOAuthRunner starts egressd with one oauth2 credential "api" whose token_url is
+// te, injected on requests to up (at target); extra is appended to the config.
+func startOAuthRunner(t *testing.T, te *tokenEndpoint, up *recordingUpstream, extra string) (*runner, *vaultE2E, string) {
+	t.Helper()
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "roots.pem")
+	upCA, _ := os.ReadFile(up.caFile)
+	credFile := filepath.Join(dir, "credentials.json")
+	must := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(caFile, append(upCA, te.caPEM...), 0o600))
+	must(os.WriteFile(credFile, fmt.Appendf(nil, `{"api": {"type": "oauth2", "client_id": "cid", "client_secret": %q,
+  "refresh_token": %q, "token_url": "https://%s:%d/token"}}`, oauthSecret, oauthRT, oauthHost, te.port), 0o600))
+	dns := dnsstub.Start(t)
+	dns.Set(vaultHost, "A 127.0.0.1")
+	dns.Set(oauthHost, "A 127.0.0.1")
+	d := startFileLoggedRunner(t, mintingConfig("env_oauth_e2e", fmt.Sprintf("{domain: %s, ports: [%d], credential: api}", vaultHost, up.port),
+		dns.Addr, caFile, credFile)+extra)
+	code, pem := d.adminGet("/ca.pem")
+	roots := x509.NewCertPool()
+	if code != http.StatusOK || !roots.AppendCertsFromPEM([]byte(pem)) {
+		t.Fatalf("/ca.pem: %d", code)
+	}
+	return d, &vaultE2E{t: t, d: d, roots: roots}, fmt.Sprintf("https://%s:%d/", vaultHost, up.port)
 }

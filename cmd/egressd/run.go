@@ -66,7 +66,9 @@ func serve(cfgPath string, l *daemon.Loaded, log zerolog.Logger, sigs <-chan os.
 			}
 		}
 	}()
-	d := daemon.New(cfgPath, log, metrics.New())
+	m := metrics.New()
+	m.SetBuild(version, commit)
+	d := daemon.New(cfgPath, log, m)
 	d.UseSockets(inherited)
 	if rep != nil && rep.Upgrade {
 		d.HoldUntilReady(ctx)

@@ -37,7 +37,7 @@ const waitTimeout = 10 * time.Second
 // egressFields are the fields of every canonical log line, present even when
 // empty, so that log queries never miss a key (docs/observability.md).
 var egressFields = []string{
-	"req_id", "listener", "role", "client", "method", "scheme", "host", "port", "path",
+	"req_id", "sandbox", "listener", "role", "client", "method", "scheme", "host", "port", "path",
 	"decision", "reason", "rule", "intercepted", "injected", "credential", "credential_version",
 	"hook_group", "hook_event", "status", "bytes_in", "bytes_out", "resolved_ip", "dur_ms",
 }

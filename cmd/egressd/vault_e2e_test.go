@@ -325,6 +325,7 @@ environment: env_vault_e2e
 listeners:
   - {name: sandbox, address: "127.0.0.1:0", mode: proxy, role: sandbox}
 admin: {address: "127.0.0.1:0"}
+readiness: {require_credentials: true} # the outage tests read /readyz's 503
 policy:
   allowlist:
     - {domain: %s, ports: [%d], credential: %s}

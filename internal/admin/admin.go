@@ -1,12 +1,17 @@
-// Package admin serves egressd's operator endpoints: health, readiness, metrics,
-// explain and reload. It listens on the admin address, never on a sandbox listener.
+// Package admin serves egressd's operator endpoints: health, readiness and metrics
+// (Health, for probes and Prometheus), and with them explain, reload, the sandbox's
+// placeholders, the CA and the JWKS (Handler, the admin listener's, behind a Bearer
+// token when one is set). It listens on the admin and health addresses, never on a
+// sandbox listener.
 package admin
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -52,9 +57,15 @@ func lastReload(st State) any {
 	return nil
 }
 
-// Handler returns the admin HTTP handler.
-func Handler(st State, m *metrics.Metrics) http.Handler {
+// Health returns the health listener's handler: /healthz, /readyz and /metrics,
+// and nothing else, so it may be reachable beyond the pod.
+func Health(st State, m *metrics.Metrics) http.Handler {
 	mux := http.NewServeMux()
+	health(mux, st, m)
+	return mux
+}
+
+func health(mux *http.ServeMux, st State, m *metrics.Metrics) {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		hash, loaded := st.ConfigInfo()
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "config_hash": hash, "config_loaded": loaded.UTC(),
@@ -74,6 +85,16 @@ func Handler(st State, m *metrics.Metrics) http.Handler {
 		}
 		writeJSON(w, code, body)
 	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+}
+
+// Handler returns the admin listener's handler: every endpoint, health's included
+// unless withHealth is false (they are on their own listener, admin.health_address).
+func Handler(st State, m *metrics.Metrics, withHealth bool) http.Handler {
+	mux := http.NewServeMux()
+	if withHealth {
+		health(mux, st, m)
+	}
 	mux.HandleFunc("GET /v1/sandbox/env", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, st.Snapshot().Placeholders.Env())
 	})
@@ -90,7 +111,6 @@ func Handler(st State, m *metrics.Metrics) http.Handler {
 		w.Header().Set("Cache-Control", "max-age=60")
 		w.Write(keys)
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /v1/explain", func(w http.ResponseWriter, r *http.Request) {
 		raw := r.URL.Query().Get("url")
 		if raw == "" {
@@ -99,12 +119,35 @@ func Handler(st State, m *metrics.Metrics) http.Handler {
 		}
 		snap := st.Snapshot()
 		res := explain.URL(snap.Policy, snap.Guard, snap.Env, raw)
-		writeJSON(w, http.StatusOK, explain.Credential(res, explain.FromStore(snap.Injector.Credentials())))
+		creds := snap.Injector.Credentials()
+		res = explain.Credential(res, explain.FromStore(creds))
+		writeJSON(w, http.StatusOK, explain.Placeholders(res, snap.Placeholders.Vars(), explain.EnvFromStore(creds)))
 	})
 	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, _ *http.Request) {
 		reload(w, st)
 	})
 	return mux
+}
+
+// WithToken makes every request to h carry "Authorization: Bearer <token>", the
+// token being what token returns now (it may rotate); anything else is 401. A token
+// that cannot be read refuses every request (503): the admin listener never opens
+// because its secret is missing.
+func WithToken(h http.Handler, token func() ([]byte, error)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		want, err := token()
+		if err != nil || len(want) == 0 {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "admin.token cannot be read"})
+			return
+		}
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="egressd admin"`)
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin.token required: Authorization: Bearer <token>"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // WithPprof adds net/http/pprof's handlers under /debug/pprof/ to h

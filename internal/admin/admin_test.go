@@ -129,7 +129,7 @@ func decodeJSON(t *testing.T, res *http.Response, body string, v any) {
 
 func TestHealthz(t *testing.T) {
 	st := newState(t)
-	res, body := serve(t, admin.Handler(st, metrics.New()), http.MethodGet, "/healthz")
+	res, body := serve(t, admin.Handler(st, metrics.New(), true), http.MethodGet, "/healthz")
 	if res.StatusCode != http.StatusOK {
 		t.Fatalf("GET /healthz: %d, want 200\n%s", res.StatusCode, body)
 	}
@@ -149,7 +149,7 @@ func TestHealthz(t *testing.T) {
 
 func TestReadyz(t *testing.T) {
 	st := newState(t)
-	h := admin.Handler(st, metrics.New())
+	h := admin.Handler(st, metrics.New(), true)
 	for _, tc := range []struct {
 		name   string
 		ready  bool
@@ -187,7 +187,7 @@ func TestReadyz(t *testing.T) {
 // requests would otherwise do at once.
 func TestReadyzDetailNotOwned(t *testing.T) {
 	st := newState(t)
-	h := admin.Handler(st, metrics.New())
+	h := admin.Handler(st, metrics.New(), true)
 
 	st.setReady(false, nil)
 	res, body := serve(t, h, http.MethodGet, "/readyz")
@@ -205,9 +205,9 @@ func TestReadyzDetailNotOwned(t *testing.T) {
 
 func TestMetrics(t *testing.T) {
 	m := metrics.New()
-	m.InitListener("sandbox", []string{string(allowlist.ReasonNotAllowlisted)}, []string{string(allowlist.ReasonDNSFailure)})
+	m.InitListener("sandbox")
 	m.ConfigReloads.WithLabelValues("ok").Inc()
-	res, body := serve(t, admin.Handler(newState(t), m), http.MethodGet, "/metrics")
+	res, body := serve(t, admin.Handler(newState(t), m, true), http.MethodGet, "/metrics")
 	if res.StatusCode != http.StatusOK {
 		t.Fatalf("GET /metrics: %d, want 200\n%s", res.StatusCode, body)
 	}
@@ -218,6 +218,7 @@ func TestMetrics(t *testing.T) {
 		`egressd_requests_total{decision="allow",listener="sandbox",reason=""} 0`,
 		`egressd_requests_total{decision="deny",listener="sandbox",reason="not_allowlisted"} 0`,
 		`egressd_requests_total{decision="error",listener="sandbox",reason="dns_failure"} 0`,
+		`egressd_requests_total{decision="deny",listener="sandbox",reason="credential_scope"} 0`,
 		`egressd_config_reloads_total{result="ok"} 1`,
 		`egressd_config_reloads_total{result="error"} 0`,
 		`egressd_bytes_total{direction="in"} 0`,
@@ -230,10 +231,19 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("GET /metrics lacks %q", want)
 		}
 	}
+	for _, r := range allowlist.Reasons { // credential_scope among them
+		decision := "error"
+		if r.IsDenial() {
+			decision = "deny"
+		}
+		if want := `egressd_requests_total{decision="` + decision + `",listener="sandbox",reason="` + string(r) + `"} 0`; !strings.Contains(body, want) {
+			t.Errorf("GET /metrics lacks %q", want)
+		}
+	}
 }
 
 func TestExplain(t *testing.T) {
-	h := admin.Handler(newState(t), metrics.New())
+	h := admin.Handler(newState(t), metrics.New(), true)
 	for _, tc := range []struct {
 		url  string
 		want explain.Result
@@ -252,7 +262,8 @@ func TestExplain(t *testing.T) {
 		{"http://[::ffff:127.0.0.1]:8080/", explain.Result{
 			Scheme: "http", Host: "::ffff:127.0.0.1", Port: 8080, Decision: "deny", Reason: "port_not_allowed", Rule: "*"}},
 		{"ftp://example.com/", explain.Result{
-			Scheme: "ftp", Decision: "deny", Reason: "bad_request", Detail: `unsupported scheme "ftp" (use http or https)`}},
+			Scheme: "ftp", Decision: "deny", Reason: "bad_request", Detail: "scheme", // the proxy's detail
+			Note: `unsupported scheme "ftp" (use http or https)`}},
 	} {
 		t.Run(tc.url, func(t *testing.T) {
 			res, body := serve(t, h, http.MethodGet, "/v1/explain?url="+url.QueryEscape(tc.url))
@@ -278,7 +289,7 @@ func TestExplain(t *testing.T) {
 }
 
 func TestExplainWithoutURL(t *testing.T) {
-	h := admin.Handler(newState(t), metrics.New())
+	h := admin.Handler(newState(t), metrics.New(), true)
 	for _, target := range []string{"/v1/explain", "/v1/explain?url="} {
 		res, body := serve(t, h, http.MethodGet, target)
 		if res.StatusCode != http.StatusBadRequest {
@@ -294,7 +305,7 @@ func TestExplainWithoutURL(t *testing.T) {
 }
 
 func TestRouting(t *testing.T) {
-	h := admin.Handler(newState(t), metrics.New())
+	h := admin.Handler(newState(t), metrics.New(), true)
 	for _, tc := range []struct {
 		method, target string
 		want           int
@@ -322,7 +333,7 @@ func TestRouting(t *testing.T) {
 // (path, file, line) when the State rejects the config; a rejection is never a 5xx.
 func TestReload(t *testing.T) {
 	st := newState(t)
-	h := admin.Handler(st, metrics.New())
+	h := admin.Handler(st, metrics.New(), true)
 
 	st.reload = func() (string, error) { return "beef", nil }
 	res, body := serve(t, h, http.MethodPost, "/v1/reload")
@@ -373,7 +384,7 @@ func TestReload(t *testing.T) {
 // TestPprof: /debug/pprof/ is served only when WithPprof wraps the handler, and the
 // other endpoints keep their routing under it.
 func TestPprof(t *testing.T) {
-	plain := admin.Handler(newState(t), metrics.New())
+	plain := admin.Handler(newState(t), metrics.New(), true)
 	if res, _ := serve(t, plain, http.MethodGet, "/debug/pprof/cmdline"); res.StatusCode != http.StatusNotFound {
 		t.Errorf("without admin.pprof: GET /debug/pprof/cmdline = %d, want 404", res.StatusCode)
 	}
@@ -425,7 +436,7 @@ func TestExplainCredentialHeaders(t *testing.T) {
 		Resolver: st.snap.Resolver, Injector: inject.New(pol, store)}
 	st.snap.Prepare()
 	t.Cleanup(st.snap.Close)
-	h := admin.Handler(st, metrics.New())
+	h := admin.Handler(st, metrics.New(), true)
 	for _, tc := range []struct {
 		url, credHeaders, inject string
 		unknown                  bool
@@ -444,5 +455,72 @@ func TestExplainCredentialHeaders(t *testing.T) {
 		if strings.Contains(body, credSecret) || strings.Contains(body, telemetryKey) {
 			t.Errorf("explain %s shows a value:\n%s", tc.url, body)
 		}
+	}
+}
+
+// TestHealthServesOnlyHealth: the health listener, which probes and Prometheus
+// reach from beyond the pod, answers /healthz, /readyz and /metrics and nothing
+// that reloads, explains or hands out the sandbox's placeholders.
+func TestHealthServesOnlyHealth(t *testing.T) {
+	h := admin.Health(newState(t), metrics.New())
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		if res, _ := serve(t, h, http.MethodGet, path); res.StatusCode != http.StatusOK {
+			t.Errorf("GET %s = %d, want 200", path, res.StatusCode)
+		}
+	}
+	for _, c := range []struct{ method, path string }{
+		{http.MethodPost, "/v1/reload"}, {http.MethodGet, "/v1/explain?url=https://api.example.com/"},
+		{http.MethodGet, "/v1/sandbox/env"}, {http.MethodGet, "/ca.pem"}, {http.MethodGet, "/.well-known/jwks.json"},
+	} {
+		if res, _ := serve(t, h, c.method, c.path); res.StatusCode != http.StatusNotFound {
+			t.Errorf("%s %s on the health listener = %d, want 404", c.method, c.path, res.StatusCode)
+		}
+	}
+	// Without health, the admin handler leaves them to the health listener.
+	if res, _ := serve(t, admin.Handler(newState(t), metrics.New(), false), http.MethodGet, "/metrics"); res.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /metrics on an admin listener without health = %d, want 404", res.StatusCode)
+	}
+}
+
+// TestWithToken: with admin.token, every admin endpoint wants the Bearer token;
+// a missing, wrong or differently-schemed one is 401 and reaches nothing; a token
+// that cannot be read refuses everything.
+func TestWithToken(t *testing.T) {
+	reloads := 0
+	st := newState(t)
+	st.reload = func() (string, error) { reloads++; return "h", nil }
+	token, tokenErr := []byte("s3cret-admin"), error(nil)
+	h := admin.WithToken(admin.Handler(st, metrics.New(), true), func() ([]byte, error) { return token, tokenErr })
+	do := func(auth, method, path string) int {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(method, path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		h.ServeHTTP(rec, req)
+		if strings.Contains(rec.Body.String(), string(token)) {
+			t.Errorf("%s %s: the response shows the token", method, path)
+		}
+		return rec.Code
+	}
+	for _, auth := range []string{"", "Bearer wrong", "Basic czNjcmV0LWFkbWlu", "s3cret-admin", "Bearer s3cret-admi"} {
+		for _, path := range []string{"/v1/sandbox/env", "/healthz", "/metrics"} {
+			if code := do(auth, http.MethodGet, path); code != http.StatusUnauthorized {
+				t.Errorf("Authorization %q GET %s = %d, want 401", auth, path, code)
+			}
+		}
+		if code := do(auth, http.MethodPost, "/v1/reload"); code != http.StatusUnauthorized {
+			t.Errorf("Authorization %q POST /v1/reload = %d, want 401", auth, code)
+		}
+	}
+	if reloads != 0 {
+		t.Fatalf("%d reloads ran without the token", reloads)
+	}
+	if code := do("Bearer s3cret-admin", http.MethodPost, "/v1/reload"); code != http.StatusOK || reloads != 1 {
+		t.Errorf("with the token: POST /v1/reload = %d, reloads %d; want 200 and 1", code, reloads)
+	}
+	tokenErr = errors.New("gone")
+	if code := do("Bearer s3cret-admin", http.MethodGet, "/v1/sandbox/env"); code != http.StatusServiceUnavailable {
+		t.Errorf("token unreadable: %d, want 503", code)
 	}
 }

@@ -9,11 +9,15 @@ import (
 // Entry is one allowlist entry as the config loader hands it over: raw,
 // unvalidated strings. Compile turns valid entries into Rules.
 type Entry struct {
-	Domain         string   // "*", "*.example.com", "example.com", "Bücher.example.", "10.1.2.3", "[::1]"
-	Ports          []uint16 // nil: Options.DefaultPorts; non-nil and empty is an error
-	Transform      []Header // already merged from the map and list shapes by the config loader
-	Credential     string   // credential ID, "" for none
-	AllowPlaintext bool     // inject over plain http:// too (insecure; default false)
+	Domain         string    // "*", "*.example.com", "example.com", "Bücher.example.", "10.1.2.3", "[::1]"
+	Ports          []uint16  // nil: Options.DefaultPorts; non-nil and empty is an error
+	Transform      []Header  // already merged from the map and list shapes by the config loader
+	Credential     string    // credential ID, "" for none
+	AllowPlaintext bool      // inject over plain http:// too (insecure; default false)
+	AWS            *AWSScope // "aws": what an aws credential may sign for; nil: none given
+
+	// GitHub is how a github_app credential's token is sent: GitHubAPI ("" too) or GitHubGit.
+	GitHub string
 }
 
 // Rule is a compiled entry. Rules belong to their Policy: never modify one.
@@ -24,6 +28,8 @@ type Rule struct {
 	Transform      []Header // canonical names; values may be secrets
 	Credential     string   // credential ID, "" for none
 	AllowPlaintext bool
+	GitHub         string    // GitHubAPI or GitHubGit, never ""
+	AWS            *AWSScope // the regions and services an aws credential signs for; nil: none
 }
 
 // Injects reports whether the rule adds headers: a transform or a credential.
@@ -189,8 +195,10 @@ func (c *compiler) add(i int, e Entry) {
 		Transform:      c.transform(i, e.Transform),
 		Credential:     e.Credential,
 		AllowPlaintext: e.AllowPlaintext,
+		AWS:            c.awsScope(i, e.Credential, e.AWS),
 	}
 	c.credential(i, e.Credential)
+	r.GitHub = c.github(i, e)
 	c.checkInterceptable(r)
 	pattern, ok := c.pattern(i, e.Domain)
 	if !ok {

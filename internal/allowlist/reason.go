@@ -13,8 +13,8 @@ import (
 // metrics and the Egressd-Reason header, so never rename them.
 type Reason string
 
-// Reasons. The seven after ReasonNone are policy denials; the rest are
-// failures (see IsDenial).
+// Reasons. The eight after ReasonNone are policy denials; the rest are
+// failures (see IsDenial). Reasons lists them all.
 const (
 	ReasonNone                Reason = ""
 	ReasonBadRequest          Reason = "bad_request"
@@ -41,6 +41,16 @@ const (
 	// counted apart from upstream failures, which a client must not be able to fake.
 	ReasonClientCancelled Reason = "client_cancelled"
 )
+
+// Reasons is every reason code, denials first, in docs/reasons.md's order: the one
+// list that metrics exports from the start, that docs/reasons.md documents (its
+// test checks the table against it) and that explain answers with.
+var Reasons = []Reason{
+	ReasonBadRequest, ReasonNotAllowlisted, ReasonPortNotAllowed, ReasonInternalAddress,
+	ReasonHostMismatch, ReasonPlaintextCredential, ReasonMethodNotAllowed, ReasonCredentialScope,
+	ReasonCredentialUnavailable, ReasonDNSFailure, ReasonUpstreamUnreachable, ReasonUpstreamTLS,
+	ReasonUpstreamTimeout, ReasonOverloaded, ReasonClientCancelled,
+}
 
 // String returns the stable code, e.g. "not_allowlisted"; "" for ReasonNone.
 func (r Reason) String() string { return string(r) }
@@ -82,6 +92,10 @@ func (r Reason) Message(host string, port uint16, env, detail string) string {
 	case ReasonHostMismatch:
 		if detail == "port" {
 			return fmt.Sprintf("the request's Host names another port than the connection's destination %s (only the port differs): send it without a port, or with this one", hostPort(host, port))
+		}
+	case ReasonCredentialScope:
+		if m := awsScopeMessage(host, detail); m != "" {
+			return m
 		}
 	case ReasonUpstreamUnreachable:
 		if detail == "http2_only" {

@@ -130,6 +130,22 @@ var (
 	ErrScheme      = errors.New("unsupported scheme")
 )
 
+// URLTargetDetail is the bad_request detail of an error from URLTarget: what the
+// proxy answers an absolute-form request with, and explain reports, for the same URL.
+func URLTargetDetail(err error) string {
+	switch {
+	case errors.Is(err, ErrNotAbsolute):
+		return "not_proxy_request"
+	case errors.Is(err, ErrUserinfo):
+		return "userinfo"
+	case errors.Is(err, ErrScheme):
+		return "scheme"
+	case errors.Is(err, ErrBadName):
+		return "bad_name"
+	}
+	return "host"
+}
+
 // URLTarget returns the normalised target of an absolute http:// or https://
 // URL: the proxy's absolute-form request target and explain's argument are read
 // by this one function. A URL without a host, with userinfo ("allowed.test@evil.test")

@@ -90,6 +90,7 @@ type Config struct {
 	Environment string // matches ^[A-Za-z0-9_.-]{1,64}$; default env_default
 	Listeners   []Listener
 	Admin       Admin
+	Readiness   Readiness
 	Policy      PolicySource
 	Network     Network
 	DNS         DNS
@@ -99,6 +100,8 @@ type Config struct {
 	Limits      Limits
 	Log         Log
 	StateDir    string
+	// Node is node mode (node:); its zero value is a sidecar.
+	Node Node
 	// Rules is the policy named by Policy, loaded and compiled with
 	// AllowlistOptions. Set by Parse, Load and LoadDefault; nil from Default.
 	Rules *Policy
@@ -108,7 +111,22 @@ type Config struct {
 	// by the policy file's bytes (`cat egressd.yaml environment.json |
 	// sha256sum`); an inline policy adds nothing. Shown by /healthz.
 	Hash string
+	// raw is what the file said, before defaults: a sandbox spec is validated as
+	// this config with the spec's sections in place (ParseSandbox).
+	raw     *rawConfig
+	baseDir string // where raw's relative paths resolve
 }
+
+// Node is node mode: one egressd serving every sandbox on a machine, each
+// registered at runtime through SandboxesDir or APISocket (docs/node.md).
+type Node struct {
+	SandboxesDir string // one <id>.json|yaml per sandbox, watched; "" for none
+	APISocket    string // the registration API's Unix socket; "" for none
+	MaxSandboxes int    // registered at once; default DefaultMaxSandboxes
+}
+
+// Enabled reports whether the config is a node's.
+func (n Node) Enabled() bool { return n.SandboxesDir != "" || n.APISocket != "" }
 
 // Listener is one address egressd serves the sandbox (or its hooks) on.
 type Listener struct {
@@ -129,15 +147,28 @@ const (
 	RedirectGateway = "gateway" // DNAT on the host side of the sandbox's veth (deploy/netns)
 )
 
-// Admin is the admin listener: health, metrics, explain, reload, CA, JWKS.
+// Admin is the admin listener (explain, reload, sandbox env, CA, JWKS, and
+// health unless HealthAddress or HealthSocket is set) and the health listener
+// (/healthz, /readyz, /metrics only).
 type Admin struct {
-	// Address is invalid (the zero AddrPort) when the admin listener is off
-	// (admin.address: ""). It never equals a listener's address.
+	// Address is the admin listener's TCP address: loopback unless Exposed with a
+	// Token. Invalid (the zero AddrPort) when the admin listener is off
+	// (admin.address: "") or a Unix socket. It never equals a listener's address.
 	Address netip.AddrPort
-	// Exposed (admin.exposed) says an address on every interface is on purpose:
-	// the sandbox is kept off it by other means (deploy/kubernetes' init rules),
-	// so check does not warn about it.
+	// Socket is the admin listener's Unix socket path (admin.address:
+	// unix:///path), created 0600; "" when Address is used or the listener is off.
+	Socket string
+	// HealthAddress and HealthSocket are the health listener (admin.health_address,
+	// host:port or unix:///path): what probes and Prometheus reach, so it may be
+	// routable. Both empty: health is served on the admin listener.
+	HealthAddress netip.AddrPort
+	HealthSocket  string
+	// Exposed (admin.exposed) says a routable Address is on purpose; it needs
+	// Token, which every request to the admin listener must then present.
 	Exposed bool
+	// Token (admin.token) is the Bearer token every request to the admin
+	// listener must carry, when set: a credential whose token it is, or a file.
+	Token SecretRef
 	// Pprof serves net/http/pprof under /debug/pprof/ on the admin listener
 	// (admin.pprof, default false). Profiles show request paths and timing, not
 	// secrets, but a CPU profile costs CPU while it runs: leave it off unless
@@ -146,7 +177,18 @@ type Admin struct {
 }
 
 // Enabled reports whether the admin listener should be served.
-func (a Admin) Enabled() bool { return a.Address.IsValid() }
+func (a Admin) Enabled() bool { return a.Address.IsValid() || a.Socket != "" }
+
+// SeparateHealth reports whether health is served on its own listener.
+func (a Admin) SeparateHealth() bool { return a.HealthAddress.IsValid() || a.HealthSocket != "" }
+
+// Readiness shapes what /readyz waits for.
+type Readiness struct {
+	// RequireCredentials makes /readyz wait until every credential can be
+	// served; false (the default): ready once the policy is loaded and the
+	// listeners serve, each credential's state reported beside.
+	RequireCredentials bool
+}
 
 // PolicySource says where the policy comes from: exactly one of File (a
 // JSON environment, resolved path) and Inline (policy.allowlist).
@@ -192,6 +234,10 @@ type TLS struct {
 	CACert, CAKey string
 	// UpstreamCAFile adds roots for verifying upstreams (private PKI, tests).
 	UpstreamCAFile string
+	// CAPublicDir holds the CA's public files every user may read (the CA
+	// certificate, the merged bundle, the PKCS#12 trust store); default
+	// <state_dir>/ca (DefaultCAPublicDir).
+	CAPublicDir string
 	// DenyInTunnel is DenyInTunnelAuto (default), DenyInTunnelAlways or
 	// DenyInTunnelNever; DenyInside says what it means for this config.
 	DenyInTunnel string
@@ -384,6 +430,7 @@ func Parse(data []byte, baseDir string) (*Config, error) {
 	}
 	cfg.Warnings = ps.warnings()
 	cfg.Hash = hashOf(data, policyBytes)
+	cfg.raw, cfg.baseDir = raw, baseDir
 	return cfg, nil
 }
 
@@ -455,7 +502,13 @@ func (c *Config) loadPolicy(inline *rawAllowlist, ps *problems) []byte {
 		return nil
 	}
 	if c.Policy.File == "" {
-		return nil // reported by validate
+		if c.Node.Enabled() {
+			// A node without a policy of its own serves only its sandboxes: its own
+			// listeners, if any, refuse everything.
+			c.Rules = &Policy{Disabled: true}
+			c.Rules.Allowlist, c.Rules.Entries = compileAllowlist(&rawAllowlist{disabled: true}, "policy", opts, ps)
+		}
+		return nil // else reported by validate
 	}
 	data, err := readFile(c.Policy.File)
 	if err != nil {

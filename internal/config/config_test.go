@@ -85,7 +85,9 @@ func TestDefaultMatchesQuickstart(t *testing.T) {
 	// Align what legitimately differs, then compare everything else.
 	qs.Environment = def.Environment
 	qs.Policy.File, qs.Credentials.File, qs.StateDir = def.Policy.File, def.Credentials.File, def.StateDir
+	qs.TLS.CAPublicDir = def.TLS.CAPublicDir
 	qs.Rules, qs.Hash, qs.Warnings = nil, "", nil
+	qs.raw, qs.baseDir = def.raw, def.baseDir // what each was read from
 	if !reflect.DeepEqual(def, qs) {
 		t.Errorf("Default and quickstart.yaml differ:\n%s\nvs\n%s", renderResult(def, nil), renderResult(qs, nil))
 	}

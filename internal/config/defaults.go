@@ -13,6 +13,12 @@ const (
 	// assertions when the config does not.
 	DefaultEnvironment = "env_default"
 
+	// DefaultMaxSandboxes bounds the sandboxes a node serves at once: each holds
+	// listeners, a Snapshot and a credential store.
+	DefaultMaxSandboxes = 2000
+	// DefaultAPISocket is the example node.api_socket of messages.
+	DefaultAPISocket = "/run/egressd/node.sock"
+
 	// DefaultListenerName, DefaultListenerAddress, DefaultMode and
 	// DefaultRole describe the one listener of the quick-start config:
 	// an explicit proxy for the sandbox on loopback (HTTP_PROXY=http://127.0.0.1:15001).
@@ -24,6 +30,11 @@ const (
 	// DefaultAdminAddress is the admin listener (health, metrics, explain,
 	// reload, CA, JWKS). Loopback only: the sandbox must never reach it.
 	DefaultAdminAddress = "127.0.0.1:15000"
+	// DefaultHealthExample is the example an invalid admin.health_address is
+	// shown (the key has no default: health stays on the admin listener).
+	DefaultHealthExample = "0.0.0.0:8081"
+	// UnixPrefix marks an admin or health address that is a Unix socket's path.
+	UnixPrefix = "unix://"
 
 	// DefaultPolicyFile and DefaultCredentialsFile are the quick-start
 	// files, relative to the working directory (Default) or to the config
@@ -151,6 +162,9 @@ const (
 
 	// DefaultStateDir holds the generated CA and hook signing key.
 	DefaultStateDir = ".egressd"
+	// DefaultCAPublicDir is tls.ca_public_dir's default, inside state_dir: the
+	// CA's public files, which `egressd ca env` points clients at.
+	DefaultCAPublicDir = "ca"
 )
 
 // defaultPorts returns the ports an allowlist entry without "ports"

@@ -46,6 +46,10 @@ func decodeEntry(d *decoder, n *yaml.Node, path string) allowlist.Entry {
 		Transform:      r.Transform.headers,
 		Credential:     r.Credential,
 		AllowPlaintext: r.AllowPlaintext,
+		GitHub:         r.GitHub,
+	}
+	if r.AWS != nil {
+		e.AWS = &allowlist.AWSScope{Regions: r.AWS.Regions, Services: r.AWS.Services}
 	}
 	if r.Domain == nil {
 		d.ps.errorf(path+".domain", `required, e.g. "domain": "api.example.com"`)

@@ -121,6 +121,9 @@ func render(b *strings.Builder, path string, v reflect.Value) {
 		render(b, path, v.Elem())
 	case reflect.Struct:
 		for i := range v.NumField() {
+			if !v.Type().Field(i).IsExported() {
+				continue // what the config was read from, not what it says
+			}
 			render(b, joinField(path, v.Type().Field(i).Name), v.Field(i))
 		}
 	case reflect.Slice:

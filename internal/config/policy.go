@@ -104,10 +104,17 @@ func readPolicy(data []byte, file string, opts allowlist.Options) (*Policy, *pro
 		ps.add(jsonProblem(err))
 		return p, ps
 	}
-	d := newDecoder(ps)
+	return compilePolicy(newDecoder(ps), root, data, opts), ps
+}
+
+// compilePolicy compiles the policy document root, recording problems through d.
+// data is the document's text, for an inline hooks.json object as written; nil
+// when root is part of another document (a sandbox spec's environment).
+func compilePolicy(d *decoder, root *yaml.Node, data []byte, opts allowlist.Options) *Policy {
+	p := &Policy{}
 	if root.Kind != yaml.MappingNode {
 		d.errorAt("policy", root.Line, "%s, got %s", shapeHint, describe(root))
-		return p, ps
+		return p
 	}
 	al, prefix, kind := findAllowlist(d, root)
 	var entries rawAllowlist
@@ -120,16 +127,16 @@ func readPolicy(data []byte, file string, opts allowlist.Options) (*Policy, *pro
 		d.ps.warnf("network", `the policy has no "network": every destination on network.default_ports is allowed (the managed-agent platform's `+
 			`meaning), nothing is injected; add {"network": {"allowlist": [...]}} to restrict it, or "network": "disabled" to deny everything`)
 	case al == nil:
-		return p, ps
+		return p
 	default:
 		entries.decodeNode(d, al, prefix)
 	}
-	p.Allowlist, p.Entries = compileAllowlist(&entries, prefix, opts, ps)
+	p.Allowlist, p.Entries = compileAllowlist(&entries, prefix, opts, d.ps)
 	if prefix != "allowlist" {
 		p.HooksJSON = findHooks(d, root, data)
 		p.Env = findEnv(d, root)
 	}
-	return p, ps
+	return p
 }
 
 // envName is a POSIX environment variable name.
@@ -303,6 +310,8 @@ func hooksContent(d *decoder, item *yaml.Node, path string, i int, data []byte) 
 			return nil
 		}
 		return json.RawMessage(content.Value)
+	case content.Kind == yaml.MappingNode && data == nil:
+		return nodeJSON(content)
 	case content.Kind == yaml.MappingNode:
 		return rawSourceContent(data, i)
 	default:
@@ -324,6 +333,20 @@ func rawSourceContent(data []byte, i int) json.RawMessage {
 		return nil
 	}
 	return slices.Clone(env.Sources[i].Content)
+}
+
+// nodeJSON re-encodes a decoded mapping as JSON (keys sorted, duplicates gone):
+// hooks.json carried inside a sandbox spec, whose text is not the document's own.
+func nodeJSON(n *yaml.Node) json.RawMessage {
+	var v any
+	if n.Decode(&v) != nil {
+		return nil
+	}
+	data, err := json.Marshal(v)
+	if err != nil {
+		return nil
+	}
+	return data
 }
 
 // mappingValue returns the value of key in mapping n (the last one when

@@ -19,6 +19,7 @@ type rawConfig struct {
 	Environment string         `yaml:"environment"`
 	Listeners   []rawListener  `yaml:"listeners"`
 	Admin       rawAdmin       `yaml:"admin"`
+	Readiness   rawReadiness   `yaml:"readiness"`
 	Policy      rawPolicy      `yaml:"policy"`
 	Network     rawNetwork     `yaml:"network"`
 	DNS         rawDNS         `yaml:"dns"`
@@ -28,6 +29,14 @@ type rawConfig struct {
 	Limits      rawLimits      `yaml:"limits"`
 	Log         rawLog         `yaml:"log"`
 	StateDir    string         `yaml:"state_dir"`
+	Node        *rawNode       `yaml:"node"` // nil: a sidecar
+}
+
+// rawNode is node mode: the sandboxes are registered at runtime, not configured.
+type rawNode struct {
+	SandboxesDir string `yaml:"sandboxes_dir"`
+	APISocket    string `yaml:"api_socket"`
+	MaxSandboxes *int   `yaml:"max_sandboxes"`
 }
 
 type rawListener struct {
@@ -39,9 +48,15 @@ type rawListener struct {
 }
 
 type rawAdmin struct {
-	Address *string `yaml:"address"` // nil: default; "": off
-	Pprof   bool    `yaml:"pprof"`
-	Exposed bool    `yaml:"exposed"`
+	Address       *string      `yaml:"address"`        // nil: default; "": off
+	HealthAddress string       `yaml:"health_address"` // "": health stays on the admin listener
+	Pprof         bool         `yaml:"pprof"`
+	Exposed       bool         `yaml:"exposed"`
+	Token         rawSecretRef `yaml:"token"` // {credential: ID} or {file: path}
+}
+
+type rawReadiness struct {
+	RequireCredentials bool `yaml:"require_credentials"`
 }
 
 // rawPolicy is policy.file or an inline policy.allowlist.
@@ -71,6 +86,7 @@ type rawTLS struct {
 	CACert         string `yaml:"ca_cert"`
 	CAKey          string `yaml:"ca_key"`
 	UpstreamCAFile string `yaml:"upstream_ca_file"`
+	CAPublicDir    string `yaml:"ca_public_dir"`
 	DenyInTunnel   string `yaml:"deny_in_tunnel"`
 }
 
@@ -170,6 +186,14 @@ type rawEntry struct {
 	Transform      rawTransform `yaml:"transform"`
 	Credential     string       `yaml:"credential"`
 	AllowPlaintext bool         `yaml:"allow_plaintext"`
+	GitHub         string       `yaml:"github"` // "api" | "git": how a github_app token is sent
+	AWS            *rawAWSScope `yaml:"aws"`
+}
+
+// rawAWSScope is an entry's "aws" block.
+type rawAWSScope struct {
+	Regions  []string `yaml:"regions"`
+	Services []string `yaml:"services"`
 }
 
 // rawDuration is a Go duration string ("10s", "5m"), parsed as it is

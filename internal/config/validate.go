@@ -33,11 +33,12 @@ var idPattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 // validate checks raw and returns the Config it describes.
 func validate(raw *rawConfig, baseDir string, ps *problems) *Config {
 	v := &validator{ps: ps, baseDir: baseDir}
+	node := v.node(raw.Node)
 	cfg := &Config{
 		Version:     v.version(raw.Version),
 		Environment: v.environment(raw.Environment),
-		Listeners:   v.listeners(raw.Listeners),
-		Policy:      v.policySource(raw.Policy),
+		Listeners:   v.listeners(raw.Listeners, node.Enabled()),
+		Policy:      v.policySource(raw.Policy, node.Enabled()),
 		Network:     v.network(raw.Network),
 		DNS:         v.dns(raw.DNS),
 		TLS:         v.tls(raw.TLS),
@@ -46,8 +47,14 @@ func validate(raw *rawConfig, baseDir string, ps *problems) *Config {
 		Limits:      v.limits(raw.Limits),
 		Log:         v.log(raw.Log),
 		StateDir:    v.path(or(raw.StateDir, DefaultStateDir)),
+		Node:        node,
 	}
 	cfg.Admin = v.admin(raw.Admin, cfg.Listeners)
+	cfg.Readiness = Readiness{RequireCredentials: raw.Readiness.RequireCredentials}
+	cfg.TLS.CAPublicDir = v.path(raw.TLS.CAPublicDir)
+	if cfg.TLS.CAPublicDir == "" {
+		cfg.TLS.CAPublicDir = filepath.Join(cfg.StateDir, DefaultCAPublicDir)
+	}
 	return cfg
 }
 
@@ -69,8 +76,28 @@ func (v *validator) environment(env string) string {
 	return env
 }
 
-// listeners checks each listener, then that names and addresses are unique.
-func (v *validator) listeners(raws []rawListener) []Listener {
+// node checks node mode's section: a node needs a way to register sandboxes.
+func (v *validator) node(r *rawNode) Node {
+	if r == nil {
+		return Node{}
+	}
+	n := Node{
+		SandboxesDir: v.path(r.SandboxesDir),
+		APISocket:    v.path(r.APISocket),
+		MaxSandboxes: positive(v, r.MaxSandboxes, "node.max_sandboxes", DefaultMaxSandboxes),
+	}
+	if !n.Enabled() {
+		v.ps.errorf("node", "set node.sandboxes_dir, node.api_socket or both, e.g. api_socket: %s", DefaultAPISocket)
+	}
+	return n
+}
+
+// listeners checks each listener, then that names and addresses are unique. A
+// node may have none: its sandboxes bring their own.
+func (v *validator) listeners(raws []rawListener, optional bool) []Listener {
+	if len(raws) == 0 && optional {
+		return nil
+	}
 	if len(raws) == 0 {
 		v.ps.errorf("listeners", "at least one listener is required, e.g. [{name: sandbox, address: %s}]", DefaultListenerAddress)
 		return nil
@@ -115,34 +142,81 @@ func (v *validator) listener(r rawListener, path string) Listener {
 	return l
 }
 
-// admin parses admin.address ("" turns the admin listener off) and keeps it
-// apart from the sandbox's listeners.
+// admin parses admin.address ("" turns the admin listener off) and
+// admin.health_address, keeps both apart from the sandbox's listeners and from
+// each other, and refuses a routable admin listener without exposed and a token.
 func (v *validator) admin(r rawAdmin, ls []Listener) Admin {
+	a := Admin{Pprof: r.Pprof, Exposed: r.Exposed, Token: SecretRef{Credential: r.Token.Credential, File: v.path(r.Token.File)}}
+	if r.Token.Credential != "" && r.Token.File != "" {
+		v.ps.errorf("admin.token", "set credential or file, not both")
+	}
 	s := DefaultAdminAddress
 	if r.Address != nil {
 		s = *r.Address
 	}
+	a.HealthAddress, a.HealthSocket = v.endpoint(r.HealthAddress, "admin.health_address", DefaultHealthExample, ls)
 	if s == "" {
 		if r.Pprof {
 			v.ps.errorf("admin.pprof", "needs the admin listener; set admin.address or drop admin.pprof")
 		}
-		return Admin{}
+		return a
 	}
-	ap, ok := v.addrPort(s, "admin.address", DefaultAdminAddress, true)
+	a.Address, a.Socket = v.endpoint(s, "admin.address", DefaultAdminAddress, ls)
+	switch {
+	case a.HealthSocket != "" && a.HealthSocket == a.Socket:
+		v.ps.errorf("admin.health_address", "%s is admin.address too: give the health listener its own address", a.HealthSocket)
+	case conflicts(a.HealthAddress, a.Address):
+		v.ps.errorf("admin.health_address", "%s is already used by admin.address; give the health listener its own port", a.HealthAddress)
+	}
+	v.adminExposure(a)
+	return a
+}
+
+// adminExposure refuses an admin listener on a routable address unless the
+// operator says it is on purpose (admin.exposed) and protects it with a token:
+// reload, explain and the sandbox's placeholders would be open to the network.
+func (v *validator) adminExposure(a Admin) {
+	if !a.Address.IsValid() || a.Address.Addr().IsLoopback() {
+		return
+	}
+	switch {
+	case !a.Exposed:
+		v.ps.errorf("admin.address", "%s is routable: reload, explain and the sandbox's placeholders would be reachable "+
+			"from the network; use 127.0.0.1:%d or unix:///run/egressd/admin.sock, and put probes and Prometheus on "+
+			"admin.health_address (e.g. %s), which serves only /healthz, /readyz and /metrics; or, to expose it "+
+			"on purpose, set admin.exposed: true and admin.token: {credential: ID} or {file: path}",
+			a.Address, a.Address.Port(), DefaultHealthExample)
+	case a.Token == (SecretRef{}):
+		v.ps.errorf("admin.token", "required with admin.exposed on the routable %s: {credential: ID} or {file: path}, "+
+			"the Bearer token every admin request must carry; or move admin.address to 127.0.0.1 and probes to "+
+			"admin.health_address", a.Address)
+	}
+}
+
+// endpoint parses an admin or health address: "" (none), unix:///path (a Unix
+// socket), or an ip:port kept apart from the sandbox's listeners.
+func (v *validator) endpoint(s, path, example string, ls []Listener) (netip.AddrPort, string) {
+	if s == "" {
+		return netip.AddrPort{}, ""
+	}
+	if rest, ok := strings.CutPrefix(s, UnixPrefix); ok {
+		if rest == "" {
+			v.ps.errorf(path, "%s names no socket path, e.g. %s/run/egressd/admin.sock", quoteShort(s), UnixPrefix)
+			return netip.AddrPort{}, ""
+		}
+		return netip.AddrPort{}, v.path(rest)
+	}
+	ap, ok := v.addrPort(s, path, example, true)
 	if !ok {
-		return Admin{}
+		return netip.AddrPort{}, ""
 	}
 	for i, l := range ls {
 		if conflicts(ap, l.Address) {
-			v.ps.errorf("admin.address", "%s is already used by %s; the admin listener must never be the sandbox's", ap, indexPath("listeners", i))
-			return Admin{Address: ap, Pprof: r.Pprof}
+			v.ps.errorf(path, "%s is already used by %s; the admin and health listeners must never be the sandbox's", ap, indexPath("listeners", i))
+			break
 		}
 	}
-	if ap.Addr().IsUnspecified() && !r.Exposed {
-		v.ps.warnf("admin.address", "%s exposes reload and explain on every interface, the sandbox's included; prefer 127.0.0.1 "+
-			"(or, when rules keep the sandbox off the port as deploy/kubernetes' do, say so with admin.exposed: true)", ap)
-	}
-	return Admin{Address: ap, Pprof: r.Pprof, Exposed: r.Exposed}
+	return ap, ""
 }
 
 // redirect checks listeners[].redirect against the listener's mode and address:
@@ -161,7 +235,7 @@ func (v *validator) redirect(r rawListener, l Listener, path string) string {
 	switch {
 	case l.Mode != ModeTransparent:
 		v.ps.errorf(path+".redirect", "only for a transparent listener (mode: %s)", ModeTransparent)
-	case red == RedirectLocal && !l.Address.Addr().IsLoopback():
+	case red == RedirectLocal && l.Address.IsValid() && !l.Address.Addr().IsLoopback():
 		v.ps.warnf(path+".address", "redirect: local delivers to 127.0.0.1 or ::1, not %s", l.Address.Addr())
 	case red == RedirectGateway && l.Address.Addr().IsLoopback():
 		v.ps.errorf(path+".address", "redirect: gateway's DNAT can never reach %s: use the sandbox-facing address", l.Address.Addr())
@@ -225,8 +299,9 @@ func (v *validator) optionalAddr(s, path, example string, portZeroOK bool) strin
 // policySource checks that exactly one of policy.file and
 // policy.allowlist is set. The inline entries are compiled later, with
 // the network and TLS options (Config.loadPolicy).
-func (v *validator) policySource(r rawPolicy) PolicySource {
+func (v *validator) policySource(r rawPolicy, optional bool) PolicySource {
 	switch {
+	case optional && r.File == "" && r.Allowlist == nil:
 	case r.File != "" && r.Allowlist != nil:
 		v.ps.errorf("policy", "set policy.file or policy.allowlist, not both")
 	case r.File == "" && r.Allowlist == nil:
@@ -333,8 +408,10 @@ func (v *validator) credentials(r rawCredentials) Credentials {
 		MaxStale: v.duration(r.MaxStale, "credentials.max_stale", DefaultMaxStale),
 	}
 	c.Vault = v.vault(r.Vault, c.Backend == BackendVault)
-	if r.File == "" && (r.Backend == "" || r.Backend == BackendFile) {
-		v.ps.errorf("credentials.file", "required for the file backend, e.g. file: %s", filepath.Base(DefaultCredentialsFile))
+	if c.File == "" && c.Backend == BackendFile {
+		// The documented default: credentials.json beside the config file, as
+		// configs/quickstart.yaml names configs/credentials.json.
+		c.File = v.path(filepath.Base(DefaultCredentialsFile))
 	}
 	return c
 }

@@ -38,7 +38,12 @@ type Value struct {
 	Headers []Header  // derived from the secret's shape by Parse; for oauth2, set by the token manager
 	OAuth2  *OAuth2   // type oauth2: the client (redacts itself)
 	Env     *EnvVar   // type environment_variable: the value (redacts itself)
+	AWS     *AWS      // type aws: the keys (redact themselves); for vault_aws, set by the aws token manager
 	ReadAt  time.Time // last successful read of this credential
+
+	// GitHubApp: type github_app, the installation (redacts itself); Headers are set by
+	// the token manager.
+	GitHubApp *GitHubApp
 }
 
 // Names returns the names of the headers the credential sets, in order.

@@ -24,6 +24,9 @@ const (
 	// CauseNoAccessToken: an oauth2 credential has no unexpired access token (the token
 	// endpoint has not answered yet, or has failed past the last token's expiry).
 	CauseNoAccessToken = "no_access_token"
+	// CauseNoAWSKeys: a vault_aws credential has no unexpired keys (Vault's AWS secrets
+	// engine has not answered yet, or has failed past the last keys' expiry).
+	CauseNoAWSKeys = "no_aws_keys"
 )
 
 // UnavailableError is returned by Store.Get when a credential cannot be served: never read,

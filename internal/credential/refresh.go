@@ -15,14 +15,36 @@ import (
 // Refresh ± Jitter until ctx ends. If the backend is a Watcher, Start also runs its Watch,
 // re-reading every ID on each change; if it is an IDWatcher, its WatchIDs, re-reading the
 // IDs it names. Reads after the first are never on the request path.
-// Start must be called once.
+// Start (or StartAsync) must be called once.
 func (s *Store) Start(ctx context.Context) {
+	s.StartAsync(ctx)
+	select {
+	case <-s.first:
+	case <-ctx.Done():
+	}
+}
+
+// StartAsync is Start without the wait: the first reads run in the background, each ID's
+// Status is pending until its own is done, FirstRead is closed once all are, and
+// AwaitFirst waits for one.
+func (s *Store) StartAsync(ctx context.Context) {
 	if !s.started.CompareAndSwap(false, true) {
 		panic("credential: Store.Start called twice")
 	}
-	first, cancel := context.WithTimeout(ctx, s.o.ReadTimeout)
-	s.refreshAll(first)
-	cancel()
+	s.wg.Go(func() {
+		first, cancel := context.WithTimeout(ctx, s.o.ReadTimeout)
+		s.refreshAll(first)
+		cancel()
+		for _, id := range s.ids {
+			s.entries[id].firstDone() // a read cut short by the timeout is done too
+		}
+		close(s.first)
+		s.startLoops(ctx)
+	})
+}
+
+// startLoops starts the refresh loop of every ID and the backend's watchers.
+func (s *Store) startLoops(ctx context.Context) {
 	for _, id := range s.ids {
 		e := s.entries[id]
 		s.wg.Go(func() { s.loop(ctx, e) })
@@ -116,10 +138,11 @@ func (s *Store) read(ctx context.Context, e *entry) bool {
 	next := &state{good: prev.good, hasGood: prev.hasGood, result: classify(err), err: err}
 	if err == nil {
 		next.good = Value{ID: e.id, Version: version, Type: sec.Type, Headers: slices.Clone(sec.Headers),
-			OAuth2: sec.OAuth2, Env: sec.Env, ReadAt: start}
+			OAuth2: sec.OAuth2, Env: sec.Env, GitHubApp: sec.GitHubApp, AWS: sec.AWS, ReadAt: start}
 		next.hasGood = true
 	}
 	e.cur.Store(next)
+	e.firstDone()
 	s.report(e.id, prev, next)
 	return true
 }

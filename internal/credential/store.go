@@ -1,6 +1,7 @@
 package credential
 
 import (
+	"context"
 	"errors"
 	"math"
 	"slices"
@@ -30,8 +31,16 @@ const (
 	minRefresh      = time.Millisecond // floor of the MaxStale/3 cap: never a busy loop
 	readParallelism = 8                // concurrent reads when every ID is read at once
 	staleRefreshDiv = 3                // Refresh is capped at MaxStale/staleRefreshDiv
-	ageResolution   = float64(time.Millisecond) / float64(time.Second)
+	ageDigits       = 1000             // age_seconds is rounded to the millisecond
 )
+
+// FirstReadWait bounds how long a request that needs a credential waits for that
+// credential's first read (or an oauth2 credential's first token) while it is still
+// in flight after a start, instead of failing at once with credential_unavailable.
+// Only the first read is waited for: later reads never hold a request, which is
+// served from memory. A few seconds: a backend that answers at all answers sooner,
+// and a client's own timeout is longer.
+const FirstReadWait = 5 * time.Second
 
 // Results of one read: the result label of credential_refresh_total.
 const (
@@ -83,6 +92,7 @@ type Metrics struct {
 // Status is one credential's state for /readyz.
 type Status struct {
 	Ready      bool    `json:"ready"`             // Get would return the value now
+	Pending    bool    `json:"pending,omitempty"` // the first read is still in flight
 	Version    string  `json:"version,omitempty"` // of the last good value
 	AgeSeconds float64 `json:"age_seconds"`       // since the last good read; 0 when never read
 	// Error is the cause class and the last read's error, e.g. "stale: open creds.json: no
@@ -103,6 +113,7 @@ type Store struct {
 	entries map[string]*entry // fixed by NewStore: read concurrently without a lock
 	started atomic.Bool
 	wg      sync.WaitGroup
+	first   chan struct{} // closed once the first read of every ID is done
 
 	subMu sync.Mutex
 	subs  []func(id string) // told of every read (Subscribe); appended to, never changed
@@ -111,10 +122,15 @@ type Store struct {
 // entry is one credential ID. Reads of it are serialised by mu, so that a slow read can never
 // overwrite the result of a later one; Get only loads cur.
 type entry struct {
-	id  string
-	mu  sync.Mutex
-	cur atomic.Pointer[state]
+	id    string
+	mu    sync.Mutex
+	cur   atomic.Pointer[state]
+	first chan struct{} // closed once the first read is done (or Start's ctx ended)
+	once  sync.Once
 }
+
+// firstDone closes e.first, once.
+func (e *entry) firstDone() { e.once.Do(func() { close(e.first) }) }
 
 // state is immutable once stored: a refresh stores a new one.
 type state struct {
@@ -126,12 +142,12 @@ type state struct {
 
 // NewStore manages ids (those the policy references; duplicates and "" are dropped) over b.
 func NewStore(b Backend, ids []string, o Options) *Store {
-	s := &Store{backend: b, o: o.withDefaults(), entries: make(map[string]*entry, len(ids))}
+	s := &Store{backend: b, o: o.withDefaults(), entries: make(map[string]*entry, len(ids)), first: make(chan struct{})}
 	for _, id := range ids {
 		if id == "" || s.entries[id] != nil {
 			continue
 		}
-		e := &entry{id: id}
+		e := &entry{id: id, first: make(chan struct{})}
 		e.cur.Store(&state{})
 		s.entries[id] = e
 		s.ids = append(s.ids, id)
@@ -205,16 +221,47 @@ func (s *Store) Status() map[string]Status {
 	now := s.o.Now()
 	out := make(map[string]Status, len(s.ids))
 	for _, id := range s.ids {
-		out[id] = s.entries[id].cur.Load().status(id, now, s.o.MaxStale)
+		e := s.entries[id]
+		out[id] = e.cur.Load().status(id, now, s.o.MaxStale)
+		if !e.done() {
+			st := out[id]
+			st.Pending, st.Error = true, ""
+			out[id] = st
+		}
 	}
 	return out
+}
+
+// done reports whether e's first read is done.
+func (e *entry) done() bool {
+	select {
+	case <-e.first:
+		return true
+	default:
+		return false
+	}
+}
+
+// FirstRead is closed once the first read of every ID is done (StartAsync).
+func (s *Store) FirstRead() <-chan struct{} { return s.first }
+
+// AwaitFirst waits until id's first read is done, or ctx ends: a request that
+// needs id right after a start waits for the read in flight rather than failing.
+// It returns at once for an ID read before, or one the Store does not manage.
+func (s *Store) AwaitFirst(ctx context.Context, id string) {
+	if e := s.entries[id]; e != nil {
+		select {
+		case <-e.first:
+		case <-ctx.Done():
+		}
+	}
 }
 
 func (st *state) status(id string, now time.Time, maxStale time.Duration) Status {
 	var out Status
 	if st.hasGood {
 		out.Version = st.good.Version
-		out.AgeSeconds = math.Round(now.Sub(st.good.ReadAt).Seconds()/ageResolution) * ageResolution
+		out.AgeSeconds = math.Round(now.Sub(st.good.ReadAt).Seconds()*ageDigits) / ageDigits
 	}
 	if ue := st.unavailable(id, now, maxStale); ue != nil {
 		out.Error = ue.Cause

@@ -2,6 +2,7 @@ package credential
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -549,3 +550,49 @@ func BenchmarkGet(b *testing.B) {
 }
 
 type syncBuffer = syncbuf.Buffer
+
+// TestStatusAgeMilliseconds: /readyz's age_seconds is rounded to the millisecond and
+// prints as such (12.014, not 12.014000000000001).
+func TestStatusAgeMilliseconds(t *testing.T) {
+	f := newFake()
+	f.setToken("a", "tok")
+	clock := newClock()
+	s := startStore(t, f, []string{"a"}, Options{Now: clock.Now})
+	clock.Advance(12014*time.Millisecond + 400*time.Microsecond)
+	st := s.Status()["a"]
+	b, _ := json.Marshal(st)
+	if st.AgeSeconds != 12.014 || !strings.Contains(string(b), `"age_seconds":12.014}`) {
+		t.Errorf("age %v, JSON %s; want 12.014", st.AgeSeconds, b)
+	}
+}
+
+// TestStartAsyncPending: with StartAsync the first read runs in the background: the
+// ID is pending (not an error) until it is done, AwaitFirst waits for it, bounded by
+// its context, and FirstRead closes once every first read is done.
+func TestStartAsyncPending(t *testing.T) {
+	f := newFake()
+	f.setToken("a", "tok")
+	f.block = make(chan struct{})
+	s := NewStore(f, []string{"a"}, Options{MaxStale: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); s.Wait() })
+	s.StartAsync(ctx)
+	<-f.entered
+	if st := s.Status()["a"]; !st.Pending || st.Ready || st.Error != "" {
+		t.Errorf("during the first read: %+v, want pending", st)
+	}
+	short, stop := context.WithTimeout(ctx, 50*time.Millisecond)
+	s.AwaitFirst(short, "a")
+	stop()
+	if _, err := s.Get("a"); err == nil {
+		t.Fatal("served before the first read ended")
+	}
+	done := make(chan struct{})
+	go func() { s.AwaitFirst(ctx, "a"); close(done) }()
+	close(f.block)
+	<-done
+	<-s.FirstRead()
+	if v, err := s.Get("a"); err != nil || s.Status()["a"].Pending {
+		t.Errorf("after the first read: %v %v %+v", v, err, s.Status()["a"])
+	}
+}

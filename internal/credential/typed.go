@@ -53,10 +53,16 @@ type Secret struct {
 	Headers []Header // the headers set, for every type but oauth2 and environment_variable
 	OAuth2  *OAuth2  // type oauth2: the headers come from its token endpoint
 	Env     *EnvVar  // type environment_variable: no headers; placeholders are replaced
+	// GitHubApp: type github_app; the headers come from the installation tokens minted
+	GitHubApp *GitHubApp
+	// AWS: type aws: no headers; requests are signed again (SigV4)
+	AWS *AWS
 }
 
 // empty reports whether the secret sets nothing at all.
-func (s Secret) empty() bool { return len(s.Headers) == 0 && s.OAuth2 == nil && s.Env == nil }
+func (s Secret) empty() bool {
+	return len(s.Headers) == 0 && s.OAuth2 == nil && s.Env == nil && s.GitHubApp == nil && s.AWS == nil
+}
 
 // OAuth2 is an oauth2 client. ClientSecret and RefreshToken are secrets: OAuth2 redacts
 // itself in every rendering, like Header.
@@ -165,8 +171,12 @@ func Parse(id string, raw map[string]any) (Secret, error) {
 		return parseOAuth2(id, raw)
 	case TypeEnvironmentVariable:
 		return parseEnvVar(id, raw)
+	case TypeGitHubApp:
+		return parseGitHubApp(id, raw)
+	case TypeAWS:
+		return parseAWS(id, raw)
 	}
-	return Secret{}, valueErr(id, `"type": `+typeName(t)+` is not a credential type; use "bearer_token", "oauth2" or "environment_variable" (or drop "type" for egressd's own shapes)`)
+	return Secret{}, valueErr(id, `"type": `+typeName(t)+` is not a credential type; use "bearer_token", "oauth2", "environment_variable", "github_app" or "aws" (or drop "type" for egressd's own shapes)`)
 }
 
 func typeName(t any) string {

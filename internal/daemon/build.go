@@ -47,6 +47,7 @@ func buildSnapshot(l *Loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds 
 	}
 	snap := &proxy.Snapshot{
 		Env:         cfg.Environment,
+		Sandbox:     l.Sandbox,
 		Policy:      l.Policy.Allowlist,
 		Guard:       guard,
 		Resolver:    netguard.NewResolver(cfg.Network.Resolver, cfg.Limits.DNS),
@@ -102,11 +103,11 @@ func newLeaves(cfg *config.Config, m *metrics.Metrics) (*mitm.Leaves, error) {
 	}), nil
 }
 
-// credentialIDs lists the credential IDs the policy (and the hook signing key and
-// runtime token) references, sorted.
+// credentialIDs lists the credential IDs the policy (and the hook signing key, the
+// runtime token and the admin token) references, sorted.
 func credentialIDs(l *Loaded) []string {
 	var ids []string
-	for _, id := range []string{l.Cfg.Hooks.SigningKey.Credential, l.Cfg.Hooks.RuntimeAuth.Credential} {
+	for _, id := range []string{l.Cfg.Hooks.SigningKey.Credential, l.Cfg.Hooks.RuntimeAuth.Credential, l.Cfg.Admin.Token.Credential} {
 		if id != "" && !slices.Contains(ids, id) {
 			ids = append(ids, id)
 		}
@@ -139,11 +140,12 @@ func storeKey(l *Loaded) string {
 	return fmt.Sprintf("%s|%s|%s|%x|%s", c.Backend, c.File, c.MaxStale, vault[:8], strings.Join(credentialIDs(l), ","))
 }
 
-// newStore builds and starts the credential store for the policy's credential IDs, and
-// the oauth2 token manager over it (not started: it needs the Snapshot's guard for its
-// token calls, see startOAuth). A Vault that cannot be reached, or refuses the login, is
-// not fatal: its credentials are unavailable (never_read, /readyz not ready) while the
-// backend keeps retrying.
+// newStore builds and starts the credential store for the policy's credential IDs (its
+// first reads in the background: egressd serves meanwhile, and a request that needs a
+// credential still being read waits for it, credential.FirstReadWait), and the oauth2
+// token manager over it (not started: it needs the Snapshot's guard for its token calls).
+// A Vault that cannot be reached, or refuses the login, is not fatal: its credentials are
+// unavailable (never_read, credential_ready 0) while the backend keeps retrying.
 func newStore(ctx context.Context, l *Loaded, log zerolog.Logger, m *metrics.Metrics) (*credential.Store, *oauth.Manager, error) {
 	c := l.Cfg.Credentials
 	backend, err := NewBackend(l, log)
@@ -155,6 +157,7 @@ func newStore(ctx context.Context, l *Loaded, log zerolog.Logger, m *metrics.Met
 		log.Info().Str("address", vb.Address()).Str("auth", c.Vault.Auth.Method).Str("kv_mount", c.Vault.KVMount).
 			Str("kv_prefix", c.Vault.KVPrefix).Msg("credentials from vault")
 		opts.Refresh = c.Vault.Refresh
+		vb.SetMintMetrics(func(id, result string) { m.CredentialMint.WithLabelValues(id, result).Inc() })
 	}
 	ids := credentialIDs(l)
 	for _, id := range ids {
@@ -168,15 +171,28 @@ func newStore(ctx context.Context, l *Loaded, log zerolog.Logger, m *metrics.Met
 		Age:     func(id string, s float64) { m.CredentialAge.WithLabelValues(id).Set(s) },
 	}
 	store := credential.NewStore(backend, ids, opts)
-	store.Start(ctx)
-	oo := oauth.Options{Log: log, Metrics: func(id, result string) { m.OAuthRefresh.WithLabelValues(id, result).Inc() }}
-	oo.Writer, _ = backend.(credential.Writer)
-	for _, id := range ids {
-		if v, err := store.Get(id); err == nil && v.OAuth2 != nil {
-			m.OAuthRefresh.WithLabelValues(id, oauth.ResultOK)
-			m.OAuthRefresh.WithLabelValues(id, oauth.ResultError)
+	store.StartAsync(ctx)
+	go func() {
+		select {
+		case <-store.FirstRead():
+		case <-ctx.Done():
+			return
 		}
-	}
+		for _, id := range ids {
+			v, err := store.Get(id)
+			if err == nil && v.OAuth2 != nil {
+				m.OAuthRefresh.WithLabelValues(id, oauth.ResultOK)
+				m.OAuthRefresh.WithLabelValues(id, oauth.ResultError)
+			}
+			if err == nil && v.GitHubApp != nil {
+				m.CredentialMint.WithLabelValues(id, oauth.ResultOK)
+				m.CredentialMint.WithLabelValues(id, oauth.ResultError)
+			}
+		}
+	}()
+	oo := oauth.Options{Log: log, Metrics: func(id, result string) { m.OAuthRefresh.WithLabelValues(id, result).Inc() },
+		Mint: func(id, result string) { m.CredentialMint.WithLabelValues(id, result).Inc() }}
+	oo.Writer, _ = backend.(credential.Writer)
 	return store, oauth.New(store, oo), nil
 }
 

@@ -23,11 +23,11 @@ import (
 	"github.com/egressd/egressd/internal/admin"
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
-	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/dnsguard"
 	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/netguard"
+	"github.com/egressd/egressd/internal/node"
 	"github.com/egressd/egressd/internal/proxy"
 	"github.com/egressd/egressd/internal/sockets"
 	mitm "github.com/egressd/egressd/internal/tls"
@@ -49,16 +49,14 @@ type Daemon struct {
 	lastReload admin.ReloadStatus // the last reload's outcome
 	self       []netip.AddrPort
 
-	srv   *proxy.Server
-	admin *http.Server
-	errc  chan error
+	srv    *proxy.Server
+	admin  *http.Server // the admin listener's; nil when off
+	health *http.Server // the health listener's; nil unless admin.health_address
+	errc   chan error
 
-	leaves   *mitm.Leaves      // the CA is fixed for the process's life
-	signer   *hooks.Signer     // the hook signing key, likewise
-	live     liveStore         // the current store, for injectors and the signer
-	store    *credential.Store // kept across reloads while storeKey is unchanged
-	storeKey string
-	stop     context.CancelFunc // stops the store's refreshers
+	leaves *mitm.Leaves  // the CA is fixed for the process's life
+	signer *hooks.Signer // the hook signing key, likewise
+	creds  creds         // the credential store, kept across reloads while storeKey is unchanged
 
 	// reloadMu serialises reloads (SIGHUP, POST /v1/reload, a file change): one runs
 	// at a time and the others wait for it.
@@ -75,6 +73,9 @@ type Daemon struct {
 	inherited *sockets.Set
 	hold      context.Context // see HoldUntilReady; nil: serve at once
 	serving   []net.Listener  // the proxy's listeners, which Close stops first
+
+	registry *node.Registry        // node mode's sandboxes; nil in a sidecar
+	stopNode func(context.Context) // stops the node API and the watcher, drains the sandboxes
 }
 
 // New returns a Daemon for the config at cfgPath ("" for the quick-start defaults),
@@ -110,6 +111,8 @@ func (d *Daemon) Start(l *Loaded) error {
 		socks.Close()
 		return err
 	}
+	d.metrics.CAExpiry.Set(float64(d.leaves.CA().Cert.NotAfter.Unix()))
+	d.writePublicCA(l.Cfg)
 	snap, err := d.runtimeFor(l)
 	if err != nil {
 		socks.Close()
@@ -129,7 +132,8 @@ func (d *Daemon) Start(l *Loaded) error {
 		}
 	}
 	d.srv = proxy.New(snap, d.log, d.metrics)
-	d.store.Subscribe(d.srv.CredentialChanged)
+	d.creds.store.Subscribe(d.srv.CredentialChanged)
+	d.metrics.ObserveCredentials(d.credentialReady)
 	if d.hold != nil {
 		d.WaitReady(d.hold)
 	}
@@ -140,10 +144,13 @@ func (d *Daemon) Start(l *Loaded) error {
 		d.serving = append(d.serving, ln)
 		go func() { d.errc <- d.srv.Serve(ln, lc) }()
 	}
-	if admin := socks.Get(sockets.TCP, adminSocket); admin != nil {
-		d.serveAdmin(admin.Listener())
+	if err := d.serveAdmin(socks); err != nil {
+		return err
 	}
 	if err := d.serveDNS(l, socks.Get(sockets.UDP, dnsSocket), socks.Get(sockets.TCP, dnsSocket)); err != nil {
+		return err
+	}
+	if err := d.startNode(l.Cfg.Node); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -152,6 +159,19 @@ func (d *Daemon) Start(l *Loaded) error {
 	d.log.Info().Str("environment", l.Cfg.Environment).Str("config_hash", l.Cfg.Hash).Int("pid", os.Getpid()).
 		Msg("egressd started")
 	return nil
+}
+
+// writePublicCA writes the CA's public files (the certificate, the merged bundle, the
+// PKCS#12 trust store) where every user can read them, as `egressd ca init` does, so a
+// sandbox running as another user trusts egressd without a step of its own. A failure
+// is a warning: clients may trust the CA by other means.
+func (d *Daemon) writePublicCA(cfg *config.Config) {
+	pub, err := mitm.WritePublic(d.leaves.CA(), cfg.TLS.CAPublicDir, cfg.StateDir)
+	if err != nil {
+		d.log.Warn().Err(err).Str("dir", cfg.TLS.CAPublicDir).Msg("cannot write the CA's public files (tls.ca_public_dir)")
+		return
+	}
+	d.log.Info().Str("bundle", pub.Bundle).Str("trust_store", pub.TrustStore).Msg("CA public files written")
 }
 
 // listen opens (or, under a supervisor, takes) every socket l serves, logs each
@@ -195,41 +215,87 @@ func (d *Daemon) warnUnheld(opened []sockets.Spec) {
 	}
 }
 
-func (d *Daemon) serveAdmin(ln net.Listener) {
-	h := admin.Handler(d, d.metrics)
-	if d.boot.Admin.Pprof {
-		h = admin.WithPprof(h)
+// serveAdmin serves the admin listener (admin.address) and, when it has its own,
+// the health listener (admin.health_address), on their TCP sockets from socks or
+// on the Unix sockets they name. With admin.token, every admin request needs it.
+func (d *Daemon) serveAdmin(socks *sockets.Set) error {
+	a := d.boot.Admin
+	ln, err := d.adminListener(socks, adminSocket, a.Socket, "admin.address")
+	if err != nil {
+		return err
 	}
-	d.admin = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	if ln != nil {
+		h := admin.Handler(d, d.metrics, !a.SeparateHealth())
+		if a.Pprof {
+			h = admin.WithPprof(h)
+		}
+		if a.Token != (config.SecretRef{}) {
+			h = admin.WithToken(h, secretToken("admin.token", a.Token, &d.creds.live))
+		}
+		d.admin = d.serveHTTP(h, ln)
+	}
+	ln, err = d.adminListener(socks, healthSocket, a.HealthSocket, "admin.health_address")
+	if ln != nil {
+		d.health = d.serveHTTP(admin.Health(d, d.metrics), ln)
+	}
+	return err
+}
+
+// adminListener is the admin or health listener: the Unix socket at path, or the
+// TCP socket name of socks (nil when it has none).
+func (d *Daemon) adminListener(socks *sockets.Set, name, path, key string) (net.Listener, error) {
+	if path != "" {
+		ln, err := listenUnix(path, key)
+		if err == nil {
+			d.log.Info().Str("listener", name).Str("address", config.UnixPrefix+path).Msg("listening")
+		}
+		return ln, err
+	}
+	if s := socks.Get(sockets.TCP, name); s != nil {
+		return s.Listener(), nil
+	}
+	return nil, nil
+}
+
+func (d *Daemon) serveHTTP(h http.Handler, ln net.Listener) *http.Server {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
-		if err := d.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			d.errc <- err
 		}
 	}()
+	return srv
 }
 
 // serveDNS starts the DNS guard on its sockets, udp and tcp (nil unless dns.listen
 // is set).
-// It answers from the current Snapshot's policy, resolver and guard, so a reload
-// applies to the next query.
 func (d *Daemon) serveDNS(l *Loaded, udp, tcp *sockets.Socket) error {
 	if udp == nil || tcp == nil {
 		return nil
 	}
-	snap := d.srv.Snapshot()
+	stop, err := startDNS(l, d.srv, udp.PacketConn(), tcp.Listener(), d.log, d.errc)
+	d.stopDNS = stop
+	return err
+}
+
+// startDNS starts l's DNS guard on pc and ln, answering from srv's current
+// Snapshot's policy, resolver and guard, so a reload applies to the next query. Its
+// end (an error, or nil once stopped) goes to errc.
+func startDNS(l *Loaded, srv *proxy.Server, pc net.PacketConn, ln net.Listener, log zerolog.Logger, errc chan<- error) (context.CancelFunc, error) {
+	snap := srv.Snapshot()
 	g := dnsguard.New(dnsguard.Options{
 		Listen:     l.Cfg.DNS.Listen,
-		PacketConn: udp.PacketConn(),
-		Listener:   tcp.Listener(),
-		Policy:     func() *allowlist.Policy { return d.srv.Snapshot().Policy },
+		PacketConn: pc,
+		Listener:   ln,
+		Policy:     func() *allowlist.Policy { return srv.Snapshot().Policy },
 		Resolver:   snap.Resolver,
 		Guard:      snap.Guard,
 		Current: func() (*netguard.Resolver, *netguard.Guard) {
-			snap := d.srv.Snapshot()
+			snap := srv.Snapshot()
 			return snap.Resolver, snap.Guard
 		},
 		Sinkhole:          l.Cfg.DNS.RefusedNames == config.RefusedNamesSinkhole,
-		Log:               d.log,
+		Log:               log,
 		Timeout:           l.Cfg.Limits.DNS,
 		MaxTCPConnections: l.Cfg.DNS.MaxTCPConnections,
 		MaxTCPPerClient:   l.Cfg.DNS.MaxTCPPerClient,
@@ -237,13 +303,12 @@ func (d *Daemon) serveDNS(l *Loaded, udp, tcp *sockets.Socket) error {
 		TCPMaxQueries:     l.Cfg.DNS.TCPMaxQueries,
 	})
 	if err := g.Listen(); err != nil {
-		return err
+		return nil, err
 	}
-	d.log.Info().Str("listener", "dns").Str("address", g.Addr()).Msg("listening")
+	log.Info().Str("listener", "dns").Str("address", g.Addr()).Msg("listening")
 	ctx, cancel := context.WithCancel(context.Background())
-	d.stopDNS = cancel
-	go func() { d.errc <- g.Run(ctx) }()
-	return nil
+	go func() { errc <- g.Run(ctx) }()
+	return cancel, nil
 }
 
 // Run serves until ctx ends (drain, then nil) or a listener fails (drain, then its
@@ -269,65 +334,26 @@ func (d *Daemon) Run(ctx context.Context, hup <-chan os.Signal) error {
 // Hangup is the reload a SIGHUP runs, synchronously; see Reload.
 func (d *Daemon) Hangup() (string, error) { return d.reload(ReloadSignal) }
 
-// runtimeFor builds the Snapshot for l, reusing the running credential store when
-// the backend and the credential IDs are unchanged, so a reload keeps last good values.
-// A new store replaces the running one only once the Snapshot has been built: a reload
-// that fails leaves the store, and so the credentials served, as they were.
+// runtimeFor builds the Snapshot for l over the Daemon's credential store (creds.snapshot),
+// making the hook signer at the first call.
 func (d *Daemon) runtimeFor(l *Loaded) (*proxy.Snapshot, error) {
 	if d.signer == nil {
-		signer, err := hooks.NewSignerFromConfig(l.Cfg.Hooks.SigningKey, l.Cfg.StateDir, &d.live)
+		signer, err := hooks.NewSignerFromConfig(l.Cfg.Hooks.SigningKey, l.Cfg.StateDir, &d.creds.live)
 		if err != nil {
 			return nil, err
 		}
 		d.signer = signer
 	}
-	// The store is replaced only after the new Snapshot built: a rejected reload
-	// leaves the running policy on the running store.
-	key := storeKey(l)
-	if d.store != nil && key == d.storeKey {
-		snap, err := buildSnapshot(l, d.self, d.leaves, &d.live, d.signer)
-		if err == nil {
-			err = d.withPlaceholders(l, snap)
-		}
-		if err != nil {
-			return nil, err
-		}
-		d.live.p.Load().SetClient(tokenClient(l, snap))
-		return snap, nil
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	store, tokens, err := newStore(ctx, l, d.log, d.metrics)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	snap, err := buildSnapshot(l, d.self, d.leaves, &d.live, d.signer)
-	if err == nil {
-		err = d.withPlaceholders(l, snap)
-	}
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	tokens.SetClient(tokenClient(l, snap))
-	tokens.Start(ctx)
-	if d.stop != nil {
-		d.stop()
-	}
-	d.store, d.storeKey, d.stop = store, key, cancel
-	d.live.p.Store(tokens)
+	var follow func(string)
 	if d.srv != nil { // a reload: at start, Start subscribes once the Server exists
-		store.Subscribe(d.srv.CredentialChanged)
+		follow = d.srv.CredentialChanged
 	}
-	return snap, nil
+	return d.creds.snapshot(l, d.shared(), follow)
 }
 
-// withPlaceholders gives snap the policy's placeholder replacer (the derivation key is
-// loaded, or created, in state_dir: run writes it, check does not).
-func (d *Daemon) withPlaceholders(l *Loaded, snap *proxy.Snapshot) error {
-	ph, err := Placeholders(l, &d.live)
-	snap.Placeholders = ph
-	return err
+// shared is what the Daemon's Snapshots, and its sandboxes', are built with.
+func (d *Daemon) shared() shared {
+	return shared{self: d.self, leaves: d.leaves, signer: d.signer, log: d.log, m: d.metrics}
 }
 
 // drainSettle is how long Close lets the connections accepted just before it
@@ -366,16 +392,21 @@ func (d *Daemon) Close() {
 		// worker (an upgrade) answers the next ones from the same sockets.
 		d.stopDNS()
 	}
-	if d.admin != nil {
-		d.admin.Close()
+	for _, srv := range []*http.Server{d.admin, d.health} {
+		if srv != nil {
+			srv.Close()
+		}
+	}
+	var sandboxes sync.WaitGroup // node mode's drain beside the node's own
+	if d.stopNode != nil {
+		sandboxes.Go(func() { d.stopNode(ctx) })
 	}
 	d.settle(drain)
 	if err := d.srv.Shutdown(ctx); err != nil {
 		d.log.Warn().Err(err).Msg("drain timed out; open connections closed")
 	}
-	if d.stop != nil {
-		d.stop()
-	}
+	sandboxes.Wait()
+	d.creds.close()
 	d.log.Info().Msg("egressd stopped")
 	os.Stdout.Sync() // the log: every record is written by now (Shutdown waited)
 }

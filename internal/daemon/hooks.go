@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"slices"
@@ -26,6 +27,14 @@ type liveStore struct {
 }
 
 func (s *liveStore) Get(id string) (credential.Value, error) { return s.p.Load().Get(id) }
+
+// Await waits, at most credential.FirstReadWait, for id's first read and first
+// access token while they are in flight after a start (inject.Awaiter).
+func (s *liveStore) Await(ctx context.Context, id string) {
+	ctx, cancel := context.WithTimeout(ctx, credential.FirstReadWait)
+	defer cancel()
+	s.p.Load().Await(ctx, id)
+}
 
 // loadHooks reads hooks.json (hooks.file, else the policy's inline .agents/hooks.json)
 // and indexes its http hooks; nil when there is none. A hooks.json that cannot be
@@ -67,7 +76,7 @@ func runtimeHooks(l *Loaded, signer *hooks.Signer, creds inject.Credentials) (*p
 	case h.Identify == config.IdentifyListener && !hasHooksListener(l.Cfg):
 		h.Identify = config.IdentifyURL
 	case h.Identify == config.IdentifyRuntimeAuth:
-		h.RuntimeToken = runtimeToken(hc.RuntimeAuth, creds)
+		h.RuntimeToken = secretToken("hooks.runtime_auth", hc.RuntimeAuth, creds)
 	}
 	return h, nil
 }
@@ -96,10 +105,10 @@ func identifyProblem(cfg *config.Config, ix *hooks.Index) (config.Problem, bool)
 		"hooks.identify: url accepts the risk. Until then hook calls are matched by URL on every listener, and " + cost}, true
 }
 
-// runtimeToken returns hooks.runtime_auth's token: a credential's, read from the
-// store at each call (it may rotate), or a file's, read again at most once a
-// second after a failure.
-func runtimeToken(ref config.SecretRef, creds inject.Credentials) func() ([]byte, error) {
+// secretToken returns the token ref names (hooks.runtime_auth, admin.token; key
+// says which in errors): a credential's, read from the store at each call (it may
+// rotate), or a file's, read again at most once a second after a failure.
+func secretToken(key string, ref config.SecretRef, creds inject.Credentials) func() ([]byte, error) {
 	if ref.Credential != "" {
 		return func() ([]byte, error) {
 			v, err := creds.Get(ref.Credential)
@@ -108,18 +117,19 @@ func runtimeToken(ref config.SecretRef, creds inject.Credentials) func() ([]byte
 			}
 			tok, ok := v.Token()
 			if !ok || tok == "" {
-				return nil, fmt.Errorf(`hooks.runtime_auth: credential %s is not {"token": "..."}`, ref.Credential)
+				return nil, fmt.Errorf(`%s: credential %s is not {"token": "..."}`, key, ref.Credential)
 			}
 			return []byte(tok), nil
 		}
 	}
-	f := &tokenFile{path: ref.File}
+	f := &tokenFile{key: key, path: ref.File}
 	f.read()
 	return f.get
 }
 
-// tokenFile is hooks.runtime_auth's file.
+// tokenFile is a secretToken's file.
 type tokenFile struct {
+	key   string // the config key naming it
 	path  string
 	mu    sync.Mutex
 	token []byte
@@ -147,7 +157,7 @@ func (f *tokenFile) readLocked() {
 	f.at = time.Now()
 	f.token, f.err = bytes.TrimSpace(data), err
 	if err == nil && len(f.token) == 0 {
-		f.err = fmt.Errorf("hooks.runtime_auth: %s is empty", f.path)
+		f.err = fmt.Errorf("%s: %s is empty", f.key, f.path)
 	}
 }
 
@@ -161,5 +171,14 @@ func Placeholders(l *Loaded, creds placeholder.Credentials) (*placeholder.Replac
 	if err != nil {
 		return nil, err
 	}
-	return placeholder.New(key, l.Cfg.Environment, l.Policy.Env, nil, creds), nil
+	return placeholder.New(key, placeholderScope(l), l.Policy.Env, nil, creds), nil
+}
+
+// placeholderScope is what placeholders are derived for: the environment, and in
+// node mode the sandbox too, so no sandbox holds another's placeholder.
+func placeholderScope(l *Loaded) string {
+	if l.Sandbox == "" {
+		return l.Cfg.Environment
+	}
+	return l.Cfg.Environment + "/sandbox/" + l.Sandbox
 }

@@ -16,6 +16,11 @@ import (
 type Loaded struct {
 	Cfg    *config.Config
 	Policy *config.Policy
+	// Sandbox is a node-mode sandbox's ID (LoadSandbox); "" for egressd's own config.
+	Sandbox string
+	// Netns is the network namespace the sandbox's listeners open in; "" for
+	// egressd's own.
+	Netns string
 }
 
 // Load reads the config at path and the policy it names; without a path, the

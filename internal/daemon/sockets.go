@@ -3,7 +3,11 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"syscall"
 
 	"github.com/egressd/egressd/internal/sockets"
@@ -12,8 +16,9 @@ import (
 // The names of the sockets that are not listeners'. A listener's is
 // listenerSocket(name): a listener may be called "admin" or "dns".
 const (
-	adminSocket = "admin"
-	dnsSocket   = "dns" // a UDP and a TCP socket on one port
+	adminSocket  = "admin"
+	healthSocket = "health"
+	dnsSocket    = "dns" // a UDP and a TCP socket on one port
 )
 
 func listenerSocket(name string) string { return "listener/" + name }
@@ -26,16 +31,21 @@ type socketSpec struct {
 }
 
 // socketSpecs lists the sockets l serves: the listeners in config order, the
-// admin listener, the DNS guard's UDP and TCP sockets.
+// admin and health listeners (TCP ones: a Unix socket is the worker's own, see
+// listenUnix), the DNS guard's UDP and TCP sockets.
 func socketSpecs(l *Loaded) []socketSpec {
 	var specs []socketSpec
 	for i, lc := range l.Cfg.Listeners {
 		specs = append(specs, socketSpec{sockets.Spec{Name: listenerSocket(lc.Name), Network: sockets.TCP, Addr: lc.Address},
 			lc.Name, fmt.Sprintf("listeners[%d].address", i)})
 	}
-	if l.Cfg.Admin.Enabled() {
-		specs = append(specs, socketSpec{sockets.Spec{Name: adminSocket, Network: sockets.TCP, Addr: l.Cfg.Admin.Address},
+	if a := l.Cfg.Admin; a.Address.IsValid() {
+		specs = append(specs, socketSpec{sockets.Spec{Name: adminSocket, Network: sockets.TCP, Addr: a.Address},
 			"admin", "admin.address"})
+	}
+	if a := l.Cfg.Admin; a.HealthAddress.IsValid() {
+		specs = append(specs, socketSpec{sockets.Spec{Name: healthSocket, Network: sockets.TCP, Addr: a.HealthAddress},
+			"health", "admin.health_address"})
 	}
 	if dns, err := netip.ParseAddrPort(l.Cfg.DNS.Listen); err == nil {
 		for _, network := range []string{sockets.UDP, sockets.TCP} {
@@ -156,4 +166,30 @@ func holderOf(sp socketSpec) string {
 		}
 	}
 	return ""
+}
+
+// listenUnix listens on the Unix socket at path (admin.address or
+// admin.health_address unix://...), mode 0600: only egressd's own user (and
+// root) may connect. A socket left by a worker that died is replaced; any other
+// file there is an error. The worker opens it itself: the admin API is not what
+// the sandbox's connections wait for during a restart.
+func listenUnix(path, key string) (net.Listener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != fs.ModeSocket {
+			return nil, fmt.Errorf("%s: %s exists and is not a socket; remove it or change %s", key, path, key)
+		}
+		os.Remove(path)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("%s: %w", key, err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", key, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("%s: %w", key, err)
+	}
+	return ln, nil
 }

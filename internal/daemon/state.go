@@ -9,6 +9,7 @@ import (
 
 	"github.com/egressd/egressd/internal/admin"
 	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/proxy"
 )
@@ -40,25 +41,71 @@ func (d *Daemon) setLastReload(source string, err error) {
 	d.mu.Unlock()
 }
 
-// Ready reports readiness: the config is Loaded and every credential the policy
-// references can be served; the body has each credential's state (never a value), and
-// "unrestricted": true when the policy has no "network" (every destination allowed).
+// Ready reports readiness: the config is loaded and the listeners serve (Start
+// serves them before the admin and health listeners answer); with
+// readiness.require_credentials, also every credential the policy references can be
+// served. The body has each credential's state (never a value) and "unrestricted":
+// true when the policy has no "network" (every destination allowed).
 func (d *Daemon) Ready() (bool, map[string]any) {
 	d.mu.Lock()
-	store, pol := d.store, d.current.Policy
+	cur := d.current
 	d.mu.Unlock()
-	body := map[string]any{"config": "Loaded", "credentials": store.Status()}
-	if pol.Unrestricted {
+	creds := d.credentialStates()
+	body := map[string]any{"config": "loaded", "listeners": "serving", "credentials": creds}
+	if cur.Policy.Unrestricted {
 		body["unrestricted"] = true
 	}
-	return store.Ready(), body
+	if !cur.Cfg.Readiness.RequireCredentials {
+		return true, body
+	}
+	for _, st := range creds {
+		if !st.Ready {
+			return false, body
+		}
+	}
+	return true, body
+}
+
+// credentialStates is each credential's state, as the store has it and with an
+// oauth2 credential ready only while it holds an access token.
+func (d *Daemon) credentialStates() map[string]credential.Status {
+	d.mu.Lock()
+	store := d.creds.store
+	d.mu.Unlock()
+	states := store.Status()
+	tokens := d.creds.live.p.Load()
+	for id, st := range states {
+		if st.Ready && !tokens.Ready(id) {
+			st.Ready, st.Error = false, credential.CauseNoAccessToken
+			states[id] = st
+		}
+	}
+	return states
+}
+
+// credentialReady is credential_ready's source: each credential, servable now.
+func (d *Daemon) credentialReady() map[string]bool {
+	out := map[string]bool{}
+	for id, st := range d.credentialStates() {
+		out[id] = st.Ready
+	}
+	return out
 }
 
 // readyPoll is how often WaitReady asks Ready.
 const readyPoll = 50 * time.Millisecond
 
-// WaitReady waits until Ready says ready (true), or ctx ends (false).
+// WaitReady waits until the first reads of every credential are done and Ready
+// says ready (true), or ctx ends (false).
 func (d *Daemon) WaitReady(ctx context.Context) bool {
+	d.mu.Lock()
+	store := d.creds.store
+	d.mu.Unlock()
+	select {
+	case <-store.FirstRead():
+	case <-ctx.Done():
+		return false
+	}
 	t := time.NewTicker(readyPoll)
 	defer t.Stop()
 	for {
@@ -218,7 +265,7 @@ func (d *Daemon) CAPEM() []byte { return d.leaves.CA().CertPEM }
 
 // restartKeys names the settings of next that differ from running and that a reload
 // cannot apply, because what they shape is built once at start: the sockets
-// (listeners, admin.address, dns.listen and the DNS guard's TCP bounds), how the DNS
+// (listeners, admin.address, admin.health_address, dns.listen and the DNS guard's TCP bounds), how the DNS
 // guard answers names off the allowlist (dns.refused_names), the interception CA and the hook signing key
 // (tls.ca_cert, tls.ca_key, state_dir, hooks.signing_key), each listener's connection
 // limit (limits.max_connections) and the logger (log.level, log.format).
@@ -236,8 +283,12 @@ func restartKeys(running, next *config.Config) []string {
 			diff(fmt.Sprintf("listeners[%d]", i), lc != next.Listeners[i])
 		}
 	}
-	diff("admin.address", running.Admin.Address != next.Admin.Address)
-	diff("admin.pprof", running.Admin.Pprof != next.Admin.Pprof)
+	ra, na := running.Admin, next.Admin
+	diff("admin.address", ra.Address != na.Address || ra.Socket != na.Socket)
+	diff("admin.health_address", ra.HealthAddress != na.HealthAddress || ra.HealthSocket != na.HealthSocket)
+	diff("admin.exposed", ra.Exposed != na.Exposed)
+	diff("admin.token", ra.Token != na.Token)
+	diff("admin.pprof", ra.Pprof != na.Pprof)
 	diff("dns.listen", running.DNS.Listen != next.DNS.Listen)
 	diff("dns.refused_names", running.DNS.RefusedNames != next.DNS.RefusedNames)
 	diff("dns.max_tcp_connections", running.DNS.MaxTCPConnections != next.DNS.MaxTCPConnections)
@@ -246,12 +297,14 @@ func restartKeys(running, next *config.Config) []string {
 	diff("dns.tcp_max_queries", running.DNS.TCPMaxQueries != next.DNS.TCPMaxQueries)
 	diff("tls.ca_cert", running.TLS.CACert != next.TLS.CACert)
 	diff("tls.ca_key", running.TLS.CAKey != next.TLS.CAKey)
+	diff("tls.ca_public_dir", running.TLS.CAPublicDir != next.TLS.CAPublicDir)
 	diff("state_dir", running.StateDir != next.StateDir)
 	diff("hooks.signing_key", running.Hooks.SigningKey != next.Hooks.SigningKey)
 	diff("limits.max_connections", running.Limits.MaxConnections != next.Limits.MaxConnections)
 	diff("limits.leaf_mints", running.Limits.LeafMints != next.Limits.LeafMints)
 	diff("log.level", running.Log.Level != next.Log.Level)
 	diff("log.format", running.Log.Format != next.Log.Format)
+	diff("node", running.Node != next.Node)
 	return keys
 }
 
@@ -273,11 +326,12 @@ func pinRestartKeys(next, running *config.Config) {
 	next.Listeners = running.Listeners
 	next.Admin = running.Admin
 	next.DNS = running.DNS
-	next.TLS.CACert, next.TLS.CAKey = running.TLS.CACert, running.TLS.CAKey
+	next.TLS.CACert, next.TLS.CAKey, next.TLS.CAPublicDir = running.TLS.CACert, running.TLS.CAKey, running.TLS.CAPublicDir
 	next.StateDir = running.StateDir
 	next.Hooks.SigningKey = running.Hooks.SigningKey
 	next.Limits.MaxConnections = running.Limits.MaxConnections
 	next.Log = running.Log
+	next.Node = running.Node
 }
 
 // rejection turns why a reload failed into the problems it reports: a config or policy

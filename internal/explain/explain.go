@@ -4,8 +4,8 @@ package explain
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -38,29 +38,46 @@ type Result struct {
 	CredentialUnknown string    `json:"credential_headers_unknown,omitempty"`
 	Note              string    `json:"note,omitempty"`
 	Hook              *HookInfo `json:"hook,omitempty"`
+	// Placeholders are the environment_variable credentials whose placeholders
+	// egressd replaces in requests to this host.
+	Placeholders []Placeholder `json:"placeholders,omitempty"`
+	// AWS is the entry's aws block: what an aws credential signs requests for.
+	AWS *allowlist.AWSScope `json:"aws,omitempty"`
+}
+
+// Placeholder is an environment_variable credential whose placeholder egressd
+// replaces with its value in requests to the explained host. Never the value.
+type Placeholder struct {
+	Credential string   `json:"credential"`
+	Variables  []string `json:"variables"` // the sandbox's variables holding the placeholder (env section)
+	Locations  []string `json:"locations"` // where it is replaced: header, query, body
 }
 
 // URL explains raw against policy p and guard g for environment env.
 func URL(p *allowlist.Policy, g *netguard.Guard, env, raw string) Result {
 	res := Result{URL: raw, Inject: []string{}}
-	t, scheme, err := parse(raw)
-	res.Scheme, res.Host, res.Port = scheme, t.Host, t.Port
-	if errors.Is(err, allowlist.ErrBadName) {
-		// The proxy's detail for a host that is not a DNS name; the note says why.
-		res = res.deny(env, allowlist.ReasonBadRequest, "bad_name")
+	u, err := url.Parse(raw)
+	if err != nil {
+		// What the proxy answers a request line whose target does not parse.
+		res = res.deny(env, allowlist.ReasonBadRequest, "malformed_request")
 		res.Note = err.Error()
 		return res
 	}
+	t, err := allowlist.URLTarget(u)
+	res.Scheme, res.Host, res.Port = u.Scheme, t.Host, t.Port
 	if err != nil {
-		return res.deny(env, allowlist.ReasonBadRequest, err.Error())
+		// The proxy's detail for the same URL; the note says what is wrong with it.
+		res = res.deny(env, allowlist.ReasonBadRequest, allowlist.URLTargetDetail(err))
+		res.Note = err.Error()
+		return res
 	}
-	d := p.DecideRequest(t, scheme)
+	d := p.DecideRequest(t, u.Scheme)
 	res.Rule, res.Intercept = d.RuleName(), d.Intercept
 	if d.Rule != nil && d.Allowed() {
 		for _, h := range d.Rule.Transform {
 			res.Inject = addName(res.Inject, h.Name)
 		}
-		res.Credential = d.Rule.Credential
+		res.Credential, res.AWS = d.Rule.Credential, d.Rule.AWS
 	}
 	if !d.Allowed() {
 		return res.deny(env, d.Reason, d.Detail)
@@ -80,18 +97,8 @@ func URL(p *allowlist.Policy, g *netguard.Guard, env, raw string) Result {
 func (r Result) deny(env string, reason allowlist.Reason, detail string) Result {
 	r.Decision, r.Reason, r.Detail = "deny", string(reason), detail
 	r.Message = reason.Message(r.Host, r.Port, env, detail)
-	r.Inject, r.Credential, r.Intercept = []string{}, "", false
+	r.Inject, r.Credential, r.Intercept, r.AWS = []string{}, "", false, nil
 	return r
-}
-
-// parse reads raw as the proxy reads an absolute-form request target.
-func parse(raw string) (allowlist.Target, string, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return allowlist.Target{}, "", err
-	}
-	t, err := allowlist.URLTarget(u)
-	return t, u.Scheme, err
 }
 
 // HeaderNames returns the names of the headers credential id sets, or an error when
@@ -133,14 +140,18 @@ func addName(names []string, name string) []string {
 }
 
 // SecretNames is the header names a credential of shape s sets: its headers, or
-// Authorization for oauth2 (the access token); none for environment_variable.
+// Authorization for oauth2 and github_app (the minted token), the SigV4 headers for aws; none for
+// environment_variable.
 func SecretNames(s credential.Secret) []string {
 	names := make([]string, 0, len(s.Headers)+1)
 	for _, h := range s.Headers {
 		names = append(names, h.Name)
 	}
-	if s.OAuth2 != nil && len(names) == 0 {
+	if (s.OAuth2 != nil || s.GitHubApp != nil) && len(names) == 0 {
 		names = append(names, "Authorization")
+	}
+	if s.AWS != nil {
+		names = append(names, s.AWS.HeaderNames()...)
 	}
 	return names
 }
@@ -156,7 +167,7 @@ func FromStore(creds inject.Credentials) HeaderNames {
 		if err != nil {
 			return nil, err
 		}
-		return SecretNames(credential.Secret{Headers: v.Headers, OAuth2: v.OAuth2, Env: v.Env}), nil
+		return SecretNames(credential.Secret{Headers: v.Headers, OAuth2: v.OAuth2, Env: v.Env, GitHubApp: v.GitHubApp, AWS: v.AWS}), nil
 	}
 }
 
@@ -168,6 +179,63 @@ func FromBackend(ctx context.Context, b credential.Backend) HeaderNames {
 			return nil, err
 		}
 		return SecretNames(s), nil
+	}
+}
+
+// EnvVarOf returns credential id's environment_variable shape (nil for another
+// type), or an error when the credential backend cannot say.
+type EnvVarOf func(id string) (*credential.EnvVar, error)
+
+// Placeholders adds to an allowed res the environment_variable credentials whose
+// placeholders egressd replaces in requests to res's host: those of vars (the
+// policy's env section, NAME -> credential ID) that trust the host, and the rule's
+// own credential when it is one without trusted domains. Over https egressd then
+// intercepts the host whatever the rule says, as the proxy does.
+func Placeholders(res Result, vars map[string]string, envOf EnvVarOf) Result {
+	if res.Decision != "allow" || envOf == nil {
+		return res
+	}
+	ids := slices.Sorted(maps.Values(vars))
+	if res.Credential != "" {
+		ids = append(ids, res.Credential)
+	}
+	for _, id := range slices.Compact(ids) {
+		e, err := envOf(id)
+		if err != nil || e == nil || !(e.Trusts(res.Host) || len(e.TrustedDomains) == 0 && id == res.Credential) {
+			continue
+		}
+		if slices.ContainsFunc(res.Placeholders, func(p Placeholder) bool { return p.Credential == id }) {
+			continue
+		}
+		p := Placeholder{Credential: id, Variables: []string{}, Locations: slices.Clone(e.Locations)}
+		for name, v := range vars {
+			if v == id {
+				p.Variables = append(p.Variables, name)
+			}
+		}
+		slices.Sort(p.Variables)
+		res.Placeholders = append(res.Placeholders, p)
+		res.Intercept = res.Intercept || res.Scheme == "https"
+	}
+	return res
+}
+
+// EnvFromStore answers EnvVarOf from a running egressd's credentials.
+func EnvFromStore(creds inject.Credentials) EnvVarOf {
+	if creds == nil {
+		return nil
+	}
+	return func(id string) (*credential.EnvVar, error) {
+		v, err := creds.Get(id)
+		return v.Env, err
+	}
+}
+
+// EnvFromBackend answers EnvVarOf by reading the credential from b.
+func EnvFromBackend(ctx context.Context, b credential.Backend) EnvVarOf {
+	return func(id string) (*credential.EnvVar, error) {
+		s, _, err := b.Read(ctx, id)
+		return s.Env, err
 	}
 }
 

@@ -90,3 +90,22 @@ func TestHook(t *testing.T) {
 		t.Errorf("ordinary URL reported as a hook: %+v", r.Hook)
 	}
 }
+
+// TestBadRequestDetailAsTheProxy: a URL the proxy refuses as bad_request is explained
+// with the same detail (the proxy's TestBadRequests sends these as request lines).
+func TestBadRequestDetailAsTheProxy(t *testing.T) {
+	p, g := fixture(t)
+	for url, detail := range map[string]string{
+		"/":                              "not_proxy_request",
+		"http://evil.test@allowed.test/": "userinfo",
+		"ftp://allowed.test/":            "scheme",
+		"http://[fe80::1%25eth0]/":       "host",
+		"http://bad_name!.test/":         "bad_name",
+		"http://[::1/":                   "malformed_request",
+	} {
+		r := URL(p, g, "env_demo", url)
+		if r.Reason != "bad_request" || r.Detail != detail {
+			t.Errorf("%s: %s detail %q, want bad_request detail %q", url, r.Reason, r.Detail, detail)
+		}
+	}
+}

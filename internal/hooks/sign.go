@@ -275,7 +275,15 @@ func (s *Signer) Sign(c hookauth.Claims) (string, error) {
 
 // SignCall signs the claims of one call to m's hook URL: NewClaims at time.Now.
 func (s *Signer) SignCall(m Match, env, ident string, body []byte) (string, error) {
-	return s.Sign(NewClaims(m, env, ident, body, time.Now()))
+	return s.SignSandboxCall(m, env, "", ident, body)
+}
+
+// SignSandboxCall is SignCall for a call that arrived on a node-mode sandbox's
+// listener: the claims carry the sandbox's ID ("" for none, as in a sidecar).
+func (s *Signer) SignSandboxCall(m Match, env, sandbox, ident string, body []byte) (string, error) {
+	c := NewClaims(m, env, ident, body, time.Now())
+	c.Sandbox = sandbox
+	return s.Sign(c)
 }
 
 // JWKS returns the public keys, current first, then the replaced keys whose assertions

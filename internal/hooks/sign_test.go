@@ -500,3 +500,36 @@ func TestCredentialSignerWithFileBackend(t *testing.T) {
 		t.Errorf("JWKS %v, want the new key then the previous", ids)
 	}
 }
+
+// A node-mode call's assertion carries its sandbox, and a verifier bound to one
+// sandbox refuses another's; a sidecar's carries no sandbox claim at all.
+func TestSandboxClaim(t *testing.T) {
+	s, err := NewSigner(newKey(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := hookauth.ParseJWKS(s.JWKS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ signed, want string }{{"sbx-a", "sbx-a"}, {"sbx-b", "sbx-a"}, {"", ""}} {
+		jws, err := s.SignSandboxCall(testMatch, "env_demo", tc.signed, hookauth.IdentListener, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := hookauth.NewVerifier(hookauth.Options{Audience: testMatch.Audience, Keys: keys, Sandbox: tc.want})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := v.Verify(t.Context(), jws, nil)
+		switch {
+		case tc.signed == tc.want && (err != nil || c.Sandbox != tc.signed):
+			t.Errorf("signed for %q: %v %+v", tc.signed, err, c)
+		case tc.signed != tc.want && !errors.Is(err, hookauth.ErrSandbox):
+			t.Errorf("signed for %q, verified for %q: %v, want ErrSandbox", tc.signed, tc.want, err)
+		}
+		if _, has := decodeSegment(t, jws, 1)["sandbox"]; has != (tc.signed != "") {
+			t.Errorf("signed for %q: sandbox claim present %t", tc.signed, has)
+		}
+	}
+}

@@ -6,11 +6,13 @@
 package inject
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/credential"
@@ -25,6 +27,12 @@ type Credentials interface {
 	Get(id string) (credential.Value, error)
 }
 
+// Awaiter is Credentials that can wait, bounded, for a credential whose first read is
+// still in flight after a start (credential.FirstReadWait).
+type Awaiter interface {
+	Await(ctx context.Context, id string)
+}
+
 // Result is what Apply did: for the canonical log line, header names, the
 // credential ID and its version; for the response, Scrub. It never exposes a
 // value (a scrub.Set renders none).
@@ -34,6 +42,11 @@ type Result struct {
 	Version    string
 	// Scrub masks every value Apply set; nil when it set nothing.
 	Scrub *scrub.Set
+
+	// GitHub: the credential is a github_app (see RevokesGitHubToken).
+	GitHub bool
+	// aws is set for an aws credential: Sign signs the request with its keys.
+	aws *awsSigning
 }
 
 // Injector holds one processor per injecting rule.
@@ -72,6 +85,19 @@ func New(p *allowlist.Policy, creds Credentials) *Injector {
 // explain lists the header names a credential sets from them.
 func (in *Injector) Credentials() Credentials { return in.creds }
 
+// Await waits, as the Credentials allow (Awaiter), for the first read of r's credential
+// when it is still in flight, so that the first request after a start is served
+// rather than refused. It returns at once for a credential read before.
+func (in *Injector) Await(ctx context.Context, r *allowlist.Rule) {
+	p := in.rules[r]
+	if p == nil || p.credential == "" {
+		return
+	}
+	if a, ok := in.creds.(Awaiter); ok {
+		a.Await(ctx, p.credential)
+	}
+}
+
 // Apply sets rule r's headers on h, the outbound request's header, after removing
 // every client copy of those names (any case) from h and from trailer. When the
 // credential cannot be served it returns the *credential.UnavailableError and leaves
@@ -87,34 +113,54 @@ func (in *Injector) Apply(r *allowlist.Rule, h, trailer http.Header) (Result, er
 		return Result{}, nil
 	}
 	var res Result
-	var secret []credential.Header
+	var secret, scrubOnly []credential.Header // scrubOnly: values masked, never set (aws keys)
 	if p.credential != "" {
 		v, err := in.creds.Get(p.credential)
 		if err != nil {
 			return Result{}, err
 		}
-		if v.OAuth2 != nil && len(v.Headers) == 0 {
-			// An oauth2 client without an access token (no token manager, or none yet):
-			// never forward without the header it stands for.
+		if (v.OAuth2 != nil || v.GitHubApp != nil) && len(v.Headers) == 0 {
+			// An oauth2 client or GitHub App without a token (no token manager, or none
+			// yet): never forward without the header it stands for.
 			return Result{}, &credential.UnavailableError{ID: v.ID, Cause: credential.CauseNoAccessToken}
 		}
-		secret, res.Credential, res.Version = v.Headers, v.ID, v.Version
+		if v.AWS != nil && !v.AWS.Usable(time.Now()) {
+			// vault_aws keys not read yet, or expired: never forward the sandbox's signature.
+			return Result{}, &credential.UnavailableError{ID: v.ID, Cause: credential.CauseNoAWSKeys}
+		}
+		secret, res.Credential, res.Version = githubHeaders(r, v), v.ID, v.Version
+		res.GitHub = v.GitHubApp != nil
+		if v.AWS != nil {
+			res.aws = &awsSigning{keys: v.AWS, scope: r.AWS}
+			scrubOnly = awsSecrets(v.AWS)
+		}
 	}
 	for _, x := range p.transform {
 		res.Names = addName(res.Names, x.Name)
 	}
 	for _, x := range secret {
 		res.Names = addName(res.Names, x.Name)
+	}
+	if res.aws != nil {
+		// Left in h for Sign to check; removed from the trailer like any injected name.
+		for _, name := range res.aws.keys.HeaderNames() {
+			res.Names = addName(res.Names, name)
+		}
 	}
 	for _, name := range res.Names {
-		Remove(h, name)
 		Remove(trailer, name)
+		if res.aws == nil || !slices.Contains(res.aws.keys.HeaderNames(), name) {
+			Remove(h, name)
+		}
 	}
 	for _, x := range p.transform {
 		h[x.Name] = []string{x.Value}
 	}
 	for _, x := range secret {
 		h[x.Name] = []string{x.Value}
+	}
+	if scrubOnly != nil {
+		secret = slices.Concat(secret, scrubOnly) // a new slice: v.Headers is shared
 	}
 	res.Scrub = p.scrubSet(secret)
 	return res, nil

@@ -6,17 +6,10 @@ import (
 	"github.com/docker/go-units"
 )
 
-// What egressd holds outside the budget, for Shortfalls: estimates, kept on the
-// generous side of what make bench-idle and the conformance memory cases show.
-const (
-	// PerConnection is an open client connection's cost beyond the budget: its
-	// goroutine, read and write buffers and state (one with a request in
-	// flight holds more, but briefly).
-	PerConnection int64 = 16 << 10
-	// Baseline is egressd's idle footprint: the runtime, the leaf cache, the
-	// policy, the upstream pools.
-	Baseline int64 = 24 << 20
-)
+// Baseline is egressd's idle footprint, outside the budget, for Shortfalls: the
+// runtime, the leaf cache, the policy, the upstream pools (kept on the generous
+// side of what an idle egressd measures).
+const Baseline int64 = 24 << 20
 
 // Shortfall is one way a config's limits cannot fit a memory limit: the key to
 // change and why.
@@ -27,8 +20,7 @@ type Shortfall struct {
 // Demand is what a config's limits let clients make egressd hold.
 type Demand struct {
 	Budget      int64 // limits.memory, resolved
-	Listeners   int   // sandbox listeners, each with its own limits.max_connections
-	MaxConns    int   // limits.max_connections
+	Listeners   int   // listeners, each with its own overflow (OverflowBytes)
 	HookBuffer  int64 // limits.hook_buffer_bytes
 	HookBodyMax int64 // limits.hook_body_bytes
 }
@@ -38,15 +30,10 @@ type Demand struct {
 func (d Demand) Shortfalls(limit int64, from string) []Shortfall {
 	var out []Shortfall
 	seen := fmt.Sprintf("the memory limit egressd can see (%s, %s)", size(limit), from)
-	if d.Budget+Baseline > limit {
+	if outside := Baseline + int64(d.Listeners)*OverflowBytes; d.Budget+outside > limit {
 		out = append(out, Shortfall{"limits.memory", fmt.Sprintf(
-			"the memory budget (%s) and egressd's idle footprint (about %s) exceed %s: a flood could get egressd OOM-killed; use auto, or at most %s",
-			size(d.Budget), size(Baseline), seen, size(max(limit-Baseline, 0)))})
-	} else if conns := int64(d.Listeners) * int64(d.MaxConns); Baseline+d.Budget+conns*PerConnection > limit {
-		fit := (limit - Baseline - d.Budget) / PerConnection / int64(max(d.Listeners, 1))
-		out = append(out, Shortfall{"limits.max_connections", fmt.Sprintf(
-			"%d connections (%d listeners x %d) cost about %s beyond the memory budget (%s); with it and egressd's idle footprint they exceed %s: lower limits.max_connections to %d, or raise the limit",
-			conns, d.Listeners, d.MaxConns, size(conns*PerConnection), size(d.Budget), seen, fit)})
+			"the memory budget (%s), egressd's idle footprint (about %s) and what connections beyond limits.max_connections may hold (%s on each of %d listeners) exceed %s: a flood could get egressd OOM-killed; use auto, or at most %s",
+			size(d.Budget), size(Baseline), size(OverflowBytes), d.Listeners, seen, size(max(limit-outside, 0)))})
 	}
 	if share := HookShare(d.Budget, d.HookBuffer, d.HookBodyMax); share < d.HookBuffer {
 		out = append(out, Shortfall{"limits.hook_buffer_bytes", fmt.Sprintf(

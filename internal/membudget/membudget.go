@@ -1,7 +1,7 @@
 // Package membudget is egressd's one memory budget (limits.memory): every buffer
-// a client can make egressd hold beyond a connection's own small buffers — a large
-// request head being read, hook bodies, HTTP/2 receive windows — is reserved from
-// it before it is allocated, and released when it is freed.
+// a client can make egressd hold — each open connection (costs.go), a large request
+// head being read, hook bodies, HTTP/2 receive windows — is reserved from it
+// before it is allocated, and released when it is freed.
 //
 // Invariant: the bytes reserved never exceed the limit, except by a standing share
 // (SetAside) taken while a smaller limit is installed. A reservation that does not
@@ -11,6 +11,7 @@
 package membudget
 
 import (
+	"math"
 	"sync/atomic"
 )
 
@@ -21,13 +22,16 @@ type Holder uint8
 // The holders. Hook bodies have a standing share (SetAside), the others reserve as
 // they go.
 const (
-	Heads      Holder = iota // request heads beyond the connection's own read buffer
-	HookBodies               // hook request and decision bodies (limits.hook_buffer_bytes)
-	H2Windows                // HTTP/2 receive windows: intercepted clients' and upstreams'
+	Heads        Holder = iota // request heads beyond the connection's own read buffer
+	HookBodies                 // hook request and decision bodies (limits.hook_buffer_bytes)
+	H2Windows                  // HTTP/2 receive windows: intercepted clients' and upstreams'
+	Conns                      // open connections, tunnels and requests in flight (costs.go)
+	Placeholders               // request bodies read whole to replace placeholders in them
+	Scrub                      // decoders and encoders of compressed responses being scrubbed
 	numHolders
 )
 
-var holderNames = [numHolders]string{"heads", "hook_bodies", "h2_windows"}
+var holderNames = [numHolders]string{"heads", "hook_bodies", "h2_windows", "conns", "placeholders", "scrub"}
 
 func (h Holder) String() string { return holderNames[h] }
 
@@ -80,6 +84,24 @@ func (b *Budget) Reserve(h Holder, n int64) bool {
 			return true
 		}
 	}
+}
+
+// Take takes n bytes for h even past the limit: for what must not be refused
+// (the runtime's own connections), so that what comes next is refused sooner.
+func (b *Budget) Take(h Holder, n int64) {
+	if b == nil || n <= 0 {
+		return
+	}
+	b.held[h].Add(n)
+	b.used.Add(n)
+}
+
+// Room is what is left to reserve (0 when the budget is spent).
+func (b *Budget) Room() int64 {
+	if b == nil {
+		return math.MaxInt64
+	}
+	return max(b.limit.Load()-b.used.Load(), 0)
 }
 
 // SetCap bounds what h may reserve to n bytes of the budget (0: no bound beyond

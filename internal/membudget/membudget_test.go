@@ -212,7 +212,7 @@ func TestSetGoMemLimitWithoutALimit(t *testing.T) {
 }
 
 func TestShortfalls(t *testing.T) {
-	defaults := Demand{Budget: 64 << 20, Listeners: 1, MaxConns: 10000, HookBuffer: 32 << 20, HookBodyMax: 1 << 20}
+	defaults := Demand{Budget: 64 << 20, Listeners: 1, HookBuffer: 32 << 20, HookBodyMax: 1 << 20}
 	for _, tc := range []struct {
 		name  string
 		d     Demand
@@ -220,11 +220,13 @@ func TestShortfalls(t *testing.T) {
 		keys  []string
 	}{
 		{"defaults at the shipped 256 MiB", defaults, 256 << 20, nil},
-		{"a budget past the limit", Demand{Budget: 300 << 20, Listeners: 1, MaxConns: 100, HookBuffer: 32 << 20, HookBodyMax: 1 << 20},
+		{"a budget past the limit", Demand{Budget: 300 << 20, Listeners: 1, HookBuffer: 32 << 20, HookBodyMax: 1 << 20},
 			256 << 20, []string{"limits.memory"}},
-		{"too many connections", Demand{Budget: 64 << 20, Listeners: 2, MaxConns: 10000, HookBuffer: 32 << 20, HookBodyMax: 1 << 20},
-			256 << 20, []string{"limits.max_connections"}},
-		{"a hook buffer past half the budget", Demand{Budget: 16 << 20, Listeners: 1, MaxConns: 100, HookBuffer: 32 << 20, HookBodyMax: 1 << 20},
+		{"two listeners at the shipped 256 MiB", Demand{Budget: 64 << 20, Listeners: 2, HookBuffer: 32 << 20, HookBodyMax: 1 << 20},
+			256 << 20, nil},
+		{"listeners whose overflow does not fit", Demand{Budget: 64 << 20, Listeners: 6, HookBuffer: 32 << 20, HookBodyMax: 1 << 20},
+			256 << 20, []string{"limits.memory"}},
+		{"a hook buffer past half the budget", Demand{Budget: 16 << 20, Listeners: 1, HookBuffer: 32 << 20, HookBodyMax: 1 << 20},
 			256 << 20, []string{"limits.hook_buffer_bytes"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

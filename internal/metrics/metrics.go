@@ -2,11 +2,14 @@
 package metrics
 
 import (
+	"runtime"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/membudget"
 )
 
@@ -39,10 +42,16 @@ type Metrics struct {
 	ConfigReloads     *prometheus.CounterVec   // config_reloads_total{result}
 	Scrubbed          *prometheus.CounterVec   // scrubbed_total{rule}
 	OAuthRefresh      *prometheus.CounterVec   // oauth_refresh_total{credential,result}
+	CredentialMint    *prometheus.CounterVec   // credential_mint_total{credential,result}
 	// MemoryBudget is memory_budget_bytes{holder}, read from the budget when
 	// scraped (ObserveMemory); MemoryBudgetLimit is memory_budget_limit_bytes.
 	MemoryBudget      *pulledGaugeVec
 	MemoryBudgetLimit prometheus.GaugeFunc
+	// CredentialReady is credential_ready{credential}: 1 when the credential can be
+	// served now, else 0, read when scraped (ObserveCredentials).
+	CredentialReady *readyGaugeVec
+	CAExpiry        prometheus.Gauge     // ca_expiry_timestamp_seconds
+	BuildInfo       *prometheus.GaugeVec // build_info{version,commit,go}: always 1
 
 	memory atomic.Pointer[memorySource] // ObserveMemory's budget
 }
@@ -85,6 +94,9 @@ func New() *Metrics {
 		OAuthRefresh: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egressd_oauth_refresh_total", Help: "oauth2 token calls by credential ID and result (ok, error).",
 		}, []string{"credential", "result"}),
+		CredentialMint: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egressd_credential_mint_total", Help: "Short-lived keys or tokens egressd mints for a credential (github_app installation tokens, aws keys read from Vault's AWS secrets engine), by credential ID and result (ok, error).",
+		}, []string{"credential", "result"}),
 	}
 	m.MemoryBudget = &pulledGaugeVec{GaugeVec: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "egressd_memory_budget_bytes", Help: "Bytes of the memory budget (limits.memory) each holder holds.",
@@ -92,9 +104,18 @@ func New() *Metrics {
 	m.MemoryBudgetLimit = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "egressd_memory_budget_limit_bytes", Help: "The memory budget's size in bytes (limits.memory, auto resolved).",
 	}, m.budgetLimit)
+	m.CredentialReady = &readyGaugeVec{GaugeVec: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "egressd_credential_ready", Help: "1 when the credential can be served now (read, not stale, an oauth2 access token held), else 0.",
+	}, []string{"credential"})}
+	m.CAExpiry = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "egressd_ca_expiry_timestamp_seconds", Help: "When the interception CA's certificate expires (Unix seconds).",
+	})
+	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "egressd_build_info", Help: "Always 1; the labels say which egressd this is.",
+	}, []string{"version", "commit", "go"})
 	m.Registry.MustRegister(m.Requests, m.Duration, m.TunnelsActive, m.Bytes, m.CredentialRefresh,
 		m.CredentialAge, m.LeafCache, m.HookRequests, m.ConfigReloads, m.Scrubbed, m.OAuthRefresh,
-		m.MemoryBudget, m.MemoryBudgetLimit,
+		m.CredentialMint, m.MemoryBudget, m.MemoryBudgetLimit, m.CredentialReady, m.CAExpiry, m.BuildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.initKnown()
 	return m
@@ -124,14 +145,16 @@ func (m *Metrics) InitRules(rules []string) {
 	}
 }
 
-// InitListener exports zero values for a listener's decision and reason label sets.
-func (m *Metrics) InitListener(name string, denials, failures []string) {
+// InitListener exports zero values for a listener's decision and reason label
+// sets: every reason of allowlist.Reasons, a denial as deny, a failure as error.
+func (m *Metrics) InitListener(name string) {
 	m.Requests.WithLabelValues(name, DecisionAllow, "")
-	for _, r := range denials {
-		m.Requests.WithLabelValues(name, DecisionDeny, r)
-	}
-	for _, r := range failures {
-		m.Requests.WithLabelValues(name, DecisionError, r)
+	for _, r := range allowlist.Reasons {
+		decision := DecisionError
+		if r.IsDenial() {
+			decision = DecisionDeny
+		}
+		m.Requests.WithLabelValues(name, decision, string(r))
 	}
 	m.Duration.WithLabelValues(name)
 }
@@ -180,4 +203,39 @@ func (p *pulledGaugeVec) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	p.GaugeVec.Collect(ch)
+}
+
+// SetBuild exports build_info{version,commit,go} = 1.
+func (m *Metrics) SetBuild(version, commit string) {
+	m.BuildInfo.WithLabelValues(version, commit, runtime.Version()).Set(1)
+}
+
+// ObserveCredentials makes every scrape read credential_ready from ready: the
+// credentials of the config in force, each true when it can be served now.
+func (m *Metrics) ObserveCredentials(ready func() map[string]bool) {
+	m.CredentialReady.src.Store(&ready)
+}
+
+// readyGaugeVec is credential_ready: read when scraped, so that a credential going
+// stale between two reads, or one a reload removed, shows at once.
+type readyGaugeVec struct {
+	*prometheus.GaugeVec
+	src atomic.Pointer[func() map[string]bool]
+	mu  sync.Mutex // one scrape's reset and values at a time
+}
+
+func (r *readyGaugeVec) Collect(ch chan<- prometheus.Metric) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if src := r.src.Load(); src != nil {
+		r.Reset()
+		for id, ok := range (*src)() {
+			v := 0.0
+			if ok {
+				v = 1
+			}
+			r.WithLabelValues(id).Set(v)
+		}
+	}
+	r.GaugeVec.Collect(ch)
 }

@@ -1,6 +1,7 @@
 package placeholder
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/egressd/egressd/internal/credential"
 )
@@ -74,4 +76,43 @@ func FuzzQuery(f *testing.F) {
 			t.Fatalf("placeholder to another host accepted: %q", q)
 		}
 	})
+}
+
+// pendingCreds has no value until read is closed; Await waits for it.
+type pendingCreds struct {
+	creds
+	read chan struct{}
+}
+
+func (c pendingCreds) Get(id string) (credential.Value, error) {
+	select {
+	case <-c.read:
+		return c.creds.Get(id)
+	default:
+		return credential.Value{}, &credential.UnavailableError{ID: id, Cause: credential.CauseNeverRead}
+	}
+}
+
+func (c pendingCreds) Await(ctx context.Context, _ string) {
+	select {
+	case <-c.read:
+	case <-ctx.Done():
+	}
+}
+
+// TestAwaitBeforeIntercepts: right after a start, whether a host trusts a
+// placeholder is known only once its credential is read; Await waits for that read
+// (what the proxy does before it splices a tunnel), so Intercepts then says yes.
+func TestAwaitBeforeIntercepts(t *testing.T) {
+	c := pendingCreds{read: make(chan struct{}), creds: creds{"k": {Env: &credential.EnvVar{Value: "v",
+		Locations: []string{"header"}, TrustedDomains: []string{"t.test"}}}}}
+	r := New([]byte("await-key-await-key-await-key-aw"), "e", map[string]string{"K": "k"}, nil, c)
+	if r.Intercepts("t.test") {
+		t.Fatal("intercepts before the credential is read")
+	}
+	time.AfterFunc(100*time.Millisecond, func() { close(c.read) })
+	r.Await(context.Background())
+	if !r.Intercepts("t.test") {
+		t.Error("after Await, t.test is still not known as the credential's trusted domain")
+	}
 }

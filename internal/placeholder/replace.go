@@ -2,6 +2,7 @@ package placeholder
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -62,12 +63,13 @@ var ErrPlaintext = errors.New("a credential placeholder would be replaced in a p
 // Replacer finds and replaces the placeholders of one policy's credentials.
 type Replacer struct {
 	creds Credentials
-	byPH  map[string]string // placeholder -> credential ID
-	phs   []string          // the placeholders, sorted
-	lower []string          // phs lower-cased, for header names
-	m     *matcher          // over phs
-	env   map[string]string // the policy's env section: NAME -> placeholder
-	ids   []string          // every credential with a placeholder, sorted
+	byPH  map[string]string  // placeholder -> credential ID
+	phs   []string           // the placeholders, sorted
+	lower []string           // phs lower-cased, for header names
+	m     *matcher           // over phs
+	env   map[string]string  // the policy's env section: NAME -> placeholder
+	aws   map[string]AWSPair // aws credential ID -> its placeholder key pair (aws.go)
+	ids   []string           // every credential with a placeholder, sorted
 	// values is what Scrub masks (scrub.go); mu serialises its updates.
 	values atomic.Pointer[valueSet]
 	mu     sync.Mutex
@@ -78,12 +80,19 @@ type Replacer struct {
 
 // New derives the placeholders of ids (every credential the policy names, in its env
 // section or its entries) and of the env section's variables (NAME -> credential ID).
+// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY name an aws credential: they get its
+// placeholder key pair, which is signed with rather than replaced.
 func New(key []byte, env string, vars map[string]string, ids []string, creds Credentials) *Replacer {
-	r := &Replacer{creds: creds, byPH: map[string]string{}, env: map[string]string{}}
+	r := &Replacer{creds: creds, byPH: map[string]string{}, env: map[string]string{}, aws: map[string]AWSPair{}}
 	for _, id := range ids {
 		r.add(Derive(key, env, id), id)
 	}
 	for name, id := range vars {
+		if IsAWSVar(name) {
+			r.aws[id] = DeriveAWS(key, env, id)
+			r.env[name] = r.aws[id].envValue(name)
+			continue
+		}
 		ph := Derive(key, env, id)
 		r.add(ph, id)
 		r.env[name] = ph
@@ -119,6 +128,40 @@ func (r *Replacer) Env() map[string]string {
 		out[k] = v
 	}
 	return out
+}
+
+// Vars returns the policy's env section as the Replacer holds it: NAME -> credential ID.
+func (r *Replacer) Vars() map[string]string {
+	out := map[string]string{}
+	if r == nil {
+		return out
+	}
+	for name, ph := range r.env {
+		out[name] = r.byPH[ph]
+	}
+	return out
+}
+
+// Await waits, at most credential.FirstReadWait, for the first read of every
+// credential with a placeholder while it is still in flight after a start (when the
+// Credentials can wait: inject.Awaiter), so that whether a host is a trusted domain
+// (Intercepts) is known before its tunnel is spliced or intercepted. It returns at once
+// once they have been read.
+func (r *Replacer) Await(ctx context.Context) {
+	if r == nil {
+		return
+	}
+	a, ok := r.creds.(interface {
+		Await(ctx context.Context, id string)
+	})
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, credential.FirstReadWait)
+	defer cancel()
+	for _, id := range r.ids {
+		a.Await(ctx, id)
+	}
 }
 
 // Intercepts reports whether host is a trusted domain of an environment_variable

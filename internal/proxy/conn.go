@@ -69,6 +69,9 @@ type conn struct {
 	// call: waiting for its next request, it is never evicted (slots.go).
 	hookKeepAlive atomic.Bool
 
+	// mem is what the connection holds of the memory budget (connmem.go).
+	mem *connMem
+
 	// route is the connection's mode (mode.go), fixed before its first request.
 	route route
 	// requests counts the requests the connection has carried.
@@ -83,7 +86,7 @@ type conn struct {
 }
 
 func newConn(s *Server, l *listener, nc net.Conn) *conn {
-	c := &conn{s: s, l: l, nc: nc}
+	c := &conn{s: s, l: l, nc: nc, mem: &connMem{}}
 	c.head = headReader{r: nc}
 	c.br = bufio.NewReaderSize(&c.head, headChunk)
 	c.bw = bufio.NewWriterSize(&clientWriter{Conn: nc, d: s.Snapshot().Limits.ClientWrite}, 4096)
@@ -99,6 +102,7 @@ func (c *conn) ended() {
 	if t := c.cutTimer.Load(); t != nil {
 		t.Stop()
 	}
+	c.mem.release()
 	if c.onEnd != nil {
 		c.onEnd()
 	}
@@ -170,6 +174,11 @@ func (c *conn) handle(snap *Snapshot, req *http.Request) bool {
 	defer rec.finish(&c.s.log, c.s.metrics)
 	defer c.recordClose(rec)
 	c.requests++
+	done, ok := c.holdFor(snap, req)
+	if !ok {
+		return c.refuseAndClose(snap, rec, errConnMemory)
+	}
+	defer done()
 	if c.route.mode == modeExplicit && req.Method == http.MethodConnect {
 		return c.serveConnect(snap, req, rec)
 	}

@@ -8,13 +8,12 @@ import (
 	"github.com/egressd/egressd/internal/allowlist"
 )
 
-// serveConnect serves a CONNECT: decide on the authority and plan the tunnel
-// (planTunnel); dial a spliced tunnel's checked address before answering 200, so an
-// unreachable or internal upstream is a refusal the client can read rather than a
-// dropped tunnel; read the client's ClientHello and check that its SNI names the
-// CONNECT host; then splice bytes until either side is done, or terminate TLS. A
-// tunnel refused outright is answered with refuseAndClose: bytes sent ahead are
-// never parsed.
+// serveConnect serves a CONNECT: decide on the authority (decideTunnel, which dials
+// a spliced tunnel's checked address before the 200, so an unreachable or internal
+// upstream is a refusal the client can read rather than a dropped tunnel); read the
+// client's ClientHello and check that its SNI names the CONNECT host; then splice
+// bytes until either side is done, or terminate TLS. A tunnel refused outright is
+// answered with refuseAndClose: bytes sent ahead are never parsed.
 func (c *conn) serveConnect(snap *Snapshot, req *http.Request, rec *Record) bool {
 	rec.Scheme = "connect"
 	c.authIdent = snap.Hooks.authIdent(req.Header)
@@ -22,24 +21,9 @@ func (c *conn) serveConnect(snap *Snapshot, req *http.Request, rec *Record) bool
 	if err != nil {
 		return c.refuseAndClose(snap, rec, badHost("connect_target", err))
 	}
-	rec.setTarget(t)
-	d := snap.Policy.DecideRequest(t, "")
-	rec.setDecision(d)
-	plan := planTunnel(snap, t, d, false)
-	var up net.Conn
-	if plan.kind == tunnelSpliced {
-		if up, err = snap.upstream.Dial(c.ctx, t); err != nil {
-			plan = refusedTunnel(snap, err, false)
-		} else {
-			rec.setResolved(up.RemoteAddr())
-		}
-	}
-	plan = plan.readableFor(req.RequestURI, t)
-	switch plan.kind {
-	case tunnelRefused:
+	plan, up, _ := c.decideTunnel(snap, t, nil, rec)
+	if plan = plan.readableFor(req.RequestURI, t); plan.kind == tunnelRefused {
 		return c.refuseAndClose(snap, rec, plan.why)
-	case tunnelRefusedInside:
-		rec.refused(plan.why)
 	}
 	if !c.acceptTunnel(rec, plan.why) {
 		closeIf(up)

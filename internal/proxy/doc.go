@@ -17,32 +17,33 @@
 //	server.go       Server, listeners, accept, Swap, Shutdown (drain)
 //	slots.go        connection slots at limits.max_connections: evicting the longest wait
 //	lane.go         the hook lane: slots kept for pre-tool hook calls
+//	connmem.go      what each connection holds of the memory budget; memory.go: the budget's shares, HTTP/2 windows
 //	conn.go         one client connection: the request loop, handle, refusal writing
-//	mode.go         the connection's mode (route), and planTunnel: what a tunnel becomes
+//	mode.go         the connection's mode (route); decideTunnel and planTunnel: what a tunnel becomes
 //	head.go         the bounded request head and its framing checks
 //	deadline.go     client read and write deadlines
-//	connect.go      CONNECT: decide, dial, 200, ClientHello check, splice or intercept
-//	transparent.go  the transparent listener: original destination, SNI decision
+//	connect.go      CONNECT: decideTunnel, 200, ClientHello check, splice or intercept
+//	transparent.go  the transparent listener: original destination, SNI target, decideTunnel
 //	tlspeek.go      reading the ClientHello without consuming it
 //	intercept.go    terminating the client's TLS in an intercepted tunnel
 //	h1.go           the HTTP/1.x client side of a request (h1Side)
 //	h2.go           HTTP/2 inside an intercepted tunnel, its client side (h2Side)
-//	pipeline.go     the request path in one screen, and the one request tail
+//	pipeline.go     each path in one screen, and the one request tail, exchange.serve
 //	target.go       the target stage: the request's target, by connection mode
 //	hookcall.go     hook calls; hookbuf.go: their body budget; identify.go: whose call it is
-//	prepare.go      decide and prepare the outbound request (strip, inject, placeholders)
+//	prepare.go      the decide, outbound and inject stages
 //	scope.go        placeholders out of scope in a streaming body or a switched connection
 //	headers.go      hop-by-hop and Egressd-* stripping, Upgrade and TE checks
 //	body.go         the client's request body as the upstream reads it
-//	forward.go      the round trip to the upstream
-//	h1pool.go       h1Pool, the upstream HTTP/1.1 pool for bodiless GET/HEAD
-//	h2only.go       an HTTP/1 client's request again over HTTP/2 to an HTTP/2-only upstream
-//	dial.go         resolve, check and dial the decided target
-//	snapshot.go     Snapshot: what one reload decides and forwards with, its transports
+//	snapshot.go     Snapshot: what one reload decides and forwards with, its upstream client
 //	redecide.go     open tunnels and upgrades, decided again on every change of state
 //	scrub.go        masking injected values in responses
 //	respond.go      writing responses to the client, HTTP/1 and HTTP/2
 //	tunnel.go       splicing tunnels and upgrades; relay.go: the copy loop
 //	refuse.go       the one error -> response function
 //	record.go       Record, the canonical log line
+//
+// The upstream side, as net/http's Transport is to its Server, is the package
+// upstream: dialling decided targets through the address guard, the HTTP/1.1 pool,
+// the transports and the HTTP/2-only fallback.
 package proxy

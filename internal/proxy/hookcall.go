@@ -48,18 +48,19 @@ type hookCallKey struct{}
 
 func isHookCall(ctx context.Context) bool { return ctx.Value(hookCallKey{}) != nil }
 
-// hookMatch reports whether the request is a hook call: a POST to the URL of an
-// http hook of an enabled group that egressd can tell is the runtime's (x.ident).
-func (x *exchange) hookMatch(role string) (hooks.Match, bool) {
+// hookMatch is the hook stage: it reports whether the request, whose target was
+// read without error (targetErr), is a hook call: a POST to the URL of an http hook
+// of an enabled group that egressd can tell is the runtime's (x.ident).
+func (x *exchange) hookMatch(targetErr error) (hooks.Match, bool) {
 	h := x.snap.Hooks
-	if h == nil || h.Index == nil || x.req.Method != http.MethodPost || x.locate() != nil {
+	if h == nil || h.Index == nil || x.req.Method != http.MethodPost || targetErr != nil {
 		return hooks.Match{}, false
 	}
 	authIdent := x.authIdent
 	if authIdent == "" {
 		authIdent = h.authIdent(x.req.Header)
 	}
-	if x.ident = h.callIdent(role, authIdent); x.ident == "" {
+	if x.ident = h.callIdent(x.role, authIdent); x.ident == "" {
 		return hooks.Match{}, false
 	}
 	return h.Index.Lookup(x.scheme, x.target.Host, x.target.Port, x.req.URL.EscapedPath())
@@ -201,12 +202,12 @@ func (x *exchange) forwardHook(ctx context.Context, m hooks.Match, prepErr error
 		inject.Remove(out.Header, "Accept-Encoding")
 		out.Header["Accept-Encoding"] = []string{"identity"}
 	}
-	assertion, err := x.snap.Hooks.Signer.SignCall(m, x.snap.Env, x.ident, body)
+	assertion, err := x.snap.Hooks.Signer.SignSandboxCall(m, x.snap.Env, x.snap.Sandbox, x.ident, body)
 	if err != nil {
 		return nil, &hookError{"hook signing key unavailable", err}
 	}
 	out.Header.Set(hookauth.HeaderName, assertion)
-	resp, err := x.snap.forward(out)
+	resp, err := x.roundTrip(out)
 	if err != nil {
 		return nil, err
 	}

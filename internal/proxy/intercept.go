@@ -27,6 +27,10 @@ func (c *conn) serveIntercepted(snap *Snapshot, t allowlist.Target, hello *clien
 			Err: errors.New("interception needed but no CA is configured")})
 		return
 	}
+	if !c.holdTransparentTunnel(snap, t) {
+		rec.refused(errConnMemory) // no answer fits in TLS not yet begun: closed, logged
+		return
+	}
 	c.tunneling.Store(true)
 	c.s.metrics.TunnelsActive.Inc()
 	defer c.s.metrics.TunnelsActive.Dec()
@@ -52,7 +56,7 @@ func (c *conn) serveInner(nc net.Conn, via route) {
 	inner := newConn(c.s, c.l, nc)
 	inner.route = via
 	inner.slot, inner.lane, inner.cutCtx, inner.laneRoot = c.slot, c.lane, c.cutCtx, c.laneRoot
-	inner.release, inner.authIdent = c.release, c.authIdent
+	inner.release, inner.authIdent, inner.mem = c.release, c.authIdent, c.mem
 	inner.ctx, inner.cancel = context.WithCancel(c.ctx) // the outer's end (or cut) ends it
 	if c.s.trackConn(inner, true) {
 		defer c.s.trackConn(inner, false)

@@ -77,9 +77,10 @@ const (
 )
 
 // admit reads nc's first head and serves a pre-tool hook call in the lane, or
-// answers anything else 503 overloaded. nc holds one of l's overflow places
+// answers anything else 503 overloaded, with detail saying why it came here
+// ("": every slot was serving). nc holds one of l's overflow places
 // (awaitRoom), given back when the connection ends.
-func (s *Server) admit(l *listener, nc net.Conn) {
+func (s *Server) admit(l *listener, nc net.Conn, detail string) {
 	snap := s.Snapshot()
 	c := newConn(s, l, nc)
 	c.slot = slotAdmit
@@ -100,7 +101,7 @@ func (s *Server) admit(l *listener, nc net.Conn) {
 	case evicted:
 		c.rejectOverloaded(detailAdmitEvicted)
 	case !candidate:
-		c.rejectOverloaded("")
+		c.rejectOverloaded(detail)
 	default:
 		s.serveLane(l, c, snap)
 		return

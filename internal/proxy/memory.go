@@ -7,6 +7,7 @@ import (
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/membudget"
+	"github.com/egressd/egressd/internal/placeholder"
 )
 
 // setMemory sizes the memory budget for snap (limits.memory; auto is resolved again,
@@ -40,6 +41,31 @@ const (
 	upstreamStreamWindow = 256 << 10
 	upstreamConnWindow   = 1 << 20
 )
+
+// errPlaceholderMemory refuses a request whose body the budget cannot hold for
+// placeholder replacement.
+var errPlaceholderMemory = &refusal{Reason: allowlist.ReasonOverloaded, Detail: membudget.Placeholders.Detail(),
+	Err: errors.New("limits.memory reached: too many request bodies held for placeholder replacement at once")}
+
+// holdPlaceholderBody reserves the buffer replacing placeholders in out's body
+// holds: a body of known length up to placeholder.MaxBody is read whole, into one
+// buffer of its declared length, before anything is forwarded, so a client that
+// declares a megabyte and sends one byte would otherwise make egressd allocate the
+// megabyte, once for every request it holds so. The reservation ends with the
+// request (out's context). It reports false, reserving nothing, when the budget
+// cannot hold it.
+func (x *exchange) holdPlaceholderBody(out *http.Request) bool {
+	n := out.ContentLength
+	if !x.snap.Placeholders.Active() || out.Body == nil || out.Body == http.NoBody || n <= 0 || n > placeholder.MaxBody {
+		return true
+	}
+	mem := x.snap.mem
+	if !mem.Reserve(membudget.Placeholders, n) {
+		return false
+	}
+	context.AfterFunc(out.Context(), func() { mem.Release(membudget.Placeholders, n) })
+	return true
+}
 
 // errH2Windows refuses a request or stream whose HTTP/2 window the budget cannot hold.
 var errH2Windows = &refusal{Reason: allowlist.ReasonOverloaded, Detail: membudget.H2Windows.Detail(),

@@ -2,17 +2,20 @@ package proxy_test
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/andybalholm/brotli"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
@@ -303,4 +306,35 @@ func openStreams(t *testing.T, fr *lockedFramer, method, host string, n int) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// TestScrubDecodersDrawOnTheBudget: an upstream asked for identity that answers
+// compressed anyway chooses the decoder's window (brotli's up to 16 MiB, held
+// twice over as it grows); decoding draws that on the memory budget, read from
+// the stream's own header, so a small window passes and one the budget cannot
+// hold is refused 503 overloaded (detail memory_scrub) before any of it is
+// decoded, and every reservation returns when its response ends.
+func TestScrubDecodersDrawOnTheBudget(t *testing.T) {
+	w := newInjectWorld(t, worldOpts{allowlist: scrubEntries, limits: withBudget(smallBudget),
+		credentials: map[string]string{"api": `{"token": "` + secretToken + `"}`, "forms": `{"token": "f"}`}})
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		lgwin, _ := strconv.Atoi(r.URL.Query().Get("lgwin"))
+		var b bytes.Buffer
+		bw := brotli.NewWriterOptions(&b, brotli.WriterOptions{Quality: 5, LGWin: lgwin})
+		io.WriteString(bw, "[["+r.Header.Get("Authorization")+"]]")
+		bw.Close()
+		rw.Header().Set("Content-Encoding", "br")
+		rw.Write(b.Bytes())
+	})
+	got := w.fetch(t, "h1", "api.allowed.test", "/?lgwin=16", nil)
+	if want := "[[" + stars(len("Bearer "+secretToken)) + "]]"; string(got.body) != want {
+		t.Fatalf("a 64 KiB window: body %q, want %q", got.body, want)
+	}
+	got = w.fetch(t, "h1", "api.allowed.test", "/?lgwin=24", nil)
+	if r := got.resp; r.StatusCode != http.StatusServiceUnavailable || r.Header.Get("Egressd-Reason") != "overloaded" ||
+		!strings.Contains(string(got.body), `"detail":"memory_scrub"`) {
+		t.Fatalf("a 16 MiB window past the budget: %d %q %s, want 503 overloaded memory_scrub",
+			r.StatusCode, r.Header.Get("Egressd-Reason"), got.body)
+	}
+	waitFor(t, func() bool { return w.budgetHeld("scrub") == 0 }, "the decoders' reservations to return to the budget")
 }

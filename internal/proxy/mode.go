@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/netip"
@@ -74,6 +75,11 @@ type tunnelPlan struct {
 // answered inside TLS.
 func planTunnel(snap *Snapshot, t allowlist.Target, d allowlist.Decision, inTLS bool) tunnelPlan {
 	hookHost := snap.Hooks != nil && snap.Hooks.Index != nil && snap.Hooks.Index.Intercepts(t.Host, t.Port)
+	if d.Allowed() && !d.Intercept && !hookHost {
+		// Whether t trusts a placeholder is known once its credentials are read: wait,
+		// bounded, for first reads still in flight after a start, rather than splice.
+		snap.Placeholders.Await(context.Background())
+	}
 	switch {
 	case d.Allowed() && (d.Intercept || hookHost || snap.Placeholders.Intercepts(t.Host)):
 		return tunnelPlan{kind: tunnelIntercepted}
@@ -84,6 +90,39 @@ func planTunnel(snap *Snapshot, t allowlist.Target, d allowlist.Decision, inTLS 
 	// fail closed: the runtime reads a refused CONNECT as "allow", so egressd answers
 	// the hook call inside with an explicit deny.
 	return refusedTunnel(snap, deny(d.Reason, d.Detail), inTLS || hookHost && snap.Hooks.FailClosed)
+}
+
+// decideTunnel is the one decision of a tunnel, a CONNECT (hello nil: it arrives
+// after the 200) or TLS on a transparent listener: decide on t and record it, plan
+// the tunnel (planTunnel, then helloPlan when the ClientHello is known), and dial a
+// spliced tunnel's upstream now. A refused plan is recorded here; an upstream that
+// cannot be dialled refuses the tunnel (refusedTunnel). The error is a ClientHello
+// refused by helloPlan, told to the client as a TLS alert.
+func (c *conn) decideTunnel(snap *Snapshot, t allowlist.Target, hello *clientHello, rec *Record) (tunnelPlan, net.Conn, error) {
+	rec.setTarget(t)
+	d := snap.Policy.DecideRequest(t, "")
+	rec.setDecision(d)
+	plan := planTunnel(snap, t, d, hello != nil)
+	if hello != nil {
+		var err error
+		if plan, err = c.applyHelloPlan(snap, t, hello, plan); err != nil {
+			rec.refused(err)
+			return plan, nil, err
+		}
+	}
+	var up net.Conn
+	if plan.kind == tunnelSpliced {
+		var err error
+		if up, err = snap.upstream.Dial(c.ctx, t); err != nil {
+			plan = refusedTunnel(snap, err, hello != nil)
+		} else {
+			rec.setResolved(up.RemoteAddr())
+		}
+	}
+	if plan.why != nil {
+		rec.refused(plan.why)
+	}
+	return plan, up, nil
 }
 
 // refusedTunnel is the plan of a tunnel refused with why. It is answered inside TLS

@@ -11,22 +11,33 @@ import (
 	"github.com/egressd/egressd/internal/scrub"
 )
 
-// The request path, every mode and both protocols (docs/architecture.md has it at
-// length):
+// The request path, each way in, on one screen (docs/architecture.md has it at
+// length). Every HTTP request, whichever way it came in, ends in the same tail,
+// exchange.serve; every upstream byte goes through upstream.Client.
 //
-//	accept    Server.Serve -> accept: a slot (slots.go, lane.go), a conn (conn.go)
-//	mode      conn.route, fixed before the first request (mode.go)
-//	head      conn.serveLoop -> readRequest (head.go); HTTP/2: serveH2 (h2.go)
-//	tunnel    conn.handle -> serveConnect (connect.go) or serveTransparentTLS
-//	          (transparent.go) -> planTunnel: splice (tunnel.go) or intercept.go
-//	request   serveHTTP1 (h1.go) or h2Handler (h2.go) -> serveRequest:
-//	  target    exchange.locate (target.go)
-//	  hook?     exchange.hookMatch -> serveHook (hookcall.go)
-//	  decide    exchange.prepare: Policy.DecideRequest, outbound, inject (prepare.go)
-//	  forward   Snapshot.roundTrip (forward.go) -> dialGuarded (dial.go)
-//	  scrub     exchange.scrubbed (scrub.go)
-//	  respond   clientSide.respond or .refuse (h1.go, h2.go; refuse.go)
-//	record    Record.finish, deferred where the Record was made (record.go)
+//	explicit GET   Server.accept (server.go) -> conn.serveLoop -> readRequest
+//	               (head.go) -> conn.handle (conn.go) -> serveHTTP1 (h1.go) -> TAIL
+//	               -> h1Side.respond -> writeResponse (respond.go)
+//	CONNECT        conn.handle -> serveConnect (connect.go) -> decideTunnel (mode.go)
+//	               -> acceptTunnel (200) -> checkClientHello (tlspeek.go) -> spliced:
+//	               conn.tunnel (tunnel.go); intercepted: serveIntercepted
+//	               (intercept.go) -> serveLoop -> serveHTTP1 -> TAIL, or HTTP/2 below
+//	transparent    serveTransparent (transparent.go) -> TLS: readClientHello ->
+//	TLS            decideTunnel (mode.go: decide, plan, upstream.Client.Dial) ->
+//	               conn.tunnel (tunnel.go) or serveIntercepted; plain HTTP: serveLoop
+//	HTTP/2 stream  serveIntercepted -> serveH2 -> h2Handler.ServeHTTP (h2.go) -> TAIL
+//	               -> h2Side.respond -> writeResponseRW (respond.go)
+//
+//	TAIL           serveRequest -> exchange.serve, its stages in order:
+//	  target         locate (target.go)
+//	  hook?          hookMatch -> callHook -> serveHook (hookcall.go)
+//	  decide         decide: Policy.DecideRequest, recorded (prepare.go)
+//	  outbound       outbound: the upstream request, a value of its own (prepare.go)
+//	  inject         inject: placeholders, headers, scrub set, trailers (prepare.go)
+//	  forward        forward -> roundTrip -> upstream.Client.RoundTrip (upstream/)
+//	  scrub          scrubbed (scrub.go)
+//	  refuse         an error becomes the response in refusalFor (refuse.go)
+//	record         Record.finish, deferred where the Record was made (record.go)
 
 // exchange is one request on its way through the pipeline: parse and normalise the
 // target, decide, prepare the outbound request (strip, inject), forward. The same
@@ -42,11 +53,9 @@ type exchange struct {
 	req     *http.Request
 	rec     *Record
 	body    *requestBody
-	route   route // how the request's target is read (mode.go)
-	target  allowlist.Target
-	scheme  string // set by locate
-	located bool
-	locErr  error
+	route   route              // how the request's target is read (mode.go)
+	target  allowlist.Target   // the target stage's value (locate)
+	scheme  string             // the target's scheme: http or https
 	scrub   *scrub.Set         // masks what injection set, in the response (scrub.go)
 	ph      placeholder.Result // what placeholders became (prepare.go)
 	stage   stage              // how far serve got
@@ -122,11 +131,15 @@ func serveRequest(ctx context.Context, x *exchange, cs clientSide) bool {
 	return keep
 }
 
-// serve is the one request tail of every mode and both protocols: hook check,
-// refused check, decide and prepare, round trip, scrub. It returns the response for
-// the client, or the error that refuses the request (refuse.go).
+// serve is the one request tail of every mode and both protocols, its stages called
+// in order: locate the target, hook?, decide, build the outbound request, inject
+// and replace, forward, scrub. Requests answered before a decision (a lane
+// connection's other requests, a hook call, a throttled stream, a refused tunnel)
+// leave after the hook stage. It returns the response for the client, or the error
+// that refuses the request (refuse.go).
 func (x *exchange) serve(ctx context.Context, cs clientSide) (*http.Response, error) {
-	m, hook := x.hookMatch(x.role)
+	targetErr := x.locate()
+	m, hook := x.hookMatch(targetErr)
 	x.preHook = hook && m.Event == hooks.EventPre
 	switch {
 	case x.lane != nil && !x.preHook:
@@ -140,31 +153,69 @@ func (x *exchange) serve(ctx context.Context, cs clientSide) (*http.Response, er
 		return nil, x.throttled
 	case x.route.mode == modeRefused:
 		x.stage = stageRefused
-		return nil, x.refusedInTunnel()
+		x.rec.Intercepted = true // the tunnel's refusal outranks what locate found
+		return nil, x.route.refusal
 	}
 	x.stage = stagePrepare
-	out, err := x.prepare(ctx)
-	if err == nil {
-		err = cancelled(ctx)
+	if targetErr != nil {
+		return nil, targetErr
 	}
-	if err == nil {
-		if expectsContinue(x.req) {
-			cs.sendContinue()
-		}
-		x.stage = stageForward
-		x.body.deadline.forwarding(x.snap.Limits.StreamIdle)
-		var resp *http.Response
-		if resp, err = x.snap.forward(out); err == nil {
-			return x.scrubbed(resp), nil
-		}
+	d, err := x.decide()
+	if err != nil {
+		return nil, err
 	}
+	out := x.outbound(ctx)
+	if err := x.inject(out, d); err != nil {
+		return nil, x.blame(err)
+	}
+	resp, err := x.forward(ctx, out, cs)
+	if err != nil {
+		return nil, x.blame(err)
+	}
+	return x.scrubbed(resp), nil
+}
+
+// forward is the forward stage: out goes upstream once the client is known to be
+// waiting (a client gone by now is never dialled), after the 100 Continue it asked
+// for, with the client's body read under limits.stream_idle from now on.
+func (x *exchange) forward(ctx context.Context, out *http.Request, cs clientSide) (*http.Response, error) {
+	if err := cancelled(ctx); err != nil {
+		return nil, err
+	}
+	if expectsContinue(x.req) {
+		cs.sendContinue()
+	}
+	x.stage = stageForward
+	x.body.deadline.forwarding(x.snap.Limits.StreamIdle)
+	return x.roundTrip(out)
+}
+
+// roundTrip sends out upstream (upstream.Client.RoundTrip). The response's Egressd-*
+// fields are removed here, on every path (plain, intercepted, upgrades, hook calls):
+// only egressd sets them, and an upstream must not be able to fake Egressd-Reason
+// or the fail-closed marker. Trailers, which arrive after the body, are filtered by
+// the response writers.
+func (x *exchange) roundTrip(out *http.Request) (*http.Response, error) {
+	resp, err := x.snap.upstream.RoundTrip(out)
+	if err != nil {
+		return nil, err
+	}
+	removeEgressdHeaders(resp.Header)
+	return resp, nil
+}
+
+// blame is the error that ends an exchange whose body the stages began to read: a
+// placeholder that ended the body the upstream was reading, or the client's body
+// failing, outranks the upstream's error it caused.
+func (x *exchange) blame(err error) error {
 	if refused := x.ph.Refused(); refused != nil {
 		x.warnScope(refused)
-		err = refused // a placeholder ended the body the upstream was reading
-	} else if bodyErr := x.body.clientError(); bodyErr != nil {
-		err = bodyErr // the client's body failed, not the upstream
+		return refused
 	}
-	return nil, err
+	if bodyErr := x.body.clientError(); bodyErr != nil {
+		return bodyErr
+	}
+	return err
 }
 
 // callHook serves a hook call (exchange.serveHook), which reads the body itself.
@@ -177,11 +228,4 @@ func (x *exchange) callHook(ctx context.Context, m hooks.Match, cs clientSide) (
 		refusal = x.throttled
 	}
 	return x.serveHook(ctx, m, refusal)
-}
-
-// refusedInTunnel records a request inside a refused tunnel and returns its refusal.
-func (x *exchange) refusedInTunnel() error {
-	x.locate() // records the tunnel's target; the refusal outranks what it finds
-	x.rec.Intercepted = true
-	return x.route.refusal
 }

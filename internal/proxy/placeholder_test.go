@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/config"
 )
 
 // envValue is the environment_variable credential's value: the upstream of a trusted
@@ -23,7 +24,10 @@ const envValue = `sk-PLANTED "env" value&=/+`
 // body; "hdr" only in headers, to api.allowed.test; "rule" has no trusted_domains, so
 // only hosts whose winning entry names it (www.allowed.test). other.test is allowed
 // under "*" and trusted by nobody.
-func newPlaceholderWorld(t *testing.T) *world {
+func newPlaceholderWorld(t *testing.T) *world { return newPlaceholderWorldLimits(t, nil) }
+
+// newPlaceholderWorldLimits is newPlaceholderWorld with limits changed by limits.
+func newPlaceholderWorldLimits(t *testing.T, limits func(*config.Limits)) *world {
 	secret := func(locs, domains string) string {
 		v, _ := json.Marshal(envValue)
 		return `{"type": "environment_variable", "value": ` + string(v) + `, "injection_location": ` + locs + `, "trusted_domains": ` + domains + `}`
@@ -41,6 +45,7 @@ func newPlaceholderWorld(t *testing.T) *world {
 			"rule": secret(`"header"`, `[]`),
 		},
 		envVars: map[string]string{"EV_KEY": "ev", "HDR_KEY": "hdr", "RULE_KEY": "rule"},
+		limits:  limits,
 	})
 	w.DNS.Set("tx.allowed.test", "A "+w.PublicIP)
 	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"strings"
 
 	"github.com/egressd/egressd/internal/allowlist"
@@ -11,41 +12,61 @@ import (
 	"github.com/egressd/egressd/internal/proxy/upstream"
 )
 
-// prepare runs every stage before forwarding and returns the outbound request, or
-// the refusal that ends the exchange.
-func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
-	if err := x.locate(); err != nil {
-		return nil, err
-	}
-	scheme := x.scheme
-	d := x.snap.Policy.DecideRequest(x.target, scheme)
+// decide is the decision stage: the policy's Decision on the target, recorded
+// (Record.setDecision); a denial is refused with the Decision's reason. An entry
+// that injects also refuses a request that asks the upstream to send it back
+// (reflectsRequest), before anything is injected.
+func (x *exchange) decide() (allowlist.Decision, error) {
+	d := x.snap.Policy.DecideRequest(x.target, x.scheme)
 	x.rec.setDecision(d)
 	if x.route.inTunnel() {
 		x.rec.Intercepted = true
 	}
 	if !d.Allowed() {
-		return nil, deny(d.Reason, d.Detail)
+		return d, deny(d.Reason, d.Detail)
 	}
 	if d.Rule != nil && d.Rule.Injects() && reflectsRequest(x.req) {
-		return nil, deny(allowlist.ReasonMethodNotAllowed, strings.ToLower(x.req.Method))
+		return d, deny(allowlist.ReasonMethodNotAllowed, strings.ToLower(x.req.Method))
 	}
-	out := x.outbound(ctx, scheme)
-	// Placeholders first: a placeholder in a header the entry injects would otherwise
-	// be removed with the client's copy of that header, unseen, rather than refused.
+	return d, nil
+}
+
+// inject is the stage that fills out for the entry d allowed: placeholders replaced
+// where their credentials allow it, the entry's headers injected, the scrub set for
+// the response built, the client's trailers filtered. Placeholders come first: one
+// in a header the entry injects would otherwise be removed with the client's copy
+// of that header, unseen, rather than refused.
+func (x *exchange) inject(out *http.Request, d allowlist.Decision) error {
 	if err := x.replacePlaceholders(out, d.Rule); err != nil {
-		return nil, err
+		return err
 	}
+	x.snap.Injector.Await(out.Context(), d.Rule) // a first read still in flight after a start
 	res, err := x.snap.Injector.Apply(d.Rule, out.Header, x.req.Trailer)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	x.rec.Injected, x.rec.CredentialVersion = res.Names, res.Version
 	if res.Credential != "" {
 		x.rec.Credential = res.Credential
 	}
+	if res.GitHub && inject.RevokesGitHubToken(out.URL.Path) {
+		return deny(allowlist.ReasonCredentialScope, inject.DetailGitHubRevoke)
+	}
 	x.scrubFor(out, res.Scrub)
 	x.body.trailers(x.req, out, res.Names)
-	return out, nil
+	// Last: a SigV4 signature covers the headers as they leave.
+	return res.Sign(out.Context(), out, x.target.Host, x.snap.Placeholders)
+}
+
+// prepare is decide, outbound and inject for a hook call, whose body egressd has
+// read first (forwardHook).
+func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
+	d, err := x.decide()
+	if err != nil {
+		return nil, err
+	}
+	out := x.outbound(ctx)
+	return out, x.inject(out, d)
 }
 
 // replacePlaceholders swaps environment_variable placeholders for their values where
@@ -55,6 +76,9 @@ func (x *exchange) prepare(ctx context.Context) (*http.Request, error) {
 // it runs (upgradeSource): frames must stay uncompressed for that, so an upgrade
 // offers no extension.
 func (x *exchange) replacePlaceholders(out *http.Request, rule *allowlist.Rule) error {
+	if !x.holdPlaceholderBody(out) {
+		return errPlaceholderMemory
+	}
 	pr, err := x.snap.Placeholders.Apply(out, x.target.Host, rule, x.scheme == "http")
 	x.ph = pr
 	if err != nil {
@@ -88,51 +112,59 @@ func reflectsRequest(req *http.Request) bool {
 	return strings.EqualFold(m, http.MethodOptions) && (req.URL.Path == "*" || req.RequestURI == "*")
 }
 
-// outbound builds the upstream request from the client's as a value of its own
-// (httputil.ProxyRequest's Out): its own URL and header map, so that what egressd
-// removes or sets for the upstream (hop-by-hop fields, Expect, injected headers) never
+// outbound is the stage that builds the upstream request from the client's, as a
+// value of its own (httputil.ProxyRequest's Out): its own URL, header map and body
+// wrapper, and nothing else of the client's request, so that what egressd removes
+// or sets for the upstream (hop-by-hop fields, Expect, injected headers) never
 // changes the request the client is answered for (Expect: 100-continue) or the
-// record. The target is the decided, normalised one (in the URL, and as a value in
-// the context for the upstream client's dialer: upstream.WithTarget), and the
-// address the client connects to comes back through httptrace (gotConn). Injection
-// comes after, so nothing the client sends can strip what egressd adds.
-func (x *exchange) outbound(ctx context.Context, scheme string) *http.Request {
+// record. The header map is the client's without hop-by-hop and Egressd-* fields.
+// The target is the decided, normalised one (in the URL, and as a value in the
+// context for the upstream client's dialer: upstream.WithTarget), and the address
+// the client connects to comes back through httptrace (gotConn). Injection comes
+// after, so nothing the client sends can strip what egressd adds.
+func (x *exchange) outbound(ctx context.Context) *http.Request {
+	u := *x.req.URL
+	u.Scheme, u.Host, u.User = x.scheme, x.target.String(), nil
+	out := &http.Request{
+		Method: x.req.Method, URL: &u, Host: hostHeader(x.target, x.scheme),
+		Proto: x.req.Proto, ProtoMajor: x.req.ProtoMajor, ProtoMinor: x.req.ProtoMinor,
+		Header: outboundHeader(x.req.Header), Body: x.body, ContentLength: x.req.ContentLength,
+		TransferEncoding: slices.Clone(x.req.TransferEncoding),
+		Trailer:          x.req.Trailer.Clone(), // the declared names, for placeholders; inject filters them
+	}
+	if x.req.ContentLength == 0 {
+		out.Body = http.NoBody
+	}
 	ctx = upstream.WithTarget(ctx, x.target)
 	if x.hook != nil {
 		ctx = context.WithValue(ctx, hookCallKey{}, true)
 	}
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: x.gotConn})
-	out := x.req.WithContext(ctx)
-	u := *x.req.URL
-	u.Scheme, u.Host, u.User = scheme, x.target.String(), nil
-	out.URL = &u
-	out.Host = hostHeader(x.target, scheme)
-	out.RequestURI = ""
-	out.Close = false
-	out.Body = x.body
-	if x.req.ContentLength == 0 {
-		out.Body = http.NoBody
-	}
-	out.Header = x.req.Header.Clone()
-	upgrade := upgradeType(out.Header)
-	trailers := acceptsTrailers(out.Header)
-	removeHopByHop(out.Header)
+	return out.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: x.gotConn}))
+}
+
+// outboundHeader is the client's header without hop-by-hop fields (the Upgrade
+// it asks for and a trailers-only TE set again), Expect and Egressd-* fields.
+func outboundHeader(in http.Header) http.Header {
+	h := in.Clone()
+	upgrade := upgradeType(h)
+	trailers := acceptsTrailers(h)
+	removeHopByHop(h)
 	if upgrade != "" {
-		out.Header.Set("Connection", "Upgrade")
-		out.Header.Set("Upgrade", upgrade)
+		h.Set("Connection", "Upgrade")
+		h.Set("Upgrade", upgrade)
 	}
 	if trailers { // gRPC servers may insist on it (RFC 9113 §8.2.2 lets it through)
-		out.Header["Te"] = []string{"trailers"}
+		h["Te"] = []string{"trailers"}
 	}
-	out.Header.Del("Expect")
-	removeEgressdHeaders(out.Header)
-	if _, ok := out.Header["User-Agent"]; !ok {
+	h.Del("Expect")
+	removeEgressdHeaders(h)
+	if _, ok := h["User-Agent"]; !ok {
 		// net/http's transports (and Request.Write, which the pool uses) add
 		// "Go-http-client/..." when the key is absent; present and empty, they
 		// send none. egressd adds no header of its own.
-		out.Header["User-Agent"] = nil
+		h["User-Agent"] = nil
 	}
-	return out
+	return h
 }
 
 // gotConn records the address the upstream client connected to for the request.

@@ -47,6 +47,27 @@ type Record struct {
 	Scrubbed          int    // injected values masked in the response
 	Error             string // the cause of a failure, for operators; never sent to the client
 	Start             time.Time
+	Sandbox           string // the node-mode sandbox whose listener it arrived on; "" in a sidecar
+
+	tally *Tally
+}
+
+// Tally counts a Server's records by decision: a node-mode sandbox's own figures,
+// which no metric label carries.
+type Tally struct {
+	Allow, Deny, Error atomic.Int64
+}
+
+func (t *Tally) add(decision string) {
+	switch {
+	case t == nil:
+	case decision == metrics.DecisionAllow:
+		t.Allow.Add(1)
+	case decision == metrics.DecisionDeny:
+		t.Deny.Add(1)
+	default:
+		t.Error.Add(1)
+	}
 }
 
 // idPrefix makes request IDs unique across restarts; the counter makes them unique
@@ -67,7 +88,8 @@ func newRequestID() string {
 }
 
 func newRecord(l *listener, client net.Addr) *Record {
-	r := &Record{ReqID: newRequestID(), Listener: l.cfg.Name, Role: l.cfg.Role, Start: time.Now()}
+	r := &Record{ReqID: newRequestID(), Listener: l.cfg.Name, Role: l.cfg.Role, Start: time.Now(),
+		Sandbox: l.sandbox, tally: l.tally}
 	if client != nil {
 		r.Client = client.String()
 	}
@@ -126,6 +148,7 @@ func (r *Record) decision() string {
 // finish writes the log line and the metrics for the record.
 func (r *Record) finish(log *zerolog.Logger, m *metrics.Metrics) {
 	r.Decision = r.decision()
+	r.tally.add(r.Decision)
 	dur := time.Since(r.Start)
 	m.Requests.WithLabelValues(r.Listener, r.Decision, string(r.Reason)).Inc()
 	m.Duration.WithLabelValues(r.Listener).Observe(dur.Seconds())
@@ -135,7 +158,7 @@ func (r *Record) finish(log *zerolog.Logger, m *metrics.Metrics) {
 		m.Scrubbed.WithLabelValues(r.Rule).Inc()
 	}
 	log.Info().
-		Str("req_id", r.ReqID).Str("listener", r.Listener).Str("role", r.Role).
+		Str("req_id", r.ReqID).Str("sandbox", r.Sandbox).Str("listener", r.Listener).Str("role", r.Role).
 		Str("client", r.Client).Str("method", r.Method).Str("scheme", r.Scheme).
 		Str("host", r.Host).Uint16("port", r.Port).Str("path", r.Path).
 		Str("decision", r.Decision).Str("reason", string(r.Reason)).Str("detail", r.Detail).

@@ -18,6 +18,7 @@ import (
 	"github.com/egressd/egressd/internal/netguard"
 	"github.com/egressd/egressd/internal/placeholder"
 	"github.com/egressd/egressd/internal/proxy/upstream"
+	"github.com/egressd/egressd/internal/sigv4"
 )
 
 // refusal is a request that ends in an egressd-made response: a denial or a failure.
@@ -84,6 +85,7 @@ func classify(err error) *refusal {
 	var dialErr *upstream.DialError
 	var credErr *credential.UnavailableError
 	var scopeErr *placeholder.ScopeError
+	var awsErr *sigv4.ScopeError
 	switch {
 	case errors.As(err, &r):
 		return r
@@ -93,6 +95,8 @@ func classify(err error) *refusal {
 		return &refusal{Reason: allowlist.ReasonPlaintextCredential, Err: err}
 	case errors.As(err, &scopeErr):
 		return &refusal{Reason: allowlist.ReasonCredentialScope, Detail: scopeErr.Location, Err: err}
+	case errors.As(err, &awsErr):
+		return &refusal{Reason: allowlist.ReasonCredentialScope, Detail: awsErr.Detail, Err: err}
 	case errors.Is(err, placeholder.ErrSplit):
 		return badRequest("placeholder_split", err)
 	case errors.As(err, &credErr):

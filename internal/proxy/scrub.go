@@ -9,6 +9,7 @@ import (
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/inject"
+	"github.com/egressd/egressd/internal/membudget"
 	"github.com/egressd/egressd/internal/scrub"
 )
 
@@ -42,12 +43,12 @@ func (x *exchange) scrubFor(out *http.Request, rule *scrub.Set) {
 // egressd adds no header.
 //
 // Identity rather than the codings the scrubber can decode: masking an identity body
-// ran at 1,950-2,450 MB per CPU-second, decoding and masking gzip at 150-180, br at
-// 68-79, zstd at 1,480 (BenchmarkReader, BenchmarkDecodeReader in internal/scrub, this
-// 2-core machine, loaded), and re-encoding would cost more again (an encoder is slower than
-// its decoder) for the loopback or veth leg to the sandbox, where size is free. The
-// leg identity makes larger is egressd's to the upstream. An upstream that
-// compresses regardless is decoded and delivered as identity (scrubBody).
+// is many times faster than decoding and masking gzip or br (BenchmarkReader and
+// BenchmarkDecodeReader in internal/scrub measure it), and re-encoding would cost
+// more again (an encoder is slower than its decoder) for the loopback or veth leg to
+// the sandbox, where size is free. The leg identity makes larger is egressd's to the
+// upstream. An upstream that compresses regardless is decoded and delivered as
+// identity (scrubBody).
 func narrowForScrub(h http.Header) {
 	accepts := false
 	for k, v := range h { // one pass, whatever the keys' case: this runs on every scrubbed request
@@ -258,8 +259,13 @@ func (sc *scrubber) scrubBody(resp *http.Response) error {
 	*b = scrubbedBody{sc: sc, resp: resp, raw: resp.Body}
 	src := io.Reader(resp.Body)
 	if coding := fieldValue(resp.Header, "Content-Encoding"); encoded(coding) && resp.ContentLength != 0 {
-		dec, err := sc.set.DecodeReader(resp.Body, coding)
+		src = b.coded.peekByte(src)
+		if !b.hold(scrub.DecodeCost(coding, b.coded.first())) {
+			return errScrubMemory
+		}
+		dec, err := sc.set.DecodeReader(src, coding)
 		if err != nil {
+			b.closeCoders()
 			return &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: "content_encoding", Err: errors.Join(errUndecodable, err)}
 		}
 		b.coders, src = append(b.coders, dec), dec
@@ -267,6 +273,10 @@ func (sc *scrubber) scrubBody(resp *http.Response) error {
 		unframe(resp)
 	}
 	if err := sc.container(resp, src); err != nil {
+		b.closeCoders()
+		if err == errScrubMemory {
+			return err
+		}
 		return &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: "compressed_container", Err: errors.Join(errContainer, err)}
 	}
 	sc.body = b.r
@@ -294,6 +304,9 @@ func (sc *scrubber) container(resp *http.Response, src io.Reader) error {
 		b.r = sc.set.Reader(src).Paced(scrubPause)
 		b.out = b.r
 		return err
+	}
+	if !b.hold(scrub.DecodeCost(coding, -1) + scrub.EncodeCost(coding)) {
+		return errScrubMemory
 	}
 	dec, err := sc.set.DecodeReader(src, coding)
 	if err != nil {
@@ -339,7 +352,28 @@ type scrubbedBody struct {
 	r       *scrub.Reader
 	out     io.Reader   // what the client reads: r, or r compressed again
 	sniffed sniffReader // the body's first bytes, when container looked at them
+	coded   sniffReader // the compressed body's first byte, read for its window
+	held    int64       // what its coders hold of the memory budget (holder Scrub)
 	done    bool
+}
+
+// errScrubMemory refuses a response whose decoders the memory budget cannot hold.
+var errScrubMemory = &refusal{Reason: allowlist.ReasonOverloaded, Detail: membudget.Scrub.Detail(),
+	Err: errors.New("limits.memory reached: too many compressed responses being scrubbed at once")}
+
+// hold reserves n more bytes for the body's coders, until closeCoders: an upstream
+// was asked for identity (narrowForScrub), so a compressed answer comes from one
+// that ignores it, or is a compressed download, and a decoder's window is the
+// sender's choice. A hook call's never fails: its answer is egressd's to give.
+func (b *scrubbedBody) hold(n int64) bool {
+	mem := b.sc.x.snap.mem
+	if b.sc.x.hook != nil {
+		mem.Take(membudget.Scrub, n)
+	} else if !mem.Reserve(membudget.Scrub, n) {
+		return false
+	}
+	b.held += n
+	return true
 }
 
 // sniffReader is a body whose first bytes were read to sniff it. Its first Read
@@ -357,6 +391,22 @@ func (h *sniffReader) peek(src io.Reader) []byte {
 	n, _ := io.ReadFull(src, h.buf[:])
 	h.src, h.head = src, h.buf[:n]
 	return h.head
+}
+
+// peekByte reads src's first byte (none when it ends or fails first: a later
+// Read meets that again), to be read again through h.
+func (h *sniffReader) peekByte(src io.Reader) io.Reader {
+	n, _ := io.ReadFull(src, h.buf[:1])
+	h.src, h.head = src, h.buf[:n]
+	return h
+}
+
+// first is the byte peekByte read, or -1.
+func (h *sniffReader) first() int {
+	if len(h.head) == 0 {
+		return -1
+	}
+	return int(h.head[0])
 }
 
 func (h *sniffReader) Read(p []byte) (int, error) {
@@ -393,6 +443,8 @@ func (b *scrubbedBody) closeCoders() bool {
 		c.Close()
 	}
 	b.coders = nil
+	b.sc.x.snap.mem.Release(membudget.Scrub, b.held)
+	b.held = 0
 	return had
 }
 

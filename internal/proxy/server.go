@@ -10,7 +10,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/membudget"
 	"github.com/egressd/egressd/internal/metrics"
@@ -39,6 +38,8 @@ type Server struct {
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
 	lns     map[net.Listener]struct{}
+	// tally counts the records of every listener (Tally).
+	tally Tally
 	// reflected holds the (rule, credential) pairs an upstream has been seen
 	// reflecting, so each is warned about once (scrub.go).
 	reflected sync.Map
@@ -50,7 +51,11 @@ func New(snap *Snapshot, log zerolog.Logger, m *metrics.Metrics) *Server {
 		mem: membudget.New(0)}
 	s.setMemory(snap)
 	s.snap.Store(snap)
-	m.ObserveMemory(s.mem, s.hookBuf.used.Load)
+	if snap.Sandbox == "" {
+		// The process's budget; a node-mode sandbox's Server has one of its own,
+		// which the gauge does not show.
+		m.ObserveMemory(s.mem, s.hookBuf.used.Load)
+	}
 	s.initRules(snap)
 	return s
 }
@@ -91,9 +96,11 @@ func (s *Server) initRules(snap *Snapshot) {
 // listener is one configured listener with its connection bound, and the hook
 // lane: slots beyond the bound that only pre-tool hook calls may take (lane.go).
 type listener struct {
-	cfg  config.Listener
-	sem  chan struct{}
-	lane chan struct{}
+	cfg     config.Listener
+	sandbox string // Snapshot.Sandbox, fixed for the Server
+	tally   *Tally
+	sem     chan struct{}
+	lane    chan struct{}
 	// overflow counts the connections accepted beyond the bound (being
 	// admitted, in the lane, cut); at maxOverflow the accept loop waits
 	// (awaitRoom).
@@ -116,7 +123,7 @@ func (s *Server) Serve(ln net.Listener, cfg config.Listener) error {
 		return nil
 	}
 	defer s.trackListener(ln, false)
-	l := &listener{cfg: cfg, sem: make(chan struct{}, s.Snapshot().Limits.MaxConnections), lane: make(chan struct{}, hookLane),
+	l := &listener{cfg: cfg, sandbox: s.Snapshot().Sandbox, tally: &s.tally, sem: make(chan struct{}, s.Snapshot().Limits.MaxConnections), lane: make(chan struct{}, hookLane),
 		maxOverflow: overflowBound(), lanes: map[*conn]struct{}{},
 		bySlot: map[slotKind]map[*conn]struct{}{slotMain: {}, slotAdmit: {}}}
 	s.InitMetrics(cfg)
@@ -145,9 +152,11 @@ func (s *Server) Serve(ln net.Listener, cfg config.Listener) error {
 // InitMetrics exports the zero-valued series of a listener; Serve calls it too, and
 // callers that must have them before the first scrape call it before Serve.
 func (s *Server) InitMetrics(cfg config.Listener) {
-	s.metrics.InitListener(cfg.Name, denialCodes, failureCodes)
+	s.metrics.InitListener(cfg.Name)
 }
 
+// accept serves nc in a free slot of l with its cost reserved from the memory
+// budget (connmem.go); when either is lacking, nc is one beyond the bound.
 func (s *Server) accept(l *listener, nc net.Conn) {
 	select {
 	case l.sem <- struct{}{}:
@@ -158,9 +167,21 @@ func (s *Server) accept(l *listener, nc net.Conn) {
 	}
 }
 
-// serveConn serves nc, which holds one of l's slots, on a goroutine of its own.
+// serveConn serves nc, which holds one of l's slots, on a goroutine of its own,
+// once its cost is reserved; when the budget cannot grant it, the slot is given
+// back and nc admitted as a connection beyond the bound (lane.go), refused
+// overloaded unless it is a pre-tool hook call.
 func (s *Server) serveConn(l *listener, nc net.Conn) {
-	s.serveIn(newConn(s, l, nc), l.sem)
+	m, ok := s.reserveConn(l)
+	if !ok {
+		<-l.sem
+		l.overflow.Add(1)
+		go s.admit(l, nc, membudget.Conns.Detail())
+		return
+	}
+	c := newConn(s, l, nc)
+	c.mem = m
+	s.serveIn(c, l.sem)
 }
 
 // serveIn serves c, which holds a slot of sem, on a goroutine of its own.
@@ -271,6 +292,12 @@ func (s *Server) closeIdle() int {
 	return busy
 }
 
+// Tally is the Server's count of records by decision.
+func (s *Server) Tally() *Tally { return &s.tally }
+
+// Open is the number of connections the Server holds open.
+func (s *Server) Open() int { return s.open() }
+
 func (s *Server) open() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -284,19 +311,3 @@ func (s *Server) closeAll() {
 		c.abort()
 	}
 }
-
-// denialCodes and failureCodes are the reason label values exported from the start.
-var (
-	denialCodes = []string{
-		string(allowlist.ReasonBadRequest), string(allowlist.ReasonNotAllowlisted),
-		string(allowlist.ReasonPortNotAllowed), string(allowlist.ReasonInternalAddress),
-		string(allowlist.ReasonHostMismatch), string(allowlist.ReasonPlaintextCredential),
-		string(allowlist.ReasonMethodNotAllowed), string(allowlist.ReasonCredentialScope),
-	}
-	failureCodes = []string{
-		string(allowlist.ReasonCredentialUnavailable), string(allowlist.ReasonDNSFailure),
-		string(allowlist.ReasonUpstreamUnreachable), string(allowlist.ReasonUpstreamTLS),
-		string(allowlist.ReasonUpstreamTimeout), string(allowlist.ReasonOverloaded),
-		string(allowlist.ReasonClientCancelled),
-	}
-)

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/egressd/egressd/internal/membudget"
 )
 
 // A listener at limits.max_connections gives a new connection the slot of the
@@ -97,29 +99,22 @@ func (s *Server) acceptOverloaded(l *listener, nc net.Conn) {
 		s.serveConn(l, nc)
 		return
 	}
-	s.admit(l, nc)
+	s.admit(l, nc, "")
 }
 
-// Connections a listener holds beyond limits.max_connections (being admitted,
-// in the hook lane, cut and given cutLinger to send their call) are bounded by
-// what they cost, not by a count a flood fills in milliseconds: overflowMemory
-// at overflowConnBytes each, and a quarter of the file descriptors egressd may
-// open. A lane connection past its TLS handshake costs egressd tens of KiB of
-// RSS (a goroutine, the read and write buffers of the connection and of the
-// tunnel inside it, the TLS state, and the collector's headroom over them).
-const (
-	overflowMemory    = 32 << 20
-	overflowConnBytes = 64 << 10
-	// overflowPoll is how often a waiting accept loop looks again.
-	overflowPoll = 5 * time.Millisecond
-)
+// overflowPoll is how often a waiting accept loop looks again.
+const overflowPoll = 5 * time.Millisecond
 
 // overflowBoundFor, when set, replaces overflowBound's memory bound (tests).
 var overflowBoundFor int64
 
-// overflowBound is a listener's maxOverflow.
+// overflowBound is a listener's maxOverflow: the connections beyond its bound
+// (being admitted, in the hook lane, cut and given cutLinger to send their call)
+// are bounded by what they cost, not by a count a flood fills in milliseconds
+// (membudget.OverflowConns), and a quarter of the file descriptors egressd may
+// open.
 func overflowBound() int64 {
-	n := int64(overflowMemory / overflowConnBytes)
+	n := membudget.OverflowConns()
 	if overflowBoundFor > 0 {
 		n = overflowBoundFor
 	}
@@ -131,12 +126,14 @@ func overflowBound() int64 {
 }
 
 // awaitRoom holds l's accept loop while l holds maxOverflow connections beyond
-// its bound and no slot is free. Newer connections then wait in the kernel's
+// its bound and no slot is free, or the memory budget has no room for one more
+// connection. Newer connections then wait in the kernel's
 // backlog, neither answered nor closed: accepted, each would have to be answered
 // 503 or closed, which the runtime reads as "allow" when it is a hook call, or
 // else an older connection closed in its place, which may be a real call mid-way.
 func (s *Server) awaitRoom(l *listener) {
-	for l.overflow.Load() >= l.maxOverflow && len(l.sem) == cap(l.sem) && !s.closing.Load() {
+	for l.overflow.Load() >= l.maxOverflow && (len(l.sem) == cap(l.sem) || s.mem.Room() < membudget.ConnCost) &&
+		!s.closing.Load() {
 		time.Sleep(overflowPoll)
 	}
 }

@@ -17,7 +17,10 @@ import (
 // with. A reload builds a new Snapshot and swaps it in; a request keeps the Snapshot it
 // started with.
 type Snapshot struct {
-	Env      string
+	Env string
+	// Sandbox is the node-mode sandbox this Snapshot serves ("" in a sidecar): its
+	// records and hook assertions carry it. It never changes for a Server.
+	Sandbox  string
 	Policy   *allowlist.Policy
 	Guard    *netguard.Guard
 	Resolver *netguard.Resolver

@@ -8,57 +8,48 @@ import (
 	"github.com/egressd/egressd/internal/allowlist"
 )
 
-// locate reads and checks the request's target once.
+// locate is the target stage: it reads and checks the request's target (readTarget)
+// and removes an h2c upgrade offer, declined: the request is served over HTTP/1.1.
 func (x *exchange) locate() error {
-	if !x.located {
-		x.located = true
-		x.scheme, x.locErr = x.readTarget()
-		dropH2C(x.req.Header) // a declined offer: the request is served over HTTP/1.1
-	}
-	return x.locErr
+	var err error
+	x.target, x.scheme, err = x.readTarget()
+	dropH2C(x.req.Header)
+	return err
 }
 
-// readTarget sets x.target by the connection's mode: the absolute URL's host
-// (explicit); the Host header's name on the original destination's port
-// (transparent); the tunnel's target, which the request may not contradict (tunnel,
-// refused). It only reads: the address is resolved after the decision (dial.go).
-func (x *exchange) readTarget() (string, error) {
-	var scheme string
-	var err error
+// readTarget reads the request's target by the connection's mode, and records it:
+// the absolute URL's host (explicit); the Host header's name on the original
+// destination's port (transparent); the tunnel's target, which the request may not
+// contradict (tunnel, refused). It only reads: the address is resolved after the
+// decision (upstream.Client.Dial).
+func (x *exchange) readTarget() (t allowlist.Target, scheme string, err error) {
 	switch x.route.mode {
 	case modeExplicit:
 		scheme = x.req.URL.Scheme
-		x.target, err = forwardTarget(x.req)
+		t, err = forwardTarget(x.req)
 	case modeTransparent:
 		scheme = "http"
-		x.target, err = transparentTarget(x.req, x.route.orig)
+		t, err = transparentTarget(x.req, x.route.orig)
 		if x.req.Method == http.MethodConnect {
 			err = badRequest("connect_transparent", errors.New("CONNECT on a transparent listener"))
 		}
 	default:
-		scheme, x.target = "https", x.route.target
+		scheme, t = "https", x.route.target
 		if x.route.plain {
 			scheme = "http"
 		}
-		err = checkInnerHost(x.req, x.target, scheme)
+		err = checkInnerHost(x.req, t, scheme)
 	}
 	x.rec.Path, x.rec.Scheme = x.req.URL.Path, scheme
-	x.rec.setTarget(x.target)
-	return scheme, err
+	x.rec.setTarget(t)
+	return t, scheme, err
 }
 
 // forwardTarget reads the destination of an absolute-form request.
 func forwardTarget(req *http.Request) (allowlist.Target, error) {
 	t, err := allowlist.URLTarget(req.URL)
-	switch {
-	case errors.Is(err, allowlist.ErrNotAbsolute):
-		return t, badRequest("not_proxy_request", err)
-	case errors.Is(err, allowlist.ErrUserinfo):
-		return t, badRequest("userinfo", err)
-	case errors.Is(err, allowlist.ErrScheme):
-		return t, badRequest("scheme", err)
-	case err != nil:
-		return t, badHost("host", err)
+	if err != nil {
+		return t, badRequest(allowlist.URLTargetDetail(err), err)
 	}
 	return t, nil
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"net/netip"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/origdst"
@@ -47,54 +48,46 @@ func (c *conn) serveTransparent() {
 	c.serveTransparentTLS(snap, rec)
 }
 
-// serveTransparentTLS decides on the ClientHello's SNI and splices or intercepts
-// (planTunnel); a refused connection is intercepted to answer the refusal over HTTP.
+// serveTransparentTLS decides on the ClientHello's SNI (decideTunnel) and splices
+// or intercepts; a refused connection is intercepted to answer the refusal over
+// HTTP, so the agent sees why instead of a reset.
 func (c *conn) serveTransparentTLS(snap *Snapshot, rec *Record) {
 	hello, err := c.readClientHello()
 	if err != nil {
 		rec.refused(err)
 		return
 	}
-	t, err := c.transparentTLSTarget(hello)
+	t, err := transparentTLSTarget(snap, c.route.orig, hello)
 	if err != nil {
-		rec.setTarget(allowlist.Target{Host: c.route.orig.Addr().String(), Addr: c.route.orig.Addr(), Port: c.route.orig.Port()})
+		rec.setTarget(t)
 		rec.refused(badHost("no_sni", err))
 		c.nc.Write(alertMissingExtension)
 		return
 	}
-	rec.setTarget(t)
-	d := snap.Policy.DecideRequest(t, "")
-	rec.setDecision(d)
-	plan, err := c.applyHelloPlan(snap, t, hello, planTunnel(snap, t, d, true))
-	if err != nil {
-		rec.refused(err)
-		return
+	plan, up, err := c.decideTunnel(snap, t, hello, rec)
+	switch {
+	case err != nil:
+	case up != nil:
+		c.tunnel(snap, t, up, hello, rec)
+	default:
+		c.serveIntercepted(snap, t, hello, rec, plan.why)
 	}
-	if plan.kind == tunnelSpliced {
-		up, err := snap.upstream.Dial(c.ctx, t)
-		if err == nil {
-			rec.setResolved(up.RemoteAddr())
-			c.tunnel(snap, t, up, hello, rec)
-			return
-		}
-		rec.fail(classify(err).Reason, classify(err).Detail)
-		plan = refusedTunnel(snap, err, true)
-	}
-	// Intercepted, or completed with a leaf for the SNI only to answer every request
-	// with the refusal, so the agent sees why instead of a reset.
-	c.serveIntercepted(snap, t, hello, rec, plan.why)
 }
 
-// transparentTLSTarget is the SNI with the original port; without SNI, the original
-// destination itself, which only an allowlist entry naming that IP can allow.
-func (c *conn) transparentTLSTarget(hello *clientHello) (allowlist.Target, error) {
+// transparentTLSTarget is the SNI with the original port; without SNI (or with
+// one that is no name), the original destination itself, which only an allowlist
+// entry naming that IP can allow.
+func transparentTLSTarget(snap *Snapshot, orig netip.AddrPort, hello *clientHello) (allowlist.Target, error) {
+	ip := orig.Addr().Unmap()
+	t := allowlist.Target{Host: ip.String(), Addr: ip, Port: orig.Port()}
 	if hello.serverName != "" {
 		host, addr, err := allowlist.NormalizeHost(hello.serverName)
-		return allowlist.Target{Host: host, Addr: addr, Port: c.route.orig.Port()}, err
+		if err != nil {
+			return t, err
+		}
+		return allowlist.Target{Host: host, Addr: addr, Port: orig.Port()}, nil
 	}
-	ip := c.route.orig.Addr().Unmap()
-	t := allowlist.Target{Host: ip.String(), Addr: ip, Port: c.route.orig.Port()}
-	if !namesAddress(c.s.Snapshot().Policy.Decide(t)) {
+	if !namesAddress(snap.Policy.Decide(t)) {
 		return t, errors.New("ClientHello without SNI to an address no entry names")
 	}
 	return t, nil

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	pkcs12 "software.sslmate.com/src/go-pkcs12"
 )
 
 // bundleCerts parses every certificate in a PEM bundle, failing on junk.
@@ -155,7 +157,7 @@ func TestSystemRootsPEM(t *testing.T) {
 }
 
 func TestClientEnv(t *testing.T) {
-	env := ClientEnv("/s/ca-bundle.pem", "/s/ca.pem")
+	env := ClientEnv(Public{Dir: "/s", Cert: "/s/ca.pem", Bundle: "/s/ca-bundle.pem", TrustStore: "/s/ca-truststore.p12"})
 	want := []string{
 		"SSL_CERT_FILE=/s/ca-bundle.pem",
 		"REQUESTS_CA_BUNDLE=/s/ca-bundle.pem",
@@ -165,6 +167,7 @@ func TestClientEnv(t *testing.T) {
 		"PIP_CERT=/s/ca-bundle.pem",
 		"DENO_CERT=/s/ca-bundle.pem",
 		"NODE_EXTRA_CA_CERTS=/s/ca.pem",
+		"JAVA_TOOL_OPTIONS=-Djavax.net.ssl.trustStore=/s/ca-truststore.p12 -Djavax.net.ssl.trustStoreType=PKCS12 -Djavax.net.ssl.trustStorePassword=" + TrustStorePassword,
 	}
 	if !slices.Equal(env, want) {
 		t.Errorf("ClientEnv:\n got %q\nwant %q", env, want)
@@ -185,5 +188,54 @@ func TestWriteBundleStateDirMode(t *testing.T) {
 	}
 	if fi, err := os.Stat(state); err != nil || fi.Mode() != fs.ModeDir|0o700 {
 		t.Errorf("state dir mode %v (err %v)", fi.Mode(), err)
+	}
+}
+
+// TestWritePublic: the public files are readable by every user (0644 in a 0755
+// directory, reachable through a state dir that is searchable but not listable),
+// the key stays 0600, and the trust store holds the bundle's certificates.
+func TestWritePublic(t *testing.T) {
+	dir := t.TempDir()
+	other := testCA(t, time.Hour)
+	roots := filepath.Join(dir, "roots.pem")
+	writeFile(t, roots, other.CertPEM)
+	t.Setenv("SSL_CERT_FILE", roots)
+	state := filepath.Join(dir, "state")
+	ca, _, err := LoadOrCreateCA("", "", state, "env_pub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := WritePublic(ca, filepath.Join(state, "ca"), state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mode := func(p string) fs.FileMode {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Mode().Perm()
+	}
+	for p, want := range map[string]fs.FileMode{pub.Dir: 0o755, pub.Cert: 0o644, pub.Bundle: 0o644, pub.TrustStore: 0o644,
+		state: 0o711, filepath.Join(state, CAKeyName): 0o600} {
+		if got := mode(p); got != want {
+			t.Errorf("%s: mode %v, want %v", p, got, want)
+		}
+	}
+	data, err := os.ReadFile(pub.TrustStore)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := pkcs12.DecodeTrustStore(data, TrustStorePassword)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(certs) != 2 || countCA(certs, ca) != 1 {
+		t.Errorf("trust store holds %d certificates, want the root and the CA", len(certs))
+	}
+	// A public dir outside the state dir leaves the state dir as it was.
+	os.Chmod(state, 0o700)
+	if _, err := WritePublic(ca, filepath.Join(dir, "public"), state); err != nil || mode(state) != 0o700 {
+		t.Errorf("public dir outside: %v, state dir %v", err, mode(state))
 	}
 }

@@ -66,6 +66,9 @@ type Claims struct {
 	Expiry     int64  `json:"exp"` // Unix seconds; IssuedAt + Lifetime
 	ID         string `json:"jti"` // random, 128 bits, base64url; unique per assertion
 	Ident      string `json:"ident"`
+	// Sandbox is the node-mode sandbox whose listener the call arrived on; absent
+	// from a sidecar's assertions, which serve one sandbox.
+	Sandbox string `json:"sandbox,omitempty"`
 }
 
 // BodySHA256 returns the body_sha256 claim for body.

@@ -22,6 +22,7 @@ var (
 	ErrIssuer          = &Error{"issuer", "wrong issuer"}
 	ErrAudience        = &Error{"audience", "wrong audience"}
 	ErrEnv             = &Error{"env", "wrong environment"}
+	ErrSandbox         = &Error{"sandbox", "wrong sandbox"}
 	ErrExpired         = &Error{"expired", "assertion expired"}
 	ErrNotYetValid     = &Error{"not_yet_valid", "assertion issued in the future"}
 	ErrBodyMismatch    = &Error{"body_mismatch", "body_sha256 does not match the body"}

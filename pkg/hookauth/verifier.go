@@ -50,6 +50,9 @@ type Options struct {
 	Audience string
 	// Env, when set, must equal the assertion's env claim (egressd's environment ID).
 	Env string
+	// Sandbox, when set, must equal the assertion's sandbox claim (a node-mode
+	// egressd's sandbox ID): an endpoint serving one sandbox refuses the others'.
+	Sandbox string
 	// JWKSURL is egressd's JWKS, e.g. http://127.0.0.1:15000/.well-known/jwks.json.
 	// Keys are fetched on first use, again when a kid is unknown (at most every
 	// RefetchInterval) and when older than MaxKeyAge.
@@ -222,6 +225,8 @@ func (v *Verifier) check(c *Claims, body []byte) error {
 		return fmt.Errorf("%w: %q, want %q", ErrAudience, c.Audience, v.o.Audience)
 	case v.o.Env != "" && c.Env != v.o.Env:
 		return fmt.Errorf("%w: %q, want %q", ErrEnv, c.Env, v.o.Env)
+	case v.o.Sandbox != "" && c.Sandbox != v.o.Sandbox:
+		return fmt.Errorf("%w: %q, want %q", ErrSandbox, c.Sandbox, v.o.Sandbox)
 	case now.After(time.Unix(c.Expiry, 0).Add(leeway)):
 		return fmt.Errorf("%w at %s", ErrExpired, time.Unix(c.Expiry, 0).UTC().Format(time.RFC3339))
 	case time.Unix(c.IssuedAt, 0).After(now.Add(leeway)):

@@ -101,33 +101,17 @@ func runOOMRoute(t *testing.T, tc oomRoute) {
 	w := hooksWorld(t, config{wrap: cg.wrap(), limits: raceLimits()})
 	checkMemoryLimits(t, w)
 	k := w.begin(t)
-	idle := w.rss(t)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	stopAttack := sync.OnceFunc(func() { close(stop); wg.Wait() })
-	t.Cleanup(stopAttack)
-	var peak atomic.Int64
-	sampled := w.sampleRSS(stop, &peak)
-	tally := &oomTally{}
+	a := startCgroupAttack(t, w, cg)
 	start := time.Now()
-	wg.Go(func() { tc.attack(w, stop, tally) })
+	a.wg.Go(func() { tc.attack(w, a.stop, a.tally) })
 	time.Sleep(oomRamp)
-	alive(t, w, cg, tally)
+	a.alive(t)
 	decision, took := servedDuringAttack(k)
 	time.Sleep(time.Until(start.Add(oomAttackTime)))
-	alive(t, w, cg, tally)
-	stopAttack()
-	<-sampled
+	a.alive(t)
+	a.end(t, rssLimit())
 	served := k.servedAgain()
-	if hwm, err := procfs.PeakRSS(w.Pid()); err == nil {
-		peak.Store(max(peak.Load(), hwm))
-	}
-	if p, limit := peak.Load(), rssLimit(); p-idle > limit {
-		t.Errorf("RSS peaked at %d MiB under the attack, %d MiB idle: more than %d MiB above", p>>20, idle>>20, limit>>20)
-	}
-	if n := cg.ooms(); n > 0 {
-		t.Errorf("the cgroup's limit OOM-killed %d processes", n)
-	}
+	idle, peak, tally := a.idle, &a.peak, a.tally
 	details := refusalDetails(w)
 	if tc.detail != "" && details[tc.detail] == 0 {
 		t.Errorf("no refusal with detail %s: the memory budget never refused the attack (details: %v)", tc.detail, details)
@@ -189,11 +173,50 @@ func refusalDetails(w *world) map[string]int {
 	return details
 }
 
-// alive fails the test at once when egressd has died.
-func alive(t *testing.T, w *world, cg *memoryCgroup, tally *oomTally) {
+// cgroupAttack is an attack under way on an egressd in a memory cgroup: stop
+// ends it, wg waits for its goroutines, tally counts what they got, and
+// egressd's RSS is sampled meanwhile (peak, beside idle before it began).
+type cgroupAttack struct {
+	w       *world
+	cg      *memoryCgroup
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	tally   *oomTally
+	idle    int64
+	peak    atomic.Int64
+	sampled <-chan struct{}
+	halt    func()
+}
+
+func startCgroupAttack(t *testing.T, w *world, cg *memoryCgroup) *cgroupAttack {
+	a := &cgroupAttack{w: w, cg: cg, stop: make(chan struct{}), tally: &oomTally{}, idle: w.rss(t)}
+	a.sampled = w.sampleRSS(a.stop, &a.peak)
+	a.halt = sync.OnceFunc(func() { close(a.stop); a.wg.Wait(); <-a.sampled })
+	t.Cleanup(a.halt)
+	return a
+}
+
+// end stops the attack and fails the test when egressd's RSS peaked more than
+// bound above idle, or the cgroup OOM-killed anything.
+func (a *cgroupAttack) end(t *testing.T, bound int64) {
 	t.Helper()
-	if !w.Alive() {
-		t.Fatalf("egressd died under the attack (cgroup OOM kills: %d, peak %d MiB; attack: %s)", cg.ooms(), cg.peak()>>20, tally)
+	a.halt()
+	if hwm, err := procfs.PeakRSS(a.w.ServingPid()); err == nil {
+		a.peak.Store(max(a.peak.Load(), hwm))
+	}
+	if p := a.peak.Load(); p-a.idle > bound {
+		t.Errorf("RSS peaked at %d MiB under the attack, %d MiB idle: more than %d MiB above", p>>20, a.idle>>20, bound>>20)
+	}
+	if n := a.cg.ooms(); n > 0 {
+		t.Errorf("the cgroup's limit OOM-killed %d processes", n)
+	}
+}
+
+// alive fails the test at once when egressd has died.
+func (a *cgroupAttack) alive(t *testing.T) {
+	t.Helper()
+	if !a.w.Alive() {
+		t.Fatalf("egressd died under the attack (cgroup OOM kills: %d, peak %d MiB; attack: %s)", a.cg.ooms(), a.cg.peak()>>20, a.tally)
 	}
 }
 

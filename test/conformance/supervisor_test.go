@@ -137,8 +137,10 @@ func (c call) inFlightAt(instants []time.Time) bool {
 // every call is answered with the endpoint's allow within its timeout, except
 // those the killed worker was serving at the instant it was killed (their socket
 // dies with the process that holds it: no supervisor can answer them, and the
-// runtime would see a reset). Calls that arrive while no worker runs wait in the
-// backlog: the longest such wait is the restart gap.
+// runtime would see a reset, as with any process killed from outside; egressd
+// never causes that kill itself: the memory budget holds what a client can make
+// it hold, TestHeldInterceptedRequests). Calls that arrive while no worker runs
+// wait in the backlog and are answered: the longest such wait is the restart gap.
 func TestWorkerKilledUnderHookLoad(t *testing.T) {
 	w := hooksWorld(t, config{})
 	k := w.begin(t)

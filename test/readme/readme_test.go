@@ -94,8 +94,13 @@ func TestReadmeTryIt(t *testing.T) {
 	}
 	// make run, in its own terminal: the quick start, resolving through the stub.
 	startBackground(t, binary+" run --config "+cfg, nil)
-	runBlock(t, readmeBlock(t, "curl -x http://127.0.0.1:15001 https://api.github.com/zen"),
-		[]string{"CURL_CA_BUNDLE=" + caFile})
+	// The block's `ca env` merges "the system roots" (SSL_CERT_FILE: the stand-in's
+	// CA here) with the CA of the egressd it names, the one running on cfg.
+	block := readmeBlock(t, "curl -x http://127.0.0.1:15001 https://api.github.com/zen")
+	if !strings.Contains(block, `eval "$(bin/egressd ca env --config configs/quickstart.yaml)"`) {
+		t.Error("README: the Try it block does not trust egressd's CA (egressd ca env) before its HTTPS examples")
+	}
+	runBlock(t, strings.ReplaceAll(block, "configs/quickstart.yaml", cfg), []string{"SSL_CERT_FILE=" + caFile})
 }
 
 // readmeBlock returns the ```sh block of README.md that contains marker.
@@ -153,14 +158,21 @@ var (
 
 // runBlock runs the block's commands in order and checks each against its notes.
 // A foreground command is retried for a few seconds while the background ones start.
+// An `eval` line runs again before every later foreground command, as one shell would
+// have kept what it set.
 func runBlock(t *testing.T, block string, env []string) {
 	t.Helper()
+	var shell string // the `eval` lines so far: they set what the commands after them see
 	for _, s := range steps(block) {
 		cmd := strings.ReplaceAll(s.cmd, "bin/egressd", binary)
 		if s.background {
 			startBackground(t, cmd, env)
 			continue
 		}
+		if strings.HasPrefix(cmd, "eval ") {
+			shell += cmd + " || exit 1\n"
+		}
+		cmd = shell + cmd
 		var out string
 		var problems []string
 		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 
@@ -67,9 +68,11 @@ func benchConfig(up *upstream, dnsAddr string, vault *egressdtest.Credentials, m
 	if vault != nil {
 		cfg.Credentials = vault
 	} else {
-		cfg.Policy.Allowlist = append(cfg.Policy.Allowlist, egressdtest.Entry{Domain: oauthHost, Ports: tlsPorts, Credential: oauthCredentialID})
-		files[credentialsFile] = fmt.Sprintf("{%q: {\"token\": %q},\n %q: {\"type\": \"oauth2\", \"client_id\": \"bench\", \"client_secret\": \"bench-secret\", \"refresh_token\": \"bench-refresh\", \"token_url\": \"https://%s:%d%s\"}}\n",
-			credentialID, credentialToken, oauthCredentialID, credentialHost, portNum(up.tlsAddr), oauthTokenPath)
+		cfg.Policy.Allowlist = append(cfg.Policy.Allowlist, egressdtest.Entry{Domain: oauthHost, Ports: tlsPorts, Credential: oauthCredentialID},
+			egressdtest.Entry{Domain: githubHost, Ports: tlsPorts, Credential: githubCredentialID, GitHub: "git"})
+		files[credentialsFile] = fmt.Sprintf("{%q: {\"token\": %q},\n %q: {\"type\": \"oauth2\", \"client_id\": \"bench\", \"client_secret\": \"bench-secret\", \"refresh_token\": \"bench-refresh\", \"token_url\": \"https://%s:%d%s\"},\n %q: %s}\n",
+			credentialID, credentialToken, oauthCredentialID, credentialHost, portNum(up.tlsAddr), oauthTokenPath,
+			githubCredentialID, githubSecret(up))
 	}
 	if up.hook != nil { // POST hookURLPath is the hook URL, hookOtherPath is not
 		cfg.Policy.Allowlist = append(cfg.Policy.Allowlist, egressdtest.Entry{Domain: hookHost, Ports: []int{portNum(up.hook.addr)},
@@ -88,4 +91,15 @@ func portNum(addr string) int {
 		return 0
 	}
 	return int(ap.Port())
+}
+
+// githubSecret is the github_app credential of the github_app path: the upstream's App
+// key, one repository, the upstream as its API. The upstream does not check the JWT
+// (the tests' stand-in GitHub does): the bench measures what a request costs once the
+// token is cached.
+func githubSecret(up *upstream) string {
+	b, _ := json.Marshal(map[string]any{"type": "github_app", "app_id": "1", "installation_id": "1",
+		"private_key": up.appKey, "repositories": []string{"bench"},
+		"api_url": fmt.Sprintf("https://%s:%d", credentialHost, portNum(up.tlsAddr))})
+	return string(b)
 }

@@ -98,8 +98,9 @@ func TestConfigNamesOnlyLoopback(t *testing.T) {
 			t.Errorf("config lacks %q:\n%s", want, y)
 		}
 	}
-	var parsed map[string]map[string]string
-	if err := json.Unmarshal([]byte(creds), &parsed); err != nil || parsed[credentialID]["token"] != credentialToken {
+	var parsed map[string]map[string]any
+	if err := json.Unmarshal([]byte(creds), &parsed); err != nil || parsed[credentialID]["token"] != credentialToken ||
+		parsed[githubCredentialID]["type"] != "github_app" {
 		t.Errorf("credentials.json = %s (%v)", creds, err)
 	}
 }

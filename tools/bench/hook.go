@@ -237,43 +237,27 @@ const (
 // egressd_hook_requests_total{event="pre_tool_execution",outcome="allow"} grew
 // during it, or -1 when /metrics could not be read.
 func hookProblems(kind int, c counts, allows int64, label string) []string {
+	n, hdr, metric := c[cServed], hookauth.HeaderName, "egressd_hook_requests_total{pre_tool_execution,allow}"
+	call, other := kind == hookCall, kind == hookOther
+	checks := []struct {
+		bad bool
+		msg string
+	}{
+		{c[cBadBody] > 0, fmt.Sprintf("%d of %d requests reached the endpoint as something else than a POST of the %d-byte body sent", c[cBadBody], n, hookBodySize)},
+		{kind != hookDirect && n == 0, "no request reached the endpoint"},
+		{kind == hookDirect && (c[cTransform] > 0 || c[cAsserted] > 0), fmt.Sprintf("%d of %d requests carried %s and %d %s, which only egressd sets", c[cTransform], n, transformHeader, c[cAsserted], hdr)},
+		{call && c[cAsserted] != n, fmt.Sprintf("%d of %d hook calls reached the endpoint with exactly one %s", c[cAsserted], n, hdr)},
+		{kind != hookDirect && c[cTransform] != n, fmt.Sprintf("%d of %d requests carried %s as configured", c[cTransform], n, transformHeader)},
+		{call && c[cRefused] > 0, fmt.Sprintf("pkg/hookauth refused %d of %d sampled assertions", c[cRefused], c[cRefused]+c[cVerified])},
+		{call && c[cRefused] == 0 && n > 0 && c[cVerified] == 0, "no assertion was verified with pkg/hookauth"},
+		{call && allows >= 0 && allows != n, fmt.Sprintf("%s grew by %d, the endpoint answered %d", metric, allows, n)},
+		{other && c[cAsserted] > 0, fmt.Sprintf("%d of %d requests carried %s, though their URL is no hook's", c[cAsserted], n, hdr)},
+		{other && allows > 0, fmt.Sprintf("%s grew by %d during requests to a URL that is no hook's", metric, allows)},
+	}
 	var out []string
-	add := func(format string, args ...any) { out = append(out, label+": "+fmt.Sprintf(format, args...)) }
-	if c[cBadBody] > 0 {
-		add("%d of %d requests reached the endpoint as something else than a POST of the %d-byte body sent", c[cBadBody], c[cServed], hookBodySize)
-	}
-	if kind != hookDirect && c[cServed] == 0 {
-		add("no request reached the endpoint")
-	}
-	switch kind {
-	case hookDirect:
-		if c[cTransform] > 0 || c[cAsserted] > 0 {
-			add("%d of %d requests carried %s and %d %s, which only egressd sets", c[cTransform], c[cServed], transformHeader, c[cAsserted], hookauth.HeaderName)
-		}
-	case hookCall:
-		if c[cAsserted] != c[cServed] {
-			add("%d of %d hook calls reached the endpoint with exactly one %s", c[cAsserted], c[cServed], hookauth.HeaderName)
-		}
-		if c[cTransform] != c[cServed] {
-			add("%d of %d hook calls carried %s as configured", c[cTransform], c[cServed], transformHeader)
-		}
-		if c[cRefused] > 0 {
-			add("pkg/hookauth refused %d of %d sampled assertions", c[cRefused], c[cRefused]+c[cVerified])
-		} else if c[cServed] > 0 && c[cVerified] == 0 {
-			add("no assertion was verified with pkg/hookauth")
-		}
-		if allows >= 0 && allows != c[cServed] {
-			add("egressd_hook_requests_total{pre_tool_execution,allow} grew by %d, the endpoint answered %d", allows, c[cServed])
-		}
-	case hookOther:
-		if c[cTransform] != c[cServed] {
-			add("%d of %d requests carried %s as configured", c[cTransform], c[cServed], transformHeader)
-		}
-		if c[cAsserted] > 0 {
-			add("%d of %d requests carried %s, though their URL is no hook's", c[cAsserted], c[cServed], hookauth.HeaderName)
-		}
-		if allows > 0 {
-			add("egressd_hook_requests_total{pre_tool_execution,allow} grew by %d during requests to a URL that is no hook's", allows)
+	for _, ch := range checks {
+		if ch.bad {
+			out = append(out, label+": "+ch.msg)
 		}
 	}
 	return out
@@ -284,24 +268,4 @@ func hookProblems(kind int, c counts, allows int64, label string) []string {
 func hookAllows(e *egressd) (int64, error) {
 	n, err := e.metric(`egressd_hook_requests_total{event="pre_tool_execution",outcome="allow"}`)
 	return max(n, 0), err
-}
-
-// writeHookNote compares the hook row with the intercept-post row: what a
-// signed hook call costs over the same intercepted POST.
-func (r *report) writeHookNote(w io.Writer) {
-	h, b := r.path("hook"), r.path(hookOtherRow)
-	if h == nil || b == nil || b.Ratio <= 0 || b.Egressd.ReqPerSec <= 0 {
-		return
-	}
-	fmt.Fprintf(w, "hook / intercept: ratio %.2f / %.2f = %.2f, egressd req/s %.2f", h.Ratio, b.Ratio, h.Ratio/b.Ratio, h.Egressd.ReqPerSec/b.Egressd.ReqPerSec)
-	if h.CPUPerReqUS > 0 && b.CPUPerReqUS > 0 {
-		fmt.Fprintf(w, ", CPU %+.1f µs/req (%.1f vs %.1f)", h.CPUPerReqUS-b.CPUPerReqUS, h.CPUPerReqUS, b.CPUPerReqUS)
-	}
-	if h.Egressd.P50US > 0 && b.Egressd.P50US > 0 {
-		fmt.Fprintf(w, ", p50 %s (%s vs %s), p99 %s (%s vs %s)",
-			signedDur(h.Egressd.P50US-b.Egressd.P50US), dur(h.Egressd.P50US), dur(b.Egressd.P50US),
-			signedDur(h.Egressd.P99US-b.Egressd.P99US), dur(h.Egressd.P99US), dur(b.Egressd.P99US))
-	}
-	fmt.Fprintf(w, " (a signed pre_tool_execution call vs the same %d-byte POST to a URL of the same entry that is no hook's)\n", hookBodySize)
-	r.writeAttackNote(w)
 }

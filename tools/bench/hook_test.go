@@ -168,22 +168,3 @@ func TestHookProblems(t *testing.T) {
 		}
 	}
 }
-
-func TestWriteHookNote(t *testing.T) {
-	rep := &report{Paths: []pathResult{
-		{Path: "hook", Ratio: 0.30, CPUPerReqUS: 90, Egressd: runResult{ReqPerSec: 9000, P50US: 5000, P99US: 12000}},
-		{Path: hookOtherRow, Ratio: 0.40, CPUPerReqUS: 60, Egressd: runResult{ReqPerSec: 12000, P50US: 3500, P99US: 11000}},
-	}}
-	var b bytes.Buffer
-	rep.writeHookNote(&b)
-	for _, want := range []string{"hook / intercept: ratio 0.30 / 0.40 = 0.75", "CPU +30.0 µs/req (90.0 vs 60.0)", "p50 +1.50ms (5.00ms vs 3.50ms)"} {
-		if !strings.Contains(b.String(), want) {
-			t.Errorf("note lacks %q: %s", want, b.String())
-		}
-	}
-	b.Reset()
-	(&report{Paths: rep.Paths[:1]}).writeHookNote(&b)
-	if b.Len() != 0 {
-		t.Errorf("note without the intercept-post row: %s", b.String())
-	}
-}

@@ -35,7 +35,7 @@ const (
 // The defaults: 64 keep-alive clients and 1 KiB responses over HTTP/1.1, the
 // conditions the peers are compared under (tools/bench/README.md).
 const (
-	defaultPaths = "plain,connect,intercept,intercept-newconn,intercept-resume,credential,oauth2,vault,placeholder,hook,transparent"
+	defaultPaths = "plain,connect,intercept,intercept-newconn,intercept-resume,credential,oauth2,github_app,vault,placeholder,hook,transparent"
 	// The maxima keep a mistyped flag from turning the bench into a long or huge load.
 	maxDuration = 5 * time.Minute
 	maxClients  = 4096
@@ -51,9 +51,8 @@ type options struct {
 	rounds           int
 	paths            []pathSpec
 	json, keep       bool
-	vaultdev         string // "" finds it, scriptOff skips the vault path
 	idleTunnels      int
-	peers            []peerSpec // nil with -peers off
+	peers            []peerKind // nil with -peers off
 }
 
 func (o options) load() loadOptions {
@@ -107,9 +106,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&paths, "paths", defaultPaths, "comma-separated paths to measure: "+strings.Join(pathNames(), ", "))
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON")
 	fs.IntVar(&o.idleTunnels, "idle-tunnels", defaultIdleTunnels, fmt.Sprintf("idle CONNECT tunnels the %s path opens (1 to %d)", idlePathName, maxIdleTunnels))
-	fs.StringVar(&peers, "peers", peersDefault, "peer proxies measured beside egressd on the paths they can carry, each as NAME or NAME=BINARY ("+strings.Join(peerKindNames(), ", ")+"); default binaries: what "+peersScript+" build prints, when run from the repository root; \""+scriptOff+"\" measures none")
+	fs.StringVar(&peers, "peers", peersDefault, "peer proxies measured beside egressd on the paths they can carry ("+strings.Join(names(peerKinds, peerKind.key), ", ")+"), built by "+peersScript+" from the repository root; \""+scriptOff+"\" measures none")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temp dir (egressd config and log) and print its path")
-	fs.StringVar(&o.vaultdev, "vaultdev", "", "Vault dev server binary for the vault path; default: what "+vaultdevScript+" build prints, when run from the repository root; \""+scriptOff+"\" skips the path")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: go run ./tools/bench -egressd bin/egressd [flags]")
 		fs.PrintDefaults()

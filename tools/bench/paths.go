@@ -34,6 +34,7 @@ const (
 	injectCredential                // Authorization: Bearer credentialToken, from credentials.json
 	injectVaultCredential           // Authorization: Bearer vaultCredentialToken, from Vault
 	injectOAuth                     // Authorization: Bearer oauthAccessToken, from the token endpoint
+	injectGitHub                    // Authorization: Basic x-access-token:githubToken, minted by the App
 )
 
 func (i injection) String() string {
@@ -46,6 +47,8 @@ func (i injection) String() string {
 		return "Authorization (credential " + credentialID + " from Vault)"
 	case injectOAuth:
 		return "Authorization (oauth2 credential " + oauthCredentialID + ")"
+	case injectGitHub:
+		return "Authorization (github_app credential " + githubCredentialID + ", git)"
 	}
 	return "nothing"
 }
@@ -63,6 +66,7 @@ const (
 	transformHost  = "inject." + benchZone
 	credentialHost = "cred." + benchZone
 	oauthHost      = "oauth." + benchZone
+	githubHost     = "github." + benchZone
 )
 
 // paths lists every path the bench knows, in the order it runs them.
@@ -92,6 +96,8 @@ var paths = []pathSpec{
 		"as intercept, but the entry names a file-backed credential (Authorization: Bearer) instead of a transform"),
 	interceptPath("oauth2", oauthHost, injectOAuth, false, peersNone,
 		"as credential, but the entry names a file-backed oauth2 credential: the access token egressd got from the upstream's token endpoint (refresh-token grant, cached for its hour)"),
+	interceptPath("github_app", githubHost, injectGitHub, false, peersNone,
+		"as oauth2, but a github_app credential on a \"github\": \"git\" entry: the installation token egressd minted at the upstream's token endpoint (App JWT, cached for its hour), sent as HTTP Basic x-access-token"),
 	vaultPath(),
 	placeholderPathSpec(),
 	hookPathSpec(),
@@ -151,33 +157,42 @@ func hasPath(ps []pathSpec, name string) bool {
 	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.name == name })
 }
 
-func pathNames() []string {
-	names := make([]string, len(paths))
-	for i, p := range paths {
-		names[i] = p.name
+func pathNames() []string { return names(paths, pathSpec.key) }
+
+func (p pathSpec) key() string { return p.name }
+
+// names is the key of each of all.
+func names[T any](all []T, key func(T) string) []string {
+	out := make([]string, len(all))
+	for i, x := range all {
+		out[i] = key(x)
 	}
-	return names
+	return out
 }
 
-// lookupPaths parses -paths: names from paths, each once, in the order given.
-func lookupPaths(list string) ([]pathSpec, error) {
-	var out []pathSpec
+// pick parses flag's comma-separated list: keys of all, each once, in the
+// order given.
+func pick[T any](flag, list string, all []T, key func(T) string) ([]T, error) {
+	known := strings.Join(names(all, key), ", ")
+	var out []T
 	for name := range strings.SplitSeq(list, ",") {
-		name = strings.TrimSpace(name)
-		if name == "" {
+		if name = strings.TrimSpace(name); name == "" {
 			continue
 		}
-		i := slices.IndexFunc(paths, func(p pathSpec) bool { return p.name == name })
-		if i < 0 {
-			return nil, fmt.Errorf("-paths: unknown path %q (known: %s)", name, strings.Join(pathNames(), ", "))
+		i := slices.IndexFunc(all, func(x T) bool { return key(x) == name })
+		switch {
+		case i < 0:
+			return nil, fmt.Errorf("%s: unknown name %q (known: %s)", flag, name, known)
+		case slices.Contains(names(out, key), name):
+			return nil, fmt.Errorf("%s: %q given twice", flag, name)
 		}
-		if hasPath(out, name) {
-			return nil, fmt.Errorf("-paths: %q given twice", name)
-		}
-		out = append(out, paths[i])
+		out = append(out, all[i])
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("-paths: name at least one of %s", strings.Join(pathNames(), ", "))
+		return nil, fmt.Errorf("%s: name at least one of %s", flag, known)
 	}
 	return out, nil
 }
+
+// lookupPaths parses -paths.
+func lookupPaths(list string) ([]pathSpec, error) { return pick("-paths", list, paths, pathSpec.key) }

@@ -4,7 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/x509"
-	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,12 +14,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
+	"github.com/egressd/egressd/internal/testutil/proc"
 	"github.com/egressd/egressd/internal/testutil/procfs"
 	"github.com/egressd/egressd/internal/testutil/testpki"
 )
@@ -57,13 +57,7 @@ var peerKinds = []peerKind{
 	{name: "smokescreen", noMITM: "run without MITM (its MITM needs an ACL file and a CA); intercepted paths are not measured for it"},
 }
 
-func peerKindNames() []string {
-	names := make([]string, len(peerKinds))
-	for i, k := range peerKinds {
-		names[i] = k.name
-	}
-	return names
-}
+func (k peerKind) key() string { return k.name }
 
 // peerUse is which peers a path runs through.
 type peerUse int
@@ -74,57 +68,22 @@ const (
 	peersIntercept         // only the peers with MITM
 )
 
-// peerSpec is one entry of -peers: a peer, and its binary if given.
-type peerSpec struct {
-	kind peerKind
-	bin  string // "" builds it with peersScript
-}
-
-// parsePeers parses -peers: "off", or peer names, each once, each NAME or NAME=PATH.
-func parsePeers(list string) ([]peerSpec, error) {
+// parsePeers parses -peers: "off", or peer names, each once.
+func parsePeers(list string) ([]peerKind, error) {
 	if list = strings.TrimSpace(list); list == scriptOff {
 		return nil, nil
 	}
-	var out []peerSpec
-	for entry := range strings.SplitSeq(list, ",") {
-		if entry = strings.TrimSpace(entry); entry == "" {
-			continue
-		}
-		name, bin, hasBin := strings.Cut(entry, "=")
-		name = strings.TrimSpace(name)
-		i := slices.IndexFunc(peerKinds, func(k peerKind) bool { return k.name == name })
-		switch {
-		case i < 0:
-			return nil, fmt.Errorf("-peers: unknown peer %q (known: %s; or %s)", name, strings.Join(peerKindNames(), ", "), scriptOff)
-		case slices.ContainsFunc(out, func(s peerSpec) bool { return s.kind.name == name }):
-			return nil, fmt.Errorf("-peers: %q given twice", name)
-		}
-		if bin = strings.TrimSpace(bin); hasBin && bin == "" {
-			return nil, fmt.Errorf("-peers: %s= names no binary", name)
-		}
-		out = append(out, peerSpec{kind: peerKinds[i], bin: bin})
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("-peers: name at least one of %s, or %s", strings.Join(peerKindNames(), ", "), scriptOff)
-	}
-	return out, nil
+	return pick("-peers", list, peerKinds, peerKind.key)
 }
 
-// findPeers returns each peer's binary, or why it is skipped. A name=PATH
-// binary must be an executable; the others come from peersScript build.
-func findPeers(ctx context.Context, specs []peerSpec, stderr io.Writer) (bins, skips map[string]string, err error) {
+// findPeers builds the peers with peersScript: each one's binary, or why it
+// is skipped.
+func findPeers(ctx context.Context, kinds []peerKind, stderr io.Writer) (bins, skips map[string]string, err error) {
 	bins, skips = map[string]string{}, map[string]string{}
-	var build []string
-	for _, s := range specs {
-		if s.bin == "" {
-			build = append(build, s.kind.name)
-		} else if bins[s.kind.name], err = executable(s.bin); err != nil {
-			return nil, nil, fmt.Errorf("-peers %s=%s: %v; build one with %s build, or -peers %s", s.kind.name, s.bin, err, peersScript, scriptOff)
-		}
-	}
-	if _, err := os.Stat(peersScript); err != nil || len(build) == 0 {
+	build := names(kinds, peerKind.key)
+	if _, err := os.Stat(peersScript); err != nil {
 		for _, n := range build {
-			skips[n] = "no " + peersScript + " in the working directory (run from the repository root, or pass -peers " + n + "=PATH)"
+			skips[n] = "no " + peersScript + " in the working directory (run from the repository root)"
 		}
 		return bins, skips, nil
 	}
@@ -146,12 +105,14 @@ func findPeers(ctx context.Context, specs []peerSpec, stderr io.Writer) (bins, s
 	return bins, skips, nil
 }
 
-// peerProc is one running peer.
+// peerProc is one running peer (internal/testutil/proc), SIGTERMed should
+// the bench die.
 type peerProc struct {
-	*child
-	kind     peerKind
-	proxyURL string         // http://127.0.0.1:port
-	roots    *x509.CertPool // what clients of its intercepted tunnels trust
+	*proc.Proc
+	outPath, logPath string // its stdout and stderr
+	kind             peerKind
+	proxyURL         string         // http://127.0.0.1:port
+	roots            *x509.CertPool // what clients of its intercepted tunnels trust
 }
 
 // peerSet is every peer of a run: those started, and why the others are not.
@@ -169,10 +130,7 @@ func startPeers(ctx context.Context, o options, dir string, up *upstream, stderr
 	if len(o.peers) == 0 || !slices.ContainsFunc(o.paths, func(p pathSpec) bool { return p.peers != peersNone }) {
 		return nil, nil
 	}
-	ps := &peerSet{procs: map[string]*peerProc{}}
-	for _, s := range o.peers {
-		ps.order = append(ps.order, s.kind)
-	}
+	ps := &peerSet{procs: map[string]*peerProc{}, order: o.peers}
 	var err error
 	if ps.bins, ps.skipped, err = findPeers(ctx, o.peers, stderr); err != nil {
 		return nil, err
@@ -242,11 +200,10 @@ func spawnPeer(k peerKind, bin, dir string, args []string) (*peerProc, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
 	cmd.Env = withoutProxyEnv(os.Environ())
-	c, err := startChild(cmd, filepath.Join(dir, k.name+".stdout"), filepath.Join(dir, k.name+".log"))
-	if err != nil {
-		return nil, err
-	}
-	return &peerProc{child: c, kind: k}, nil
+	p := &peerProc{outPath: filepath.Join(dir, k.name+".stdout"), logPath: filepath.Join(dir, k.name+".log"), kind: k}
+	var err error
+	p.Proc, err = proc.Start(cmd, p.outPath, p.logPath, syscall.SIGTERM)
+	return p, err
 }
 
 func withoutProxyEnv(env []string) []string {
@@ -340,16 +297,16 @@ func (p *peerProc) waitFor(ctx context.Context, what string, ready func() bool) 
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	for !ready() {
-		if err := p.pause(ctx, what); err != nil {
+		if err := p.Pause(ctx, 20*time.Millisecond); err != nil {
 			p.stop()
-			return fmt.Errorf("%w%s", err, p.logTail())
+			return fmt.Errorf("waiting for %s: %w; it said:\n%s", what, err, proc.Tail(p.logPath, 1000))
 		}
 	}
 	return nil
 }
 
 func (p *peerProc) peakRSS() int64 {
-	n, _ := procfs.PeakRSS(p.pid())
+	n, _ := procfs.PeakRSS(p.Pid())
 	return n
 }
 
@@ -360,15 +317,8 @@ func writePeerCA(dir string) (certPath, keyPath string, roots *x509.CertPool, er
 	if err != nil {
 		return "", "", nil, err
 	}
-	keyDER, err := x509.MarshalECPrivateKey(ca.Key)
-	if err != nil {
-		return "", "", nil, err
-	}
 	certPath, keyPath = filepath.Join(dir, "goproxy-ca.pem"), filepath.Join(dir, "goproxy-ca-key.pem")
-	if err := os.WriteFile(certPath, ca.PEM(), 0o600); err != nil {
-		return "", "", nil, err
-	}
-	err = os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
+	err = errors.Join(os.WriteFile(certPath, ca.PEM(), 0o600), os.WriteFile(keyPath, ca.KeyPEM(), 0o600))
 	return certPath, keyPath, ca.Pool, err
 }
 
@@ -422,13 +372,13 @@ func (pp *pathPeers) round(ctx context.Context, w *world, lo loadOptions, direct
 		if r.Skipped != "" {
 			continue
 		}
-		proc := pp.ps.procs[r.Peer]
+		peer := pp.ps.procs[r.Peer]
 		t := pp.p.viaProxy(w)
-		t.proxy = proc.proxyURL
+		t.proxy = peer.proxyURL
 		if pp.p.peers == peersIntercept {
-			t.roots = proc.roots
+			t.roots = peer.roots
 		}
-		x, err := runCounted(ctx, t, lo, w.up, proc.cpuTime)
+		x, err := runCounted(ctx, t, lo, w.up, peer.cpuTime)
 		if err != nil {
 			return fmt.Errorf("through %s: %w", r.Peer, err)
 		}
@@ -480,7 +430,7 @@ func (ps *peerSet) infos() []peerInfo {
 	return out
 }
 
-// Bounds on a child's lifecycle, so a broken build cannot hang the bench.
+// Bounds on a peer's lifecycle, so a broken build cannot hang the bench.
 const (
 	startTimeout = 10 * time.Second
 	// stopTimeout: every client connection is closed by SIGTERM, so a drain
@@ -488,82 +438,6 @@ const (
 	stopTimeout = 10 * time.Second
 )
 
-// child is a process the bench starts (a peer; egressd and Vault are
-// internal/testutil's): in its own process group, so Ctrl-C reaches only the
-// bench, which stops it with SIGTERM; Pdeathsig stops it if the bench dies.
-type child struct {
-	cmd              *exec.Cmd
-	outPath, logPath string        // its stdout and stderr
-	exited           chan struct{} // closed once reaped
-	exitErr          error
-	stopOnce         sync.Once
-	stopMsg          string
-}
+func (p *peerProc) stop() string { return p.Stop(stopTimeout) }
 
-func startChild(cmd *exec.Cmd, outPath, logPath string) (*child, error) {
-	c := &child{cmd: cmd, outPath: outPath, logPath: logPath, exited: make(chan struct{})}
-	stdout, err := os.Create(outPath)
-	if err != nil {
-		return nil, err
-	}
-	defer stdout.Close()
-	stderr, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	defer stderr.Close()
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() {
-		c.exitErr = cmd.Wait()
-		close(c.exited)
-	}()
-	return c, nil
-}
-
-// pause sleeps a little, failing if the process has exited or the wait is over.
-func (c *child) pause(ctx context.Context, waitingFor string) error {
-	select {
-	case <-c.exited:
-		return fmt.Errorf("exited while waiting for %s: %v", waitingFor, c.exitErr)
-	case <-ctx.Done():
-		return fmt.Errorf("waiting for %s: %w", waitingFor, ctx.Err())
-	case <-time.After(20 * time.Millisecond):
-		return nil
-	}
-}
-
-// stop sends SIGTERM, waits up to stopTimeout, then kills. It runs once and
-// returns "" when the process exited 0, otherwise how it ended.
-func (c *child) stop() string {
-	c.stopOnce.Do(func() {
-		_ = c.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-c.exited:
-			if c.exitErr != nil {
-				c.stopMsg = "after SIGTERM: " + c.exitErr.Error()
-			}
-		case <-time.After(stopTimeout):
-			_ = c.cmd.Process.Kill()
-			<-c.exited
-			c.stopMsg = fmt.Sprintf("still running %s after SIGTERM; killed", stopTimeout)
-		}
-	})
-	return c.stopMsg
-}
-
-func (c *child) pid() int { return c.cmd.Process.Pid }
-
-func (c *child) cpuTime() (time.Duration, error) { return procfs.CPU(c.pid()) }
-
-// logTail is the end of its stderr, for an error message.
-func (c *child) logTail() string {
-	b, _ := os.ReadFile(c.logPath)
-	if len(b) == 0 {
-		return ""
-	}
-	return "; it said:\n" + string(b[max(0, len(b)-1000):])
-}
+func (p *peerProc) cpuTime() (time.Duration, error) { return procfs.CPU(p.Pid()) }

@@ -7,34 +7,26 @@ import (
 )
 
 func TestParsePeers(t *testing.T) {
-	names := func(ss []peerSpec) (out []string) {
-		for _, s := range ss {
-			out = append(out, s.kind.name+"="+s.bin)
-		}
-		return out
-	}
 	for _, tc := range []struct {
 		in   string
 		want []string
 	}{
-		{peersDefault, []string{"goproxy=", "smokescreen="}},
-		{" smokescreen , goproxy ", []string{"smokescreen=", "goproxy="}},
-		{"goproxy=/opt/goproxybare", []string{"goproxy=/opt/goproxybare"}},
-		{"smokescreen=bin/smokescreen,goproxy", []string{"smokescreen=bin/smokescreen", "goproxy="}},
+		{peersDefault, []string{"goproxy", "smokescreen"}},
+		{" smokescreen , goproxy ", []string{"smokescreen", "goproxy"}},
 		{"off", nil},
 		{" off ", nil},
 	} {
 		got, err := parsePeers(tc.in)
-		if err != nil || !slices.Equal(names(got), tc.want) {
-			t.Errorf("parsePeers(%q) = %v, %v; want %v", tc.in, names(got), err, tc.want)
+		if err != nil || !slices.Equal(names(got, peerKind.key), tc.want) {
+			t.Errorf("parsePeers(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
 		}
 	}
-	if got, _ := parsePeers("goproxy,smokescreen"); got[0].kind.noMITM != "" || got[1].kind.noMITM == "" {
+	if got, _ := parsePeers("goproxy,smokescreen"); got[0].noMITM != "" || got[1].noMITM == "" {
 		t.Error("goproxy must intercept and smokescreen not")
 	}
-	for _, bad := range []string{"", ",", "squid", "goproxy,goproxy", "goproxy=", "off,goproxy", "goproxy=/a,goproxy=/b"} {
+	for _, bad := range []string{"", ",", "squid", "goproxy,goproxy", "goproxy=/opt/goproxybare", "off,goproxy"} {
 		if got, err := parsePeers(bad); err == nil {
-			t.Errorf("parsePeers(%q) = %v, want an error", bad, names(got))
+			t.Errorf("parsePeers(%q) = %v, want an error", bad, got)
 		}
 	}
 }

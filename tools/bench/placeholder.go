@@ -128,14 +128,3 @@ func placeholderConfig(up *upstream, dnsAddr string) (*egressdtest.Config, map[s
 `, placeholderCredential, placeholderValue, placeholderHost),
 	}
 }
-
-// writePlaceholderNote compares the placeholder row's CPU per request with the
-// credential row's, when both ran.
-func (r *report) writePlaceholderNote(w io.Writer) {
-	p, c := r.path(placeholderRow), r.path("credential")
-	if p == nil || c == nil || p.CPUPerReqUS <= 0 || c.CPUPerReqUS <= 0 {
-		return
-	}
-	fmt.Fprintf(w, "placeholder / credential: CPU %+.1f µs/req (%.1f vs %.1f), egressd req/s %.2f (a %d-byte JSON body's placeholder replaced vs an injected Authorization on a GET)\n",
-		p.CPUPerReqUS-c.CPUPerReqUS, p.CPUPerReqUS, c.CPUPerReqUS, p.Egressd.ReqPerSec/c.Egressd.ReqPerSec, placeholderBodySize)
-}

@@ -109,6 +109,7 @@ func combine(runs []runResult) runResult {
 		r.Credentialed += x.Credentialed
 		r.VaultCredentialed += x.VaultCredentialed
 		r.OAuthCredentialed += x.OAuthCredentialed
+		r.GitHubCredentialed += x.GitHubCredentialed
 		r.TLSHandshakes += x.TLSHandshakes
 		r.TLSResumed += x.TLSResumed
 		r.CPUSeconds += x.CPUSeconds

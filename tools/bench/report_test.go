@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
@@ -79,13 +80,13 @@ func TestWriteTextVault(t *testing.T) {
 		t.Errorf("report lacks %q:\n%s", want, b.String())
 	}
 
-	r.Paths[1] = pathResult{Path: "vault", Skipped: "-vaultdev off"}
+	r.Paths[1] = pathResult{Path: "vault", Skipped: "no scripts/vaultdev.sh in the working directory"}
 	b.Reset()
 	if err := r.writeText(&b); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, want := range []string{"vault: skipped: -vaultdev off"} {
+	for _, want := range []string{"vault: skipped: no scripts/vaultdev.sh in the working directory"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
@@ -104,5 +105,26 @@ func TestWriteTextVault(t *testing.T) {
 	}
 	if r.failed() {
 		t.Error("a skipped path fails the report")
+	}
+}
+
+func TestCompareNote(t *testing.T) {
+	rep := &report{Paths: []pathResult{
+		{Path: "hook", Ratio: 0.30, CPUPerReqUS: 90, Egressd: runResult{ReqPerSec: 9000, P50US: 5000, P99US: 12000}},
+		{Path: hookOtherRow, Ratio: 0.40, CPUPerReqUS: 60, Egressd: runResult{ReqPerSec: 12000, P50US: 3500, P99US: 11000}},
+		{Path: "transparent", Skipped: "needs root"},
+		{Path: transparentExplicitRow, Ratio: 0.50, Egressd: runResult{ReqPerSec: 26000}},
+	}}
+	var b bytes.Buffer
+	rep.compareNote(&b, "hook", hookOtherRow, " (why)")
+	want := "hook / intercept-post: ratio 0.30 / 0.40 = 0.75, egressd req/s 0.75, egressd CPU 90.0 vs 60.0 µs/req (+50%), p50 5.00ms vs 3.50ms, p99 12.0ms vs 11.0ms (why)\n"
+	if b.String() != want {
+		t.Errorf("note = %q, want %q", b.String(), want)
+	}
+	for _, pair := range [][2]string{{"transparent", transparentExplicitRow}, {"hook", "absent"}, {"absent", "hook"}} {
+		b.Reset()
+		if rep.compareNote(&b, pair[0], pair[1], ""); b.Len() > 0 {
+			t.Errorf("%s / %s: a skipped or absent row has a note: %s", pair[0], pair[1], b.String())
+		}
 	}
 }

@@ -172,7 +172,7 @@ func scrubProblems(p pathSpec, via runResult, log logSummary) []string {
 func injectionProblems(inj injection, round, rounds int, direct, via runResult) []string {
 	var out []string
 	counts := func(r runResult) map[injection]int64 {
-		return map[injection]int64{injectTransform: r.Transformed, injectCredential: r.Credentialed, injectVaultCredential: r.VaultCredentialed, injectOAuth: r.OAuthCredentialed}
+		return map[injection]int64{injectTransform: r.Transformed, injectCredential: r.Credentialed, injectVaultCredential: r.VaultCredentialed, injectOAuth: r.OAuthCredentialed, injectGitHub: r.GitHubCredentialed}
 	}
 	for kind, n := range counts(direct) {
 		if n > 0 {

@@ -153,13 +153,12 @@ func (r *report) writeNotes(w io.Writer) {
 				resumedShare(p.Direct), resumedShare(p.Egressd))
 		}
 	}
-	r.compareNote(w, "credential", "intercept", false, "")
-	if v := r.path("vault"); v != nil && v.Skipped == "" {
-		r.compareNote(w, "vault", "credential", true, " (a second egressd, credentials.backend vault)")
-	}
-	r.writeHookNote(w)
-	r.writePlaceholderNote(w)
-	r.writeTransparentNote(w)
+	r.compareNote(w, "credential", "intercept", "")
+	r.compareNote(w, "vault", "credential", " (a second egressd, credentials.backend vault)")
+	r.compareNote(w, "hook", hookOtherRow, fmt.Sprintf(" (a signed pre_tool_execution call vs the same %d-byte POST to a URL of the same entry that is no hook's)", hookBodySize))
+	r.writeAttackNote(w)
+	r.compareNote(w, placeholderRow, "credential", fmt.Sprintf(" (a %d-byte JSON body's placeholder replaced vs an injected Authorization on a GET)", placeholderBodySize))
+	r.compareNote(w, "transparent", transparentExplicitRow, " (one egressd, spliced TLS to "+transparentHost+":"+standInPort+": from the sandbox namespace via the DNAT vs CONNECT from outside)")
 	r.writeLeafNote(w)
 	if r.Settings.Rounds > 1 {
 		fmt.Fprintln(w, "ratio per round:")
@@ -184,17 +183,18 @@ func writeRounds(w io.Writer, pw int, label string, rounds []roundResult) {
 	fmt.Fprintln(w)
 }
 
-// compareNote compares row a with row b, both through egressd.
-func (r *report) compareNote(w io.Writer, a, b string, latency bool, suffix string) {
+// compareNote compares row a with row b, both through egressd: what a costs
+// over b.
+func (r *report) compareNote(w io.Writer, a, b, suffix string) {
 	x, y := r.path(a), r.path(b)
-	if x == nil || y == nil || y.Ratio <= 0 || y.Egressd.ReqPerSec <= 0 {
+	if x == nil || y == nil || x.Skipped != "" || y.Ratio <= 0 || y.Egressd.ReqPerSec <= 0 {
 		return
 	}
 	fmt.Fprintf(w, "%s / %s: ratio %.2f / %.2f = %.2f, egressd req/s %.2f", a, b, x.Ratio, y.Ratio, x.Ratio/y.Ratio, x.Egressd.ReqPerSec/y.Egressd.ReqPerSec)
 	if x.CPUPerReqUS > 0 && y.CPUPerReqUS > 0 {
 		fmt.Fprintf(w, ", egressd CPU %.1f vs %.1f µs/req (%+.0f%%)", x.CPUPerReqUS, y.CPUPerReqUS, 100*(x.CPUPerReqUS/y.CPUPerReqUS-1))
 	}
-	if latency && x.Egressd.P50US > 0 && y.Egressd.P50US > 0 {
+	if x.Egressd.P50US > 0 && y.Egressd.P50US > 0 {
 		fmt.Fprintf(w, ", p50 %s vs %s, p99 %s vs %s", dur(x.Egressd.P50US), dur(y.Egressd.P50US), dur(x.Egressd.P99US), dur(y.Egressd.P99US))
 	}
 	fmt.Fprintln(w, suffix)
@@ -258,7 +258,7 @@ func (r *report) writeDetails(w io.Writer) error {
 			x := run.r
 			fmt.Fprintf(tw, "%-*s\t%-7s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", pw, p.Path, run.name,
 				thousands(float64(x.Total)), x.Errors, x.ClientConns, x.UpstreamConns,
-				thousands(float64(x.UpstreamRequests)), thousands(float64(x.Transformed+x.Credentialed+x.VaultCredentialed+x.OAuthCredentialed)),
+				thousands(float64(x.UpstreamRequests)), thousands(float64(x.Transformed+x.Credentialed+x.VaultCredentialed+x.OAuthCredentialed+x.GitHubCredentialed)),
 				dur(x.MeanUS), dur(x.MaxUS), lines, ok, leaf, dns)
 		}
 	}
@@ -325,14 +325,6 @@ func dur(us float64) string {
 	default:
 		return fmt.Sprintf("%.0fµs", us)
 	}
-}
-
-// signedDur is dur with a sign.
-func signedDur(us float64) string {
-	if us < 0 {
-		return "-" + dur(-us)
-	}
-	return "+" + dur(us)
 }
 
 func seconds(s float64) string { return time.Duration(s * float64(time.Second)).String() }

@@ -6,17 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
 	"github.com/egressd/egressd/internal/testutil/netns"
@@ -47,7 +43,6 @@ const (
 	dnsPort                = 15053
 	envBenchNetns          = "EGRESSD_IN_NETNS" // marks the copy, as internal/testutil/netns's
 	transparentExplicitRow = "transparent-explicit"
-	netnsScriptTimeout     = time.Minute
 	childStopDelay         = time.Minute // for the copy to clean up after SIGTERM
 )
 
@@ -162,10 +157,12 @@ func measureTransparentInside(ctx context.Context, env pathEnv) (rows []pathResu
 	if err != nil {
 		return nil, err
 	}
-	sb := &sandboxNS{name: netnsName, scriptPath: script, hostIP: fmt.Sprintf("10.200.%d.1", netnsIndex)}
-	_ = sb.run("down") // nothing to remove, unless a copy of the bench was killed here
+	sb, err := netns.UpSandbox(script, netnsName, netnsIndex, netns.SandboxPorts{Transparent: tproxyPort, DNS: dnsPort})
+	if err != nil {
+		return nil, err
+	}
 	defer func() {
-		if derr := sb.run("down"); derr != nil {
+		if derr := sb.Down(); derr != nil {
 			if err == nil && len(rows) > 0 {
 				rows[0].Problems = append(rows[0].Problems, derr.Error())
 			} else {
@@ -173,13 +170,6 @@ func measureTransparentInside(ctx context.Context, env pathEnv) (rows []pathResu
 			}
 		}
 	}()
-	if err := sb.run("up"); err != nil {
-		return nil, err
-	}
-	if sb.ns, err = os.Open("/run/netns/" + sb.name); err != nil {
-		return nil, err
-	}
-	defer sb.ns.Close()
 	if out, err := exec.Command("ip", "addr", "add", standInAddr+"/32", "dev", "lo").CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("ip addr add %s/32 dev lo: %v: %s", standInAddr, err, bytes.TrimSpace(out))
 	}
@@ -188,7 +178,7 @@ func measureTransparentInside(ctx context.Context, env pathEnv) (rows []pathResu
 		return nil, fmt.Errorf("upstream on %s: %w", standInAddr, err)
 	}
 	env.dns.Set(transparentHost, "A "+standInAddr)
-	te, err := startTransparentEgressd(ctx, env.o.egressd, filepath.Join(env.dir, "transparent"), env.dns.Addr, sb.hostIP)
+	te, err := startTransparentEgressd(ctx, env.o.egressd, filepath.Join(env.dir, "transparent"), env.dns.Addr, sb.HostIP)
 	if err != nil {
 		return nil, fmt.Errorf("egressd with a transparent listener: %w", err)
 	}
@@ -202,12 +192,12 @@ func measureTransparentInside(ctx context.Context, env pathEnv) (rows []pathResu
 
 // measureTransparentRuns returns the transparent row and the
 // transparent-explicit row, which share the direct runs.
-func measureTransparentRuns(ctx context.Context, env pathEnv, te *egressd, sb *sandboxNS) ([]pathResult, error) {
+func measureTransparentRuns(ctx context.Context, env pathEnv, te *egressd, sb *netns.Sandbox) ([]pathResult, error) {
 	up, lo := env.w.up, env.o.load()
 	direct := target{url: "https://" + transparentHost + "/", dialAddr: net.JoinHostPort(standInAddr, standInPort),
 		allowDial: allowStandIn, roots: up.roots}
 	tp := direct
-	tp.dialFrom = sb.dial
+	tp.dialFrom = sb.Dial
 	explicit := direct
 	explicit.dialAddr, explicit.proxy = "", te.proxyURL
 	rows := []*rowBuilder{newRow("transparent", transparentPathSpec().desc, ""),
@@ -240,65 +230,6 @@ func allowStandIn(addr string) error {
 	return loopbackOnly(addr)
 }
 
-// sandboxNS is the sandbox namespace egressd-netns makes.
-type sandboxNS struct {
-	name       string
-	scriptPath string
-	hostIP     string   // the veth's host side: egressd's transparent listener
-	ns         *os.File // /run/netns/<name>, once up
-}
-
-// run runs egressd-netns verb (up or down) for the sandbox, in its own
-// process group (Ctrl-C must not stop it half-way) and bounded in time.
-func (sb *sandboxNS) run(verb string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), netnsScriptTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, sb.scriptPath, verb, sb.name)
-	cmd.Env = append(os.Environ(), "EGRESSD_NETNS_INDEX="+strconv.Itoa(netnsIndex),
-		"EGRESSD_TPROXY_PORT="+strconv.Itoa(tproxyPort), "EGRESSD_DNS_PORT="+strconv.Itoa(dnsPort))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("egressd-netns %s %s: %v: %s", verb, sb.name, err, lastLine(string(out)))
-	}
-	return nil
-}
-
-// dial connects from inside the sandbox: the socket is made on an OS thread
-// that has joined the sandbox's network namespace, which then rejoins its
-// own. A thread that cannot rejoin is never reused: its goroutine ends
-// locked to it, and the runtime ends the thread.
-func (sb *sandboxNS) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var c net.Conn
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		home, err := os.Open("/proc/thread-self/ns/net")
-		if err == nil {
-			defer home.Close()
-			err = unix.Setns(int(sb.ns.Fd()), unix.CLONE_NEWNET)
-		}
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("joining the sandbox's network namespace: %w", err)
-			return
-		}
-		d := net.Dialer{Timeout: requestTimeout}
-		c, err = d.DialContext(ctx, network, addr)
-		if rerr := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); rerr != nil {
-			if c != nil {
-				c.Close()
-			}
-			errc <- fmt.Errorf("rejoining the bench's network namespace: %w", rerr)
-			return // still locked: the thread ends with this goroutine
-		}
-		runtime.UnlockOSThread()
-		errc <- err
-	}()
-	err := <-errc // before c is read
-	return c, err
-}
-
 // startTransparentEgressd starts the transparent path's egressd in dir and
 // returns once its listeners and /healthz are up.
 func startTransparentEgressd(ctx context.Context, bin, dir, dnsAddr, hostIP string) (*egressd, error) {
@@ -321,22 +252,4 @@ func transparentConfig(dnsAddr, hostIP string) *egressdtest.Config {
 	cfg.Policy.Allowlist = []egressdtest.Entry{{Domain: transparentHost, Ports: []int{portNum(net.JoinHostPort(standInAddr, standInPort))}}}
 	cfg.Network.UnsafeAllowCIDRs, cfg.TLS.UpstreamCAFile = nil, ""
 	return cfg
-}
-
-// writeTransparentNote compares the transparent row with the
-// transparent-explicit row: the same egressd, the same spliced requests.
-func (r *report) writeTransparentNote(w io.Writer) {
-	t, x := r.path("transparent"), r.path(transparentExplicitRow)
-	if t == nil || x == nil || t.Skipped != "" || x.Egressd.ReqPerSec <= 0 {
-		return
-	}
-	fmt.Fprintf(w, "transparent / explicit: %s vs %s req/s = %.2f (ratios to direct %.2f vs %.2f)",
-		thousands(t.Egressd.ReqPerSec), thousands(x.Egressd.ReqPerSec), t.Egressd.ReqPerSec/x.Egressd.ReqPerSec, t.Ratio, x.Ratio)
-	if t.CPUPerReqUS > 0 && x.CPUPerReqUS > 0 {
-		fmt.Fprintf(w, ", egressd CPU %.1f vs %.1f µs/req", t.CPUPerReqUS, x.CPUPerReqUS)
-	}
-	if t.Egressd.P50US > 0 && x.Egressd.P50US > 0 {
-		fmt.Fprintf(w, ", p50 %s vs %s, p99 %s vs %s", dur(t.Egressd.P50US), dur(x.Egressd.P50US), dur(t.Egressd.P99US), dur(x.Egressd.P99US))
-	}
-	fmt.Fprintln(w, " (one egressd, spliced TLS to "+transparentHost+":"+standInPort+": from the sandbox namespace via the DNAT vs CONNECT from outside)")
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"strings"
 	"testing"
@@ -51,30 +50,6 @@ func TestAllowStandIn(t *testing.T) {
 		if allowStandIn(bad) == nil {
 			t.Errorf("allowStandIn(%q) allowed it", bad)
 		}
-	}
-}
-
-func TestWriteTransparentNote(t *testing.T) {
-	rep := &report{Paths: []pathResult{
-		{Path: "transparent", Ratio: 0.45, CPUPerReqUS: 25, Egressd: runResult{ReqPerSec: 24000, P50US: 2400, P99US: 7000}},
-		{Path: transparentExplicitRow, Ratio: 0.50, CPUPerReqUS: 24, Egressd: runResult{ReqPerSec: 26000, P50US: 2300, P99US: 6500}},
-	}}
-	var b bytes.Buffer
-	rep.writeTransparentNote(&b)
-	for _, want := range []string{"transparent / explicit: 24,000 vs 26,000 req/s = 0.92", "ratios to direct 0.45 vs 0.50", "egressd CPU 25.0 vs 24.0 µs/req"} {
-		if !strings.Contains(b.String(), want) {
-			t.Errorf("note lacks %q: %s", want, b.String())
-		}
-	}
-	b.Reset()
-	(&report{Paths: []pathResult{{Path: "transparent", Skipped: "needs root"}}}).writeTransparentNote(&b)
-	if b.Len() != 0 {
-		t.Errorf("note for a skipped path: %s", b.String())
-	}
-	var text bytes.Buffer
-	skipped := &report{Settings: settings{Rounds: 1, CPUs: 1}, Paths: []pathResult{{Path: "transparent", Skipped: "needs root"}}}
-	if err := skipped.writeText(&text); err != nil || !strings.Contains(text.String(), "transparent: skipped: needs root") || skipped.failed() {
-		t.Errorf("skipped row (failed %v, %v):\n%s", skipped.failed(), err, text.String())
 	}
 }
 

@@ -2,12 +2,18 @@ package main
 
 import (
 	"bytes"
+	"crypto/rand"
+	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/egressd/egressd/internal/testutil/echo"
 	"github.com/egressd/egressd/internal/testutil/testpki"
@@ -22,6 +28,7 @@ const (
 	cCredential // Authorization with credentialToken
 	cVaultCred  // ... vaultCredentialToken
 	cOAuthCred  // ... oauthAccessToken
+	cGitHubCred // Basic x-access-token:githubToken
 	cBadBody    // hook: not a POST of hookBodySize bytes
 	cAsserted   // hook: exactly one non-empty assertion
 	cVerified   // hook: sampled assertions pkg/hookauth accepted
@@ -58,6 +65,7 @@ func (c counts) sub(o counts) counts {
 func (r *runResult) fill(c counts) {
 	r.UpstreamConns, r.UpstreamRequests = c[cAccepted], c[cServed]
 	r.Transformed, r.Credentialed, r.VaultCredentialed, r.OAuthCredentialed = c[cTransform], c[cCredential], c[cVaultCred], c[cOAuthCred]
+	r.GitHubCredentialed = c[cGitHubCred]
 }
 
 // serve starts t's echo server with h on a loopback port of its own per cert
@@ -84,7 +92,8 @@ type upstream struct {
 	caPEM             []byte // the throwaway CA that signed the HTTPS leaf
 	roots             *x509.CertPool
 	cert              tls.Certificate // the leaf, also the hook endpoint's and the transparent stand-in's
-	tokenCalls        atomic.Int64    // oauth2 token calls egressd made; not served requests
+	tokenCalls        atomic.Int64    // oauth2 and github_app token calls egressd made; not served requests
+	appKey            string          // the github_app path's App key (PEM)
 	hook              *hookServer     // when the hook path runs: egressd's config names it
 }
 
@@ -105,11 +114,16 @@ const (
 	oauthCredentialID = "bench-oauth"
 	oauthAccessToken  = "bench-fake-access-token-not-a-secret"
 	oauthTokenPath    = "/oauth/token"
+	// egressd mints the github_app credential's installation token at githubTokenPath.
+	githubCredentialID = "bench-github"
+	githubToken        = "ghs_bench-fake-installation-token-not-a-secret"
+	githubTokenPath    = "/app/installations/1/access_tokens"
 )
 
 var (
 	authCounter = map[string]int{"Bearer " + credentialToken: cCredential, "Bearer " + vaultCredentialToken: cVaultCred,
-		"Bearer " + oauthAccessToken: cOAuthCred}
+		"Bearer " + oauthAccessToken: cOAuthCred,
+		"Basic " + base64.StdEncoding.EncodeToString([]byte("x-access-token:"+githubToken)): cGitHubCred}
 	oauthTokenResponse = []byte(`{"access_token": "` + oauthAccessToken + `", "token_type": "Bearer", "expires_in": 3600}`)
 )
 
@@ -122,7 +136,12 @@ func startUpstream(size int) (*upstream, error) {
 	if err != nil {
 		return nil, err
 	}
-	u := &upstream{caPEM: ca.PEM(), roots: ca.Pool, cert: leaf}
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return nil, err
+	}
+	u := &upstream{caPEM: ca.PEM(), roots: ca.Pool, cert: leaf,
+		appKey: string(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}))}
 	addrs, err := u.serve(u.fixedBody(size), nil, &u.cert)
 	if err != nil {
 		return nil, err
@@ -145,6 +164,13 @@ func (u *upstream) fixedBody(size int) http.HandlerFunc {
 			u.tokenCalls.Add(1)
 			w.Header()["Content-Type"] = []string{"application/json"}
 			_, _ = w.Write(oauthTokenResponse)
+			return
+		}
+		if r.URL.Path == githubTokenPath && r.Method == http.MethodPost {
+			u.tokenCalls.Add(1)
+			w.Header()["Content-Type"] = []string{"application/json"}
+			w.WriteHeader(http.StatusCreated)
+			_, _ = fmt.Fprintf(w, `{"token": %q, "expires_at": %q}`, githubToken, time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
 			return
 		}
 		u.n[cServed].Add(1)

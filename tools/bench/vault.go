@@ -24,10 +24,10 @@ import (
 // bench measures the request path, not the login.
 
 const (
-	// scriptOff is the -vaultdev and -peers value that skips them.
+	// scriptOff is the -peers value that skips the peers.
 	scriptOff = "off"
-	// vaultdevScript builds the server when -vaultdev is not given, from the
-	// repository root, where make bench runs.
+	// vaultdevScript builds the server, from the repository root, where make
+	// bench runs.
 	vaultdevScript    = "scripts/vaultdev.sh"
 	vaultBuildTimeout = 15 * time.Minute // a cold build takes minutes
 	vaultStartTimeout = 60 * time.Second
@@ -53,9 +53,9 @@ func (s *vaultStack) start(ctx context.Context, env pathEnv) (string, error) {
 		return s.skip, nil
 	}
 	s.started = true
-	bin, skip, err := findVaultdev(ctx, env.o.vaultdev, env.stderr)
-	if s.skip = skip; err != nil || skip != "" {
-		return skip, err
+	bin, skip := findVaultdev(ctx, env.stderr)
+	if s.skip = skip; skip != "" {
+		return skip, nil
 	}
 	vdir := filepath.Join(env.dir, "vault")
 	if err := os.MkdirAll(vdir, 0o700); err != nil {
@@ -63,6 +63,7 @@ func (s *vaultStack) start(ctx context.Context, env pathEnv) (string, error) {
 	}
 	sctx, cancel := context.WithTimeout(ctx, vaultStartTimeout)
 	defer cancel()
+	var err error
 	if s.vault, err = vaultdev.Start(sctx, bin, vdir, "warn"); err != nil {
 		return "", err
 	}
@@ -115,43 +116,20 @@ func vaultCredentials(addr, tokenFile string) *egressdtest.Credentials {
 	}}
 }
 
-// findVaultdev returns the Vault dev server binary, or why the path is
-// skipped. flag is -vaultdev: "off", a path (which must be an executable), or
-// "" for vaultdevScript build in the working directory, when there is one.
-func findVaultdev(ctx context.Context, flag string, stderr io.Writer) (bin, skip string, err error) {
-	switch flag {
-	case scriptOff:
-		return "", "-vaultdev " + scriptOff, nil
-	case "":
-	default:
-		abs, err := executable(flag)
-		if err != nil {
-			return "", "", fmt.Errorf("-vaultdev %s: %v; build one with scripts/vaultdev.sh build, or -vaultdev %s", flag, err, scriptOff)
-		}
-		return abs, "", nil
-	}
+// findVaultdev builds the Vault dev server with vaultdevScript, or says why
+// the path is skipped.
+func findVaultdev(ctx context.Context, stderr io.Writer) (bin, skip string) {
 	if _, err := os.Stat(vaultdevScript); err != nil {
-		return "", "no -vaultdev and no " + vaultdevScript + " in the working directory (run from the repository root, or pass -vaultdev PATH)", nil
+		return "", "no " + vaultdevScript + " in the working directory (run from the repository root)"
 	}
-	fmt.Fprintf(stderr, "bench: vault path: %s build (cached: instant; a cold build takes about 5 minutes; -vaultdev %s skips the path)\n", vaultdevScript, scriptOff)
+	fmt.Fprintf(stderr, "bench: vault path: %s build (cached: instant; a cold build takes about 5 minutes; leave vault out of -paths to skip it)\n", vaultdevScript)
 	ctx, cancel := context.WithTimeout(ctx, vaultBuildTimeout)
 	defer cancel()
-	if bin, err = vaultdev.Build(ctx, vaultdevScript); err != nil {
-		return "", "build failed: " + lastLine(err.Error()), nil
-	}
-	return bin, "", nil
-}
-
-// executable is path, absolute, when it names an executable file.
-func executable(path string) (string, error) {
-	abs, err := filepath.Abs(path)
+	bin, err := vaultdev.Build(ctx, vaultdevScript)
 	if err != nil {
-		return "", err
+		return "", "build failed: " + lastLine(err.Error())
 	}
-	if fi, err := os.Stat(abs); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-		return "", fmt.Errorf("not an executable (%v)", err)
-	}
-	return abs, nil
+	return bin, ""
 }
 
 // runBuild runs `script build names...` within timeout: its stdout, its stderr

@@ -1,7 +1,9 @@
 // Command vaultdev runs a real HashiCorp Vault server for egressd's tests: an
 // in-memory, initialised and unsealed Vault core (Vault v1.20.4 packages) on a
 // 127.0.0.1 listener, with KV v2 at secret/ and the approle and jwt auth
-// methods enabled through the HTTP API, as an operator would.
+// methods enabled through the HTTP API, as an operator would. The AWS secrets
+// engine is registered (not mounted): a test mounts it (type "aws") and points
+// its config/root at a local STS endpoint.
 //
 // When ready it prints one JSON line to stdout:
 //
@@ -39,6 +41,7 @@ import (
 	logicalKv "github.com/hashicorp/vault-plugin-secrets-kv"
 	"github.com/hashicorp/vault/api"
 	credAppRole "github.com/hashicorp/vault/builtin/credential/approle"
+	logicalAws "github.com/hashicorp/vault/builtin/logical/aws"
 	vaulthttp "github.com/hashicorp/vault/http"
 	"github.com/hashicorp/vault/internalshared/configutil"
 	"github.com/hashicorp/vault/sdk/helper/consts"
@@ -118,7 +121,7 @@ func run(addr, readyFile, logLevel, wantRoot string) error {
 		Logger:             logger.Named("core"),
 		DisableMlock:       true,
 		RedirectAddr:       baseURL,
-		LogicalBackends:    map[string]logical.Factory{"kv": logicalKv.Factory},
+		LogicalBackends:    map[string]logical.Factory{"kv": logicalKv.Factory, "aws": logicalAws.Factory},
 		CredentialBackends: map[string]logical.Factory{"approle": credAppRole.Factory, "jwt": credJWT.Factory},
 		BuiltinRegistry:    registry{},
 	})
@@ -266,13 +269,13 @@ func writeAtomic(path string, data []byte) error {
 	return os.Rename(tmp.Name(), path)
 }
 
-// registry is the builtin plugin registry: exactly kv, approle and jwt. The
+// registry is the builtin plugin registry: exactly kv, aws, approle and jwt. The
 // core needs one (a nil registry panics on mount); the factories themselves
 // come from CoreConfig's LogicalBackends and CredentialBackends.
 type registry struct{}
 
 var builtins = map[consts.PluginType]map[string]logical.Factory{
-	consts.PluginTypeSecrets:    {"kv": logicalKv.Factory},
+	consts.PluginTypeSecrets:    {"kv": logicalKv.Factory, "aws": logicalAws.Factory},
 	consts.PluginTypeCredential: {"approle": credAppRole.Factory, "jwt": credJWT.Factory},
 }
 

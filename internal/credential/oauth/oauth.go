@@ -1,9 +1,12 @@
-// Package oauth keeps the access tokens of oauth2 credentials. For each one it exchanges the
-// refresh token (RFC 6749 §6) or, without one, the client credentials (§4.4) at token_url
-// with golang.org/x/oauth2, caches the access token and refreshes it ahead of expiry
-// (jittered, one refresh per credential at a time), uses a rotated refresh token from then
-// on and writes it back where the backend can be written, and keeps serving the last access
-// token while the endpoint fails, until it expires.
+// Package oauth keeps the tokens egressd mints for credentials: the access tokens of oauth2
+// credentials and the installation tokens of github_app ones. For an oauth2 credential it
+// exchanges the refresh token (RFC 6749 §6) or, without one, the client credentials (§4.4) at
+// token_url with golang.org/x/oauth2, uses a rotated refresh token from then on and writes it
+// back where the backend can be written; for a github_app one it signs the App's JWT and asks
+// GitHub for an installation token scoped to the credential's repositories (github.go). For
+// both it caches the token and refreshes it ahead of expiry (jittered, one refresh per
+// credential at a time), and keeps serving the last token while the endpoint fails, until it
+// expires.
 //
 // Token calls follow egressd's own schedule, never the sandbox's: after a failure no call
 // starts before the back-off (exponential, jittered, capped) allows, however many requests
@@ -74,7 +77,7 @@ const (
 	ResultError = "error"
 )
 
-// Source is the credential store the Manager reads the oauth2 clients from.
+// Source is the credential store the Manager reads the oauth2 clients and GitHub Apps from.
 type Source interface {
 	Get(id string) (credential.Value, error)
 	IDs() []string
@@ -84,16 +87,18 @@ type Source interface {
 type Options struct {
 	// Writer stores a rotated refresh token; nil: it is kept in memory only, with a WARN.
 	Writer credential.Writer
-	// Metrics, when set, is called after every token call (one HTTP exchange; none without
-	// a client) with ResultOK or ResultError.
+	// Metrics, when set, is called after every oauth2 token call (one HTTP exchange; none
+	// without a client) with ResultOK or ResultError.
 	Metrics func(id, result string)
-	Log     zerolog.Logger
-	Now     func() time.Time // default time.Now
-	Tick    time.Duration    // default DefaultTick
+	// Mint, when set, is called after every github_app token call, like Metrics.
+	Mint func(id, result string)
+	Log  zerolog.Logger
+	Now  func() time.Time // default time.Now
+	Tick time.Duration    // default DefaultTick
 }
 
-// Manager serves credentials from a Source, with the current access token as the
-// Authorization header of every oauth2 one. It is an inject.Credentials.
+// Manager serves credentials from a Source, with the current token as the Authorization
+// header of every oauth2 and github_app one. It is an inject.Credentials.
 type Manager struct {
 	src    Source
 	o      Options
@@ -112,12 +117,17 @@ type state struct {
 	cur  atomic.Pointer[token]  // the last access token; nil before the first
 	seen atomic.Pointer[string] // the backend version last adopted
 	due  atomic.Int64           // unix nanos before which no retry starts after a failure
+	// first is closed once the first attempt is done, whatever its outcome: a request
+	// waits for it (AwaitToken) rather than failing while it is in flight.
+	first     chan struct{}
+	firstOnce sync.Once
 
-	mu       sync.Mutex // serialises refreshes; guards the fields below
-	secret   *credential.OAuth2
-	refresh  string // the refresh token in use (rotated ones included)
-	wrote    string // the last refresh token written back
-	failures int    // consecutive failed attempts
+	mu       sync.Mutex            // serialises refreshes; guards the fields below
+	secret   *credential.OAuth2    // an oauth2 credential's client, or nil
+	app      *credential.GitHubApp // a github_app credential's installation, or nil
+	refresh  string                // the refresh token in use (rotated ones included)
+	wrote    string                // the last refresh token written back
+	failures int                   // consecutive failed attempts
 	retry    *backoff.ExponentialBackOff
 }
 
@@ -143,21 +153,93 @@ func New(src Source, o Options) *Manager {
 // SetClient sets the HTTP client of token calls (NewClient's), e.g. after a reload.
 func (m *Manager) SetClient(c *http.Client) { m.client.Store(c) }
 
-// Start fetches a token for every oauth2 credential of the Source (bounded by the call
+// Start fetches a token for every minted credential of the Source (bounded by the call
 // timeout), then refreshes in the background until ctx ends. Call it once, after the
 // Source has started.
 func (m *Manager) Start(ctx context.Context) {
 	m.ctx = ctx
+	m.fetchAll()
+	m.wg.Go(m.loop)
+}
+
+// StartAsync is Start without the wait, once ready is closed (the Source's first
+// reads are done): the first tokens are fetched in the background, and a request
+// that needs one meanwhile waits for it (AwaitToken). Call it once, instead of Start.
+func (m *Manager) StartAsync(ctx context.Context, ready <-chan struct{}) {
+	m.ctx = ctx
+	m.wg.Go(func() {
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return
+		}
+		m.fetchAll()
+		m.loop()
+	})
+}
+
+// fetchAll makes the first token call of every oauth2 credential at once, and waits.
+func (m *Manager) fetchAll() {
 	var wg sync.WaitGroup
 	for _, id := range m.src.IDs() {
-		if v, err := m.src.Get(id); err == nil && v.OAuth2 != nil {
+		if v, err := m.src.Get(id); err == nil && minted(v) {
 			st := m.state(id)
-			st.busy.Store(true)
-			wg.Go(func() { m.run(st) })
+			if st.busy.CompareAndSwap(false, true) {
+				wg.Go(func() { m.run(st) })
+			}
 		}
 	}
 	wg.Wait()
-	m.wg.Go(m.loop)
+}
+
+// AwaitToken waits, until ctx ends, for the first access token of id when its first
+// token call is still to come or in flight, starting that call if none runs; it
+// returns at once for anything else (not oauth2, a token held before, a first call
+// that failed). Later refreshes never hold a request: the last token serves.
+func (m *Manager) AwaitToken(ctx context.Context, id string) {
+	v, err := m.src.Get(id)
+	if err != nil || v.OAuth2 == nil {
+		return
+	}
+	st := m.state(id)
+	if st.cur.Load() != nil {
+		return
+	}
+	select {
+	case <-st.first:
+		return
+	default:
+	}
+	m.kick(st)
+	select {
+	case <-st.first:
+	case <-ctx.Done():
+	}
+}
+
+// Await waits, until ctx ends, for id's first read by the Source (when it can wait:
+// credential.Store.AwaitFirst) and then for its first access token (AwaitToken).
+func (m *Manager) Await(ctx context.Context, id string) {
+	if a, ok := m.src.(interface {
+		AwaitFirst(context.Context, string)
+	}); ok {
+		a.AwaitFirst(ctx, id)
+	}
+	m.AwaitToken(ctx, id)
+}
+
+// Ready reports whether id can be served now: an oauth2 credential only with an
+// unexpired access token. It starts nothing.
+func (m *Manager) Ready(id string) bool {
+	v, err := m.src.Get(id)
+	if err != nil {
+		return false
+	}
+	if v.OAuth2 == nil {
+		return true
+	}
+	t := m.state(id).cur.Load()
+	return t != nil && m.o.Now().Before(t.expiry)
 }
 
 // Wait blocks until the background work has ended (after Start's ctx ended).
@@ -166,13 +248,13 @@ func (m *Manager) Wait() { m.wg.Wait() }
 // IDs are the Source's.
 func (m *Manager) IDs() []string { return m.src.IDs() }
 
-// Get returns the Source's value of id; for an oauth2 credential, with the current access
-// token as its Authorization header, or an *credential.UnavailableError (cause
+// Get returns the Source's value of id; for a minted credential (oauth2, github_app), with
+// the current token as its Authorization header, or an *credential.UnavailableError (cause
 // no_access_token) at once when there is no unexpired one. Such a request starts a refresh
 // in the background only when none is running and the back-off allows (kick).
 func (m *Manager) Get(id string) (credential.Value, error) {
 	v, err := m.src.Get(id)
-	if err != nil || v.OAuth2 == nil {
+	if err != nil || !minted(v) {
 		return v, err
 	}
 	st := m.state(id)
@@ -190,7 +272,7 @@ func (m *Manager) state(id string) *state {
 	defer m.mu.Unlock()
 	st := m.states[id]
 	if st == nil {
-		st = &state{id: id, retry: newRetry()}
+		st = &state{id: id, retry: newRetry(), first: make(chan struct{})}
 		m.states[id] = st
 	}
 	return st
@@ -213,7 +295,7 @@ func (m *Manager) loop() {
 		case <-t.C:
 		}
 		for _, id := range m.src.IDs() {
-			if v, err := m.src.Get(id); err == nil && v.OAuth2 != nil {
+			if v, err := m.src.Get(id); err == nil && minted(v) {
 				m.check(m.state(id), v)
 			}
 		}
@@ -248,6 +330,7 @@ func (m *Manager) kick(st *state) {
 
 // run refreshes st; busy is set by the caller and cleared here.
 func (m *Manager) run(st *state) {
+	defer st.firstOnce.Do(func() { close(st.first) })
 	defer st.busy.Store(false)
 	ctx, cancel := context.WithTimeout(m.ctx, callTimeout)
 	defer cancel()
@@ -260,11 +343,11 @@ func (m *Manager) refresh(ctx context.Context, st *state) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	v, err := m.src.Get(st.id)
-	if err != nil || v.OAuth2 == nil {
+	if err != nil || !minted(v) {
 		return
 	}
 	st.adopt(v)
-	tok, err := m.exchange(ctx, st)
+	tok, err := m.mint(ctx, st)
 	now := m.o.Now()
 	if err != nil {
 		if ctx.Err() != nil && m.ctx.Err() != nil {
@@ -274,7 +357,7 @@ func (m *Manager) refresh(ctx context.Context, st *state) {
 		return
 	}
 	m.recovered(st)
-	st.cur.Store(newToken(tok, now))
+	st.cur.Store(newToken(tok, now, m.o.Tick))
 	if st.refresh != "" && tok.RefreshToken != "" && tok.RefreshToken != st.refresh {
 		st.refresh = tok.RefreshToken
 		m.writeBack(ctx, st, v)
@@ -284,8 +367,18 @@ func (m *Manager) refresh(ctx context.Context, st *state) {
 // adopt takes v's client unless st already has it. A new version that carries the refresh
 // token egressd wrote back is its own write: the rotated token stays in use.
 func (st *state) adopt(v credential.Value) {
-	if seen := st.seen.Load(); seen != nil && *seen == v.Version && st.secret != nil {
+	if seen := st.seen.Load(); seen != nil && *seen == v.Version && (st.secret != nil || st.app != nil) {
 		return
+	}
+	version := v.Version
+	st.seen.Store(&version)
+	if v.GitHubApp != nil {
+		st.adoptApp(v.GitHubApp)
+		return
+	}
+	if st.app != nil { // a type change: the installation token is not this client's
+		st.app = nil
+		st.cur.Store(nil)
 	}
 	o := v.OAuth2
 	ours := st.wrote != "" && o.RefreshToken == st.wrote && sameClient(st.secret, o)
@@ -293,8 +386,6 @@ func (st *state) adopt(v credential.Value) {
 		st.refresh = o.RefreshToken
 	}
 	st.secret = o
-	version := v.Version
-	st.seen.Store(&version)
 }
 
 // sameClient reports whether a and b differ in nothing but the refresh token.
@@ -324,20 +415,20 @@ func (m *Manager) failed(st *state, now time.Time, err error) {
 	st.failures++
 	wait := st.retry.NextBackOff()
 	st.due.Store(now.Add(wait).UnixNano())
-	ev := m.o.Log.Warn().Str("credential", st.id).Str("token_url", st.secret.TokenURL).
+	ev := m.o.Log.Warn().Str("credential", st.id).Str("token_url", st.tokenURL()).
 		Str("error", describe(err, st.secrets()...)).Int("failures", st.failures).Dur("retry_in", wait)
 	if t := st.cur.Load(); t != nil && now.Before(t.expiry) {
 		ev = ev.Time("serving_last_token_until", t.expiry)
 	} else {
 		ev = ev.Bool("unavailable", true)
 	}
-	ev.Msg("oauth2 token refresh failed")
+	ev.Msg(st.kind() + " token refresh failed")
 }
 
 // recovered clears st's back-off after a good call, saying so if calls had failed.
 func (m *Manager) recovered(st *state) {
 	if st.failures > 0 {
-		m.o.Log.Info().Str("credential", st.id).Int("failures", st.failures).Msg("oauth2 token refresh recovered")
+		m.o.Log.Info().Str("credential", st.id).Int("failures", st.failures).Msg(st.kind() + " token refresh recovered")
 	}
 	st.failures = 0
 	st.retry.Reset()
@@ -346,7 +437,10 @@ func (m *Manager) recovered(st *state) {
 
 // secrets are the values no message may show.
 func (st *state) secrets() []string {
-	out := []string{st.secret.ClientSecret, st.refresh, st.secret.RefreshToken}
+	out := []string{st.refresh}
+	if st.secret != nil {
+		out = append(out, st.secret.ClientSecret, st.secret.RefreshToken)
+	}
 	if t := st.cur.Load(); t != nil {
 		out = append(out, strings.TrimPrefix(t.headers[0].Value, "Bearer "))
 	}
@@ -400,8 +494,10 @@ func result(err error) string {
 // errNoClient: token calls go only through a client SetClient gave.
 var errNoClient = errors.New("oauth: no HTTP client set")
 
-// newToken computes when to stop serving tok and when to refresh it.
-func newToken(tok *oauth2.Token, now time.Time) *token {
+// newToken computes when to stop serving tok and when to refresh it. The refresh is
+// found by a tick, so it is due at least two ticks before the token stops being served:
+// a short-lived token is then replaced before it expires, not a tick after.
+func newToken(tok *oauth2.Token, now time.Time, tick time.Duration) *token {
 	expiry := tok.Expiry
 	if expiry.IsZero() {
 		expiry = now.Add(DefaultLifetime)
@@ -409,6 +505,9 @@ func newToken(tok *oauth2.Token, now time.Time) *token {
 	life := expiry.Sub(now)
 	skew := min(maxSkew, life/10)
 	at := now.Add(time.Duration(float64(life) * (refreshFrom + refreshSpread*rand.Float64())))
+	if latest := expiry.Add(-skew - 2*tick); at.After(latest) {
+		at = latest // before now for a token shorter than that: refreshed at the next tick
+	}
 	return &token{
 		headers:   []credential.Header{{Name: "Authorization", Value: "Bearer " + tok.AccessToken}},
 		expiry:    expiry.Add(-skew),

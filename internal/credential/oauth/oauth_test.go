@@ -3,6 +3,7 @@ package oauth
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/credential/file"
 	"github.com/egressd/egressd/internal/netguard"
+	"github.com/egressd/egressd/internal/testutil/githubstub"
 	"github.com/egressd/egressd/internal/testutil/syncbuf"
 )
 
@@ -122,11 +124,18 @@ type rig struct {
 // newRig writes creds (ID -> secret JSON) to a file and starts a Store and a Manager.
 func newRig(t testing.TB, e *endpoint, creds map[string]string, writable bool) *rig {
 	t.Helper()
+	return startRig(t, "TOKEN_URL", e.srv.URL+"/token", testClient(t, e), creds, writable)
+}
+
+// startRig is newRig with every placeholder in creds replaced by value, and token calls
+// through client.
+func startRig(t testing.TB, placeholder, value string, client *http.Client, creds map[string]string, writable bool) *rig {
+	t.Helper()
 	r := &rig{t: t, log: &syncbuf.Buffer{}, path: filepath.Join(t.TempDir(), "credentials.json")}
 	var parts []string
 	var ids []string
 	for id, s := range creds {
-		parts = append(parts, fmt.Sprintf("%q: %s", id, strings.ReplaceAll(s, "TOKEN_URL", e.srv.URL+"/token")))
+		parts = append(parts, fmt.Sprintf("%q: %s", id, strings.ReplaceAll(s, placeholder, value)))
 		ids = append(ids, id)
 	}
 	if err := os.WriteFile(r.path, []byte("{\n  "+strings.Join(parts, ",\n  ")+"\n}\n"), 0o600); err != nil {
@@ -137,21 +146,22 @@ func newRig(t testing.TB, e *endpoint, creds map[string]string, writable bool) *
 	r.store = credential.NewStore(b, ids, credential.Options{Log: log})
 	ctx, cancel := context.WithCancel(context.Background())
 	r.store.Start(ctx)
-	o := Options{Log: log, Tick: 20 * time.Millisecond, Metrics: func(id, res string) {
+	count := func(id, res string) {
 		n, _ := r.results.LoadOrStore(id+" "+res, new(atomic.Int64))
 		n.(*atomic.Int64).Add(1)
-	}, Now: r.clock}
+	}
+	o := Options{Log: log, Tick: 20 * time.Millisecond, Metrics: count, Mint: count, Now: r.clock}
 	if writable {
 		o.Writer = b
 	}
 	r.m = New(r.store, o)
-	r.m.SetClient(testClient(t, e))
+	r.m.SetClient(client)
 	r.m.Start(ctx)
 	t.Cleanup(func() {
 		cancel()
 		r.m.Wait()
 		r.store.Wait()
-		for _, s := range []string{clientSecret, refresh1, refresh2, "at-PLANTED"} {
+		for _, s := range []string{clientSecret, refresh1, refresh2, "at-PLANTED", githubstub.TokenPrefix, "PRIVATE KEY"} {
 			if strings.Contains(r.log.String(), s) {
 				t.Errorf("the log shows a secret (%s):\n%s", s, r.log)
 			}
@@ -188,11 +198,17 @@ func (r *rig) count(id, result string) int64 {
 // testClient is NewClient over a guard that opens loopback (the endpoint's address), with
 // the endpoint's certificate trusted.
 func testClient(t testing.TB, e *endpoint) *http.Client {
-	g, err := netguard.New(netguard.Options{UnsafeAllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	roots := e.srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
+	return guardedClient(t, roots, netip.MustParsePrefix("127.0.0.0/8"))
+}
+
+// guardedClient is NewClient over a guard that opens the given prefixes (none: the
+// default guard, which refuses loopback), trusting roots.
+func guardedClient(t testing.TB, roots *x509.CertPool, open ...netip.Prefix) *http.Client {
+	g, err := netguard.New(netguard.Options{UnsafeAllowCIDRs: open})
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots := e.srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
 	return NewClient(g, netguard.NewResolver("", time.Second), &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}, time.Second)
 }
 

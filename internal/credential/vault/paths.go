@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/vault/api"
+
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/credential"
 )
@@ -72,6 +74,8 @@ const (
 // serves it without asking Vault: each read of such a path mints a new secret.
 type leased struct {
 	headers   []credential.Header
+	aws       *credential.AWS // a vault_aws credential's keys (aws.go); nil for a path
+	revoke    bool            // revoke the lease once replaced or at shutdown (aws.go)
 	version   string
 	leaseID   string
 	renewable bool
@@ -188,32 +192,47 @@ func (ls *leases) run(ctx context.Context, refresh func(id string)) {
 // readPath serves a leased credential from memory until its refresh time; then renews its
 // lease when it can and the renewal extends it, and reads the path again otherwise.
 func (b *Backend) readPath(ctx context.Context, id string, p Path) ([]credential.Header, string, error) {
+	l, err := b.readLeased(ctx, id, func(ctx context.Context) (*leased, error) { return b.fetchPath(ctx, id, p) })
+	if err != nil {
+		return nil, "", err
+	}
+	return l.headers, l.version, nil
+}
+
+// readLeased serves id's last read from memory until its refresh time; then renews its
+// lease when it can and the renewal extends it, and calls fetch otherwise. A value without
+// a lifetime is fetched at every read.
+func (b *Backend) readLeased(ctx context.Context, id string, fetch func(context.Context) (*leased, error)) (*leased, error) {
 	now := time.Now()
 	cur := b.leases.get(id)
 	if cur != nil && now.Before(cur.refreshAt) {
-		return cur.headers, cur.version, nil
+		return cur, nil
 	}
 	if cur != nil && cur.renewable && now.Before(cur.expires) {
 		renewed, err := b.renew(ctx, id, cur, now)
 		if err != nil {
 			b.leases.retryLater(id, cur, now)
-			return nil, "", err
+			return nil, err
 		}
 		if renewed {
-			return cur.headers, cur.version, nil
+			return b.leases.get(id), nil
 		}
 	}
-	headers, version, l, err := b.fetchPath(ctx, id, p)
+	l, err := fetch(ctx)
 	switch {
-	case err == nil:
+	case err == nil && l.lifetime > 0:
+		b.replaced(cur, l)
 		b.leases.set(id, l)
-		return headers, version, nil
+		return l, nil
+	case err == nil:
+		b.leases.set(id, nil)
+		return l, nil
 	case errors.Is(err, credential.ErrNotFound) || errors.Is(err, credential.ErrInvalid):
 		b.leases.set(id, nil)
 	case cur != nil:
 		b.leases.retryLater(id, cur, now)
 	}
-	return nil, "", err
+	return nil, err
 }
 
 // renew renews cur's lease. It reports false (read the path again) when Vault refuses the
@@ -241,32 +260,49 @@ func (b *Backend) renew(ctx context.Context, id string, cur *leased, now time.Ti
 	return true, nil
 }
 
-// fetchPath reads p and builds the credential; l is non-nil when it has a lifetime.
-func (b *Backend) fetchPath(ctx context.Context, id string, p Path) ([]credential.Header, string, *leased, error) {
-	now := time.Now()
-	sec, err := b.client.Logical().ReadWithContext(ctx, p.Path)
+// fetchPath reads p and builds the credential (lifetime 0: none).
+func (b *Backend) fetchPath(ctx context.Context, id string, p Path) (*leased, error) {
+	sec, err := b.readSecret(ctx, p.Path)
 	if err != nil {
-		return nil, "", nil, describe("vault read", p.Path, err)
-	}
-	if sec == nil || sec.Data == nil {
-		return nil, "", nil, fmt.Errorf("%w: no secret at %s", credential.ErrNotFound, p.Path)
+		return nil, err
 	}
 	raw, ok := sec.Data[p.Field]
 	if !ok {
-		return nil, "", nil, fmt.Errorf("credential %s: the data at %s has no field %s (it has %s): %w",
+		return nil, fmt.Errorf("credential %s: the data at %s has no field %s (it has %s): %w",
 			id, p.Path, strconv.Quote(p.Field), fieldNames(sec.Data), credential.ErrInvalid)
 	}
 	value, ok := raw.(string)
 	if !ok || value == "" {
-		return nil, "", nil, fmt.Errorf("credential %s: field %s at %s is not a non-empty string: %w",
+		return nil, fmt.Errorf("credential %s: field %s at %s is not a non-empty string: %w",
 			id, strconv.Quote(p.Field), p.Path, credential.ErrInvalid)
 	}
 	// ParseSecret checks the header name and the value (control characters, whitespace)
 	// and names only the ID and the header in its errors.
 	headers, err := credential.ParseSecret(id, map[string]any{"headers": map[string]any{p.Header: format(p.Format, value)}})
 	if err != nil {
-		return nil, "", nil, err
+		return nil, err
 	}
+	l := b.newLeased(id, sec, value)
+	l.headers = headers
+	return l, nil
+}
+
+// readSecret reads path; no secret there is credential.ErrNotFound.
+func (b *Backend) readSecret(ctx context.Context, path string) (*api.Secret, error) {
+	sec, err := b.client.Logical().ReadWithContext(ctx, path)
+	if err != nil {
+		return nil, describe("vault read", path, err)
+	}
+	if sec == nil || sec.Data == nil {
+		return nil, fmt.Errorf("%w: no secret at %s", credential.ErrNotFound, path)
+	}
+	return sec, nil
+}
+
+// newLeased is the lease of sec, read just now (lifetime 0: none, read again at every
+// refresh); value stands for it in the version when it has no lease ID.
+func (b *Backend) newLeased(id string, sec *api.Secret, value string) *leased {
+	now := time.Now()
 	version := sec.LeaseID
 	if version == "" {
 		version = b.leases.version(value)
@@ -277,14 +313,15 @@ func (b *Backend) fetchPath(ctx context.Context, id string, p Path) ([]credentia
 			life = time.Duration(ttl) * time.Second
 		}
 	}
+	l := &leased{version: version}
 	if life <= 0 {
-		return headers, version, nil, nil // read again at every refresh
+		return l
 	}
-	l := &leased{headers: headers, version: version, leaseID: sec.LeaseID, renewable: sec.Renewable && sec.LeaseID != "",
-		lifetime: life, expires: now.Add(life), refreshAt: now.Add(refreshAfter(life))}
+	l.leaseID, l.renewable = sec.LeaseID, sec.Renewable && sec.LeaseID != ""
+	l.lifetime, l.expires, l.refreshAt = life, now.Add(life), now.Add(refreshAfter(life))
 	b.log.Debug().Str("credential", id).Str("version", version).Int("lifetime_seconds", int(life/time.Second)).Time("refresh_at", l.refreshAt).
 		Msg("vault credential with a lifetime")
-	return headers, version, l, nil
+	return l
 }
 
 // version identifies an unleased value without revealing it: the first 16 hex digits of

@@ -69,6 +69,7 @@ type Backend struct {
 	paths             map[string]Path
 	leases            *leases
 	log               zerolog.Logger
+	mint              func(id, result string) // aws.go: SetMintMetrics
 }
 
 var (
@@ -160,7 +161,11 @@ func (b *Backend) read(ctx context.Context, id string) (credential.Secret, strin
 		headers, version, err := b.readPath(ctx, id, p)
 		return credential.Secret{Headers: headers}, version, err
 	}
-	return b.readKV(ctx, id)
+	sec, version, err := b.readKV(ctx, id)
+	if err == nil && sec.AWS != nil && sec.AWS.Vault != nil {
+		return b.readAWS(ctx, id, sec, version)
+	}
+	return sec, version, err
 }
 
 // WatchIDs runs until ctx ends: it keeps the Vault token (login, renewal, login again) and
@@ -171,6 +176,7 @@ func (b *Backend) WatchIDs(ctx context.Context, refresh func(id string)) {
 	wg.Go(func() { b.sess.run(ctx, func() { refresh("") }) })
 	b.leases.run(ctx, refresh)
 	wg.Wait()
+	b.revokeAll()
 }
 
 func positive(d, def time.Duration) time.Duration {

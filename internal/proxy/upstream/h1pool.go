@@ -29,8 +29,8 @@ import (
 // does; what the pool leaves out is the Transport's per-request machinery (a
 // writer and a reader goroutine per connection, three goroutine hand-offs, the
 // cancellation and idle-queue bookkeeping), which took a large share of egressd's
-// CPU on the plain and intercepted GET paths (make bench -profile
-// shows them).
+// CPU on the plain and intercepted GET paths (a CPU profile of make bench shows
+// them).
 //
 // Connections are keyed by scheme and decided target, dialled through the
 // Client's guarded dialer, verified with the upstream TLS policy, and reused only

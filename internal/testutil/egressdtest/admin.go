@@ -3,12 +3,15 @@ package egressdtest
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +22,35 @@ const adminTimeout = 15 * time.Second
 
 // adminClient talks to the admin listener directly, never through a proxy.
 var adminClient = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: adminTimeout}
+
+// unixClient talks to the admin listener on the Unix socket at path.
+func unixClient(path string) *http.Client {
+	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}
+	return &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: dial, DisableKeepAlives: true}, Timeout: adminTimeout}
+}
+
+// healthPaths are served by the health listener when there is one.
+var healthPaths = []string{"/healthz", "/readyz", "/metrics"}
+
+// adminTarget is the client and URL for path on the listener that serves it: the
+// health listener's for health paths when admin.health_address is set, else the
+// admin listener's (a Unix socket's when its address is unix://PATH).
+func (e *Egressd) adminTarget(path string) (*http.Client, string, error) {
+	addr := e.Admin
+	if h := e.Addrs["health"]; h != "" && slices.ContainsFunc(healthPaths, func(p string) bool { return strings.HasPrefix(path, p) }) {
+		addr = h
+	}
+	if addr == "" {
+		return nil, "", errors.New("egressd has no admin listener")
+	}
+	if sock, ok := strings.CutPrefix(addr, "unix://"); ok {
+		return unixClient(sock), "http://egressd-admin" + path, nil
+	}
+	return adminClient, "http://" + addr + path, nil
+}
 
 // AdminGet fetches path from the admin listener: the status and the body.
 func (e *Egressd) AdminGet(path string) (int, []byte, error) {
@@ -31,17 +63,21 @@ func (e *Egressd) AdminPost(path string) (int, []byte, error) {
 }
 
 func (e *Egressd) admin(method, path string) (int, []byte, error) {
-	if e.Admin == "" {
-		return 0, nil, errors.New("egressd has no admin listener")
-	}
-	req, err := http.NewRequest(method, "http://"+e.Admin+path, nil)
+	client, u, err := e.adminTarget(path)
 	if err != nil {
 		return 0, nil, err
+	}
+	req, err := http.NewRequest(method, u, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	if e.opts.AdminToken != "" {
+		req.Header.Set("Authorization", "Bearer "+e.opts.AdminToken)
 	}
 	if method == http.MethodPost {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := adminClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return 0, nil, err
 	}

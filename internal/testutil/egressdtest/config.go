@@ -15,6 +15,7 @@ type Config struct {
 	Environment string       `yaml:"environment,omitempty"`
 	Listeners   []Listener   `yaml:"listeners,omitempty"`
 	Admin       *Admin       `yaml:"admin,omitempty"`
+	Readiness   *Readiness   `yaml:"readiness,omitempty"`
 	Policy      Policy       `yaml:"policy,omitempty"`
 	Network     Network      `yaml:"network,omitempty"`
 	DNS         *DNS         `yaml:"dns,omitempty"`
@@ -37,9 +38,16 @@ type Listener struct {
 
 // Admin is the admin listener. Address "" leaves egressd's default.
 type Admin struct {
-	Address string `yaml:"address,omitempty"`
-	Pprof   bool   `yaml:"pprof,omitempty"`
-	Exposed bool   `yaml:"exposed,omitempty"`
+	Address       string     `yaml:"address,omitempty"`
+	HealthAddress string     `yaml:"health_address,omitempty"`
+	Pprof         bool       `yaml:"pprof,omitempty"`
+	Exposed       bool       `yaml:"exposed,omitempty"`
+	Token         *SecretRef `yaml:"token,omitempty"`
+}
+
+// Readiness is what /readyz waits for.
+type Readiness struct {
+	RequireCredentials bool `yaml:"require_credentials,omitempty"`
 }
 
 // Policy is the allowlist, inline or in a policy file.
@@ -55,6 +63,7 @@ type Entry struct {
 	Transform      map[string]string `yaml:"transform,omitempty"`
 	Credential     string            `yaml:"credential,omitempty"`
 	AllowPlaintext bool              `yaml:"allow_plaintext,omitempty"`
+	GitHub         string            `yaml:"github,omitempty"`
 }
 
 // Network is the resolver and the address guard's exceptions.
@@ -81,6 +90,7 @@ type TLS struct {
 	CACert         string `yaml:"ca_cert,omitempty"`
 	CAKey          string `yaml:"ca_key,omitempty"`
 	UpstreamCAFile string `yaml:"upstream_ca_file,omitempty"`
+	CAPublicDir    string `yaml:"ca_public_dir,omitempty"`
 	DenyInTunnel   string `yaml:"deny_in_tunnel,omitempty"`
 }
 

@@ -1,6 +1,7 @@
 package egressdtest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/netns"
+	"github.com/egressd/egressd/internal/testutil/proc"
 )
 
 // Bounds on egressd's lifecycle, so that a broken build cannot hang a suite.
@@ -43,8 +45,8 @@ const (
 	WaitStarted Wait = iota
 	// WaitHealthy: and /healthz answers 200.
 	WaitHealthy
-	// WaitReady: and /readyz answers 200 with "ready": true (the credential
-	// backend has answered).
+	// WaitReady: and /readyz answers 200 with "ready": true and no credential
+	// whose first read is pending (the credential backend has answered).
 	WaitReady
 )
 
@@ -71,6 +73,9 @@ type Options struct {
 	// loopback-only network namespace (netns.Inside) or Wrap puts egressd in one:
 	// for configs that name addresses not on this machine.
 	LoopbackOnly bool
+	// AdminToken is sent as "Authorization: Bearer <token>" to the admin listener
+	// (admin.token).
+	AdminToken string
 	// ProxyListener is the listener whose address is Egressd.Proxy; default "sandbox".
 	ProxyListener string
 	// Wait is what Start waits for; StartTimeout and StopTimeout bound the
@@ -91,10 +96,8 @@ type Egressd struct {
 	Started    time.Time         // when "egressd started" was seen
 
 	opts     Options
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	exitCode int // set before exited is closed; -1 when killed by a signal
-	exitErr  error
+	p        *proc.Proc
+	exited   <-chan struct{} // the process's; closed from the start for Open
 	stopOnce sync.Once
 	serving  struct { // ServingPid's progress through the log
 		mu  sync.Mutex
@@ -110,7 +113,7 @@ func Start(ctx context.Context, o Options) (*Egressd, error) {
 		return nil, err
 	}
 	e := &Egressd{Dir: o.Dir, LogPath: filepath.Join(o.Dir, LogName), StderrPath: filepath.Join(o.Dir, StderrName),
-		Addrs: map[string]string{}, opts: o, exited: make(chan struct{})}
+		Addrs: map[string]string{}, opts: o}
 	var err error
 	if e.ConfigPath, err = o.writeFiles(); err != nil {
 		return nil, err
@@ -181,45 +184,19 @@ func (o *Options) writeFiles() (string, error) {
 	return path, nil
 }
 
+// spawn starts egressd in its own process group, SIGKILLed should this
+// process die: egressd never outlives its test.
 func (e *Egressd) spawn() error {
-	stdout, err := os.Create(e.LogPath)
-	if err != nil {
-		return err
-	}
-	defer stdout.Close() // the child has its own descriptors
-	stderr, err := os.Create(e.StderrPath)
-	if err != nil {
-		return err
-	}
-	defer stderr.Close()
 	argv := append(append(append([]string{}, e.opts.Wrap...), e.opts.Bin, "run", "--config", e.ConfigPath), e.opts.Args...)
-	e.cmd = exec.Command(argv[0], argv[1:]...)
-	e.cmd.Dir = e.Dir
-	e.cmd.Env = append(os.Environ(), e.opts.Env...)
-	e.cmd.Stdout, e.cmd.Stderr = stdout, stderr
-	// Its own process group (Kill ends all of it), and SIGKILL should this
-	// process die first: egressd never outlives its test.
-	e.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := e.cmd.Start(); err != nil {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = e.Dir
+	cmd.Env = append(os.Environ(), e.opts.Env...)
+	var err error
+	if e.p, err = proc.Start(cmd, e.LogPath, e.StderrPath, syscall.SIGKILL); err != nil {
 		return err
 	}
-	go e.reap()
+	e.exited = e.p.Exited()
 	return nil
-}
-
-// reap records the exit code (-1 when killed by a signal), then closes exited.
-func (e *Egressd) reap() {
-	err := e.cmd.Wait()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-	case errors.As(err, &exit):
-		e.exitCode = exit.ExitCode()
-	default:
-		e.exitCode = -2
-	}
-	e.exitErr = err
-	close(e.exited)
 }
 
 // waitStart waits for "egressd started", reads the listening lines, then waits
@@ -273,8 +250,10 @@ func (e *Egressd) waitPaths() []string {
 func (e *Egressd) waitAdminOK(ctx context.Context, path string) error {
 	var last error
 	for {
-		code, _, err := e.AdminGet(path)
-		if err == nil && code == 200 {
+		code, body, err := e.AdminGet(path)
+		// /readyz is 200 before the credentials' first reads are done: wait for those
+		// too (no credential "pending"), so a test's first request finds them read.
+		if err == nil && code == 200 && !bytes.Contains(body, []byte(`"pending": true`)) {
 			return nil
 		}
 		if last = err; err == nil {
@@ -290,7 +269,7 @@ func (e *Egressd) waitAdminOK(ctx context.Context, path string) error {
 func (e *Egressd) pause(ctx context.Context) error {
 	select {
 	case <-e.exited:
-		return fmt.Errorf("egressd exited (%d): %v", e.exitCode, e.exitErr)
+		return fmt.Errorf("egressd exited (%d): %v", e.exitCode(), e.p.Err())
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-time.After(poll):

@@ -139,7 +139,7 @@ func (c *Cursor) WaitContext(ctx context.Context, match func(Line) bool) (Line, 
 			}
 		}
 		if exited {
-			return nil, fmt.Errorf("egressd exited (%d) without logging it", c.e.exitCode)
+			return nil, fmt.Errorf("egressd exited (%d) without logging it", c.e.exitCode())
 		}
 		select {
 		case <-ctx.Done():
@@ -164,8 +164,7 @@ func (e *Egressd) WaitNth(within time.Duration, n int, match func(Line) bool) (L
 // Open is a finished run's files in dir, its log and stderr, for reading only
 // (Lines, Cursor, Stderr, Summary); it has no process.
 func Open(dir string) *Egressd {
-	e := &Egressd{Dir: dir, LogPath: filepath.Join(dir, LogName), StderrPath: filepath.Join(dir, StderrName),
-		exited: make(chan struct{})}
-	close(e.exited)
-	return e
+	exited := make(chan struct{})
+	close(exited)
+	return &Egressd{Dir: dir, LogPath: filepath.Join(dir, LogName), StderrPath: filepath.Join(dir, StderrName), exited: exited}
 }

@@ -12,7 +12,7 @@ import (
 // Pid is egressd's process ID: the process Start started, which the signals go
 // to. Under the supervisor (the default) that is the parent, which serves
 // nothing; ServingPid is the process that serves.
-func (e *Egressd) Pid() int { return e.cmd.Process.Pid }
+func (e *Egressd) Pid() int { return e.p.Pid() }
 
 // ServingPid is the process that serves connections, whose memory, descriptors
 // and CPU time are egressd's figures: the worker that logged the last "egressd
@@ -44,17 +44,18 @@ var startedMarker = []byte(`"message":"egressd started"`)
 func (e *Egressd) Exited() <-chan struct{} { return e.exited }
 
 // ExitCode is the exit code once Exited is closed: -1 when killed by a signal.
-func (e *Egressd) ExitCode() int { <-e.exited; return e.exitCode }
+func (e *Egressd) ExitCode() int { <-e.exited; return e.exitCode() }
+
+// exitCode is the process's exit code (0 for Open's, which has none).
+func (e *Egressd) exitCode() int {
+	if e.p == nil {
+		return 0
+	}
+	return e.p.ExitCode()
+}
 
 // Alive reports whether egressd is still running.
-func (e *Egressd) Alive() bool {
-	select {
-	case <-e.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (e *Egressd) Alive() bool { return e.p != nil && e.p.Alive() }
 
 // Signal sends sig once SignalGrace has passed since "egressd started".
 func (e *Egressd) Signal(sig syscall.Signal) error {
@@ -63,13 +64,13 @@ func (e *Egressd) Signal(sig syscall.Signal) error {
 }
 
 // SignalNow sends sig at once, grace or not.
-func (e *Egressd) SignalNow(sig syscall.Signal) error { return e.cmd.Process.Signal(sig) }
+func (e *Egressd) SignalNow(sig syscall.Signal) error { return e.p.Cmd.Process.Signal(sig) }
 
 // Wait waits up to within for the exit and returns the exit code.
 func (e *Egressd) Wait(within time.Duration) (int, error) {
 	select {
 	case <-e.exited:
-		return e.exitCode, nil
+		return e.exitCode(), nil
 	case <-time.After(within):
 		return 0, fmt.Errorf("egressd still running %v later", within)
 	}
@@ -82,7 +83,7 @@ func (e *Egressd) Wait(within time.Duration) (int, error) {
 func (e *Egressd) Stop() (code int, err error) {
 	e.stopOnce.Do(func() {
 		if !e.Alive() {
-			err = fmt.Errorf("egressd had exited (%d) before SIGTERM", e.exitCode)
+			err = fmt.Errorf("egressd had exited (%d) before SIGTERM", e.exitCode())
 			return
 		}
 		_ = e.Signal(syscall.SIGTERM)
@@ -96,10 +97,9 @@ func (e *Egressd) Stop() (code int, err error) {
 
 // Kill kills egressd's process group, if it still runs, and waits for the exit.
 func (e *Egressd) Kill() {
-	if e.Alive() {
-		_ = syscall.Kill(-e.cmd.Process.Pid, syscall.SIGKILL)
+	if e.p != nil {
+		e.p.Kill()
 	}
-	<-e.exited
 }
 
 // Stderr is what egressd wrote to stderr so far.

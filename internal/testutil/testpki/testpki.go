@@ -103,3 +103,13 @@ func (ca *CA) NewLeaf(names ...string) (tls.Certificate, error) {
 func (ca *CA) PEM() []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
 }
+
+// KeyPEM returns the CA's private key in PEM form (PKCS #8), for a program
+// that signs with the CA itself (egressd's tls.ca_key, a peer proxy).
+func (ca *CA) KeyPEM() []byte {
+	der, err := x509.MarshalPKCS8PrivateKey(ca.Key)
+	if err != nil {
+		panic(err) // an ECDSA P-256 key always marshals
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+}

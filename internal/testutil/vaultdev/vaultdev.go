@@ -9,7 +9,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -18,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/proc"
 )
 
 // Build runs `script build` (scripts/vaultdev.sh: instant when cached, minutes
@@ -48,16 +49,17 @@ type Server struct {
 	UnsealKey string
 	LogPath   string // its stderr
 
-	cmd    *exec.Cmd
-	exited chan struct{}
+	p *proc.Proc
 }
 
 // Start runs bin on 127.0.0.1:0 at logLevel ("warn", "error"), with its ready file
 // and log in dir, and waits (bounded by ctx) for the ready file.
 func Start(ctx context.Context, bin, dir, logLevel string) (*Server, error) {
 	ready := filepath.Join(dir, "vault-ready.json")
-	s := &Server{LogPath: filepath.Join(dir, "vault.log"), exited: make(chan struct{})}
-	if err := s.spawn(bin, ready, logLevel); err != nil {
+	s := &Server{LogPath: filepath.Join(dir, "vault.log")}
+	var err error
+	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-ready-file", ready, "-log-level", logLevel)
+	if s.p, err = proc.Start(cmd, "", s.LogPath, syscall.SIGKILL); err != nil {
 		return nil, err
 	}
 	if err := s.waitReady(ctx, ready); err != nil {
@@ -69,23 +71,6 @@ func Start(ctx context.Context, bin, dir, logLevel string) (*Server, error) {
 		return nil, fmt.Errorf("vault listens on %q, not on 127.0.0.1", s.Addr)
 	}
 	return s, nil
-}
-
-func (s *Server) spawn(bin, ready, logLevel string) error {
-	logf, err := os.Create(s.LogPath)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	s.cmd = exec.Command(bin, "-addr", "127.0.0.1:0", "-ready-file", ready, "-log-level", logLevel)
-	s.cmd.Stderr = logf
-	// Its own process group, and SIGKILL should this process die first.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := s.cmd.Start(); err != nil {
-		return fmt.Errorf("starting %s: %w", bin, err)
-	}
-	go func() { s.cmd.Wait(); close(s.exited) }()
-	return nil
 }
 
 // waitReady reads the ready file once it is complete (it ends with a newline).
@@ -104,32 +89,17 @@ func (s *Server) waitReady(ctx context.Context, ready string) error {
 			s.Addr, s.RootToken, s.UnsealKey = r.Addr, r.RootToken, r.UnsealKey
 			return nil
 		}
-		select {
-		case <-s.exited:
-			return errors.New("exited before it was ready")
-		case <-ctx.Done():
-			return fmt.Errorf("not ready: %w", ctx.Err())
-		case <-time.After(20 * time.Millisecond):
+		if err := s.p.Pause(ctx, 20*time.Millisecond); err != nil {
+			return fmt.Errorf("not ready: %w", err)
 		}
 	}
 }
 
 // Stop kills the server and waits for it. It may be called more than once.
-func (s *Server) Stop() {
-	select {
-	case <-s.exited:
-		return
-	default:
-	}
-	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-	<-s.exited
-}
+func (s *Server) Stop() { s.p.Kill() }
 
 // Log is the end (about n bytes) of the server's log.
-func (s *Server) Log(n int) string {
-	b, _ := os.ReadFile(s.LogPath)
-	return tail(string(b), n)
-}
+func (s *Server) Log(n int) string { return proc.Tail(s.LogPath, n) }
 
 func tail(s string, n int) string {
 	if len(s) <= n {

@@ -1,0 +1,38 @@
+package inject
+
+import (
+	"path"
+	"strings"
+
+	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/credential"
+)
+
+// DetailGitHubRevoke is the credential_scope detail of a request that would revoke the
+// installation token egressd injects.
+const DetailGitHubRevoke = "github_token_revoke"
+
+// RevokesGitHubToken reports whether a request to urlPath, carrying a github_app
+// installation token, is GitHub's "revoke an installation access token"
+// (DELETE /installation/token, under /api/v3 on GitHub Enterprise Server). The token is
+// shared by every request of the credential until it expires: a sandbox that revoked it
+// would break them all. Every method is refused there (no other endpoint lives at that
+// path), and the path is compared cleaned and in any case, so no spelling slips by.
+func RevokesGitHubToken(urlPath string) bool {
+	p := strings.ToLower(path.Clean("/" + urlPath))
+	return p == "/installation/token" || strings.HasSuffix(p, "/api/v3/installation/token")
+}
+
+// githubHeaders returns what v sets on r's requests: for a github_app credential on a
+// "github": "git" entry, the installation token as HTTP Basic x-access-token:<token>
+// (git over HTTPS takes no Bearer token); otherwise v's headers.
+func githubHeaders(r *allowlist.Rule, v credential.Value) []credential.Header {
+	if v.GitHubApp == nil || r.GitHub != allowlist.GitHubGit {
+		return v.Headers
+	}
+	tok, ok := v.Token()
+	if !ok {
+		return v.Headers
+	}
+	return []credential.Header{credential.GitBasic(tok)}
+}
