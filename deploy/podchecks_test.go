@@ -14,10 +14,9 @@ import (
 	"github.com/egressd/egressd/internal/config"
 )
 
-// adminView is the admin section of egressd's config as written: the split
-// between the admin listener (loopback only) and the health listener (the one
-// port the pod exposes) is checked from the text, so that it holds whatever
-// the config parser of this build knows.
+// adminView is the admin section of egressd's config as written (a Unix socket
+// or a loopback address for the admin listener, the health listener the one port
+// the pod exposes), beside what the config parser makes of it.
 type adminView struct {
 	Address       string `yaml:"address"`
 	HealthAddress string `yaml:"health_address"`
