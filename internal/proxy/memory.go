@@ -3,7 +3,9 @@ package proxy
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/membudget"
@@ -102,4 +104,82 @@ func holdStreamWindow(mem *membudget.Budget, r *http.Request) (release func(), o
 		return func() {}, false
 	}
 	return func() { mem.Release(membudget.H2Windows, n) }, true
+}
+
+// errResponseHead refuses a request whose response head the budget cannot hold.
+var errResponseHead = &refusal{Reason: allowlist.ReasonOverloaded, Detail: membudget.Conns.Detail(),
+	Err: errors.New("limits.memory reached: too many responses awaited at once")}
+
+// responseHead is what an awaited response's head holds of the budget (holder
+// Conns): while the upstream sends it, as much as the transport accepts
+// (limits.max_header_bytes, for the bytes read and the header map built from
+// them); once it has come, what it really is, until the response ends.
+type responseHead struct {
+	mem  *membudget.Budget
+	held atomic.Int64
+}
+
+// holdResponseHead reserves a response head's bound before out is sent, until the
+// response's body is closed or, whatever path the response takes, out's request
+// ends. A hook call's is taken even past the limit: its answer is egressd's to give.
+func (x *exchange) holdResponseHead(out *http.Request) (*responseHead, error) {
+	h := &responseHead{mem: x.snap.mem}
+	n := 2 * int64(x.snap.Limits.MaxHeaderBytes)
+	if x.hook != nil {
+		h.mem.Take(membudget.Conns, n)
+	} else if !h.mem.Reserve(membudget.Conns, n) {
+		return nil, errResponseHead
+	}
+	h.held.Store(n)
+	context.AfterFunc(out.Context(), h.release)
+	return h, nil
+}
+
+// settle shrinks the reservation to resp's head and gives it back when resp's
+// body is closed (at once for a switched connection, whose body is the
+// connection itself and must keep its type).
+func (h *responseHead) settle(resp *http.Response) {
+	keep := 2 * headerSize(resp.Header)
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		keep = 0
+	}
+	if n := h.held.Load() - keep; n > 0 {
+		h.held.Add(-n)
+		h.mem.Release(membudget.Conns, n)
+	}
+	if keep > 0 && resp.Body != nil && resp.Body != http.NoBody {
+		resp.Body = &releasingBody{ReadCloser: resp.Body, release: h.release}
+		return
+	}
+	h.release()
+}
+
+// release gives back what is still held, once.
+func (h *responseHead) release() {
+	if n := h.held.Swap(0); n > 0 {
+		h.mem.Release(membudget.Conns, n)
+	}
+}
+
+// headerSize is the bytes of h's names and values, as sent.
+func headerSize(h http.Header) int64 {
+	var n int64
+	for k, vs := range h {
+		for _, v := range vs {
+			n += int64(len(k) + len(v) + 4)
+		}
+	}
+	return n
+}
+
+// releasingBody calls release when the body is closed.
+type releasingBody struct {
+	io.ReadCloser
+	release func()
+}
+
+func (b *releasingBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.release()
+	return err
 }

@@ -338,3 +338,45 @@ func TestScrubDecodersDrawOnTheBudget(t *testing.T) {
 	}
 	waitFor(t, func() bool { return w.budgetHeld("scrub") == 0 }, "the decoders' reservations to return to the budget")
 }
+
+// TestResponseHeadsBounded: an upstream's response head is bounded like a
+// client's request head (limits.max_header_bytes), on the pool's path and the
+// Transports' alike, where net/http's default would let every awaited response
+// hold 10 MiB outside the memory budget; each awaited head draws on the budget
+// and gives it back when its response ends.
+func TestResponseHeadsBounded(t *testing.T) {
+	w := newInjectWorld(t, worldOpts{allowlist: scrubEntries,
+		credentials: map[string]string{"api": `{"token": "` + secretToken + `"}`, "forms": `{"token": "f"}`}})
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		kb, _ := strconv.Atoi(r.URL.Query().Get("kb"))
+		rw.Header().Set("X-Big", strings.Repeat("b", kb<<10))
+		io.WriteString(rw, "ok")
+	})
+	for _, proto := range protos {
+		if got := w.fetch(t, proto, "api.allowed.test", "/?kb=8", nil); got.resp.StatusCode != http.StatusOK {
+			t.Errorf("%s: an 8 KiB head: %d, want 200", proto, got.resp.StatusCode)
+		}
+		got := w.fetch(t, proto, "api.allowed.test", "/?kb=100", nil)
+		if r := got.resp; r.StatusCode != http.StatusBadGateway || r.Header.Get("Egressd-Reason") != "upstream_unreachable" {
+			t.Errorf("%s: a 100 KiB head past max_header_bytes: %d %q, want 502 upstream_unreachable",
+				proto, r.StatusCode, r.Header.Get("Egressd-Reason"))
+		}
+	}
+	cc := w.h2ClientConn(t, "api.allowed.test:443")
+	get := func() {
+		req, _ := http.NewRequest("GET", "https://api.allowed.test/?kb=8", nil)
+		resp, err := cc.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	get()
+	time.Sleep(100 * time.Millisecond)
+	base := w.budgetHeld("conns")
+	for range 10 {
+		get()
+	}
+	waitFor(t, func() bool { return w.budgetHeld("conns") <= base }, "every response head's reservation to return to the budget")
+}

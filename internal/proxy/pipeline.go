@@ -196,10 +196,16 @@ func (x *exchange) forward(ctx context.Context, out *http.Request, cs clientSide
 // or the fail-closed marker. Trailers, which arrive after the body, are filtered by
 // the response writers.
 func (x *exchange) roundTrip(out *http.Request) (*http.Response, error) {
-	resp, err := x.snap.upstream.RoundTrip(out)
+	head, err := x.holdResponseHead(out)
 	if err != nil {
 		return nil, err
 	}
+	resp, err := x.snap.upstream.RoundTrip(out)
+	if err != nil {
+		head.release()
+		return nil, err
+	}
+	head.settle(resp)
 	removeEgressdHeaders(resp.Header)
 	return resp, nil
 }

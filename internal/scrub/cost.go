@@ -11,7 +11,7 @@ const (
 	zstdCost    = zstdMaxWindow + 2<<20 // the largest window accepted, and its block buffers
 	brMaxWBits  = 24                    // RFC 7932's largest window outside large-window mode
 	brSlack     = 64 << 10              // brotli's state beside its ring buffer
-	encodeCost  = 1 << 20               // gzip and deflate writers at BestSpeed
+	encodeCost  = 2 << 20               // gzip and deflate writers at BestSpeed
 	zstdEncCost = 2 << 20               // the zstd writer with a 1 MiB window
 	brEncCost   = 10 << 20              // the brotli writer at level 4
 	maxCost     = maxCodings * (2<<brMaxWBits + brSlack)

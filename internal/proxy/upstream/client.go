@@ -192,7 +192,7 @@ func (c *Client) newTransport(h2 bool) *http.Transport {
 		IdleConnTimeout:        c.o.Limits.UpstreamIdle,
 		TLSHandshakeTimeout:    c.o.Limits.Dial,
 		ResponseHeaderTimeout:  c.o.Limits.ResponseHeader,
-		MaxResponseHeaderBytes: maxResponseHeaderBytes,
+		MaxResponseHeaderBytes: c.maxResponseHead(),
 	}
 	if h2 {
 		tr.HTTP2 = &http.HTTP2Config{
@@ -231,3 +231,19 @@ func isClosed(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET)
 }
+
+// maxResponseHead bounds an upstream's response head, its 1xx responses included,
+// on every path (the pool and both Transports refuse the same heads): the bound
+// on a client's request head (limits.max_header_bytes), where net/http's default
+// would let each response in flight hold 10 MiB outside the memory budget, for
+// the proxy reserves this much of it for every response it waits for.
+func (c *Client) maxResponseHead() int64 {
+	if n := int64(c.o.Limits.MaxHeaderBytes); n > 0 {
+		return n
+	}
+	return defaultMaxResponseHead
+}
+
+// defaultMaxResponseHead is limits.max_header_bytes's default, for a Client built
+// without limits (tests).
+const defaultMaxResponseHead = 64 << 10

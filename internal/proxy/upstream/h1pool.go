@@ -44,6 +44,7 @@ type h1Pool struct {
 	dialTimeout    time.Duration                                             // limits.dial, for the TLS handshake
 	responseHeader time.Duration                                             // limits.response_header
 	upstreamIdle   time.Duration                                             // how long an idle connection is kept
+	maxHead        int64                                                     // limits.max_header_bytes, for response heads
 
 	mu        sync.Mutex
 	idle      map[h1Key][]*h1Conn // most recently used last
@@ -54,7 +55,8 @@ type h1Pool struct {
 // newH1Pool is the pool of c's upstream HTTP/1.1 connections.
 func newH1Pool(c *Client) *h1Pool {
 	return &h1Pool{dialTarget: c.Dial, tlsConfig: c.tlsConfig, dialTimeout: c.o.Limits.Dial,
-		responseHeader: c.o.Limits.ResponseHeader, upstreamIdle: c.o.Limits.UpstreamIdle, idle: map[h1Key][]*h1Conn{}}
+		responseHeader: c.o.Limits.ResponseHeader, upstreamIdle: c.o.Limits.UpstreamIdle, maxHead: c.maxResponseHead(),
+		idle: map[h1Key][]*h1Conn{}}
 }
 
 type h1Key struct{ scheme, addr string }
@@ -63,7 +65,7 @@ type h1Key struct{ scheme, addr string }
 type h1Conn struct {
 	key    h1Key
 	nc     net.Conn
-	lr     io.LimitedReader // nc, bounded to maxResponseHeaderBytes while a head is read
+	lr     io.LimitedReader // nc, bounded to the pool's maxHead while a head is read
 	br     *bufio.Reader    // over lr
 	bw     *bufio.Writer
 	idleAt time.Time
@@ -74,11 +76,6 @@ type h1Conn struct {
 // maxIdlePerTarget bounds the idle connections kept per upstream, as the
 // Transport's MaxIdleConnsPerHost does.
 const maxIdlePerTarget = 256
-
-// maxResponseHeaderBytes bounds an upstream's response head, its 1xx responses
-// included: net/http's default, set on the Transports too (client.go) so that
-// both paths refuse the same heads.
-const maxResponseHeaderBytes = 10 << 20
 
 // h1Eligible reports whether out may take the pool's path: an HTTP/1.x client's
 // GET or HEAD with no body, no trailers and no upgrade, so that writing it never
@@ -108,7 +105,7 @@ func (p *h1Pool) roundTrip(out *http.Request) (*http.Response, error) {
 			trace.GotConn(httptrace.GotConnInfo{Conn: pc.nc, Reused: reused})
 		}
 		stop := context.AfterFunc(ctx, func() { pc.nc.SetDeadline(expiredDeadline) })
-		resp, err := pc.exchange(out, p.responseHeader)
+		resp, err := pc.exchange(out, p.responseHeader, p.maxHead)
 		if err == nil && ctx.Err() == nil {
 			resp.Body = p.track(pc, resp, out, stop)
 			return resp, nil
@@ -160,8 +157,8 @@ func validHeader(h http.Header) error {
 var errNothingRead = errors.New("upstream closed the connection before answering")
 
 // exchange writes out and reads the response head within headerTimeout and
-// maxResponseHeaderBytes, skipping 1xx interim responses.
-func (pc *h1Conn) exchange(out *http.Request, headerTimeout time.Duration) (*http.Response, error) {
+// maxHead bytes, skipping 1xx interim responses.
+func (pc *h1Conn) exchange(out *http.Request, headerTimeout time.Duration, maxHead int64) (*http.Response, error) {
 	if err := out.Write(pc.bw); err != nil {
 		return nil, fmt.Errorf("%w: %w", errNothingRead, err)
 	}
@@ -170,7 +167,7 @@ func (pc *h1Conn) exchange(out *http.Request, headerTimeout time.Duration) (*htt
 	}
 	pc.nc.SetReadDeadline(time.Now().Add(headerTimeout))
 	defer pc.nc.SetReadDeadline(time.Time{})
-	pc.lr.N = maxResponseHeaderBytes
+	pc.lr.N = maxHead
 	defer func() { pc.lr.N = math.MaxInt64 }()
 	if _, err := pc.br.Peek(1); err != nil {
 		if isTimeout(err) {
@@ -182,7 +179,7 @@ func (pc *h1Conn) exchange(out *http.Request, headerTimeout time.Duration) (*htt
 		resp, err := http.ReadResponse(pc.br, out)
 		switch {
 		case err != nil && pc.lr.N <= 0:
-			return nil, fmt.Errorf("upstream response headers exceeded %d bytes", maxResponseHeaderBytes)
+			return nil, fmt.Errorf("upstream response headers exceeded %d bytes", maxHead)
 		case err != nil && isTimeout(err):
 			return nil, &timeoutError{err}
 		case err != nil:

@@ -25,6 +25,7 @@ type Config struct {
 	Limits      *Limits      `yaml:"limits,omitempty"`
 	Log         *Log         `yaml:"log,omitempty"`
 	StateDir    string       `yaml:"state_dir,omitempty"`
+	Node        *Node        `yaml:"node,omitempty"`
 }
 
 // Listener is one listeners[] item.
@@ -64,6 +65,7 @@ type Entry struct {
 	Credential     string            `yaml:"credential,omitempty"`
 	AllowPlaintext bool              `yaml:"allow_plaintext,omitempty"`
 	GitHub         string            `yaml:"github,omitempty"`
+	AWS            *AWSScope         `yaml:"aws,omitempty"`
 }
 
 // Network is the resolver and the address guard's exceptions.
@@ -175,3 +177,16 @@ type Log struct {
 
 // YAML renders c as egressd.yaml.
 func (c *Config) YAML() ([]byte, error) { return yaml.Marshal(c) }
+
+// AWSScope is an entry's aws block.
+type AWSScope struct {
+	Regions  []string `yaml:"regions,flow"`
+	Services []string `yaml:"services,flow"`
+}
+
+// Node is the node section (node mode).
+type Node struct {
+	SandboxesDir string `yaml:"sandboxes_dir,omitempty"`
+	APISocket    string `yaml:"api_socket,omitempty"`
+	MaxSandboxes int    `yaml:"max_sandboxes,omitempty"`
+}
