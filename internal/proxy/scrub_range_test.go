@@ -1,0 +1,86 @@
+package proxy_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/allowlist"
+)
+
+// The real keys of awsRangeWorld's credential.
+const (
+	awsRealKeyID  = "AKIAREALKEYFORRANGE1"
+	awsRealSecret = "real/secret/key/for/the/range/test/0123456"
+)
+
+// awsRangeWorld has s3.allowed.test sign with an aws credential, and an upstream that
+// serves ranges of a body quoting the access key ID it was signed with. With
+// envVar, the policy also has an environment_variable credential.
+func awsRangeWorld(t *testing.T, envVar bool) *world {
+	t.Helper()
+	env := map[string]string{"AWS_ACCESS_KEY_ID": "aws-dev", "AWS_SECRET_ACCESS_KEY": "aws-dev"}
+	creds := map[string]string{"aws-dev": `{"type": "aws", "access_key_id": "` + awsRealKeyID +
+		`", "secret_access_key": "` + awsRealSecret + `"}`}
+	if envVar {
+		env["OTHER_TOKEN"] = "other"
+		creds["other"] = `{"type": "environment_variable", "value": "other-secret-value-0123456789", "injection_location": "header", "trusted_domains": ["api.allowed.test"]}`
+	}
+	w := newWorld(t, worldOpts{envVars: env, credentials: creds, allowlist: []allowlist.Entry{{
+		Domain: "s3.allowed.test", Credential: "aws-dev",
+		AWS: &allowlist.AWSScope{Regions: []string{"us-east-1"}, Services: []string{"s3"}},
+	}}})
+	w.DNS.Set("s3.allowed.test", "A "+w.PublicIP)
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		_, cred, _ := strings.Cut(r.Header.Get("Authorization"), "Credential=")
+		keyID, _, _ := strings.Cut(cred, "/")
+		rw.Header().Set("X-Seen-Range", r.Header.Get("Range"))
+		http.ServeContent(rw, r, "o.txt", time.Time{}, strings.NewReader("0123456789 "+keyID+" tail"))
+	})
+	if envVar && !w.waitCredential("other", func(_ string, err error) bool { return err == nil }) {
+		t.Fatal("the environment_variable credential was never read")
+	}
+	return w
+}
+
+// placeholderSigned is the header of a request signed with the world's placeholder key
+// (egressd checks the key, not the placeholder signature, and signs again).
+func (w *world) placeholderSigned(extra http.Header) http.Header {
+	h := http.Header{
+		"Authorization": {"AWS4-HMAC-SHA256 Credential=" + w.Env["AWS_ACCESS_KEY_ID"] +
+			"/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00"},
+		"X-Amz-Content-Sha256": {"UNSIGNED-PAYLOAD"},
+	}
+	for k, v := range extra {
+		h[k] = v
+	}
+	return h
+}
+
+// TestScrubRangeAWS: an exchange masked of an aws credential's keys alone keeps the
+// client's Range, and the part is still masked; with any environment_variable
+// credential in the policy (a value the sandbox can make egressd place, which an
+// upstream could store where the object store serves it) Range goes as for any
+// scrubbed exchange (TestScrubRange).
+func TestScrubRangeAWS(t *testing.T) {
+	whole := "0123456789 " + awsRealKeyID + " tail"
+	ranged := http.Header{"Range": {"bytes=5-35"}}
+	for _, proto := range protos {
+		w := awsRangeWorld(t, false)
+		got := w.fetch(t, proto, "s3.allowed.test", "/bucket/o", w.placeholderSigned(ranged))
+		want := strings.ReplaceAll(whole, awsRealKeyID, stars(len(awsRealKeyID)))[5:36]
+		if got.resp.StatusCode != http.StatusPartialContent || string(got.body) != want ||
+			got.resp.Header.Get("X-Seen-Range") != "bytes=5-35" {
+			t.Errorf("%s, aws keys alone: %s %q, the upstream saw Range %q; want 206 %q and the range passed",
+				proto, got.resp.Status, got.body, got.resp.Header.Get("X-Seen-Range"), want)
+		}
+		w = awsRangeWorld(t, true)
+		got = w.fetch(t, proto, "s3.allowed.test", "/bucket/o", w.placeholderSigned(ranged))
+		want = strings.ReplaceAll(whole, awsRealKeyID, stars(len(awsRealKeyID)))
+		if got.resp.StatusCode != http.StatusOK || string(got.body) != want || got.resp.Header.Get("X-Seen-Range") != "" {
+			t.Errorf("%s, with an environment_variable credential: %s %q, the upstream saw Range %q; want 200, the whole body masked, no Range",
+				proto, got.resp.Status, got.body, got.resp.Header.Get("X-Seen-Range"))
+		}
+	}
+}
