@@ -1,12 +1,16 @@
 package proxy_test
 
 import (
+	"bufio"
+	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
+	"github.com/egressd/egressd/internal/config"
 )
 
 // The real keys of awsRangeWorld's credential.
@@ -18,7 +22,7 @@ const (
 // awsRangeWorld has s3.allowed.test sign with an aws credential, and an upstream that
 // serves ranges of a body quoting the access key ID it was signed with. With
 // envVar, the policy also has an environment_variable credential.
-func awsRangeWorld(t *testing.T, envVar bool) *world {
+func awsRangeWorld(t *testing.T, envVar bool, limits func(*config.Limits)) *world {
 	t.Helper()
 	env := map[string]string{"AWS_ACCESS_KEY_ID": "aws-dev", "AWS_SECRET_ACCESS_KEY": "aws-dev"}
 	creds := map[string]string{"aws-dev": `{"type": "aws", "access_key_id": "` + awsRealKeyID +
@@ -27,7 +31,7 @@ func awsRangeWorld(t *testing.T, envVar bool) *world {
 		env["OTHER_TOKEN"] = "other"
 		creds["other"] = `{"type": "environment_variable", "value": "other-secret-value-0123456789", "injection_location": "header", "trusted_domains": ["api.allowed.test"]}`
 	}
-	w := newWorld(t, worldOpts{envVars: env, credentials: creds, allowlist: []allowlist.Entry{{
+	w := newWorld(t, worldOpts{envVars: env, credentials: creds, limits: limits, allowlist: []allowlist.Entry{{
 		Domain: "s3.allowed.test", Credential: "aws-dev",
 		AWS: &allowlist.AWSScope{Regions: []string{"us-east-1"}, Services: []string{"s3"}},
 	}}})
@@ -67,7 +71,7 @@ func TestScrubRangeAWS(t *testing.T) {
 	whole := "0123456789 " + awsRealKeyID + " tail"
 	ranged := http.Header{"Range": {"bytes=5-35"}}
 	for _, proto := range protos {
-		w := awsRangeWorld(t, false)
+		w := awsRangeWorld(t, false, nil)
 		got := w.fetch(t, proto, "s3.allowed.test", "/bucket/o", w.placeholderSigned(ranged))
 		want := strings.ReplaceAll(whole, awsRealKeyID, stars(len(awsRealKeyID)))[5:36]
 		if got.resp.StatusCode != http.StatusPartialContent || string(got.body) != want ||
@@ -75,7 +79,7 @@ func TestScrubRangeAWS(t *testing.T) {
 			t.Errorf("%s, aws keys alone: %s %q, the upstream saw Range %q; want 206 %q and the range passed",
 				proto, got.resp.Status, got.body, got.resp.Header.Get("X-Seen-Range"), want)
 		}
-		w = awsRangeWorld(t, true)
+		w = awsRangeWorld(t, true, nil)
 		got = w.fetch(t, proto, "s3.allowed.test", "/bucket/o", w.placeholderSigned(ranged))
 		want = strings.ReplaceAll(whole, awsRealKeyID, stars(len(awsRealKeyID)))
 		if got.resp.StatusCode != http.StatusOK || string(got.body) != want || got.resp.Header.Get("X-Seen-Range") != "" {
@@ -83,4 +87,20 @@ func TestScrubRangeAWS(t *testing.T) {
 				proto, got.resp.Status, got.body, got.resp.Header.Get("X-Seen-Range"))
 		}
 	}
+}
+
+// TestHashedBodiesDrawOnTheBudget: a request without X-Amz-Content-Sha256 has its
+// body (up to 1 MiB) read whole to hash it, into a buffer of its declared length;
+// requests that declare most of a megabyte and send one byte hold those buffers,
+// which draw on the memory budget: once it is spent, the newest is refused 503
+// overloaded (detail memory_aws_bodies), and the buffers return when their
+// requests end.
+func TestHashedBodiesDrawOnTheBudget(t *testing.T) {
+	w := awsRangeWorld(t, false, withBudget(8<<20))
+	auth := w.placeholderSigned(nil).Get("Authorization") // and no X-Amz-Content-Sha256
+	holdBodiesUntilRefused(t, w, "aws_bodies", func(i int) (net.Conn, *bufio.Reader) {
+		tc, br := w.interceptedH1(t, "s3.allowed.test")
+		fmt.Fprintf(tc, "POST /bucket/%d HTTP/1.1\r\nHost: s3.allowed.test\r\nAuthorization: %s\r\nContent-Length: %d\r\n\r\nx", i, auth, heldBody)
+		return tc, br
+	})
 }
