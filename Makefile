@@ -25,12 +25,16 @@ test: deps lint unit
 
 # deps installs what the tests need on a fresh machine (iproute2, util-linux,
 # iptables; the real-client suite's curl, git and Python libraries from Debian,
-# its pinned undici from npm into $(CACHE)/node; boto3 and the AWS CLI) and builds
+# its pinned undici from npm into $(CACHE)/node; boto3 and the AWS CLI; helm,
+# kubeconform, the schemas' modules and docker-compose for deploy/) and builds
 # the Vault dev server and MinIO (test/aws's S3) once (cached outside the clone).
+# The vault CLI for test/vaultdoc (scripts/install-vault-cli.sh) does not build
+# yet and is not installed here.
 deps:
 	@scripts/install-test-deps.sh
 	@scripts/install-netns-deps.sh
 	@scripts/install-client-deps.sh $(CACHE)
+	@scripts/install-deploy-deps.sh
 	@scripts/vaultdev.sh build >/dev/null
 	@scripts/minio.sh build >/dev/null
 
@@ -49,10 +53,12 @@ $(STATICCHECK):
 # EGRESSD_REQUIRE_VAULT makes the Vault integration tests fail rather than skip
 # without a server, which scripts/with-vault.sh starts for the run and stops after it;
 # EGRESSD_REQUIRE_CLIENTS makes the real-client suite (test/clients) fail rather than
-# skip a client that deps did not install (PyGithub in cmd/egressd too).
+# skip a client that deps did not install (PyGithub in cmd/egressd too);
+# EGRESSD_REQUIRE_DEPLOY_TOOLS likewise the deploy/ tests that need helm,
+# kubeconform, the schemas or docker-compose.
 unit:
 	scripts/with-vault.sh env EGRESSD_REQUIRE_NETNS=1 EGRESSD_REQUIRE_CGROUP=1 EGRESSD_REQUIRE_VAULT=1 \
-	  EGRESSD_REQUIRE_CLIENTS=1 EGRESSD_CLIENTS_NODE_MODULES=$(CACHE)/node/node_modules \
+	  EGRESSD_REQUIRE_CLIENTS=1 EGRESSD_CLIENTS_NODE_MODULES=$(CACHE)/node/node_modules EGRESSD_REQUIRE_DEPLOY_TOOLS=1 \
 	  $(GO) test -race -count=1 -timeout 15m ./...
 
 ## fuzz: each fuzz target for FUZZTIME (default 30s).

@@ -633,9 +633,10 @@ func writeFile(t *testing.T, path, value string) {
 // what arrives. It checks the sidecar model end to end without egressd:
 // the agent's (uid 1000) TCP 80/443 and DNS are REDIRECTed to listeners on
 // loopback, which read the original destination; its other traffic and the
-// admin port are refused at once; egressd's own uid 1337 goes out
+// admin and health ports are refused at once; egressd's own uid goes out
 // untouched. The script runs with the init container's env from the manifest,
 // so the hooks listener's port is open to the runtime's uid (and egressd's) only.
+// Then it runs again beside rules like istio-init's (istioCoexistence).
 func TestKubernetesInitRules(t *testing.T) {
 	if !inNamespaces(t, []string{"pod", "far"}, nil) {
 		return
@@ -680,9 +681,12 @@ func TestKubernetesInitRules(t *testing.T) {
 
 	// The listeners stand for egressd's: their sockets are egressd's uid's, the
 	// only one the rules let answer from egressd's ports.
-	tproxy4, tproxy6 := listenTCPAs(t, egressdUID, "127.0.0.1", "15002"), listenTCPAs(t, egressdUID, "::1", "15002")
-	dnsUDP, dnsTCP := listenUDPAs(t, egressdUID, "127.0.0.1", "15053"), listenTCPAs(t, egressdUID, "127.0.0.1", "15053")
-	admin := listenTCPAs(t, egressdUID, "0.0.0.0", "15000")
+	tproxyPort, dnsPort := initValue(t, initC, "EGRESSD_TPROXY_PORT"), initValue(t, initC, "EGRESSD_DNS_PORT")
+	adminPort, healthPort := initValue(t, initC, "EGRESSD_ADMIN_PORT"), initValue(t, initC, "EGRESSD_HEALTH_PORT")
+	tproxy4, tproxy6 := listenTCPAs(t, egressdUID, "127.0.0.1", tproxyPort), listenTCPAs(t, egressdUID, "::1", tproxyPort)
+	dnsUDP, dnsTCP := listenUDPAs(t, egressdUID, "127.0.0.1", dnsPort), listenTCPAs(t, egressdUID, "127.0.0.1", dnsPort)
+	admin := listenTCPAs(t, egressdUID, "127.0.0.1", adminPort)
+	health := listenTCPAs(t, egressdUID, "0.0.0.0", healthPort)
 	hooksPort, runtimeUID := initValue(t, initC, "EGRESSD_HOOKS_PORT"), initValue(t, initC, "EGRESSD_RUNTIME_UID")
 	hooksLn := listenTCPAs(t, egressdUID, "127.0.0.1", hooksPort)
 	agent := func(d time.Duration, snippet string) error { return asUID(1000, d, snippet) }
@@ -720,7 +724,8 @@ func TestKubernetesInitRules(t *testing.T) {
 
 	t.Run("agent refused", func(t *testing.T) {
 		before := farCount()
-		for _, c := range []struct{ remote, port string }{{remoteV4, "22"}, {remoteV6, "22"}, {"127.0.0.1", "15000"}, {"10.99.0.1", "15000"}} {
+		for _, c := range []struct{ remote, port string }{{remoteV4, "22"}, {remoteV6, "22"},
+			{"127.0.0.1", adminPort}, {"127.0.0.1", healthPort}, {"10.99.0.1", healthPort}} {
 			start := time.Now()
 			if err := agent(5*time.Second, tcpSend(c.remote, c.port)); err == nil {
 				t.Errorf("agent connected to %s port %s", c.remote, c.port)
@@ -730,6 +735,7 @@ func TestKubernetesInitRules(t *testing.T) {
 			}
 		}
 		expectNoAccept(t, admin, 200*time.Millisecond)
+		expectNoAccept(t, health, 200*time.Millisecond)
 		agent(3*time.Second, udpSend(remoteV4, "9999"))
 		agent(3*time.Second, udpSend(remoteV6, "9999"))
 		time.Sleep(200 * time.Millisecond)
@@ -749,14 +755,17 @@ func TestKubernetesInitRules(t *testing.T) {
 		if after := farCount(); after < before+2 {
 			t.Errorf("egressd's own traffic did not leave the pod (%d -> %d packets)", before, after)
 		}
-		if err := egressd(3*time.Second, tcpSend("127.0.0.1", "15000")); err != nil {
-			t.Errorf("egressd's uid cannot reach the admin port: %v", err)
-		}
-		admin.(*net.TCPListener).SetDeadline(time.Now().Add(3 * time.Second))
-		if c, err := admin.Accept(); err != nil {
-			t.Errorf("admin accept: %v", err)
-		} else {
-			c.Close()
+		for _, ln := range []net.Listener{admin, health} {
+			port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+			if err := egressd(3*time.Second, tcpSend("127.0.0.1", port)); err != nil {
+				t.Errorf("egressd's uid cannot reach its port %s: %v", port, err)
+			}
+			ln.(*net.TCPListener).SetDeadline(time.Now().Add(3 * time.Second))
+			if c, err := ln.Accept(); err != nil {
+				t.Errorf("accept on %s: %v", port, err)
+			} else {
+				c.Close()
+			}
 		}
 	})
 
@@ -765,7 +774,11 @@ func TestKubernetesInitRules(t *testing.T) {
 	})
 
 	t.Run("no squatter", func(t *testing.T) {
-		kubernetesSquatter(t, hooksPort, "15053", runtimeUID, hooksLn, dnsUDP, initRules)
+		kubernetesSquatter(t, initOwnPorts(initC), hooksPort, dnsPort, runtimeUID, hooksLn, dnsUDP, initRules)
+	})
+
+	t.Run("istio", func(t *testing.T) {
+		istioCoexistence(t, initEnv, tproxy4, farCount)
 	})
 }
 
@@ -817,4 +830,63 @@ func asUID(uid int, d time.Duration, snippet string) error {
 	secs := strconv.FormatFloat(d.Seconds(), 'f', 1, 64)
 	return exec.Command("setpriv", "--reuid="+id, "--regid="+id, "--clear-groups", "--",
 		"timeout", secs, "bash", "-c", snippet).Run()
+}
+
+// istioCoexistence: the pod also has Istio's rules, as istio-init appends them
+// (nat OUTPUT -> ISTIO_OUTPUT: istio-proxy's uid and loopback RETURN, all other
+// TCP REDIRECTed to Envoy's 15001), and egressd-init runs with
+// EGRESSD_MESH_UID=1337. A listener of uid 1337 on 15001 stands for Envoy. The
+// agent's HTTPS still reaches egressd and its other ports do not reach Envoy
+// (Istio's REDIRECT is not a way around egressd); egressd's own upstream
+// connections go through Envoy; Envoy's own are not sent back to egressd.
+func istioCoexistence(t *testing.T, initEnv []string, tproxy4 net.Listener, farCount func() int) {
+	const envoyPort = "15001"
+	for _, r := range [][]string{
+		{"-N", "ISTIO_OUTPUT"},
+		{"-A", "ISTIO_OUTPUT", "-o", "lo", "-s", "127.0.0.6/32", "-j", "RETURN"},
+		{"-A", "ISTIO_OUTPUT", "-m", "owner", "--uid-owner", strconv.Itoa(istioUID), "-j", "RETURN"},
+		{"-A", "ISTIO_OUTPUT", "-m", "owner", "--gid-owner", strconv.Itoa(istioUID), "-j", "RETURN"},
+		{"-A", "ISTIO_OUTPUT", "-d", "127.0.0.1/32", "-j", "RETURN"},
+		{"-A", "ISTIO_OUTPUT", "-p", "tcp", "-j", "REDIRECT", "--to-ports", envoyPort},
+		{"-A", "OUTPUT", "-p", "tcp", "-j", "ISTIO_OUTPUT"},
+	} {
+		run(t, "iptables", append([]string{"-w", "-t", "nat"}, r...)...)
+	}
+	t.Cleanup(func() {
+		exec.Command("iptables", "-w", "-t", "nat", "-D", "OUTPUT", "-p", "tcp", "-j", "ISTIO_OUTPUT").Run()
+		exec.Command("iptables", "-w", "-t", "nat", "-F", "ISTIO_OUTPUT").Run()
+		exec.Command("iptables", "-w", "-t", "nat", "-X", "ISTIO_OUTPUT").Run()
+	})
+	cmd := exec.Command("sh", "kubernetes/egressd-init.sh")
+	cmd.Env = append(slices.Clone(initEnv), "EGRESSD_MESH_UID="+strconv.Itoa(istioUID))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("egressd-init.sh with EGRESSD_MESH_UID: %v\n%s", err, out)
+	}
+	envoy := listenTCPAs(t, istioUID, "127.0.0.1", envoyPort)
+	remote443 := netip.AddrPortFrom(netip.MustParseAddr(remoteV4), 443)
+
+	if err := asUID(1000, 3*time.Second, tcpSend(remoteV4, "443")); err != nil {
+		t.Fatalf("agent HTTPS with Istio's rules present: %v", err)
+	}
+	if got := acceptOrigDst(t, tproxy4); got != remote443 {
+		t.Errorf("agent HTTPS reached egressd for %s, want %s", got, remote443)
+	}
+	if err := asUID(1000, 3*time.Second, tcpSend(remoteV4, "22")); err == nil {
+		t.Errorf("the agent's port 22 connected: Istio's REDIRECT took it to Envoy, around egressd")
+	}
+	expectNoAccept(t, envoy, 200*time.Millisecond)
+
+	if err := asUID(egressdUID, 3*time.Second, tcpSend(remoteV4, "443")); err != nil {
+		t.Fatalf("egressd's upstream connection with Istio's rules present: %v", err)
+	}
+	if got := acceptOrigDst(t, envoy); got != remote443 {
+		t.Errorf("egressd's upstream connection reached Envoy for %s, want %s (the mesh must see egressd's traffic)", got, remote443)
+	}
+
+	before := farCount()
+	asUID(istioUID, time.Second, tcpSend(remoteV4, "443")) // nobody answers out there: it times out
+	expectNoAccept(t, tproxy4, 200*time.Millisecond)
+	if after := farCount(); after <= before {
+		t.Errorf("Envoy's own connection did not leave the pod (%d -> %d packets): it was sent back to egressd or refused", before, after)
+	}
 }

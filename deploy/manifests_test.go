@@ -26,7 +26,21 @@ import (
 
 // egressdUID is the UID egressd runs as everywhere and the Kubernetes init
 // container excludes from the redirect.
-const egressdUID = 1337
+const egressdUID = 1555
+
+// Istio's sidecar owns these in every injected pod, which shares one network
+// namespace and one set of iptables rules with egressd: istio-proxy's uid
+// (istio-init's rules let it, and so anything running as it, bypass Envoy) and
+// the ports 15000-15090 (Envoy admin 15000, outbound 15001, inbound 15006,
+// HBONE 15008, merged metrics 15020, health 15021, DNS 15053, Prometheus
+// 15090, and the others between). docs/kubernetes.md.
+const (
+	istioUID                    = 1337
+	istioPortLow, istioPortHigh = 15000, 15090
+	egressdMemoryLimit          = "256Mi"
+)
+
+func istioPort(p int) bool { return p >= istioPortLow && p <= istioPortHigh }
 
 // drainMargin is how much longer than limits.drain the pod's grace period must be:
 // the kubelet stops the agent's containers first and the sidecar after them, and
@@ -36,10 +50,40 @@ const drainMargin = 5 * time.Second
 // Kubernetes objects, as far as the checks need them.
 type (
 	object struct {
-		Kind     string                `yaml:"kind"`
-		Metadata struct{ Name string } `yaml:"metadata"`
-		Data     map[string]string     `yaml:"data"`
-		Spec     podSpec               `yaml:"spec"` // a Pod's
+		Kind     string            `yaml:"kind"`
+		Metadata metadata          `yaml:"metadata"`
+		Data     map[string]string `yaml:"data"`
+		Spec     struct {
+			podSpec  `yaml:",inline"` // a Pod's
+			Template *struct {
+				Metadata metadata `yaml:"metadata"`
+				Spec     podSpec  `yaml:"spec"`
+			} `yaml:"template"` // a Deployment's
+			PodSelector *struct{} `yaml:"podSelector"` // a NetworkPolicy's
+			PolicyTypes []string  `yaml:"policyTypes"`
+			Ingress     []struct {
+				From  []any `yaml:"from"`
+				Ports []struct {
+					Port     any    `yaml:"port"`
+					Protocol string `yaml:"protocol"`
+				} `yaml:"ports"`
+			} `yaml:"ingress"`
+			PodMetricsEndpoints []struct {
+				Port       string `yaml:"port"`
+				TargetPort any    `yaml:"targetPort"`
+				Path       string `yaml:"path"`
+			} `yaml:"podMetricsEndpoints"` // a PodMonitor's
+			Groups []struct {
+				Rules []struct {
+					Alert string `yaml:"alert"`
+					Expr  string `yaml:"expr"`
+				} `yaml:"rules"`
+			} `yaml:"groups"` // a PrometheusRule's
+		} `yaml:"spec"`
+	}
+	metadata struct {
+		Name        string            `yaml:"name"`
+		Annotations map[string]string `yaml:"annotations"`
 	}
 	podSpec struct {
 		ServiceAccountName            string      `yaml:"serviceAccountName"`
@@ -51,12 +95,16 @@ type (
 		Volumes                       []volume    `yaml:"volumes"`
 	}
 	container struct {
-		Name            string   `yaml:"name"`
-		Image           string   `yaml:"image"`
-		Command         []string `yaml:"command"`
-		Args            []string `yaml:"args"`
-		RestartPolicy   string   `yaml:"restartPolicy"`
-		Env             []struct{ Name, Value string }
+		Name          string   `yaml:"name"`
+		Image         string   `yaml:"image"`
+		Command       []string `yaml:"command"`
+		Args          []string `yaml:"args"`
+		RestartPolicy string   `yaml:"restartPolicy"`
+		Env           []struct{ Name, Value string }
+		Resources     struct {
+			Requests map[string]string `yaml:"requests"`
+			Limits   map[string]string `yaml:"limits"`
+		} `yaml:"resources"`
 		Ports           []containerPort `yaml:"ports"`
 		StartupProbe    *probe          `yaml:"startupProbe"`
 		ReadinessProbe  *probe          `yaml:"readinessProbe"`
@@ -111,23 +159,42 @@ type (
 
 // workload holds the parts of the sidecar manifest the checks compare.
 type workload struct {
-	configMaps map[string]map[string]string
-	pod        podSpec
+	configMaps     map[string]map[string]string
+	pod            podSpec
+	podAnnotations map[string]string
+	others         []object // NetworkPolicy, PodMonitor, PrometheusRule
 }
 
 func TestKubernetesManifests(t *testing.T) {
-	w := loadKubernetes(t)
+	checkWorkload(t, loadKubernetes(t))
+}
+
+// checkWorkload checks one pod with egressd in it: the plain manifest's or the
+// Helm chart's rendering.
+func checkWorkload(t *testing.T, w *workload) {
 	egressd := w.container(t, "egressd")
 	initC := w.container(t, "egressd-init")
 
-	cfgPath, cfg := w.egressdConfig(t, egressd)
+	cfgPath, cfg, admin := w.egressdConfig(t, egressd)
 	t.Logf("egressd in the pod reads %s", cfgPath)
 	// A shipped config that warns about what its README says does not apply teaches
 	// operators to ignore warnings: the sidecar's config says why instead
-	// (redirect: local, admin.exposed).
+	// (redirect: local).
 	for _, p := range cfg.Warnings {
 		t.Errorf("config warning: %v", p)
 	}
+
+	t.Run("admin split", func(t *testing.T) {
+		checkAdminSplit(t, w, admin, egressd, initC)
+	})
+
+	t.Run("istio", func(t *testing.T) {
+		checkIstioClear(t, w, cfg, admin)
+	})
+
+	t.Run("resources", func(t *testing.T) {
+		checkResources(t, w)
+	})
 
 	t.Run("ports", func(t *testing.T) {
 		tproxy := transparentPort(t, cfg)
@@ -143,28 +210,15 @@ func TestKubernetesManifests(t *testing.T) {
 		if !dns.Addr().IsLoopback() {
 			t.Errorf("dns.listen %s: REDIRECT delivers to loopback", dns)
 		}
-		admin := int(cfg.Admin.HealthAddress.Port()) // the probes' port (the admin API is a Unix socket)
 		wantPort(t, egressd, "transparent", "TCP", tproxy)
 		wantPort(t, egressd, "dns-udp", "UDP", int(dns.Port()))
 		wantPort(t, egressd, "dns-tcp", "TCP", int(dns.Port()))
-		wantPort(t, egressd, "admin", "TCP", admin)
-		for name, p := range map[string]*probe{"startupProbe": egressd.StartupProbe, "readinessProbe": egressd.ReadinessProbe, "livenessProbe": egressd.LivenessProbe} {
-			if p == nil || p.HTTPGet == nil || p.HTTPGet.Port != admin {
-				t.Errorf("%s: want an httpGet on the admin port %d", name, admin)
-			}
-		}
-		if egressd.LivenessProbe.HTTPGet.Path != "/healthz" || egressd.ReadinessProbe.HTTPGet.Path != "/readyz" {
-			t.Errorf("probes: liveness %s, readiness %s; want /healthz and /readyz",
-				egressd.LivenessProbe.HTTPGet.Path, egressd.ReadinessProbe.HTTPGet.Path)
-		}
 		wantEnv(t, initC, "EGRESSD_TPROXY_PORT", strconv.Itoa(tproxy))
 		wantEnv(t, initC, "EGRESSD_DNS_PORT", strconv.Itoa(int(dns.Port())))
-		wantEnv(t, initC, "EGRESSD_ADMIN_PORT", strconv.Itoa(admin))
 		wantEnv(t, initC, "EGRESSD_REDIRECT_PORTS", joinPorts(cfg.Network.DefaultPorts))
 		// Only egressd may answer from its ports: the init rules drop what other
 		// uids send from the ports they know of, so they must know of each.
-		guarded := strings.Split(strings.Join([]string{envValue(initC, "EGRESSD_TPROXY_PORT"), envValue(initC, "EGRESSD_DNS_PORT"),
-			envValue(initC, "EGRESSD_ADMIN_PORT"), envValue(initC, "EGRESSD_HOOKS_PORT"), envValue(initC, "EGRESSD_OTHER_PORTS")}, ","), ",")
+		guarded := strings.Split(initOwnPorts(initC), ",")
 		for _, l := range cfg.Listeners {
 			if !slices.Contains(guarded, strconv.Itoa(int(l.Address.Port()))) {
 				t.Errorf("listener %s on %s: its port is not among the init container's (add it to EGRESSD_OTHER_PORTS), so a squatter could answer from it", l.Name, l.Address)
@@ -181,8 +235,9 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Errorf("Dockerfile USER %d, want %d", u, egressdUID)
 		}
 		for _, c := range w.pod.Containers {
-			if u := c.SecurityContext.RunAsUser; u == nil || *u == egressdUID || *u == 0 {
-				t.Errorf("container %s runAsUser %v: must be set, not root, and not %d (that UID bypasses the redirect)", c.Name, deref(u), egressdUID)
+			if u := c.SecurityContext.RunAsUser; u == nil || *u == egressdUID || *u == istioUID || *u == 0 {
+				t.Errorf("container %s runAsUser %v: must be set, not root, not %d nor Istio's %d (those UIDs bypass the redirect)",
+					c.Name, deref(u), egressdUID, istioUID)
 			}
 		}
 	})
@@ -240,17 +295,8 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 	})
 
-	t.Run("vault", func(t *testing.T) {
-		if cfg.Credentials.Backend != config.BackendVault || cfg.Credentials.Vault.Auth.Method != config.AuthKubernetes {
-			t.Fatalf("credentials: backend %s, auth %s; want vault with kubernetes auth",
-				cfg.Credentials.Backend, cfg.Credentials.Vault.Auth.Method)
-		}
-		jwt := cfg.Credentials.Vault.Auth.JWTFile
-		v := w.mountVolume(egressd, path.Dir(jwt))
-		if v == nil || v.Projected == nil || len(v.Projected.Sources) != 1 ||
-			v.Projected.Sources[0].ServiceAccountToken == nil || v.Projected.Sources[0].ServiceAccountToken.Path != path.Base(jwt) {
-			t.Fatalf("jwt_file %s is not a projected service account token mounted into egressd", jwt)
-		}
+	t.Run("credentials", func(t *testing.T) {
+		checkCredentialMounts(t, w, cfg, egressd)
 		if !isFalse(w.pod.AutomountServiceAccountToken) {
 			t.Errorf("automountServiceAccountToken must be false: only egressd gets a token")
 		}
@@ -364,33 +410,47 @@ func loadKubernetes(t *testing.T) *workload {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests in deploy/kubernetes: %v", err)
 	}
+	var all []byte
+	for _, f := range files {
+		all = append(all, "\n---\n"+readRepoFile(t, f)...)
+	}
+	return loadWorkload(t, "deploy/kubernetes", all)
+}
+
+// loadWorkload decodes a stream of manifests holding exactly one pod (a Pod, or
+// a Deployment's template).
+func loadWorkload(t *testing.T, name string, stream []byte) *workload {
+	t.Helper()
 	w := &workload{configMaps: map[string]map[string]string{}}
 	pods := 0
-	for _, f := range files {
-		dec := yaml.NewDecoder(bytes.NewReader([]byte(readRepoFile(t, strings.TrimPrefix(f, "./")))))
-		for i := 0; ; i++ {
-			var o object
-			err := dec.Decode(&o)
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("%s document %d: %v", f, i, err)
-			}
-			switch o.Kind {
-			case "ConfigMap":
-				w.configMaps[o.Metadata.Name] = o.Data
-			case "Pod":
-				w.pod = o.Spec
-				pods++
-			case "ServiceAccount", "":
-			default:
-				t.Errorf("%s document %d: kind %s is not checked by this test; extend it", f, i, o.Kind)
-			}
+	dec := yaml.NewDecoder(bytes.NewReader(stream))
+	for i := 0; ; i++ {
+		var o object
+		err := dec.Decode(&o)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s document %d: %v", name, i, err)
+		}
+		switch o.Kind {
+		case "ConfigMap":
+			w.configMaps[o.Metadata.Name] = o.Data
+		case "Pod":
+			w.pod, w.podAnnotations = o.Spec.podSpec, o.Metadata.Annotations
+			pods++
+		case "Deployment":
+			w.pod, w.podAnnotations = o.Spec.Template.Spec, o.Spec.Template.Metadata.Annotations
+			pods++
+		case "NetworkPolicy", "PodMonitor", "PrometheusRule":
+			w.others = append(w.others, o)
+		case "ServiceAccount", "Secret", "":
+		default:
+			t.Errorf("%s document %d: kind %s is not checked by this test; extend it", name, i, o.Kind)
 		}
 	}
 	if pods != 1 {
-		t.Fatalf("%d Pods in deploy/kubernetes, want 1", pods)
+		t.Fatalf("%d pods in %s, want 1", pods, name)
 	}
 	return w
 }
@@ -398,7 +458,7 @@ func loadKubernetes(t *testing.T) *workload {
 // egressdConfig finds the file the egressd container's --config names,
 // writes the ConfigMap that provides it (every key) to a directory, and
 // parses it as egressd would.
-func (w *workload) egressdConfig(t *testing.T, c container) (string, *config.Config) {
+func (w *workload) egressdConfig(t *testing.T, c container) (string, *config.Config, adminView) {
 	t.Helper()
 	i := slices.Index(c.Args, "--config")
 	if i < 0 || i+1 >= len(c.Args) {
@@ -423,7 +483,9 @@ func (w *workload) egressdConfig(t *testing.T, c container) (string, *config.Con
 		}
 	}
 	t.Setenv("VAULT_ADDR", "") // the config must name Vault itself
-	cfg, err := config.Parse([]byte(data[path.Base(cfgPath)]), dir)
+	text := data[path.Base(cfgPath)]
+	admin := readAdmin(t, text)
+	cfg, err := config.Parse([]byte(text), dir)
 	if err != nil {
 		t.Fatalf("%s from ConfigMap %s: %v", cfgPath, v.ConfigMap.Name, err)
 	}
@@ -435,8 +497,10 @@ func (w *workload) egressdConfig(t *testing.T, c container) (string, *config.Con
 		return p
 	}
 	cfg.StateDir, cfg.TLS.CACert, cfg.TLS.CAKey = rebase(cfg.StateDir), rebase(cfg.TLS.CACert), rebase(cfg.TLS.CAKey)
-	cfg.Credentials.Vault.Auth.JWTFile = rebase(cfg.Credentials.Vault.Auth.JWTFile)
-	return cfgPath, cfg
+	a := &cfg.Credentials.Vault.Auth
+	a.JWTFile, a.RoleIDFile, a.SecretIDFile, a.TokenFile = rebase(a.JWTFile), rebase(a.RoleIDFile), rebase(a.SecretIDFile), rebase(a.TokenFile)
+	cfg.Credentials.File = rebase(cfg.Credentials.File)
+	return cfgPath, cfg, admin
 }
 
 func (w *workload) container(t *testing.T, name string) container {
@@ -487,7 +551,7 @@ func TestDockerfile(t *testing.T) {
 		t.Errorf("ENTRYPOINT %q, want %q", got, want)
 	}
 	expose := regexp.MustCompile(`(?m)^EXPOSE\s+(.*)$`).FindStringSubmatch(df)
-	for _, p := range []string{"15000/tcp", "15002/tcp", "15053/tcp", "15053/udp"} {
+	for _, p := range []string{"14000/tcp", "14002/tcp", "14053/tcp", "14053/udp", "14090/tcp"} {
 		if expose == nil || !slices.Contains(strings.Fields(expose[1]), p) {
 			t.Errorf("EXPOSE lacks %s", p)
 		}

@@ -128,13 +128,13 @@ const hookCall = "POST /hooks/pre HTTP/1.1\r\nHost: policy.test\r\nContent-Lengt
 // squatterAllow is what a squatter answers: the decision the runtime must never read.
 const squatterAllow = "HTTP/1.1 200 OK\r\nContent-Length: 20\r\nConnection: close\r\n\r\n{\"decision\":\"allow\"}"
 
-// kubernetesSquatter: in the pod, egressd's hooks listener (uid 1337) answers the
+// kubernetesSquatter: in the pod, egressd's hooks listener (egressd's uid) answers the
 // runtime; once it is gone, a squatter of the agent's uid binds its port and
 // answers "allow", and the runtime reads nothing (its connect never completes);
 // a squatter on the DNS guard's port answers the agent's queries, and the agent
 // reads nothing. As a control, without the init rules' drop the runtime does read
 // the squatter's allow, so the check can see it. The rules are restored after.
-func kubernetesSquatter(t *testing.T, hooksPort, dnsPort, runtimeUID string, hooksLn net.Listener, dnsUDP net.PacketConn, initRules func() string) {
+func kubernetesSquatter(t *testing.T, ownPorts, hooksPort, dnsPort, runtimeUID string, hooksLn net.Listener, dnsUDP net.PacketConn, initRules func() string) {
 	runtime, err := strconv.Atoi(runtimeUID)
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +166,7 @@ func kubernetesSquatter(t *testing.T, hooksPort, dnsPort, runtimeUID string, hoo
 
 	// Control: without the drop rules the same squatters are heard.
 	for _, tool := range []string{"iptables", "ip6tables"} {
-		run(t, tool, "-w", "-D", "EGRESSD_OUTPUT", "-p", "tcp", "-m", "multiport", "--sports", ownPorts(hooksPort, dnsPort),
+		run(t, tool, "-w", "-D", "EGRESSD_OUTPUT", "-p", "tcp", "-m", "multiport", "--sports", ownPorts,
 			"!", "--tcp-flags", "RST", "RST", "-j", "DROP")
 		run(t, tool, "-w", "-D", "EGRESSD_OUTPUT", "-p", "udp", "--sport", dnsPort, "-j", "DROP")
 	}
@@ -179,12 +179,6 @@ func kubernetesSquatter(t *testing.T, hooksPort, dnsPort, runtimeUID string, hoo
 	initRules()
 }
 
-// ownPorts is egressd's TCP ports as the init script lists them for the drop:
-// admin, transparent, DNS, hooks.
-func ownPorts(hooksPort, dnsPort string) string {
-	return strings.Join([]string{"15000", "15002", dnsPort, hooksPort}, ",")
-}
-
 // asUIDOutput runs a bash snippet as uid (and gid) uid, killed after d, and
 // returns its standard output.
 func asUIDOutput(uid int, d time.Duration, snippet string) (string, error) {
@@ -195,8 +189,8 @@ func asUIDOutput(uid int, d time.Duration, snippet string) (string, error) {
 	return string(out), err
 }
 
-// TestNetnsSquatter runs the real egressd, as uid 1337, for a sandbox made by
-// egressd-netns (EGRESSD_UID=1337): the sandbox reads egressd's refusal of a
+// TestNetnsSquatter runs the real egressd, as egressdUID, for a sandbox made by
+// egressd-netns (EGRESSD_UID=egressdUID): the sandbox reads egressd's refusal of a
 // request and its DNS guard's answer. Then egressd is killed outright (parent and
 // worker: a crash of the whole service) and a squatter of another uid binds both
 // ports and answers: the sandbox's connection gets no byte (its connect never

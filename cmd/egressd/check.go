@@ -58,7 +58,7 @@ func cmdCheck(args []string) int {
 		rep.Problems = append(rep.Problems, l.Cfg.Warnings...)
 		rep.Problems = append(rep.Problems, lintPolicy(l)...)
 		rep.Problems = append(rep.Problems, lintMemory(l.Cfg)...)
-		creds := append(lintCredentials(l), lintAWS(l)...)
+		creds := slices.Concat(lintCredentials(l), lintAWS(l), lintVaultAuth(l.Cfg))
 		rep.Problems = append(rep.Problems, creds...)
 		rep.Problems = append(rep.Problems, lintSplicedReflection(l)...)
 		lint := append(lintHooks(l), lintAdminToken(l)...)
@@ -219,6 +219,49 @@ func lintCredentials(l *daemon.Loaded) []config.Problem {
 			"%s is readable by every user; chmod o-r it (or set defaultMode 0440 on the volume)", c.File)})
 	}
 	return out
+}
+
+// lintVaultAuth checks the files a Vault login reads (token_file, role_id_file and
+// secret_id_file, jwt_file) as `run` reads them at every login: one that is missing,
+// unreadable by this user or empty is a warning, not an error, as for the
+// credentials file: it may exist only where egressd runs (a projected token in a pod).
+func lintVaultAuth(cfg *config.Config) []config.Problem {
+	if cfg.Credentials.Backend != config.BackendVault {
+		return nil
+	}
+	a := cfg.Credentials.Vault.Auth
+	files := map[string]string{}
+	switch a.Method {
+	case config.AuthAppRole:
+		files["role_id_file"], files["secret_id_file"] = a.RoleIDFile, a.SecretIDFile
+	case config.AuthJWT, config.AuthKubernetes:
+		files["jwt_file"] = a.JWTFile
+	default:
+		files["token_file"] = a.TokenFile
+	}
+	var out []config.Problem
+	for _, key := range slices.Sorted(maps.Keys(files)) {
+		if err := readableNonEmpty(files[key]); err != nil {
+			out = append(out, config.Problem{Path: "credentials.vault.auth." + key, Warning: true,
+				Msg: err.Error() + "; every Vault login fails until egressd can read it, and with it every Vault credential"})
+		}
+	}
+	return out
+}
+
+// readableNonEmpty: path ("" is not set: nothing to read) opens and holds something.
+func readableNonEmpty(path string) error {
+	if path == "" {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if len(strings.TrimSpace(string(b))) == 0 {
+		return fmt.Errorf("%s is empty", path)
+	}
+	return nil
 }
 
 // lintSplicedReflection warns about each environment_variable credential placed in

@@ -25,6 +25,6 @@ vault write auth/approle/role/egressd token_policies=egressd token_ttl=1h token_
 umask 077
 vault read -field=role_id auth/approle/role/egressd/role-id > /run/egressd-vault/role-id
 vault write -f -field=secret_id auth/approle/role/egressd/secret-id > /run/egressd-vault/secret-id
-# egressd runs as uid 1337 in its image (deploy/docker/Dockerfile): let it read the two files.
-chown 1337:1337 /run/egressd-vault/role-id /run/egressd-vault/secret-id
+# egressd runs as uid 1555 in its image (deploy/docker/Dockerfile): let it read the two files.
+chown 1555:1555 /run/egressd-vault/role-id /run/egressd-vault/secret-id
 echo "vault-init: done"

@@ -6,15 +6,18 @@
 # In a pod every container shares one network namespace, so the rules live
 # in the OUTPUT chains, for traffic the pod's own processes send:
 #
-#   nat    OUTPUT -> EGRESSD_OUTPUT
-#            egressd's own traffic (uid EGRESSD_UID) and traffic to the pod's
-#              own addresses (out through lo): untouched
+#   nat    OUTPUT -> EGRESSD_OUTPUT (inserted first in OUTPUT, so it comes
+#          before a service mesh's chain whichever init container ran first)
+#            egressd's own traffic (uid EGRESSD_UID), the mesh sidecar's
+#              (EGRESSD_MESH_UID) and traffic to the pod's own addresses (out
+#              through lo): untouched, so a mesh's rules further down OUTPUT
+#              see egressd's upstream connections and send them through the mesh
 #            TCP 80/443 (EGRESSD_REDIRECT_PORTS) -> REDIRECT to EGRESSD_TPROXY_PORT
 #            UDP and TCP 53                     -> REDIRECT to EGRESSD_DNS_PORT
 #   filter OUTPUT -> EGRESSD_OUTPUT
 #            uid EGRESSD_UID: ACCEPT (egressd dials upstreams, Vault, DNS)
-#            from egressd's own ports (admin, transparent, DNS, hooks and
-#              EGRESSD_OTHER_PORTS), any other uid: DROP, but for TCP resets.
+#            from egressd's own ports (admin, health, transparent, DNS, hooks
+#              and EGRESSD_OTHER_PORTS), any other uid: DROP, but for TCP resets.
 #              A process that binds one of them (before egressd starts, or
 #              while it is down) gets its SYN-ACKs and answers dropped: no
 #              connection to it completes, nothing it says reaches the
@@ -22,31 +25,46 @@
 #              rules below come from these ports too, and a reset carries no
 #              answer.
 #            loopback to EGRESSD_ADMIN_PORT: REJECT (the admin API is not the
-#              sandbox's; kubelet probes arrive from outside and are unaffected)
+#              sandbox's, nor the mesh sidecar's)
+#            uid EGRESSD_MESH_UID (when set): ACCEPT (the mesh sidecar dials
+#              what egressd sent it, its control plane, and probes the health port)
+#            loopback to EGRESSD_HEALTH_PORT (when set): REJECT (probes and
+#              Prometheus arrive from outside the pod and are unaffected)
 #            loopback to EGRESSD_HOOKS_PORT (when set): ACCEPT for uid
 #              EGRESSD_RUNTIME_UID only, REJECT for every other uid (traffic of
 #              a hooks listener is hook traffic, which egressd signs: only the
 #              agent runtime may send it, never the sandbox's tools)
-#            loopback, and the REDIRECTed traffic (conntrack state DNAT): ACCEPT
+#            loopback, and the traffic REDIRECTed to egressd (conntrack state
+#              DNAT, to the transparent or DNS port): ACCEPT. Only that: a mesh's
+#              REDIRECT (the agent's other ports to Envoy) is DNAT too, and is
+#              refused here, so the mesh is no way around egressd
 #            replies on connections made to the pod: ACCEPT
 #            everything else: REJECT (TCP with a reset, so connect() fails at once)
 #
 # REDIRECT in OUTPUT rewrites the destination to 127.0.0.1 (IPv4) or ::1
-# (IPv6), so egressd's transparent listeners are 127.0.0.1:15002 and
-# [::1]:15002 and dns.listen is 127.0.0.1:15053. (In the gateway-namespace
+# (IPv6), so egressd's transparent listeners are 127.0.0.1:14002 and
+# [::1]:14002 and dns.listen is 127.0.0.1:14053. (In the gateway-namespace
 # model of deploy/netns the redirect is a DNAT on another interface, and the
 # listener must be on that interface's address instead.)
 #
 # The exclusion is by UID: egressd must run as EGRESSD_UID and the agent
-# must not, nor have NET_ADMIN (it could then undo these rules).
+# must not (nor as EGRESSD_MESH_UID), nor have NET_ADMIN (it could then undo
+# these rules). The defaults keep clear of Istio's: uid 1337 and ports
+# 15000-15090 are istio-proxy's (docs/kubernetes.md).
 #
 # Idempotent: the chains are flushed and refilled, the jumps added once.
 #
 # Environment (defaults in brackets):
-#   EGRESSD_UID             egressd's UID, excluded from every rule [1337]
-#   EGRESSD_TPROXY_PORT     transparent listener port [15002]
-#   EGRESSD_DNS_PORT        DNS guard port [15053]
-#   EGRESSD_ADMIN_PORT      admin port, closed to the sandbox [15000]
+#   EGRESSD_UID             egressd's UID, excluded from every rule [1555]
+#   EGRESSD_TPROXY_PORT     transparent listener port [14002]
+#   EGRESSD_DNS_PORT        DNS guard port [14053]
+#   EGRESSD_ADMIN_PORT      admin port, closed to the sandbox [14000]
+#   EGRESSD_HEALTH_PORT     the health port (admin.health_address), closed to
+#                           every uid of the pod but egressd's and the mesh's;
+#                           empty: none [""]
+#   EGRESSD_MESH_UID        a service mesh sidecar's uid whose traffic is left to
+#                           the mesh (Istio's istio-proxy: 1337); neither 0 nor
+#                           EGRESSD_UID nor EGRESSD_RUNTIME_UID; empty: no mesh [""]
 #   EGRESSD_HOOKS_PORT      the hooks listener's port, open to the runtime only;
 #                           empty: no hooks listener [""]
 #   EGRESSD_RUNTIME_UID     the agent runtime's UID, the only one (with egressd's)
@@ -61,10 +79,12 @@
 #   EGRESSD_IPTABLES        iptables or iptables-legacy, matching the node [iptables]
 set -eu
 
-EGRESSD_UID=${EGRESSD_UID:-1337}
-TPROXY_PORT=${EGRESSD_TPROXY_PORT:-15002}
-DNS_PORT=${EGRESSD_DNS_PORT:-15053}
-ADMIN_PORT=${EGRESSD_ADMIN_PORT:-15000}
+EGRESSD_UID=${EGRESSD_UID:-1555}
+TPROXY_PORT=${EGRESSD_TPROXY_PORT:-14002}
+DNS_PORT=${EGRESSD_DNS_PORT:-14053}
+ADMIN_PORT=${EGRESSD_ADMIN_PORT:-14000}
+HEALTH_PORT=${EGRESSD_HEALTH_PORT:-}
+MESH_UID=${EGRESSD_MESH_UID:-}
 REDIRECT_PORTS=${EGRESSD_REDIRECT_PORTS:-80,443}
 HOOKS_PORT=${EGRESSD_HOOKS_PORT:-}
 RUNTIME_UID=${EGRESSD_RUNTIME_UID:-}
@@ -84,8 +104,19 @@ if [ -n "$HOOKS_PORT" ]; then
   fi
 fi
 
+if [ -n "$MESH_UID" ]; then
+  case $MESH_UID in
+    *[!0-9]*) echo "egressd-init: EGRESSD_MESH_UID must be the mesh sidecar's numeric uid (Istio: 1337)" >&2; exit 1 ;;
+  esac
+  if [ "$MESH_UID" = 0 ] || [ "$MESH_UID" = "$EGRESSD_UID" ] || [ "$MESH_UID" = "$RUNTIME_UID" ]; then
+    echo "egressd-init: EGRESSD_MESH_UID $MESH_UID must be the mesh sidecar's own uid, not 0, egressd's or the runtime's" >&2
+    exit 1
+  fi
+fi
+
 # OWN_PORTS: every TCP port egressd listens on; only its uid may send from them.
 OWN_PORTS=$ADMIN_PORT,$TPROXY_PORT,$DNS_PORT
+[ -z "$HEALTH_PORT" ] || OWN_PORTS=$OWN_PORTS,$HEALTH_PORT
 [ -z "$HOOKS_PORT" ] || OWN_PORTS=$OWN_PORTS,$HOOKS_PORT
 [ -z "$OTHER_PORTS" ] || OWN_PORTS=$OWN_PORTS,$OTHER_PORTS
 case $OWN_PORTS in
@@ -108,6 +139,7 @@ rules() {
   ipt=$1
   ensure_chain "$ipt" nat
   "$ipt" -w -t nat -A "$CHAIN" -m owner --uid-owner "$EGRESSD_UID" -j RETURN
+  [ -z "$MESH_UID" ] || "$ipt" -w -t nat -A "$CHAIN" -m owner --uid-owner "$MESH_UID" -j RETURN
   "$ipt" -w -t nat -A "$CHAIN" -o lo -j RETURN
   "$ipt" -w -t nat -A "$CHAIN" -p tcp -m multiport --dports "$REDIRECT_PORTS" -j REDIRECT --to-ports "$TPROXY_PORT"
   "$ipt" -w -t nat -A "$CHAIN" -p udp --dport 53 -j REDIRECT --to-ports "$DNS_PORT"
@@ -119,6 +151,8 @@ rules() {
   "$ipt" -w -A "$CHAIN" -p tcp -m multiport --sports "$OWN_PORTS" ! --tcp-flags RST RST -j DROP
   "$ipt" -w -A "$CHAIN" -p udp --sport "$DNS_PORT" -j DROP
   "$ipt" -w -A "$CHAIN" -o lo -p tcp --dport "$ADMIN_PORT" -j REJECT --reject-with tcp-reset
+  [ -z "$MESH_UID" ] || "$ipt" -w -A "$CHAIN" -m owner --uid-owner "$MESH_UID" -j ACCEPT
+  [ -z "$HEALTH_PORT" ] || "$ipt" -w -A "$CHAIN" -o lo -p tcp --dport "$HEALTH_PORT" -j REJECT --reject-with tcp-reset
   if [ -n "$HOOKS_PORT" ]; then
     "$ipt" -w -A "$CHAIN" -o lo -p tcp --dport "$HOOKS_PORT" -m owner --uid-owner "$RUNTIME_UID" -j ACCEPT
     "$ipt" -w -A "$CHAIN" -o lo -p tcp --dport "$HOOKS_PORT" -j REJECT --reject-with tcp-reset
@@ -126,9 +160,11 @@ rules() {
   "$ipt" -w -A "$CHAIN" -o lo -j ACCEPT
   # The REDIRECTed traffic. Matching it by -o lo does not work: the filter
   # chain still sees the interface the packet was routed to before the nat
-  # chain rewrote its destination. Only the rules above translate anything
-  # in this namespace, so DNAT means "redirected to egressd".
-  "$ipt" -w -A "$CHAIN" -m conntrack --ctstate DNAT -j ACCEPT
+  # chain rewrote its destination; the port it sees is the rewritten one. A
+  # mesh's REDIRECT is DNAT too, so the port decides: egressd's, or refused.
+  "$ipt" -w -A "$CHAIN" -p tcp --dport "$TPROXY_PORT" -m conntrack --ctstate DNAT -j ACCEPT
+  "$ipt" -w -A "$CHAIN" -p tcp --dport "$DNS_PORT" -m conntrack --ctstate DNAT -j ACCEPT
+  "$ipt" -w -A "$CHAIN" -p udp --dport "$DNS_PORT" -m conntrack --ctstate DNAT -j ACCEPT
   "$ipt" -w -A "$CHAIN" -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
   "$ipt" -w -A "$CHAIN" -p tcp -j REJECT --reject-with tcp-reset
   "$ipt" -w -A "$CHAIN" -j REJECT
@@ -149,4 +185,5 @@ case $IPV6 in
 esac
 hooks=""
 [ -z "$HOOKS_PORT" ] || hooks="; hooks :$HOOKS_PORT for uid $RUNTIME_UID only"
+[ -z "$MESH_UID" ] || hooks="$hooks; mesh uid $MESH_UID left to the mesh"
 echo "egressd-init: TCP $REDIRECT_PORTS -> :$TPROXY_PORT, DNS -> :$DNS_PORT; uid $EGRESSD_UID excluded$hooks; only uid $EGRESSD_UID answers from TCP $OWN_PORTS and UDP $DNS_PORT"

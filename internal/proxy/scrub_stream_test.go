@@ -217,11 +217,14 @@ func TestScrubLargeBodyBoundedMemory(t *testing.T) {
 	}()
 	resp, done := w.stream(t, "h1", "/big")
 	defer done()
-	n, masked, leaked := scanBody(t, resp.Body, "Bearer "+secretToken)
+	n, masked, leaked := scanBody(t, resp.Body, secretToken)
 	close(stop)
-	if n != bigBody || masked != bigBody/block*perBlock*len("Bearer "+secretToken) || leaked {
-		t.Errorf("read %d bytes, %d masked, leaked %v; want %d, %d, false", n, masked, leaked,
-			bigBody, bigBody/block*perBlock*len("Bearer "+secretToken))
+	// The token is always masked. "Bearer " before it is too, unless the stream paused
+	// while it was held back: fewer than 8 bytes of a form are then released as they
+	// are (docs/policy.md), and on a loaded machine a pause can fall at a boundary.
+	least, most := bigBody/block*perBlock*len(secretToken), bigBody/block*perBlock*len("Bearer "+secretToken)
+	if n != bigBody || masked < least || masked > most || leaked {
+		t.Errorf("read %d bytes, %d masked, leaked %v; want %d, %d to %d, false", n, masked, leaked, bigBody, least, most)
 	}
 	grown := int64(peak.Load()) - int64(base)
 	t.Logf("heap in use grew by at most %.1f MiB while streaming %d MiB", float64(grown)/(1<<20), bigBody>>20)
