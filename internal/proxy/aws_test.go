@@ -21,7 +21,8 @@ const (
 
 // awsRangeWorld has s3.allowed.test sign with an aws credential, and an upstream that
 // serves ranges of a body quoting the access key ID it was signed with. With
-// envVar, the policy also has an environment_variable credential.
+// envVar, the policy also has an environment_variable credential. headers.allowed.test
+// signs with it too, and sets a header of its own.
 func awsRangeWorld(t *testing.T, envVar bool, limits func(*config.Limits)) *world {
 	t.Helper()
 	env := map[string]string{"AWS_ACCESS_KEY_ID": "aws-dev", "AWS_SECRET_ACCESS_KEY": "aws-dev"}
@@ -31,11 +32,13 @@ func awsRangeWorld(t *testing.T, envVar bool, limits func(*config.Limits)) *worl
 		env["OTHER_TOKEN"] = "other"
 		creds["other"] = `{"type": "environment_variable", "value": "other-secret-value-0123456789", "injection_location": "header", "trusted_domains": ["api.allowed.test"]}`
 	}
-	w := newWorld(t, worldOpts{envVars: env, credentials: creds, limits: limits, allowlist: []allowlist.Entry{{
-		Domain: "s3.allowed.test", Credential: "aws-dev",
-		AWS: &allowlist.AWSScope{Regions: []string{"us-east-1"}, Services: []string{"s3"}},
-	}}})
+	scope := &allowlist.AWSScope{Regions: []string{"us-east-1"}, Services: []string{"s3"}}
+	w := newWorld(t, worldOpts{envVars: env, credentials: creds, limits: limits, allowlist: []allowlist.Entry{
+		{Domain: "s3.allowed.test", Credential: "aws-dev", AWS: scope},
+		{Domain: "headers.allowed.test", Credential: "aws-dev", AWS: scope, Transform: []allowlist.Header{{Name: "X-Static", Value: staticValue}}},
+	}})
 	w.DNS.Set("s3.allowed.test", "A "+w.PublicIP)
+	w.DNS.Set("headers.allowed.test", "A "+w.PublicIP)
 	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
 		_, cred, _ := strings.Cut(r.Header.Get("Authorization"), "Credential=")
 		keyID, _, _ := strings.Cut(cred, "/")
@@ -65,8 +68,8 @@ func (w *world) placeholderSigned(extra http.Header) http.Header {
 // TestScrubRangeAWS: an exchange masked of an aws credential's keys alone keeps the
 // client's Range, and the part is still masked; with any environment_variable
 // credential in the policy (a value the sandbox can make egressd place, which an
-// upstream could store where the object store serves it) Range goes as for any
-// scrubbed exchange (TestScrubRange).
+// upstream could store where the object store serves it), or a header the entry sets
+// beside the signature, Range goes as for any scrubbed exchange (TestScrubRange).
 func TestScrubRangeAWS(t *testing.T) {
 	whole := "0123456789 " + awsRealKeyID + " tail"
 	ranged := http.Header{"Range": {"bytes=5-35"}}
@@ -79,13 +82,16 @@ func TestScrubRangeAWS(t *testing.T) {
 			t.Errorf("%s, aws keys alone: %s %q, the upstream saw Range %q; want 206 %q and the range passed",
 				proto, got.resp.Status, got.body, got.resp.Header.Get("X-Seen-Range"), want)
 		}
-		w = awsRangeWorld(t, true, nil)
-		got = w.fetch(t, proto, "s3.allowed.test", "/bucket/o", w.placeholderSigned(ranged))
-		want = strings.ReplaceAll(whole, awsRealKeyID, stars(len(awsRealKeyID)))
-		if got.resp.StatusCode != http.StatusOK || string(got.body) != want || got.resp.Header.Get("X-Seen-Range") != "" {
-			t.Errorf("%s, with an environment_variable credential: %s %q, the upstream saw Range %q; want 200, the whole body masked, no Range",
-				proto, got.resp.Status, got.body, got.resp.Header.Get("X-Seen-Range"))
+		wholeCase := func(w *world, host, what string) {
+			got := w.fetch(t, proto, host, "/bucket/o", w.placeholderSigned(ranged))
+			want := strings.ReplaceAll(whole, awsRealKeyID, stars(len(awsRealKeyID)))
+			if got.resp.StatusCode != http.StatusOK || string(got.body) != want || got.resp.Header.Get("X-Seen-Range") != "" {
+				t.Errorf("%s, %s: %s %q, the upstream saw Range %q; want 200, the whole body masked, no Range",
+					proto, what, got.resp.Status, got.body, got.resp.Header.Get("X-Seen-Range"))
+			}
 		}
+		wholeCase(w, "headers.allowed.test", "a header beside the signature")
+		wholeCase(awsRangeWorld(t, true, nil), "s3.allowed.test", "with an environment_variable credential")
 	}
 }
 
