@@ -13,14 +13,17 @@ import (
 const DetailGitHubRevoke = "github_token_revoke"
 
 // RevokesGitHubToken reports whether a request to urlPath, carrying a github_app
-// installation token, is GitHub's "revoke an installation access token"
+// installation token, could be GitHub's "revoke an installation access token"
 // (DELETE /installation/token, under /api/v3 on GitHub Enterprise Server). The token is
 // shared by every request of the credential until it expires: a sandbox that revoked it
 // would break them all. Every method is refused there (no other endpoint lives at that
-// path), and the path is compared cleaned and in any case, so no spelling slips by.
+// path), the path compared cleaned, in any case, with backslashes as slashes, and by
+// prefix: a suffix a server might ignore (".json", ";x", a trailing dot or space) is no
+// other endpoint either.
 func RevokesGitHubToken(urlPath string) bool {
-	p := strings.ToLower(path.Clean("/" + urlPath))
-	return p == "/installation/token" || strings.HasSuffix(p, "/api/v3/installation/token")
+	p := strings.ToLower(path.Clean("/" + strings.ReplaceAll(urlPath, `\`, "/")))
+	p = strings.TrimPrefix(p, "/api/v3")
+	return strings.HasPrefix(p, "/installation/token")
 }
 
 // githubHeaders returns what v sets on r's requests: for a github_app credential on a

@@ -62,12 +62,14 @@ func githubInjector(t testing.TB) (*Injector, *allowlist.Policy) {
 
 func TestRevokesGitHubToken(t *testing.T) {
 	for _, p := range []string{"/installation/token", "/installation/token/", "//installation//token", "/Installation/TOKEN",
-		"/repos/../installation/token", "/api/v3/installation/token", "installation/token"} {
+		"/repos/../installation/token", "/api/v3/installation/token", "installation/token",
+		"/installation/token.json", "/installation/token;x", "/installation/token.", "/installation/token ",
+		"/installation/token\t", "/installation/token\x00", `/installation\token`, "/installation/tokens"} {
 		if !RevokesGitHubToken(p) {
 			t.Errorf("%q not recognised", p)
 		}
 	}
-	for _, p := range []string{"/installation/repositories", "/installation/tokens", "/repos/acme/installation/token", "/"} {
+	for _, p := range []string{"/installation/repositories", "/repos/acme/installation/token", "/"} {
 		if RevokesGitHubToken(p) {
 			t.Errorf("%q refused", p)
 		}

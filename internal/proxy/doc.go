@@ -38,6 +38,7 @@
 //	snapshot.go     Snapshot: what one reload decides and forwards with, its upstream client
 //	redecide.go     open tunnels and upgrades, decided again on every change of state
 //	scrub.go        masking injected values in responses
+//	ranges.go       a client's byte range on a scrubbed exchange, cut from the masked body
 //	respond.go      writing responses to the client, HTTP/1 and HTTP/2
 //	tunnel.go       splicing tunnels and upgrades; relay.go: the copy loop
 //	refuse.go       the one error -> response function

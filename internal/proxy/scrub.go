@@ -26,25 +26,25 @@ import (
 // scrubFor sets what the exchange's response is masked of: the Set of every
 // environment_variable value (compiled once per value change, placeholder.Replacer.Scrub)
 // joined with res's (the entry's injected values, compiled once per value change by the
-// Injector). When that is anything, out is narrowed (narrowForScrub); Range stays
-// when the set is an aws credential's keys alone (ranged).
+// Injector). When that is anything, out is narrowed (narrowForScrub), and the byte
+// range the client asked for is egressd's to serve (ranges.go).
 func (x *exchange) scrubFor(out *http.Request, res inject.Result) {
-	ph := x.snap.Placeholders.Scrub()
-	x.scrub = scrub.Join(ph, res.Scrub)
-	x.ranged = res.KeysOnly && !ph.Active()
+	x.scrub = scrub.Join(x.snap.Placeholders.Scrub(), res.Scrub)
 	if x.scrub.Active() {
-		narrowForScrub(out.Header, x.ranged)
+		x.wanted = wantedRange(out)
+		narrowForScrub(out.Header)
 	}
 }
 
 // narrowForScrub adjusts a request whose response is scrubbed so that the response
 // stays scrubbable: a client's Accept-Encoding becomes identity, a WebSocket upgrade
 // offers no extensions (permessage-deflate would compress the frames out of the
-// scrubber's sight), and, unless ranged, Range and If-Range go: a part of a body can
-// start or end inside a value, and a cut value is not found (the whole body is asked
-// for, and a partial answer refused: see partial). ranged is for an exchange masked
-// of aws keys alone, which no part can cut in a way that matters (docs/aws.md). An
-// absent Accept-Encoding stays absent: egressd adds no header.
+// scrubber's sight), and Range and If-Range go: a part of a body can start or end
+// inside a value, where no form is found, and an upstream that reflects what it was
+// sent could hand a value back a piece at a time. The whole body is asked for and
+// masked, and egressd cuts the client's range from it (ranges.go); a partial answer
+// is refused (see partial). An absent Accept-Encoding stays absent: egressd adds no
+// header.
 //
 // Identity rather than the codings the scrubber can decode: masking an identity body
 // is many times faster than decoding and masking gzip or br (BenchmarkReader and
@@ -53,16 +53,14 @@ func (x *exchange) scrubFor(out *http.Request, res inject.Result) {
 // the sandbox, where size is free. The leg identity makes larger is egressd's to the
 // upstream. An upstream that compresses regardless is decoded and delivered as
 // identity (scrubBody).
-func narrowForScrub(h http.Header, ranged bool) {
+func narrowForScrub(h http.Header) {
 	accepts := false
 	for k, v := range h { // one pass, whatever the keys' case: this runs on every scrubbed request
 		switch {
 		case strings.EqualFold(k, "Accept-Encoding"):
 			accepts = accepts || len(v) > 0
 			delete(h, k)
-		case strings.EqualFold(k, "Sec-WebSocket-Extensions"):
-			delete(h, k)
-		case !ranged && (strings.EqualFold(k, "Range") || strings.EqualFold(k, "If-Range")):
+		case strings.EqualFold(k, "Sec-WebSocket-Extensions"), strings.EqualFold(k, "Range"), strings.EqualFold(k, "If-Range"):
 			delete(h, k)
 		}
 	}
@@ -122,8 +120,6 @@ func (x *exchange) scrubbed(resp *http.Response) *http.Response {
 	sc.head(resp)
 	var err error
 	switch {
-	case partial(resp) && x.ranged:
-		sc.scrubPart(resp)
 	case partial(resp):
 		err = &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: "partial_content", Err: errPartial}
 	case resp.StatusCode == http.StatusSwitchingProtocols:
@@ -136,6 +132,7 @@ func (x *exchange) scrubbed(resp *http.Response) *http.Response {
 		resp.Body.Close()
 		return refusedResponse(x.snap, x.rec, err)
 	}
+	x.serveRange(resp)
 	return resp
 }
 
@@ -226,9 +223,8 @@ func (s *Server) warnReflected(rec *Record) {
 }
 
 // partial reports whether resp is a part of a body: 206, or a multipart/byteranges
-// body under another status. Unless ranged, the request asked for no range
-// (narrowForScrub), so this is the upstream's doing, and a part may cut a value
-// where no form is found.
+// body under another status. The request asked for no range (narrowForScrub), so
+// this is the upstream's doing, and a part may cut a value where no form is found.
 func partial(resp *http.Response) bool {
 	if resp.StatusCode == http.StatusPartialContent {
 		return true
@@ -329,17 +325,6 @@ func (sc *scrubber) container(resp *http.Response, src io.Reader) error {
 	b.coders, b.out = append(b.coders, enc), enc
 	unframe(resp)
 	return nil
-}
-
-// scrubPart masks a part of a body (ranged) as the bytes it is: a part of a
-// compressed body or container cannot be decoded on its own, and its length and
-// coding are the upstream's to state.
-func (sc *scrubber) scrubPart(resp *http.Response) {
-	b := &sc.rb
-	*b = scrubbedBody{sc: sc, resp: resp, raw: resp.Body}
-	b.plain(resp.Body)
-	sc.body = b.r
-	resp.Body = b
 }
 
 // plain has the client read src masked as it streams.

@@ -106,7 +106,9 @@ func isToken(s string) bool {
 //     APIs, Java and .NET serialisations);
 //   - MIME base64 (RFC 2045) of v alone: the standard form broken into lines
 //     of 76 or 64 characters (PEM), by CRLF or LF: a mail part or PEM block
-//     that holds only the value.
+//     that holds only the value;
+//   - hex with a space between bytes, lower and upper case (an S3 signature
+//     error quoting the canonical request).
 //
 // The order is FuzzReader's: its seeds pick forms by index.
 func forms(v string) []string {
@@ -125,7 +127,22 @@ func forms(v string) []string {
 	add(escapeRunes(v, false, true), escapeRunes(v, true, true))
 	add(utf16Form(v, binary.LittleEndian), utf16Form(v, binary.BigEndian))
 	add(mimeForms(std)...)
+	spaced := spacedHex(v)
+	add(spaced, strings.ToUpper(spaced))
 	return out
+}
+
+// spacedHex is v as hex with a space between bytes, as S3's SignatureDoesNotMatch
+// error quotes a request (CanonicalRequestBytes, StringToSignBytes).
+func spacedHex(v string) string {
+	var b strings.Builder
+	for i := range len(v) {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(hex.EncodeToString([]byte{v[i]}))
+	}
+	return b.String()
 }
 
 // MIME base64 line lengths: RFC 2045's 76 and PEM's (RFC 7468) 64.

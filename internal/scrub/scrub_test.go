@@ -64,6 +64,8 @@ func encodedCases(v string) []placed {
 		place("url values", strings.TrimPrefix(url.Values{"k": {v}}.Encode(), "k=")),
 		place("every byte upper", everyByte(v, "%%%02X")),
 		place("every byte lower", everyByte(v, "%%%02x")),
+		place("spaced hex (S3's CanonicalRequestBytes)", strings.TrimSpace(everyByte(v, "%02x "))),
+		place("spaced hex upper", strings.TrimSpace(everyByte(v, "%02X "))),
 		place("json.Marshal", strings.Trim(string(js), `"`)),
 		place("json no HTML escape", jsonRaw),
 		place("json slash escaped", strings.ReplaceAll(jsonRaw, "/", `\/`)),
