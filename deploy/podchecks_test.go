@@ -74,6 +74,28 @@ func checkAdminSplit(t *testing.T, w *workload, admin adminView, egressd, initC 
 	}
 	checkNetworkPolicy(t, w, health)
 	checkScrape(t, w, egressd, health)
+	checkRules(t, w)
+}
+
+// checkRules: a PrometheusRule watches the CA's expiry and credentials that
+// cannot be served (the pod stays ready while one cannot).
+func checkRules(t *testing.T, w *workload) {
+	for _, o := range w.others {
+		if o.Kind != "PrometheusRule" {
+			continue
+		}
+		var exprs []string
+		for _, g := range o.Spec.Groups {
+			for _, r := range g.Rules {
+				exprs = append(exprs, r.Expr)
+			}
+		}
+		for _, must := range []string{"egressd_ca_expiry_timestamp_seconds", "egressd_credential_ready"} {
+			if !strings.Contains(strings.Join(exprs, "\n"), must) {
+				t.Errorf("PrometheusRule %s does not watch %s", o.Metadata.Name, must)
+			}
+		}
+	}
 }
 
 // checkNetworkPolicy: a NetworkPolicy selects the pod for ingress and admits
