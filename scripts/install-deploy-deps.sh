@@ -12,7 +12,7 @@
 # the pinned version is there already.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pins=deploy/kubeconform_test.go
+pins=$PWD/deploy/kubeconform_test.go
 pin() {
   local v
   v=$(sed -n "s/^[[:space:]]*$1[[:space:]]*= \"\(.*\)\"$/\1/p" "$pins")

@@ -45,6 +45,10 @@ type Result struct {
 
 	// GitHub: the credential is a github_app (see RevokesGitHubToken).
 	GitHub bool
+	// KeysOnly: Scrub holds an aws credential's keys and nothing else, values no
+	// upstream can be made to store in a body the sandbox reads back (docs/aws.md),
+	// so a part of a response cannot cut a value that matters.
+	KeysOnly bool
 	// aws is set for an aws credential: Sign signs the request with its keys.
 	aws *awsSigning
 }
@@ -159,6 +163,7 @@ func (in *Injector) Apply(r *allowlist.Rule, h, trailer http.Header) (Result, er
 	for _, x := range secret {
 		h[x.Name] = []string{x.Value}
 	}
+	res.KeysOnly = res.aws != nil && len(p.transform) == 0 && len(secret) == 0
 	if scrubOnly != nil {
 		secret = slices.Concat(secret, scrubOnly) // a new slice: v.Headers is shared
 	}

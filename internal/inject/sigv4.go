@@ -25,8 +25,9 @@ type awsSigning struct {
 // Sign signs out again (SigV4) with the real keys of the aws credential Apply read, once
 // every other stage has changed out for the last time; nothing for any other credential.
 // A request not signed with the credential's placeholder key, or not for a region and
-// service the entry allows, is refused with a *sigv4.ScopeError (credential_scope).
-func (res Result) Sign(ctx context.Context, out *http.Request, host string, phs AWSPlaceholders) error {
+// service the entry allows, is refused with a *sigv4.ScopeError (credential_scope). hold
+// reserves a body read whole to hash it (sigv4.Request.Hold).
+func (res Result) Sign(ctx context.Context, out *http.Request, host string, phs AWSPlaceholders, hold func(int64) error) error {
 	if res.aws == nil {
 		return nil
 	}
@@ -35,7 +36,7 @@ func (res Result) Sign(ctx context.Context, out *http.Request, host string, phs 
 	return sigv4.Sign(ctx, sigv4.Request{
 		Out: out, Credential: res.Credential, Host: host, Scope: res.aws.scope, Placeholder: keyID,
 		Keys: sigv4.Keys{AccessKeyID: a.AccessKeyID, SecretAccessKey: a.SecretAccessKey, SessionToken: a.SessionToken},
-		Now:  time.Now(),
+		Now:  time.Now(), Hold: hold,
 	})
 }
 

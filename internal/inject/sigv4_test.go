@@ -57,7 +57,7 @@ func TestAWSApplySignScrub(t *testing.T) {
 	if want := []string{"Authorization", "X-Amz-Date", "X-Amz-Security-Token"}; !slices.Equal(res.Names, want) {
 		t.Errorf("injected names %q, want %q", res.Names, want)
 	}
-	if err := res.Sign(context.Background(), out, "s3.example.com", placeholders{"aws-dev": awsPlaceholder}); err != nil {
+	if err := res.Sign(context.Background(), out, "s3.example.com", placeholders{"aws-dev": awsPlaceholder}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.Header.Get("Authorization"), "Credential="+keys.AccessKeyID+"/") ||
@@ -78,7 +78,7 @@ func TestAWSRefusals(t *testing.T) {
 	out := signedRequest(t, "AKIAREAL")
 	res, _ := in.Apply(r, out.Header, nil)
 	var se *sigv4.ScopeError
-	if err := res.Sign(context.Background(), out, "s3.example.com", placeholders{"aws-dev": awsPlaceholder}); !errors.As(err, &se) || se.Detail != sigv4.DetailKey {
+	if err := res.Sign(context.Background(), out, "s3.example.com", placeholders{"aws-dev": awsPlaceholder}, nil); !errors.As(err, &se) || se.Detail != sigv4.DetailKey {
 		t.Fatalf("real key from the sandbox: %v, want %s", err, sigv4.DetailKey)
 	}
 	for name, keys := range map[string]*credential.AWS{

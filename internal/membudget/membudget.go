@@ -28,10 +28,11 @@ const (
 	Conns                      // open connections, tunnels and requests in flight (costs.go)
 	Placeholders               // request bodies read whole to replace placeholders in them
 	Scrub                      // decoders and encoders of compressed responses being scrubbed
+	AWSBodies                  // request bodies read whole to hash them for a SigV4 signature
 	numHolders
 )
 
-var holderNames = [numHolders]string{"heads", "hook_bodies", "h2_windows", "conns", "placeholders", "scrub"}
+var holderNames = [numHolders]string{"heads", "hook_bodies", "h2_windows", "conns", "placeholders", "scrub", "aws_bodies"}
 
 func (h Holder) String() string { return holderNames[h] }
 

@@ -116,11 +116,26 @@ func refusalOutcome(resp *http.Response) string {
 // the buffers return to the budget when their requests end.
 func TestPlaceholderBodiesDrawOnTheBudget(t *testing.T) {
 	w := newPlaceholderWorldLimits(t, withBudget(8<<20))
-	const declared = 1<<20 - 1 // within placeholder.MaxBody: buffered
+	holdBodiesUntilRefused(t, w, "placeholders", func(i int) (net.Conn, *bufio.Reader) {
+		c, br := w.dialProxy(t)
+		fmt.Fprintf(c, "POST http://api.allowed.test/held/%d HTTP/1.1\r\nHost: api.allowed.test\r\nContent-Length: %d\r\n\r\nx", i, heldBody)
+		return c, br
+	})
+}
+
+// heldBody is what holdBodiesUntilRefused's requests declare: within
+// placeholder.MaxBody and sigv4.MaxHashedBody, so read whole.
+const heldBody = 1<<20 - 1
+
+// holdBodiesUntilRefused sends requests (send writes the i-th: declaring heldBody
+// bytes, sending one) under an 8 MiB budget until one is refused 503 overloaded,
+// detail memory_<holder>, after at least one was held; then it ends the held ones
+// and waits for their buffers to return to the budget.
+func holdBodiesUntilRefused(t *testing.T, w *world, holder string, send func(i int) (net.Conn, *bufio.Reader)) {
+	t.Helper()
 	var held []net.Conn
 	for i := range 8 { // 8 MiB declared: past the 4 MiB left beside the hook share
-		c, br := w.dialProxy(t)
-		fmt.Fprintf(c, "POST http://api.allowed.test/held/%d HTTP/1.1\r\nHost: api.allowed.test\r\nContent-Length: %d\r\n\r\nx", i, declared)
+		c, br := send(i)
 		c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
 		if _, err := br.Peek(1); err != nil {
 			held = append(held, c)
@@ -130,18 +145,18 @@ func TestPlaceholderBodiesDrawOnTheBudget(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		assertRefused(t, resp, http.StatusServiceUnavailable, "overloaded", "memory_placeholders")
+		assertRefused(t, resp, http.StatusServiceUnavailable, "overloaded", "memory_"+holder)
 		if len(held) == 0 {
 			t.Fatal("the first held body was refused")
 		}
 		for _, c := range held {
 			c.Close()
 		}
-		waitFor(t, func() bool { return w.budgetHeld("placeholders") == 0 }, "the held bodies' buffers to return to the budget")
-		t.Logf("%d bodies of %d bytes held, the next refused", len(held), declared)
+		waitFor(t, func() bool { return w.budgetHeld(holder) == 0 }, "the held bodies' buffers to return to the budget")
+		t.Logf("%d bodies of %d bytes held, the next refused", len(held), heldBody)
 		return
 	}
-	t.Fatalf("%d bodies declaring %d bytes all held: none refused by the budget", len(held), declared)
+	t.Fatalf("%d bodies declaring %d bytes all held: none refused by the budget", len(held), heldBody)
 }
 
 // TestTransparentTunnelsDrawOnTheBudget: on a transparent listener, an

@@ -61,11 +61,31 @@ func (x *exchange) holdPlaceholderBody(out *http.Request) bool {
 	if !x.snap.Placeholders.Active() || out.Body == nil || out.Body == http.NoBody || n <= 0 || n > placeholder.MaxBody {
 		return true
 	}
-	mem := x.snap.mem
-	if !mem.Reserve(membudget.Placeholders, n) {
+	return holdBody(x.snap.mem, membudget.Placeholders, out, n)
+}
+
+// errHashedBodyMemory refuses a request whose body the budget cannot hold to hash it.
+var errHashedBodyMemory = &refusal{Reason: allowlist.ReasonOverloaded, Detail: membudget.AWSBodies.Detail(),
+	Err: errors.New("limits.memory reached: too many request bodies held to hash them for SigV4 at once")}
+
+// holdHashedBody returns what reserves the body sigv4 reads whole to hash it (a
+// request without X-Amz-Content-Sha256): like a placeholder body, its declared
+// length is allocated before a byte of it has come.
+func (x *exchange) holdHashedBody(out *http.Request) func(int64) error {
+	return func(n int64) error {
+		if !holdBody(x.snap.mem, membudget.AWSBodies, out, n) {
+			return errHashedBodyMemory
+		}
+		return nil
+	}
+}
+
+// holdBody reserves n bytes for h until out's request ends, or reports false.
+func holdBody(mem *membudget.Budget, h membudget.Holder, out *http.Request, n int64) bool {
+	if !mem.Reserve(h, n) {
 		return false
 	}
-	context.AfterFunc(out.Context(), func() { mem.Release(membudget.Placeholders, n) })
+	context.AfterFunc(out.Context(), func() { mem.Release(h, n) })
 	return true
 }
 

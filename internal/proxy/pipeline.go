@@ -57,6 +57,7 @@ type exchange struct {
 	target  allowlist.Target   // the target stage's value (locate)
 	scheme  string             // the target's scheme: http or https
 	scrub   *scrub.Set         // masks what injection set, in the response (scrub.go)
+	ranged  bool               // scrub holds only aws keys: Range kept, a part scrubbed (scrub.go)
 	ph      placeholder.Result // what placeholders became (prepare.go)
 	stage   stage              // how far serve got
 	preHook bool               // the request is a pre-tool hook call

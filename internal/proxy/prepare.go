@@ -52,10 +52,10 @@ func (x *exchange) inject(out *http.Request, d allowlist.Decision) error {
 	if res.GitHub && inject.RevokesGitHubToken(out.URL.Path) {
 		return deny(allowlist.ReasonCredentialScope, inject.DetailGitHubRevoke)
 	}
-	x.scrubFor(out, res.Scrub)
+	x.scrubFor(out, res)
 	x.body.trailers(x.req, out, res.Names)
 	// Last: a SigV4 signature covers the headers as they leave.
-	return res.Sign(out.Context(), out, x.target.Host, x.snap.Placeholders)
+	return res.Sign(out.Context(), out, x.target.Host, x.snap.Placeholders, x.holdHashedBody(out))
 }
 
 // prepare is decide, outbound and inject for a hook call, whose body egressd has

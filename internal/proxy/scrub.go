@@ -25,22 +25,26 @@ import (
 
 // scrubFor sets what the exchange's response is masked of: the Set of every
 // environment_variable value (compiled once per value change, placeholder.Replacer.Scrub)
-// joined with rule's (the entry's injected values, compiled once per value change by the
-// Injector). When that is anything, out is narrowed (narrowForScrub).
-func (x *exchange) scrubFor(out *http.Request, rule *scrub.Set) {
-	x.scrub = scrub.Join(x.snap.Placeholders.Scrub(), rule)
+// joined with res's (the entry's injected values, compiled once per value change by the
+// Injector). When that is anything, out is narrowed (narrowForScrub); Range stays
+// when the set is an aws credential's keys alone (ranged).
+func (x *exchange) scrubFor(out *http.Request, res inject.Result) {
+	ph := x.snap.Placeholders.Scrub()
+	x.scrub = scrub.Join(ph, res.Scrub)
+	x.ranged = res.KeysOnly && !ph.Active()
 	if x.scrub.Active() {
-		narrowForScrub(out.Header)
+		narrowForScrub(out.Header, x.ranged)
 	}
 }
 
 // narrowForScrub adjusts a request whose response is scrubbed so that the response
 // stays scrubbable: a client's Accept-Encoding becomes identity, a WebSocket upgrade
 // offers no extensions (permessage-deflate would compress the frames out of the
-// scrubber's sight), and Range and If-Range go: a part of a body can start or end
-// inside a value, and a cut value is not found (the whole body is asked for, and a
-// partial answer refused: see partial). An absent Accept-Encoding stays absent:
-// egressd adds no header.
+// scrubber's sight), and, unless ranged, Range and If-Range go: a part of a body can
+// start or end inside a value, and a cut value is not found (the whole body is asked
+// for, and a partial answer refused: see partial). ranged is for an exchange masked
+// of aws keys alone, which no part can cut in a way that matters (docs/aws.md). An
+// absent Accept-Encoding stays absent: egressd adds no header.
 //
 // Identity rather than the codings the scrubber can decode: masking an identity body
 // is many times faster than decoding and masking gzip or br (BenchmarkReader and
@@ -49,14 +53,16 @@ func (x *exchange) scrubFor(out *http.Request, rule *scrub.Set) {
 // the sandbox, where size is free. The leg identity makes larger is egressd's to the
 // upstream. An upstream that compresses regardless is decoded and delivered as
 // identity (scrubBody).
-func narrowForScrub(h http.Header) {
+func narrowForScrub(h http.Header, ranged bool) {
 	accepts := false
 	for k, v := range h { // one pass, whatever the keys' case: this runs on every scrubbed request
 		switch {
 		case strings.EqualFold(k, "Accept-Encoding"):
 			accepts = accepts || len(v) > 0
 			delete(h, k)
-		case strings.EqualFold(k, "Sec-WebSocket-Extensions"), strings.EqualFold(k, "Range"), strings.EqualFold(k, "If-Range"):
+		case strings.EqualFold(k, "Sec-WebSocket-Extensions"):
+			delete(h, k)
+		case !ranged && (strings.EqualFold(k, "Range") || strings.EqualFold(k, "If-Range")):
 			delete(h, k)
 		}
 	}
@@ -116,6 +122,8 @@ func (x *exchange) scrubbed(resp *http.Response) *http.Response {
 	sc.head(resp)
 	var err error
 	switch {
+	case partial(resp) && x.ranged:
+		sc.scrubPart(resp)
 	case partial(resp):
 		err = &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: "partial_content", Err: errPartial}
 	case resp.StatusCode == http.StatusSwitchingProtocols:
@@ -218,8 +226,9 @@ func (s *Server) warnReflected(rec *Record) {
 }
 
 // partial reports whether resp is a part of a body: 206, or a multipart/byteranges
-// body under another status. The request asked for no range (narrowForScrub), so
-// this is the upstream's doing, and a part may cut a value where no form is found.
+// body under another status. Unless ranged, the request asked for no range
+// (narrowForScrub), so this is the upstream's doing, and a part may cut a value
+// where no form is found.
 func partial(resp *http.Response) bool {
 	if resp.StatusCode == http.StatusPartialContent {
 		return true
@@ -301,8 +310,7 @@ func (sc *scrubber) container(resp *http.Response, src io.Reader) error {
 	}
 	coding, err := scrub.Container(ctype, head)
 	if err != nil || coding == "" {
-		b.r = sc.set.Reader(src).Paced(scrubPause)
-		b.out = b.r
+		b.plain(src)
 		return err
 	}
 	if !b.hold(scrub.DecodeCost(coding, -1) + scrub.EncodeCost(coding)) {
@@ -321,6 +329,23 @@ func (sc *scrubber) container(resp *http.Response, src io.Reader) error {
 	b.coders, b.out = append(b.coders, enc), enc
 	unframe(resp)
 	return nil
+}
+
+// scrubPart masks a part of a body (ranged) as the bytes it is: a part of a
+// compressed body or container cannot be decoded on its own, and its length and
+// coding are the upstream's to state.
+func (sc *scrubber) scrubPart(resp *http.Response) {
+	b := &sc.rb
+	*b = scrubbedBody{sc: sc, resp: resp, raw: resp.Body}
+	b.plain(resp.Body)
+	sc.body = b.r
+	resp.Body = b
+}
+
+// plain has the client read src masked as it streams.
+func (b *scrubbedBody) plain(src io.Reader) {
+	b.r = b.sc.set.Reader(src).Paced(scrubPause)
+	b.out = b.r
 }
 
 // unframe drops the body's length: what the client gets is not what the upstream

@@ -85,6 +85,9 @@ type Request struct {
 	Placeholder string              // the placeholder access key ID the sandbox must sign with
 	Keys        Keys
 	Now         time.Time
+	// Hold reserves n bytes for a body read whole to hash it, until the request ends,
+	// or returns the refusal when they cannot be held; nil reserves nothing.
+	Hold func(n int64) error
 }
 
 // signer is aws-sdk-go-v2's SigV4 signer; it keeps no per-request state.
@@ -172,6 +175,11 @@ func (r Request) hashBody() (string, error) {
 	}
 	if out.ContentLength < 0 || out.ContentLength > MaxHashedBody {
 		return "", r.refuse(DetailPayload)
+	}
+	if r.Hold != nil {
+		if err := r.Hold(out.ContentLength); err != nil {
+			return "", err
+		}
 	}
 	data, err := io.ReadAll(io.LimitReader(out.Body, MaxHashedBody+1))
 	if err != nil {

@@ -106,6 +106,22 @@ func TestSignHashesASmallBodyWithoutHash(t *testing.T) {
 	}
 }
 
+// TestHashedBodyHeld: the body read whole is reserved first, at its declared length,
+// and a reservation refused is the answer, with nothing of the body read.
+func TestHashedBodyHeld(t *testing.T) {
+	const body = "Action=GetCallerIdentity"
+	full := errors.New("budget spent")
+	var asked int64
+	r := request(sandboxRequest(t, placeholderID, "us-east-1", "sts", "", body))
+	r.Hold = func(n int64) error { asked = n; return full }
+	if err := Sign(context.Background(), r); err != full || asked != int64(len(body)) {
+		t.Fatalf("Sign = %v after Hold(%d), want the refusal after Hold(%d)", err, asked, len(body))
+	}
+	if b, _ := io.ReadAll(r.Out.Body); string(b) != body {
+		t.Fatalf("the body was read (%q left) though it could not be held", b)
+	}
+}
+
 func hashOf(s string) string {
 	r := Request{Out: &http.Request{Body: io.NopCloser(strings.NewReader(s)), ContentLength: int64(len(s))}}
 	h, _ := r.hashBody()

@@ -12,10 +12,11 @@ import (
 
 // boto3Result is what testdata/s3client.py prints.
 type boto3Result struct {
-	Got    map[string]bool `json:"got"`
-	Sent   []string        `json:"sent"` // X-Amz-Content-SHA256 of each request, as boto3 signed it
-	Status int             `json:"status"`
-	Reason string          `json:"reason"`
+	Got     map[string]bool `json:"got"`
+	Sent    []string        `json:"sent"` // X-Amz-Content-SHA256 of each request, as boto3 signed it
+	Status  int             `json:"status"`
+	Partial int             `json:"partial"` // 206 answers the client received
+	Reason  string          `json:"reason"`
 }
 
 func needClients(t *testing.T) {
@@ -59,6 +60,11 @@ func clientCases(t *testing.T, w *world, up *s3, bucket string) {
 	}
 	if !contains(r.Sent, "STREAMING-UNSIGNED-PAYLOAD-TRAILER") || !contains(r.Sent, "UNSIGNED-PAYLOAD") {
 		t.Errorf("boto3 sent payload hashes %v: want STREAMING-UNSIGNED-PAYLOAD-TRAILER and UNSIGNED-PAYLOAD among them", r.Sent)
+	}
+	var rr boto3Result
+	decode(t, w.run(t, python, "testdata/s3client.py", "https://"+s3Host, bucket, "ranged"), &rr)
+	if !rr.Got["ranged"] || rr.Partial < 3 {
+		t.Errorf("boto3 download_file of 20 MiB in 8 MiB parts: intact %v, %d partial answers; want intact from 3 ranged GETs", rr.Got["ranged"], rr.Partial)
 	}
 	for c, want := range map[string]string{"wrong_region": "credential_scope", "wrong_service": "credential_scope"} {
 		var rr boto3Result

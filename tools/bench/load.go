@@ -82,6 +82,7 @@ type target struct {
 	dialFrom func(ctx context.Context, network, addr string) (net.Conn, error)
 	method   string                     // "" is GET
 	body     []byte                     // sent with every request
+	header   http.Header                // sent with every request
 	check    func(*http.Response) error // reads a 200's body; nil: exactly -size bytes
 }
 
@@ -206,6 +207,9 @@ func newClient(ctx context.Context, t target, dials *atomic.Int64) (*client, err
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{TLSHandshakeDone: c.countHandshake})
 	if c.req, err = http.NewRequestWithContext(ctx, t.method, t.url, nil); err != nil {
 		return nil, err
+	}
+	for k, v := range t.header {
+		c.req.Header[k] = v
 	}
 	if t.body != nil {
 		c.req.Header.Set("Content-Type", "application/json")

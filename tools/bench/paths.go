@@ -100,6 +100,7 @@ var paths = []pathSpec{
 		"as oauth2, but a github_app credential on a \"github\": \"git\" entry: the installation token egressd minted at the upstream's token endpoint (App JWT, cached for its hour), sent as HTTP Basic x-access-token"),
 	vaultPath(),
 	placeholderPathSpec(),
+	awsPathSpec(),
 	hookPathSpec(),
 	transparentPathSpec(),
 	idlePathSpec(), // not in defaultPaths: make bench-idle

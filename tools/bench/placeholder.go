@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -66,52 +67,57 @@ func servePlaceholder(w http.ResponseWriter, r *http.Request, body []byte) {
 	_, _ = w.Write(body)
 }
 
-// measurePlaceholder starts the path's egressd, reads the placeholder and runs
-// the rounds of direct and through-egressd POSTs.
+// measurePlaceholder runs the rounds of direct and through-egressd POSTs.
 func measurePlaceholder(ctx context.Context, env pathEnv) ([]pathResult, error) {
 	cfg, files := placeholderConfig(env.w.up, env.dns.Addr)
-	pe, err := startEgressd(ctx, env.o.egressd, filepath.Join(env.dir, placeholderRow), cfg, files)
+	injects := "the value of " + placeholderCredential + " in place of its placeholder (body)"
+	return measureOwn(ctx, env, placeholderPathSpec(), injects, cfg, files, func(pe *egressd, vars map[string]string, roots *x509.CertPool) (target, target, error) {
+		ph := vars[placeholderEnvName]
+		if !strings.HasPrefix(ph, placeholderPrefix) {
+			return target{}, target{}, fmt.Errorf("/v1/sandbox/env gave %s %q, not a placeholder", placeholderEnvName, ph)
+		}
+		up := env.w.up
+		url := strings.TrimSuffix(env.w.hostURL(placeholderHost), "/") + placeholderPath
+		return target{url: url, dialAddr: up.tlsAddr, roots: up.roots, method: http.MethodPost, body: placeholderBody(placeholderValue), check: drain},
+			target{url: url, proxy: pe.proxyURL, roots: roots, method: http.MethodPost, body: placeholderBody(ph), check: drain}, nil
+	})
+}
+
+// measureOwn starts the path's egressd of its own (cfg and files: a policy file
+// with an env section), reads the sandbox's variables from its GET
+// /v1/sandbox/env, and runs the rounds of the direct and through-egressd targets
+// made from them.
+func measureOwn(ctx context.Context, env pathEnv, spec pathSpec, injects string, cfg *egressdtest.Config, files map[string]string,
+	targets func(pe *egressd, vars map[string]string, roots *x509.CertPool) (direct, via target, err error)) ([]pathResult, error) {
+	pe, err := startEgressd(ctx, env.o.egressd, filepath.Join(env.dir, spec.name), cfg, files)
 	if err != nil {
-		return nil, fmt.Errorf("%s egressd: %w", placeholderRow, err)
+		return nil, fmt.Errorf("%s egressd: %w", spec.name, err)
 	}
 	defer pe.stop()
-	ph, err := sandboxPlaceholder(pe)
+	b, err := pe.adminGet("/v1/sandbox/env")
+	var vars map[string]string
+	if err == nil {
+		err = json.Unmarshal(b, &vars)
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("/v1/sandbox/env: %w", err)
 	}
 	roots, err := pe.CAPool()
 	if err != nil {
 		return nil, err
 	}
+	direct, via, err := targets(pe, vars, roots)
+	if err != nil {
+		return nil, err
+	}
 	up, lo := env.w.up, env.o.load()
-	url := strings.TrimSuffix(env.w.hostURL(placeholderHost), "/") + placeholderPath
-	direct := target{url: url, dialAddr: up.tlsAddr, roots: up.roots, method: http.MethodPost, body: placeholderBody(placeholderValue), check: drain}
-	via := target{url: url, proxy: pe.proxyURL, roots: roots, method: http.MethodPost, body: placeholderBody(ph), check: drain}
-	rb := newRow(placeholderRow, placeholderPathSpec().desc, "the value of "+placeholderCredential+" in place of its placeholder (body)")
+	rb := newRow(spec.name, spec.desc, injects)
 	err = runRounds(env, pe, func(int) (runResult, error) { return runCounted(ctx, direct, lo, up, nil) },
 		[]leg{{row: rb, run: func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, via, lo, up, cpu) }}}, nil)
 	if err != nil {
 		return nil, err
 	}
 	return []pathResult{rb.finish(pe)}, nil
-}
-
-// sandboxPlaceholder reads placeholderEnvName's placeholder from egressd's
-// GET /v1/sandbox/env, what the sandbox's environment gets.
-func sandboxPlaceholder(e *egressd) (string, error) {
-	b, err := e.adminGet("/v1/sandbox/env")
-	if err != nil {
-		return "", fmt.Errorf("/v1/sandbox/env: %w", err)
-	}
-	var envs map[string]string
-	if err := json.Unmarshal(b, &envs); err != nil {
-		return "", fmt.Errorf("/v1/sandbox/env: %w", err)
-	}
-	ph := envs[placeholderEnvName]
-	if !strings.HasPrefix(ph, placeholderPrefix) {
-		return "", fmt.Errorf("/v1/sandbox/env gave %s %q, not a placeholder", placeholderEnvName, ph)
-	}
-	return ph, nil
 }
 
 // placeholderConfig is baseConfig but for the policy file (one entry and the

@@ -158,6 +158,7 @@ func (r *report) writeNotes(w io.Writer) {
 	r.compareNote(w, "hook", hookOtherRow, fmt.Sprintf(" (a signed pre_tool_execution call vs the same %d-byte POST to a URL of the same entry that is no hook's)", hookBodySize))
 	r.writeAttackNote(w)
 	r.compareNote(w, placeholderRow, "credential", fmt.Sprintf(" (a %d-byte JSON body's placeholder replaced vs an injected Authorization on a GET)", placeholderBodySize))
+	r.compareNote(w, awsRow, "credential", " (a GET signed again with SigV4 vs an injected Authorization)")
 	r.compareNote(w, "transparent", transparentExplicitRow, " (one egressd, spliced TLS to "+transparentHost+":"+standInPort+": from the sandbox namespace via the DNAT vs CONNECT from outside)")
 	r.writeLeafNote(w)
 	if r.Settings.Rounds > 1 {

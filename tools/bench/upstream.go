@@ -178,6 +178,10 @@ func (u *upstream) fixedBody(size int) http.HandlerFunc {
 			servePlaceholder(w, r, body)
 			return
 		}
+		if r.URL.Path == awsPath && !awsVerified(r) {
+			http.Error(w, "the signature does not verify under the real keys", http.StatusForbidden)
+			return
+		}
 		u.countTransform(r)
 		hdr := w.Header()
 		if v := r.Header["Authorization"]; len(v) == 1 {

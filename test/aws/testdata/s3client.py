@@ -2,22 +2,27 @@
 
 usage: s3client.py ENDPOINT BUCKET CASE
 CASE put: create the bucket, put objects (a single PUT, one with a trailing
-checksum, a multipart upload), get them back; wrong_region, wrong_service: one
+checksum, a multipart upload), get them back; ranged: put a 20 MiB object and
+download it as boto3 does above multipart_threshold (ranged GETs); wrong_region, wrong_service: one
 call that egressd must refuse. Prints one JSON object: what was sent
 (X-Amz-Content-SHA256 per operation) and what came back.
 """
 import hashlib
+import io
 import json
+import os
 import sys
+import tempfile
 
 import boto3
+from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import ClientError
 from botocore.history import get_global_history_recorder
 
 endpoint, bucket, case = sys.argv[1:4]
 sent = []
-last = {}
+last = {"partial": 0}
 
 
 def record(request, **_):
@@ -32,6 +37,7 @@ class LastResponse:
         if event_type == "HTTP_RESPONSE":
             last["status"] = payload["status_code"]
             last["reason"] = payload["headers"].get("egressd-reason", "")
+            last["partial"] += payload["status_code"] == 206
 
 
 recorder = get_global_history_recorder()
@@ -81,8 +87,22 @@ def put():
     return {"got": got}
 
 
+def ranged():
+    s3 = client()
+    body = os.urandom(20 << 20)
+    cfg = TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20)
+    s3.upload_fileobj(io.BytesIO(body), bucket, "ranged", Config=cfg)
+    with tempfile.TemporaryDirectory() as d:
+        s3.download_file(bucket, "ranged", d + "/ranged", Config=cfg)
+        with open(d + "/ranged", "rb") as f:
+            data = f.read()
+    return {"got": {"ranged": hashlib.sha256(data).digest() == hashlib.sha256(body).digest()},
+            "partial": last["partial"]}
+
+
 cases = {
     "put": put,
+    "ranged": ranged,
     "wrong_region": lambda: refused(lambda: client(region="eu-west-1").list_objects_v2(Bucket=bucket)),
     "wrong_service": lambda: refused(lambda: client("sqs").list_queues()),
 }
