@@ -37,9 +37,7 @@ tool helm helm.sh/helm/v4/cmd/helm "$(pin helmVersion)"
 tool kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$(pin kubeconformVersion)"
 
 # The schema sources: a no-op when the module cache has them.
-# The pins are read here, in the checkout: the download runs outside any module.
-mods=("$(pin kubernetesModule)" "$(pin prometheusOperatorMod)")
-(cd "$cache" && GOFLAGS=-mod=mod go mod download "${mods[@]}")
+(cd "$cache" && GOFLAGS=-mod=mod go mod download "$(pin kubernetesModule)" "$(pin prometheusOperatorMod)")
 
 if ! command -v docker-compose >/dev/null 2>&1; then
   if [ "$(id -u)" -ne 0 ]; then
