@@ -8,7 +8,7 @@ LDFLAGS     := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 STATICCHECK := $(CACHE)/bin/staticcheck
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build run test deps lint unit fuzz bench bench-idle soak clean
+.PHONY: all build run test deps lint unit fuzz bench bench-idle soak clean validate-manifests
 
 all: build
 
@@ -37,6 +37,19 @@ deps:
 	@scripts/install-deploy-deps.sh
 	@scripts/vaultdev.sh build >/dev/null
 	@scripts/minio.sh build >/dev/null
+
+## validate-manifests: kubeconform, offline, on MANIFESTS (default: the plain
+## sidecar manifest), then on the chart rendered with its defaults, against the schemas
+## deploy/kubeconform_test.go makes, kept in $(CACHE)/kubeconform-schemas. Needs
+## scripts/install-deploy-deps.sh once (make deps does it).
+SCHEMAS   := $(CACHE)/kubeconform-schemas
+MANIFESTS ?= deploy/kubernetes/egressd-sidecar.yaml
+validate-manifests:
+	EGRESSD_KUBECONFORM_SCHEMAS=$(SCHEMAS) EGRESSD_REQUIRE_DEPLOY_TOOLS=1 \
+	  $(GO) test -count=1 -run '^TestKubeconform$$' ./deploy/ >/dev/null
+	$(CACHE)/bin/kubeconform -strict -summary -schema-location '$(SCHEMAS)/{{ .ResourceKind }}{{ .KindSuffix }}.json' $(MANIFESTS)
+	$(CACHE)/bin/helm template egressd deploy/helm/egressd | $(CACHE)/bin/kubeconform -strict -summary \
+	  -schema-location '$(SCHEMAS)/{{ .ResourceKind }}{{ .KindSuffix }}.json' -
 
 lint: $(STATICCHECK)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -24,6 +24,7 @@ const (
 	kubeconformVersion     = "v0.7.0"
 	helmVersion            = "v4.3.2"
 	requireDeployToolsEnv  = "EGRESSD_REQUIRE_DEPLOY_TOOLS"
+	keepSchemasEnv         = "EGRESSD_KUBECONFORM_SCHEMAS"
 	kubeconformSchemaNames = "{{ .ResourceKind }}{{ .KindSuffix }}.json"
 )
 
@@ -85,10 +86,17 @@ func moduleDir(t *testing.T, mod string) string {
 
 // kubeconformSchemas writes the schemas of schemaKinds and crdKinds into a
 // directory, strict (an unknown field is an error, as kubectl's server-side
-// field validation makes it), and returns it.
+// field validation makes it), and returns it. With EGRESSD_KUBECONFORM_SCHEMAS
+// set the directory is that one and stays, for kubeconform run by hand
+// (make validate-manifests).
 func kubeconformSchemas(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
+	dir := os.Getenv(keepSchemasEnv)
+	if dir == "" {
+		dir = t.TempDir()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	var swagger struct {
 		Definitions map[string]map[string]any `json:"definitions"`
 	}

@@ -110,10 +110,12 @@ type (
 		ReadinessProbe  *probe          `yaml:"readinessProbe"`
 		LivenessProbe   *probe          `yaml:"livenessProbe"`
 		SecurityContext securityContext `yaml:"securityContext"`
-		VolumeMounts    []struct {
-			Name      string `yaml:"name"`
-			MountPath string `yaml:"mountPath"`
-		} `yaml:"volumeMounts"`
+		VolumeMounts    []volumeMount   `yaml:"volumeMounts"`
+	}
+	volumeMount struct {
+		Name      string `yaml:"name"`
+		MountPath string `yaml:"mountPath"`
+		ReadOnly  bool   `yaml:"readOnly"`
 	}
 	containerPort struct {
 		Name          string `yaml:"name"`
@@ -321,6 +323,10 @@ func checkWorkload(t *testing.T, w *workload) {
 				}
 			}
 		}
+	})
+
+	t.Run("agent trust", func(t *testing.T) {
+		checkAgentTrust(t, w, cfg, egressd)
 	})
 
 	t.Run("init script", func(t *testing.T) {

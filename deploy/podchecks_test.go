@@ -12,6 +12,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/egressd/egressd/internal/config"
+	egressdtls "github.com/egressd/egressd/internal/tls"
 )
 
 // adminView is the admin section of egressd's config as written (a Unix socket
@@ -74,6 +75,28 @@ func checkAdminSplit(t *testing.T, w *workload, admin adminView, egressd, initC 
 	}
 	checkNetworkPolicy(t, w, health)
 	checkScrape(t, w, egressd, health)
+	checkRules(t, w)
+}
+
+// checkRules: a PrometheusRule watches the CA's expiry and credentials that
+// cannot be served (the pod stays ready while one cannot).
+func checkRules(t *testing.T, w *workload) {
+	for _, o := range w.others {
+		if o.Kind != "PrometheusRule" {
+			continue
+		}
+		var exprs []string
+		for _, g := range o.Spec.Groups {
+			for _, r := range g.Rules {
+				exprs = append(exprs, r.Expr)
+			}
+		}
+		for _, must := range []string{"egressd_ca_expiry_timestamp_seconds", "egressd_credential_ready"} {
+			if !strings.Contains(strings.Join(exprs, "\n"), must) {
+				t.Errorf("PrometheusRule %s does not watch %s", o.Metadata.Name, must)
+			}
+		}
+	}
 }
 
 // checkNetworkPolicy: a NetworkPolicy selects the pod for ingress and admits
@@ -218,4 +241,41 @@ func checkCredentialMounts(t *testing.T, w *workload, cfg *config.Config, egress
 			}
 		}
 	}
+}
+
+// checkAgentTrust: every workload container trusts egressd's CA as `egressd ca
+// env` makes a host's sandbox trust it (the merged bundle, the CA alone for
+// Node, the Java trust store), from the files egressd writes into
+// tls.ca_public_dir, on a volume egressd mounts writable and the container
+// read-only at the same path.
+func checkAgentTrust(t *testing.T, w *workload, cfg *config.Config, egressd container) {
+	dir := cfg.TLS.CAPublicDir
+	own := mountAbove(egressd, dir)
+	if own == nil || own.ReadOnly || w.volume(own.Name) == nil || w.volume(own.Name).EmptyDir == nil {
+		t.Fatalf("tls.ca_public_dir %s is not on a writable emptyDir mount of egressd", dir)
+	}
+	pub := egressdtls.Public{Dir: dir, Cert: path.Join(dir, egressdtls.PublicCertName),
+		Bundle: path.Join(dir, egressdtls.BundleName), TrustStore: path.Join(dir, egressdtls.TrustStoreName)}
+	for _, c := range w.pod.Containers {
+		m := mountAbove(c, dir)
+		if m == nil || m.Name != own.Name || m.MountPath != own.MountPath || !m.ReadOnly {
+			t.Errorf("container %s does not mount egressd's %s read-only at %s", c.Name, own.Name, own.MountPath)
+		}
+		for _, kv := range egressdtls.ClientEnv(pub) {
+			name, value, _ := strings.Cut(kv, "=")
+			wantEnv(t, c, name, value)
+		}
+	}
+}
+
+// mountAbove is c's volume mount that holds dir, the deepest one.
+func mountAbove(c container, dir string) *volumeMount {
+	var best *volumeMount
+	for i, m := range c.VolumeMounts {
+		mp := path.Clean(m.MountPath)
+		if (dir == mp || strings.HasPrefix(dir, mp+"/")) && (best == nil || len(mp) > len(best.MountPath)) {
+			best = &c.VolumeMounts[i]
+		}
+	}
+	return best
 }

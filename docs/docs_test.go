@@ -254,7 +254,7 @@ func TestObservabilityNamesRealMetrics(t *testing.T) {
 			t.Errorf("deploy/observability names %s, which egressd does not export", m)
 		}
 	}
-	for _, must := range []string{`egressd_requests_total{decision="deny"`, "egressd_credential_age_seconds",
+	for _, must := range []string{`egressd_requests_total{decision="deny"`, "egressd_credential_age_seconds", "egressd_credential_ready",
 		`outcome="failed_closed"`, `egressd_config_reloads_total{result="error"}`, `reason="overloaded"`, "egressd_scrubbed_total"} {
 		if !strings.Contains(all, must) {
 			t.Errorf("deploy/observability does not watch %s", must)

@@ -54,6 +54,27 @@ func TestRunOAuth2FirstTokenBound(t *testing.T) {
 	}
 }
 
+// TestRunOAuth2FirstTokenPendingInReadyz: while an oauth2 credential's first token
+// call is in flight (the token endpoint silent), /readyz says it is pending, not
+// ready and with no error (a request would wait for it), rather than no_access_token.
+func TestRunOAuth2FirstTokenPendingInReadyz(t *testing.T) {
+	t.Parallel()
+	te := startTokenEndpoint(t, 60)
+	te.delay.Store(-1)
+	d, _, _ := startOAuthRunner(t, te, startRecordingUpstream(t), "")
+	code, body, err := d.AdminGet("/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ready readyBody
+	if err := json.Unmarshal(body, &ready); err != nil {
+		t.Fatal(err)
+	}
+	if st := ready.Credentials["api"]; code != http.StatusOK || st.Ready || !st.Pending || st.Error != "" {
+		t.Fatalf("/readyz %d, api %+v during the first token call; want 200 and api pending, not ready, no error", code, st)
+	}
+}
+
 // readyBody is the part of /readyz these tests read.
 type readyBody struct {
 	Ready       bool                         `json:"ready"`

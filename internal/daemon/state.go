@@ -67,7 +67,8 @@ func (d *Daemon) Ready() (bool, map[string]any) {
 }
 
 // credentialStates is each credential's state, as the store has it and with an
-// oauth2 credential ready only while it holds an access token.
+// oauth2 credential ready only while it holds an access token, and pending (no
+// error yet) while its first token call is to come or in flight.
 func (d *Daemon) credentialStates() map[string]credential.Status {
 	d.mu.Lock()
 	store := d.creds.store
@@ -77,6 +78,9 @@ func (d *Daemon) credentialStates() map[string]credential.Status {
 	for id, st := range states {
 		if st.Ready && !tokens.Ready(id) {
 			st.Ready, st.Error = false, credential.CauseNoAccessToken
+			if tokens.Pending(id) {
+				st.Pending, st.Error = true, ""
+			}
 			states[id] = st
 		}
 	}

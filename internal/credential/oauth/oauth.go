@@ -242,6 +242,25 @@ func (m *Manager) Ready(id string) bool {
 	return t != nil && m.o.Now().Before(t.expiry)
 }
 
+// Pending reports whether id is an oauth2 credential whose first token call is still
+// to come or in flight (a request would wait for it, AwaitToken). It starts nothing.
+func (m *Manager) Pending(id string) bool {
+	v, err := m.src.Get(id)
+	if err != nil || v.OAuth2 == nil {
+		return false
+	}
+	st := m.state(id)
+	if st.cur.Load() != nil {
+		return false
+	}
+	select {
+	case <-st.first:
+		return false
+	default:
+		return true
+	}
+}
+
 // Wait blocks until the background work has ended (after Start's ctx ended).
 func (m *Manager) Wait() { m.wg.Wait() }
 

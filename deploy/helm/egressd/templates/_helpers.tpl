@@ -45,3 +45,34 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The directory egressd writes its CA's public files into (tls.ca_public_dir):
+a subdirectory of the egressd-ca-public emptyDir, since egressd makes it 0755 and
+cannot chmod the volume's root. */}}
+{{- define "egressd.caPublicMount" -}}/var/run/egressd-ca{{- end -}}
+{{- define "egressd.caPublicDir" -}}{{ include "egressd.caPublicMount" . }}/ca{{- end -}}
+
+{{/* egressd.workloadContainers: the workload's containers, each trusting egressd's
+CA as `egressd ca env` sets it up on a host (the merged bundle for the clients that
+replace their roots, the CA alone for Node, the Java trust store), from the
+egressd-ca-public volume mounted read-only. A container's own env comes after, so
+it can override one. */}}
+{{- define "egressd.workloadContainers" -}}
+{{- $dir := include "egressd.caPublicDir" . -}}
+{{- $bundle := printf "%s/ca-bundle.pem" $dir -}}
+{{- $trust := list -}}
+{{- range list "SSL_CERT_FILE" "REQUESTS_CA_BUNDLE" "CURL_CA_BUNDLE" "GIT_SSL_CAINFO" "CARGO_HTTP_CAINFO" "PIP_CERT" "DENO_CERT" -}}
+{{- $trust = append $trust (dict "name" . "value" $bundle) -}}
+{{- end -}}
+{{- $trust = append $trust (dict "name" "NODE_EXTRA_CA_CERTS" "value" (printf "%s/ca.pem" $dir)) -}}
+{{- $trust = append $trust (dict "name" "JAVA_TOOL_OPTIONS" "value" (printf "-Djavax.net.ssl.trustStore=%s/ca-truststore.p12 -Djavax.net.ssl.trustStoreType=PKCS12 -Djavax.net.ssl.trustStorePassword=egressd-public" $dir)) -}}
+{{- $mount := dict "name" "egressd-ca-public" "mountPath" (include "egressd.caPublicMount" .) "readOnly" true -}}
+{{- $out := list -}}
+{{- range .Values.workload.containers -}}
+{{- $c := deepCopy . -}}
+{{- $_ := set $c "env" (concat $trust (default list .env)) -}}
+{{- $_ := set $c "volumeMounts" (append (default list .volumeMounts) $mount) -}}
+{{- $out = append $out $c -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
