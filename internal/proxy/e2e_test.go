@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/proxy"
 )
 
 func contextWithTimeout(t *testing.T, d time.Duration) context.Context {
@@ -218,6 +220,32 @@ func TestOversizedHeadGets431(t *testing.T) {
 	assertRefused(t, resp, 431, "bad_request", "header_too_large")
 	if n := w.Upstream.requests.Load(); n != 0 {
 		t.Errorf("upstream saw %d request(s)", n)
+	}
+}
+
+// TestTooManyFieldsGets431: a head within limits.max_header_bytes but of more
+// fields than proxy.MaxHeadLines allows (each costs far more parsed than sent) is
+// refused as too large, whether it fits the read buffer or not; one at the bound
+// is served.
+func TestTooManyFieldsGets431(t *testing.T) {
+	w := newWorld(t, worldOpts{})
+	fields := func(n int) string {
+		var b strings.Builder
+		for i := range n {
+			fmt.Fprintf(&b, "Z%x:\r\n", i)
+		}
+		return b.String()
+	}
+	for _, n := range []int{proxy.MaxHeadLines, 1000, 12000} {
+		resp := w.raw("GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n" + fields(n) + "\r\n")
+		assertRefused(t, resp, 431, "bad_request", "header_too_large")
+	}
+	if n := w.Upstream.requests.Load(); n != 0 {
+		t.Errorf("upstream saw %d request(s)", n)
+	}
+	resp := w.raw("GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n" + fields(proxy.MaxHeadLines-2) + "\r\n")
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("%d fields: %s, want 200", proxy.MaxHeadLines-1, resp.Status)
 	}
 }
 

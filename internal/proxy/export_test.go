@@ -47,3 +47,6 @@ func (s *Server) Admitting() int {
 	}
 	return n
 }
+
+// MaxHeadLines is maxHeadLines, for the external tests.
+const MaxHeadLines = maxHeadLines

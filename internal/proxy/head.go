@@ -14,8 +14,16 @@ import (
 	"github.com/egressd/egressd/internal/membudget"
 )
 
-// errHeadTooLarge is returned when a request head exceeds limits.max_header_bytes.
+// errHeadTooLarge is returned when a request head exceeds limits.max_header_bytes,
+// or has more than maxHeadLines lines.
 var errHeadTooLarge = errors.New("request head too large")
+
+// maxHeadLines bounds a request head's lines (its request line and fields), as
+// Envoy's max_headers_count does (100 by default): net/http's parsed form of a
+// field costs far more than its bytes, so a head of thousands of one-byte fields,
+// within limits.max_header_bytes, would cost megabytes outside the memory budget
+// once parsed and held with its request.
+const maxHeadLines = 101
 
 // A request head is held once while it is read, and checked as sent before net/http
 // parses it: the framing checks below must see the bytes net/http would normalise
@@ -133,18 +141,22 @@ func (s *headScan) feed(b []byte) int {
 	return -1
 }
 
+// over reports whether what has been scanned is past max bytes or maxHeadLines
+// lines (the empty line that ends the head not counted).
+func (s *headScan) over(max int) bool { return s.seen > max || s.lines > maxHeadLines+1 }
+
 // inBuffer waits until br holds the whole head, and returns its length, or -1
 // once the buffer is full without it.
 func (s *headScan) inBuffer(br *bufio.Reader, max int) (int, error) {
 	for {
 		b, _ := br.Peek(br.Buffered())
 		if end := s.feed(b[s.seen:]); end >= 0 {
-			if s.seen > max {
+			if s.over(max) {
 				return 0, errHeadTooLarge
 			}
 			return s.seen, nil
 		}
-		if s.seen > max {
+		if s.over(max) {
 			return 0, errHeadTooLarge
 		}
 		if s.seen == br.Size() {
@@ -204,6 +216,9 @@ func (lh *largeHead) read(br *bufio.Reader, scan *headScan, max int) error {
 		}
 		if end = scan.feed(b); end >= 0 {
 			b = b[:end]
+		}
+		if scan.over(max) {
+			return errHeadTooLarge
 		}
 	}
 }

@@ -181,6 +181,21 @@ func (h *responseHead) release() {
 	}
 }
 
+// errResponseFields refuses a response whose head has more fields than a request's
+// may (maxHeadLines): each costs far more parsed than sent, and a response is held
+// until it ends.
+var errResponseFields = &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: "response_header_count",
+	Err: errors.New("the upstream's response head has too many fields")}
+
+// fieldCount is the number of h's field lines.
+func fieldCount(h http.Header) int {
+	n := 0
+	for _, vs := range h {
+		n += len(vs)
+	}
+	return n
+}
+
 // headerSize is the bytes of h's names and values, as sent.
 func headerSize(h http.Header) int64 {
 	var n int64

@@ -350,13 +350,21 @@ func TestResponseHeadsBounded(t *testing.T) {
 	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
 		kb, _ := strconv.Atoi(r.URL.Query().Get("kb"))
 		rw.Header().Set("X-Big", strings.Repeat("b", kb<<10))
+		fields, _ := strconv.Atoi(r.URL.Query().Get("fields"))
+		for i := range fields {
+			rw.Header().Set(fmt.Sprintf("Z%x", i), "")
+		}
 		io.WriteString(rw, "ok")
 	})
 	for _, proto := range protos {
 		if got := w.fetch(t, proto, "api.allowed.test", "/?kb=8", nil); got.resp.StatusCode != http.StatusOK {
 			t.Errorf("%s: an 8 KiB head: %d, want 200", proto, got.resp.StatusCode)
 		}
-		got := w.fetch(t, proto, "api.allowed.test", "/?kb=100", nil)
+		got := w.fetch(t, proto, "api.allowed.test", "/?fields=1000", nil)
+		if r := got.resp; r.StatusCode != http.StatusBadGateway || !strings.Contains(string(got.body), "response_header_count") {
+			t.Errorf("%s: a head of 1000 fields: %d %s, want 502 response_header_count", proto, r.StatusCode, got.body)
+		}
+		got = w.fetch(t, proto, "api.allowed.test", "/?kb=100", nil)
 		if r := got.resp; r.StatusCode != http.StatusBadGateway || r.Header.Get("Egressd-Reason") != "upstream_unreachable" {
 			t.Errorf("%s: a 100 KiB head past max_header_bytes: %d %q, want 502 upstream_unreachable",
 				proto, r.StatusCode, r.Header.Get("Egressd-Reason"))

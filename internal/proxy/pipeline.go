@@ -206,6 +206,11 @@ func (x *exchange) roundTrip(out *http.Request) (*http.Response, error) {
 		head.release()
 		return nil, err
 	}
+	if fieldCount(resp.Header) >= maxHeadLines {
+		resp.Body.Close()
+		head.release()
+		return nil, errResponseFields
+	}
 	head.settle(resp)
 	removeEgressdHeaders(resp.Header)
 	return resp, nil
