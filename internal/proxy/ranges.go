@@ -49,9 +49,10 @@ func wantedRange(out *http.Request) byteRange {
 		r.first, err = strconv.ParseInt(a, 10, 64)
 		r.set = err == nil && r.first >= 0
 	default:
+		var errLast error
 		r.first, err = strconv.ParseInt(a, 10, 64)
-		r.last, _ = strconv.ParseInt(b, 10, 64)
-		r.set = err == nil && r.first >= 0 && r.last >= r.first
+		r.last, errLast = strconv.ParseInt(b, 10, 64)
+		r.set = err == nil && errLast == nil && r.first >= 0 && r.last >= r.first
 	}
 	return r
 }
