@@ -1,5 +1,7 @@
 package proxy
 
+import "github.com/egressd/egressd/internal/membudget"
+
 // HoldLane takes every free slot of the hook lane of each listener that has a
 // connection open, with no connection behind them (none to cut), and returns
 // the function that gives them back: what a lane looks like when newcomers
@@ -50,3 +52,11 @@ func (s *Server) Admitting() int {
 
 // MaxHeadLines is maxHeadLines, for the external tests.
 const MaxHeadLines = maxHeadLines
+
+// SpendBudget takes from the memory budget all but room bytes, as a conns
+// holding would, and returns the function that gives them back.
+func (s *Server) SpendBudget(room int64) (restore func()) {
+	n := max(s.mem.Room()-room, 0)
+	s.mem.Take(membudget.Conns, n)
+	return func() { s.mem.Release(membudget.Conns, n) }
+}

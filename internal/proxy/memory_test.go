@@ -20,6 +20,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/membudget"
 )
 
 // smallBudget is limits.memory in these tests: hook bodies get half of it, large
@@ -189,10 +190,13 @@ func TestUpstreamWindowsBounded(t *testing.T) {
 
 // TestH2WindowsDrawOnTheBudget: an intercepted HTTP/2 stream with a body reserves
 // its receive window from the budget, and so does each upstream HTTP/2 stream; a
-// client that reads nothing and opens more streams than the budget's windows can
-// hold has the newest refused 503 overloaded (detail memory_h2_windows), and the
-// windows return to the budget when the connection ends. With smallBudget the
-// windows have 4 MiB: 16 upstream streams, or 8 streams that also send a body.
+// client that reads nothing and opens more streams than the budget can hold has
+// the newest refused 503 overloaded, and the windows return to the budget when
+// the connection ends. With smallBudget the windows have 4 MiB: 16 upstream
+// streams, or 8 streams that also send a body. Which holder runs out first
+// depends on how the streams interleave (each also reserves its request and its
+// awaited response head, holder conns), so the refusal's detail is pinned below,
+// with a budget left exactly too small for one more window.
 func TestH2WindowsDrawOnTheBudget(t *testing.T) {
 	for _, tc := range []struct {
 		name, method string
@@ -203,26 +207,53 @@ func TestH2WindowsDrawOnTheBudget(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newInjectWorld(t, worldOpts{limits: withBudget(smallBudget)})
-			w.Upstream.handler.Store(ptr(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-				rw.WriteHeader(http.StatusOK)
-				http.NewResponseController(rw).Flush()
-				rw.Write(make([]byte, 1<<20)) // held by the windows: the client reads nothing
-				io.Copy(io.Discard, r.Body)   // a body that never comes
-			})))
+			w.Upstream.handler.Store(ptr(holdingHandler))
 			fr := zeroWindowClient(t, w, "api.allowed.test")
 			openStreams(t, fr, tc.method, "api.allowed.test", tc.streams)
 			waitFor(t, func() bool { return fr.status("503") > 0 }, "a stream refused for the budget")
 			if got := w.budgetHeld("h2_windows"); got <= 0 || got > smallBudget/2 {
 				t.Errorf("HTTP/2 windows hold %.0f bytes of the budget, want some and at most %d", got, smallBudget/2)
 			}
-			waitFor(t, func() bool { return strings.Contains(w.logs.String(), `"detail":"memory_h2_windows"`) },
-				"the refusal's record, detail memory_h2_windows")
+			waitFor(t, func() bool { return strings.Contains(w.logs.String(), `"reason":"overloaded","detail":"memory_`) },
+				"the refusal's record")
 			fr.Close()
 			waitFor(t, func() bool { return w.budgetHeld("h2_windows") == 0 }, "the windows to return to the budget")
 			t.Logf("%d %s streams: %d refused for the budget", tc.streams, tc.method, fr.status("503"))
 		})
 	}
 }
+
+// TestH2WindowRefusalDetail: a stream that finds room for its request and its
+// awaited response head but not for its upstream window is refused 503
+// overloaded with detail memory_h2_windows, and reaches no upstream.
+func TestH2WindowRefusalDetail(t *testing.T) {
+	w := newInjectWorld(t, worldOpts{limits: withBudget(smallBudget)})
+	w.Upstream.handler.Store(ptr(holdingHandler))
+	fr := zeroWindowClient(t, w, "api.allowed.test")
+	request := membudget.RequestCost + 2*int64(config.DefaultMaxHeaderBytes)
+	restore := w.Server.SpendBudget(request + upstreamWindow/2)
+	defer restore()
+	openStreams(t, fr, "GET", "api.allowed.test", 1)
+	waitFor(t, func() bool { return fr.status("503") > 0 }, "the stream refused for the budget")
+	waitFor(t, func() bool { return strings.Contains(w.logs.String(), `"detail":"memory_h2_windows"`) },
+		"the refusal's record, detail memory_h2_windows")
+	if n := w.Upstream.requests.Load(); n != 0 {
+		t.Errorf("the upstream saw %d requests, want none", n)
+	}
+}
+
+// upstreamWindow is the receive window egressd's upstream HTTP/2 client holds
+// for each stream (memory.go).
+const upstreamWindow = 256 << 10
+
+// holdingHandler answers a head, then a body the windows hold while the client
+// reads nothing, and waits for a request body that never comes.
+var holdingHandler = http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+	rw.WriteHeader(http.StatusOK)
+	http.NewResponseController(rw).Flush()
+	rw.Write(make([]byte, 1<<20))
+	io.Copy(io.Discard, r.Body)
+})
 
 func ptr[T any](v T) *T { return &v }
 
