@@ -23,7 +23,7 @@ type requestBody struct {
 	onEOF  func() // runs once, when the body has been read to its end
 	// deadline, when set, is armed before each read of the client's body, so a
 	// client that stops sending its body mid-way cannot hold the connection (and
-	// an upstream one) forever (deadline.go).
+	// an upstream one) forever (server.go).
 	deadline *bodyDeadline
 	// sendContinue, when set, runs once before the first read: it answers the
 	// client's Expect: 100-continue, so that the client sends the body egressd

@@ -30,12 +30,12 @@ type conn struct {
 	idle atomic.Bool // waiting for the next request; Shutdown may close it
 	// slot is what the connection holds: a main slot, none yet (being admitted
 	// to the hook lane), or a lane slot; lane restricts it to pre-tool hook calls
-	// (lane.go). Inner connections of an intercepted tunnel share the outer's.
+	// (server.go). Inner connections of an intercepted tunnel share the outer's.
 	slot   slotKind
 	lane   bool
 	laneAt time.Time // when an outer lane connection took its slot
 	isCut  atomic.Bool
-	// cutCtx ends when a lane connection is cut (lane.go): a hook call on it then
+	// cutCtx ends when a lane connection is cut (server.go): a hook call on it then
 	// gets the deny at once. Nil outside the lane.
 	cutCtx context.Context
 	cutFn  context.CancelFunc
@@ -63,13 +63,13 @@ type conn struct {
 	streams   atomic.Int32
 	// waitSince is when the connection began waiting for the client (a request head
 	// or a ClientHello), in Unix nanoseconds; 0 while it is serving, evicted once
-	// an overloaded listener has taken its slot (slots.go).
+	// an overloaded listener has taken its slot (server.go).
 	waitSince atomic.Int64
 	// hookKeepAlive is set while the connection's last request was a pre-tool hook
-	// call: waiting for its next request, it is never evicted (slots.go).
+	// call: waiting for its next request, it is never evicted (server.go).
 	hookKeepAlive atomic.Bool
 
-	// mem is what the connection holds of the memory budget (connmem.go).
+	// mem is what the connection holds of the memory budget (server.go).
 	mem *connMem
 
 	// route is the connection's mode (mode.go), fixed before its first request.
@@ -186,7 +186,7 @@ func (c *conn) handle(snap *Snapshot, req *http.Request) bool {
 }
 
 // closeEvicted answers and records a connection whose slot a newcomer took
-// while it waited for its client (slots.go): 503 overloaded when the client has
+// while it waited for its client (server.go): 503 overloaded when the client has
 // begun a request or has yet to send its first, then a half-close and a bounded
 // drain. An idle keep-alive connection is only recorded: an answer it did not ask
 // for would be read as the answer to its next request.

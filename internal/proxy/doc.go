@@ -14,14 +14,11 @@
 // The files, in the order a request meets them (docs/architecture.md tells the
 // whole path):
 //
-//	server.go       Server, listeners, accept, Swap, Shutdown (drain)
-//	slots.go        connection slots at limits.max_connections: evicting the longest wait
-//	lane.go         the hook lane: slots kept for pre-tool hook calls
-//	connmem.go      what each connection holds of the memory budget; memory.go: the budget's shares, HTTP/2 windows
+//	server.go       Server, Swap, Shutdown, and admission: accept, connection slots, the hook
+//	                lane, what a connection and a request hold of the memory budget, deadlines
 //	conn.go         one client connection: the request loop, handle, refusal writing
 //	mode.go         the connection's mode (route); decideTunnel and planTunnel: what a tunnel becomes
 //	head.go         the bounded request head and its framing checks
-//	deadline.go     client read and write deadlines
 //	connect.go      CONNECT: decideTunnel, 200, ClientHello check, splice or intercept
 //	transparent.go  the transparent listener: original destination, SNI target, decideTunnel
 //	tlspeek.go      reading the ClientHello without consuming it

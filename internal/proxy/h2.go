@@ -132,7 +132,7 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	x.body.deadline = &bodyDeadline{set: rc.SetReadDeadline, perRead: snap.Limits.ReadHeader}
 	if h.c.lane {
-		// A lane connection carries one call (lane.go); net/http answers this
+		// A lane connection carries one call (server.go); net/http answers this
 		// with a GOAWAY, so the runtime's next call takes a new connection
 		// rather than racing the lane's cut of this one.
 		w.Header().Set("Connection", "close")

@@ -43,7 +43,7 @@ type Hooks struct {
 }
 
 // hookCallKey marks the context of a hook call's outbound request: its answer is
-// read into the hook share (hookbuf.go), not held in an HTTP/2 window (memory.go).
+// read into the hook share (hookbuf.go), not held in an HTTP/2 window (server.go).
 type hookCallKey struct{}
 
 func isHookCall(ctx context.Context) bool { return ctx.Value(hookCallKey{}) != nil }
@@ -147,7 +147,7 @@ func (x *exchange) validatedAnswer(resp *bufferedResponse) (*http.Response, stri
 	}, verdict, nil
 }
 
-// laneCut makes a cut of the lane connection (lane.go) end the call: one already
+// laneCut makes a cut of the lane connection (server.go) end the call: one already
 // cut is refused at once, one cut meanwhile sees its context end. The function
 // it returns stops watching for the cut.
 func (x *exchange) laneCut(ctx context.Context, prepErr error) (context.Context, func(), error) {

@@ -47,7 +47,7 @@ type exchange struct {
 	srv     *Server
 	metrics *metrics.Metrics
 	budget  *hookBudget     // buffered hook bodies, process-wide
-	cut     context.Context // a lane connection's cut (lane.go); nil elsewhere
+	cut     context.Context // a lane connection's cut (server.go); nil elsewhere
 	lane    *conn           // the outer lane connection; nil elsewhere
 	role    string          // the listener's role
 	req     *http.Request
