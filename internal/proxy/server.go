@@ -35,10 +35,10 @@ type Server struct {
 	log     zerolog.Logger
 	metrics *metrics.Metrics
 
-	// open holds the spliced tunnels and upgraded connections (redecide.go).
+	// open holds the spliced tunnels and upgraded connections (tunnel.go).
 	live openSet
 
-	// hookBuf is the process-wide budget of buffered hook bodies (hookbuf.go),
+	// hookBuf is the process-wide budget of buffered hook bodies (hookcall.go),
 	// a standing share of mem.
 	hookBuf hookBudget
 	// mem is the one memory budget (limits.memory) that large request heads,
@@ -75,7 +75,7 @@ func New(snap *Snapshot, log zerolog.Logger, m *metrics.Metrics) *Server {
 func (s *Server) Snapshot() *Snapshot { return s.snap.Load() }
 
 // Swap installs snap for new requests, decides every open tunnel and upgraded
-// connection again on it, ends those it refuses (redecide.go), and returns the
+// connection again on it, ends those it refuses (tunnel.go), and returns the
 // previous Snapshot.
 func (s *Server) Swap(snap *Snapshot) *Snapshot {
 	s.swapMu.Lock()
@@ -976,7 +976,7 @@ var errH2Windows = &refusal{Reason: allowlist.ReasonOverloaded, Detail: membudge
 // holdUpstreamWindow reserves a stream's window for a request the upstream client
 // sends on its HTTP/2 transport (upstream.Options.HoldWindow), until the response
 // body ends. Hook calls reserve none: egressd reads their answers itself, from the
-// hook share (hookbuf.go), so a flood of other holders cannot deny them.
+// hook share (hookcall.go), so a flood of other holders cannot deny them.
 func (snap *Snapshot) holdUpstreamWindow(ctx context.Context) (release func(), err error) {
 	if isHookCall(ctx) {
 		return nil, nil
