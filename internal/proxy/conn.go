@@ -879,3 +879,25 @@ func streamBody(src io.Reader, write func([]byte) error, flush func() error) (in
 		}
 	}
 }
+
+// clientWriter is the client side of a connection for writing: every write may
+// wait at most d for the client to take the bytes. A client that pipelines
+// requests and never reads their answers is closed after d instead of holding its
+// slot forever. Reads and everything else go to the embedded connection.
+type clientWriter struct {
+	net.Conn
+	d time.Duration
+}
+
+func (w *clientWriter) Write(p []byte) (int, error) {
+	w.Conn.SetWriteDeadline(time.Now().Add(w.d))
+	return w.Conn.Write(p)
+}
+
+// CloseWrite half-closes the connection when it can (a tunnel's end of input).
+func (w *clientWriter) CloseWrite() error {
+	if cw, ok := w.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return w.Conn.Close()
+}

@@ -23,7 +23,6 @@ import (
 	"github.com/egressd/egressd/internal/membudget"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/origdst"
-	"github.com/egressd/egressd/internal/placeholder"
 )
 
 // Server serves the sandbox-facing listeners. It holds the current Snapshot; Swap
@@ -924,51 +923,6 @@ const (
 	upstreamConnWindow   = 1 << 20
 )
 
-// errPlaceholderMemory refuses a request whose body the budget cannot hold for
-// placeholder replacement.
-var errPlaceholderMemory = &refusal{Reason: allowlist.ReasonOverloaded, Detail: membudget.Placeholders.Detail(),
-	Err: errors.New("limits.memory reached: too many request bodies held for placeholder replacement at once")}
-
-// holdPlaceholderBody reserves the buffer replacing placeholders in out's body
-// holds: a body of known length up to placeholder.MaxBody is read whole, into one
-// buffer of its declared length, before anything is forwarded, so a client that
-// declares a megabyte and sends one byte would otherwise make egressd allocate the
-// megabyte, once for every request it holds so. The reservation ends with the
-// request (out's context). It reports false, reserving nothing, when the budget
-// cannot hold it.
-func (x *exchange) holdPlaceholderBody(out *http.Request) bool {
-	n := out.ContentLength
-	if !x.snap.Placeholders.Active() || out.Body == nil || out.Body == http.NoBody || n <= 0 || n > placeholder.MaxBody {
-		return true
-	}
-	return holdBody(x.snap.mem, membudget.Placeholders, out, n)
-}
-
-// errHashedBodyMemory refuses a request whose body the budget cannot hold to hash it.
-var errHashedBodyMemory = &refusal{Reason: allowlist.ReasonOverloaded, Detail: membudget.AWSBodies.Detail(),
-	Err: errors.New("limits.memory reached: too many request bodies held to hash them for SigV4 at once")}
-
-// holdHashedBody returns what reserves the body sigv4 reads whole to hash it (a
-// request without X-Amz-Content-Sha256): like a placeholder body, its declared
-// length is allocated before a byte of it has come.
-func (x *exchange) holdHashedBody(out *http.Request) func(int64) error {
-	return func(n int64) error {
-		if !holdBody(x.snap.mem, membudget.AWSBodies, out, n) {
-			return errHashedBodyMemory
-		}
-		return nil
-	}
-}
-
-// holdBody reserves n bytes for h until out's request ends, or reports false.
-func holdBody(mem *membudget.Budget, h membudget.Holder, out *http.Request, n int64) bool {
-	if !mem.Reserve(h, n) {
-		return false
-	}
-	context.AfterFunc(out.Context(), func() { mem.Release(h, n) })
-	return true
-}
-
 // errH2Windows refuses a request or stream whose HTTP/2 window the budget cannot hold.
 var errH2Windows = &refusal{Reason: allowlist.ReasonOverloaded, Detail: membudget.H2Windows.Detail(),
 	Err: errors.New("limits.memory reached: too many HTTP/2 receive windows held at once")}
@@ -1006,99 +960,6 @@ func holdStreamWindow(mem *membudget.Budget, r *http.Request) (release func(), o
 	return func() { mem.Release(membudget.H2Windows, n) }, true
 }
 
-// errResponseHead refuses a request whose response head the budget cannot hold.
-var errResponseHead = &refusal{Reason: allowlist.ReasonOverloaded, Detail: membudget.Conns.Detail(),
-	Err: errors.New("limits.memory reached: too many responses awaited at once")}
-
-// responseHead is what an awaited response's head holds of the budget (holder
-// Conns): while the upstream sends it, as much as the transport accepts
-// (limits.max_header_bytes, for the bytes read and the header map built from
-// them); once it has come, what it really is, until the response ends.
-type responseHead struct {
-	mem  *membudget.Budget
-	held atomic.Int64
-}
-
-// holdResponseHead reserves a response head's bound before out is sent, until the
-// response's body is closed or, whatever path the response takes, out's request
-// ends. A hook call's is taken even past the limit: its answer is egressd's to give.
-func (x *exchange) holdResponseHead(out *http.Request) (*responseHead, error) {
-	h := &responseHead{mem: x.snap.mem}
-	n := 2 * int64(x.snap.Limits.MaxHeaderBytes)
-	if x.hook != nil {
-		h.mem.Take(membudget.Conns, n)
-	} else if !h.mem.Reserve(membudget.Conns, n) {
-		return nil, errResponseHead
-	}
-	h.held.Store(n)
-	context.AfterFunc(out.Context(), h.release)
-	return h, nil
-}
-
-// settle shrinks the reservation to resp's head and gives it back when resp's
-// body is closed (at once for a switched connection, whose body is the
-// connection itself and must keep its type).
-func (h *responseHead) settle(resp *http.Response) {
-	keep := 2 * headerSize(resp.Header)
-	if resp.StatusCode == http.StatusSwitchingProtocols {
-		keep = 0
-	}
-	if n := h.held.Load() - keep; n > 0 {
-		h.held.Add(-n)
-		h.mem.Release(membudget.Conns, n)
-	}
-	if keep > 0 && resp.Body != nil && resp.Body != http.NoBody {
-		resp.Body = &releasingBody{ReadCloser: resp.Body, release: h.release}
-		return
-	}
-	h.release()
-}
-
-// release gives back what is still held, once.
-func (h *responseHead) release() {
-	if n := h.held.Swap(0); n > 0 {
-		h.mem.Release(membudget.Conns, n)
-	}
-}
-
-// errResponseFields refuses a response whose head has more fields than a request's
-// may (maxHeadLines): each costs far more parsed than sent, and a response is held
-// until it ends.
-var errResponseFields = &refusal{Reason: allowlist.ReasonUpstreamUnreachable, Detail: "response_header_count",
-	Err: errors.New("the upstream's response head has too many fields")}
-
-// fieldCount is the number of h's field lines.
-func fieldCount(h http.Header) int {
-	n := 0
-	for _, vs := range h {
-		n += len(vs)
-	}
-	return n
-}
-
-// headerSize is the bytes of h's names and values, as sent.
-func headerSize(h http.Header) int64 {
-	var n int64
-	for k, vs := range h {
-		for _, v := range vs {
-			n += int64(len(k) + len(v) + 4)
-		}
-	}
-	return n
-}
-
-// releasingBody calls release when the body is closed.
-type releasingBody struct {
-	io.ReadCloser
-	release func()
-}
-
-func (b *releasingBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.release()
-	return err
-}
-
 // Every read from and write to a client has a deadline, so that no client can hold
 // a connection slot, a goroutine or a buffer by going quiet (docs/hooks.md: the
 // paragraph on attacks):
@@ -1106,104 +967,10 @@ func (b *releasingBody) Close() error {
 //   - request heads: limits.read_header (conn.nextRequest);
 //   - request bodies: limits.read_header per read, HTTP/1 and HTTP/2 alike, until
 //     they are forwarded, then limits.stream_idle; a hook call's whole body: the
-//     hook's own deadline (bodyDeadline);
+//     hook's own deadline (bodyDeadline, pipeline.go);
 //   - upgraded connections: limits.stream_idle without a byte either way (idleWatch);
-//   - writes: limits.client_write per write (clientWriter), HTTP/2 included
+//   - writes: limits.client_write per write (clientWriter, conn.go), HTTP/2 included
 //     (http.HTTP2Config.WriteByteTimeout), tunnels and upgrades too.
-
-// clientWriter is the client side of a connection for writing: every write may
-// wait at most d for the client to take the bytes. A client that pipelines
-// requests and never reads their answers is closed after d instead of holding its
-// slot forever. Reads and everything else go to the embedded connection.
-type clientWriter struct {
-	net.Conn
-	d time.Duration
-}
-
-func (w *clientWriter) Write(p []byte) (int, error) {
-	w.Conn.SetWriteDeadline(time.Now().Add(w.d))
-	return w.Conn.Write(p)
-}
-
-// CloseWrite half-closes the connection when it can (a tunnel's end of input).
-func (w *clientWriter) CloseWrite() error {
-	if cw, ok := w.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return w.Conn.Close()
-}
-
-// bodyDeadline arms the read deadline of a client's request body: per read by
-// default, or one deadline for the whole body (a hook call, which egressd reads
-// itself and must answer within the hook's timeout). expire ends every wait at
-// once and for good: the hook's deadline passed or the call was cut short.
-type bodyDeadline struct {
-	set     func(time.Time) error // the connection's or stream's read deadline
-	perRead time.Duration
-	until   time.Time // when set, the deadline of the whole body
-	expired atomic.Bool
-}
-
-// forwarding lengthens each later read's wait to idle (limits.stream_idle) once the
-// body is being streamed to the upstream: a forwarded stream (a bidirectional gRPC
-// call, a long upload) that is merely quiet is not cut by the deadline meant for
-// heads and for bodies egressd reads itself. A whole-body deadline (a hook call's)
-// stays. Call it before the transport reads the body.
-func (d *bodyDeadline) forwarding(idle time.Duration) {
-	if d != nil && d.until.IsZero() {
-		d.perRead = idle
-	}
-}
-
-// expiredDeadline is a deadline in the past: a read with it fails at once.
-var expiredDeadline = time.Unix(1, 0)
-
-// arm sets the deadline for the next read. A concurrent expire wins: it is
-// checked again after the deadline is set.
-func (d *bodyDeadline) arm() {
-	if d == nil || d.set == nil {
-		return
-	}
-	next := time.Now().Add(d.perRead)
-	if !d.until.IsZero() {
-		next = d.until
-	}
-	if d.expired.Load() {
-		next = expiredDeadline
-	}
-	d.set(next)
-	if d.expired.Load() {
-		d.set(expiredDeadline)
-	}
-}
-
-// expire makes the current and every later read fail with a timeout. It may run
-// on any goroutine, while a read waits.
-func (d *bodyDeadline) expire() {
-	if d == nil || d.set == nil {
-		return
-	}
-	d.expired.Store(true)
-	d.set(expiredDeadline)
-}
-
-// expireOn runs expire when ctx ends and returns the function that disarms it.
-// That function waits for an expire already under way, so nothing touches the
-// connection or the HTTP/2 stream once the caller has returned: after an HTTP/2
-// handler ends, its stream's deadline setter must never run again (net/http
-// would dereference a released stream and crash the process).
-func (d *bodyDeadline) expireOn(ctx context.Context) (stop func()) {
-	done := make(chan struct{})
-	disarm := context.AfterFunc(ctx, func() {
-		defer close(done)
-		d.expire()
-	})
-	return func() {
-		if !disarm() {
-			<-done
-		}
-	}
-}
 
 // idleWatch ends an upgraded connection once neither direction has moved a byte
 // for d: one timer, re-armed for what is left of d whenever it fires early, and a
