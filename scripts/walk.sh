@@ -15,13 +15,14 @@
 # only, and files of the whole repository. Needs dlv
 # (go install github.com/go-delve/delve/cmd/dlv@latest) and unshare, like the
 # package's tests. Takes a few minutes: every traced call stops the process.
+# WALK_KEEP=1 keeps the trace and the function -> file map (the path is printed).
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 work=$(mktemp -d)
 src=$root
 cleanup() {
   if [ "$src" != "$root" ]; then git -C "$root" worktree remove --force "$src"; fi
-  rm -rf "$work"
+  if [ -n "${WALK_KEEP:-}" ]; then echo "trace kept in $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 if [ $# -gt 0 ]; then
@@ -79,6 +80,9 @@ count='
     if (g in last && last[g] != f) moves++
     last[g] = f
   }'
+if ! grep -q '^PASS$' "$work/out" || [ "$(grep -c 'walkEnd(' "$work/trace")" != 4 ]; then
+  echo "the walk test did not pass under the trace:" >&2; tail -20 "$work/out" >&2; exit 1
+fi
 awk -v scope=internal/proxy/ "$count" "$work/funcs" "$work/trace" > "$work/proxy"
 awk -v scope= "$count" "$work/funcs" "$work/trace" > "$work/all"
 printf '%-20s %-25s %s\n' walk internal/proxy/ 'whole repository'
