@@ -25,6 +25,12 @@ import (
 	"github.com/egressd/egressd/internal/membudget"
 )
 
+// A client connection, whatever its mode, is served here: its requests are read
+// as bounded heads over net/http's parser, HTTP/1.x requests go through the tail
+// (pipeline.go) with h1Side as their client side, and responses and refusals are
+// written back with a deadline on every write. A CONNECT, and TLS on a transparent
+// listener, are served by tunnel.go.
+
 var errTooManyFiles = syscall.EMFILE
 
 // conn is one sandbox connection on an explicit proxy listener: a loop of requests,

@@ -25,6 +25,12 @@ import (
 	"github.com/egressd/egressd/internal/origdst"
 )
 
+// Admission: a connection is served only with a slot of its listener (the longest
+// waiting connection evicted to make one), or a slot of the hook lane for a
+// pre-tool hook call, and with its cost held in the memory budget; every read and
+// write it makes has a deadline. Below Server, in that order: slots, the hook lane,
+// the memory a connection holds and the budget's shares, deadlines.
+
 // Server serves the sandbox-facing listeners. It holds the current Snapshot; Swap
 // replaces it atomically and requests already in flight keep the one they started
 // with, while open tunnels and upgraded connections are decided again on the new one.

@@ -24,6 +24,13 @@ import (
 	"github.com/egressd/egressd/internal/origdst"
 )
 
+// A tunnel, a CONNECT or TLS on a transparent listener, is decided once, in
+// decideTunnel, and becomes what planTunnel says: refused, spliced (dialled before
+// anything is answered, then copied both ways unread, and decided again while open
+// on every change of state), or intercepted (the client's TLS completed here, its
+// requests served by conn.go or h2.go and each decided again by the tail). The
+// ClientHello is read without being consumed, so a spliced upstream sees it as sent.
+
 // tunnelRoute is the route of the requests inside an intercepted tunnel to t:
 // decided again (why == nil) or all refused with why.
 func tunnelRoute(t allowlist.Target, why error) route {
