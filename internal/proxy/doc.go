@@ -15,8 +15,8 @@
 // whole path; pipeline.go shows each path on one screen):
 //
 //	server.go    Server, Swap, Shutdown, and admission: accept, connection slots at
-//	             limits.max_connections, the hook lane, what a connection and a request
-//	             hold of the memory budget, client deadlines
+//	             limits.max_connections, the hook lane, what a connection holds of the
+//	             memory budget, the budget's shares and HTTP/2 windows, deadlines
 //	conn.go      one client connection and HTTP/1.x on it: its mode (route), the request
 //	             loop, the bounded request head, the client side (h1Side), writing
 //	             responses and refusals
@@ -26,7 +26,8 @@
 //	h2.go        HTTP/2 inside an intercepted tunnel, its client side (h2Side)
 //	pipeline.go  each path on one screen, and the one request tail, exchange.serve, with
 //	             its stages: target, decide, outbound, inject, forward; hop-by-hop
-//	             stripping, the request body, placeholders out of scope
+//	             stripping, the request body and its read deadline, what a request
+//	             holds of the memory budget, placeholders out of scope
 //	hookcall.go  hook calls: answered by egressd, their body budget, whose call it is
 //	scrub.go     masking injected values in responses; a client's byte range cut from
 //	             the masked body
