@@ -39,12 +39,16 @@ func startEgressd(ctx context.Context, bin, dir string, cfg *egressdtest.Config,
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
+	listener, proxy := benchListener, loopbackOnly
+	if cfg.Node != nil { // a node's sandboxes are served on listeners of their own
+		listener, proxy = "node_api", func(string) error { return nil }
+	}
 	e, err := egressdtest.Start(ctx, egressdtest.Options{Bin: bin, Dir: dir, Config: cfg, Files: files,
-		ProxyListener: benchListener, Wait: egressdtest.WaitHealthy})
+		ProxyListener: listener, Wait: egressdtest.WaitHealthy})
 	if err != nil {
 		return nil, err
 	}
-	if err := errors.Join(loopbackOnly(e.Proxy), loopbackOnly(e.Admin)); err != nil {
+	if err := errors.Join(proxy(e.Proxy), loopbackOnly(e.Admin)); err != nil {
 		e.Kill()
 		return nil, err
 	}

@@ -35,7 +35,7 @@ const (
 // The defaults: 64 keep-alive clients and 1 KiB responses over HTTP/1.1, the
 // conditions the peers are compared under (tools/bench/README.md).
 const (
-	defaultPaths = "plain,connect,intercept,intercept-newconn,intercept-resume,credential,oauth2,github_app,vault,placeholder,aws,hook,transparent"
+	defaultPaths = "plain,connect,intercept,intercept-newconn,intercept-resume,credential,oauth2,github_app,vault,placeholder,aws,hook,transparent,node"
 	// The maxima keep a mistyped flag from turning the bench into a long or huge load.
 	maxDuration = 5 * time.Minute
 	maxClients  = 4096

@@ -103,6 +103,7 @@ var paths = []pathSpec{
 	awsPathSpec(),
 	hookPathSpec(),
 	transparentPathSpec(),
+	nodePathSpec(),
 	idlePathSpec(), // not in defaultPaths: make bench-idle
 }
 

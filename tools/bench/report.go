@@ -67,6 +67,7 @@ type pathResult struct {
 	Problems []string       `json:"problems,omitempty"`
 	Attack   *attackSummary `json:"attack,omitempty"`
 	Idle     *idleResult    `json:"idle_tunnels,omitempty"`
+	Node     *nodeSummary   `json:"node,omitempty"`
 	Peers    []peerResult   `json:"peers,omitempty"` // in -peers order
 }
 

@@ -94,6 +94,7 @@ func (b *rowBuilder) finish(e *egressd) pathResult {
 // leg is one row's run through egressd in each round.
 type leg struct {
 	row *rowBuilder
+	e   *egressd // nil: runRounds' e
 	run func(cpuFunc) (runResult, error)
 	// check returns the run's problems; it may adjust x's log first.
 	check func(round int, direct runResult, x *viaRun) []string
@@ -113,7 +114,11 @@ func runRounds(env pathEnv, e *egressd, direct func(round int) (runResult, error
 			if round%2 == 1 {
 				l = legs[len(legs)-1-k]
 			}
-			x, err := measureVia(e, env.dns, l.run)
+			le := l.e
+			if le == nil {
+				le = e
+			}
+			x, err := measureVia(le, env.dns, l.run)
 			if err != nil {
 				return fmt.Errorf("through egressd (%s): %w", l.row.res.Path, err)
 			}

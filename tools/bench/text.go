@@ -34,6 +34,7 @@ func (r *report) writeText(w io.Writer) error {
 	r.writePeers(w)
 	r.writeNotes(w)
 	r.writeIdle(w)
+	r.writeNode(w)
 	if err := r.writeDetails(w); err != nil {
 		return err
 	}
