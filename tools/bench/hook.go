@@ -100,7 +100,7 @@ func (h *hookServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost || err != nil || len(body) != hookBodySize {
 		h.n[cBadBody].Add(1)
 	}
-	h.countTransform(r)
+	h.countInjected(r)
 	if v := r.Header[hookauth.HeaderName]; len(v) == 1 && v[0] != "" {
 		n := h.n[cAsserted].Add(1)
 		if h.sampleNext.CompareAndSwap(true, false) || n%hookVerifyEvery == 0 {

@@ -51,18 +51,14 @@ type runResult struct {
 	// The clients' dials and the far side's accepts: with keep-alive both
 	// equal the client count. Then the far side's requests, and those
 	// carrying each injected value (tally).
-	ClientConns        int64   `json:"client_conns"`
-	UpstreamConns      int64   `json:"upstream_conns"`
-	UpstreamRequests   int64   `json:"upstream_requests"`
-	Transformed        int64   `json:"upstream_transformed"`
-	Credentialed       int64   `json:"upstream_credentialed"`
-	VaultCredentialed  int64   `json:"upstream_vault_credentialed"`
-	OAuthCredentialed  int64   `json:"upstream_oauth_credentialed"`
-	GitHubCredentialed int64   `json:"upstream_github_credentialed"`
-	TLSHandshakes      int64   `json:"tls_handshakes"`
-	TLSResumed         int64   `json:"tls_resumed"`
-	CPUSeconds         float64 `json:"egressd_cpu_s,omitempty"` // the proxy's, over the window
-	CPUError           string  `json:"egressd_cpu_error,omitempty"`
+	ClientConns      int64            `json:"client_conns"`
+	UpstreamConns    int64            `json:"upstream_conns"`
+	UpstreamRequests int64            `json:"upstream_requests"`
+	Injected         map[string]int64 `json:"upstream_injected,omitempty"` // by injection
+	TLSHandshakes    int64            `json:"tls_handshakes"`
+	TLSResumed       int64            `json:"tls_resumed"`
+	CPUSeconds       float64          `json:"egressd_cpu_s,omitempty"` // the proxy's, over the window
+	CPUError         string           `json:"egressd_cpu_error,omitempty"`
 
 	hist histogram // kept to merge rounds
 }

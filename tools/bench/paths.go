@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"encoding/base64"
 	"fmt"
 	"slices"
 	"strings"
@@ -25,33 +26,23 @@ type pathSpec struct {
 	peers   peerUse // which peer proxies also carry the load
 }
 
-// injection is what an allowlist entry adds to the requests of a path.
-type injection int
+// injection is what an allowlist entry adds to the requests of a path: header
+// set to value, exactly once. The upstream counts each (tally.countInjected).
+type injection struct{ name, header, value string }
 
-const (
-	injectNone            injection = iota
-	injectTransform                 // transformHeader: transformValue
-	injectCredential                // Authorization: Bearer credentialToken, from credentials.json
-	injectVaultCredential           // Authorization: Bearer vaultCredentialToken, from Vault
-	injectOAuth                     // Authorization: Bearer oauthAccessToken, from the token endpoint
-	injectGitHub                    // Authorization: Basic x-access-token:githubToken, minted by the App
+func (i injection) String() string { return i.header + " (" + i.name + ")" }
+
+var (
+	injectNone            = injection{}
+	injectTransform       = injection{"transform", transformHeader, transformValue}
+	injectCredential      = injection{"credential " + credentialID, "Authorization", "Bearer " + credentialToken}
+	injectVaultCredential = injection{"credential " + credentialID + " from Vault", "Authorization", "Bearer " + vaultCredentialToken}
+	injectOAuth           = injection{"oauth2 credential " + oauthCredentialID, "Authorization", "Bearer " + oauthAccessToken}
+	injectGitHub          = injection{"github_app credential " + githubCredentialID + ", git", "Authorization",
+		"Basic " + base64.StdEncoding.EncodeToString([]byte("x-access-token:"+githubToken))}
+	// injections are the ones the upstream counts, transform first (cTransform).
+	injections = [...]injection{injectTransform, injectCredential, injectVaultCredential, injectOAuth, injectGitHub}
 )
-
-func (i injection) String() string {
-	switch i {
-	case injectTransform:
-		return transformHeader + " (transform)"
-	case injectCredential:
-		return "Authorization (credential " + credentialID + ")"
-	case injectVaultCredential:
-		return "Authorization (credential " + credentialID + " from Vault)"
-	case injectOAuth:
-		return "Authorization (oauth2 credential " + oauthCredentialID + ")"
-	case injectGitHub:
-		return "Authorization (github_app credential " + githubCredentialID + ", git)"
-	}
-	return "nothing"
-}
 
 // world is what a path's targets are made from.
 type world struct {

@@ -106,11 +106,7 @@ func combine(runs []runResult) runResult {
 		r.ClientConns += x.ClientConns
 		r.UpstreamConns += x.UpstreamConns
 		r.UpstreamRequests += x.UpstreamRequests
-		r.Transformed += x.Transformed
-		r.Credentialed += x.Credentialed
-		r.VaultCredentialed += x.VaultCredentialed
-		r.OAuthCredentialed += x.OAuthCredentialed
-		r.GitHubCredentialed += x.GitHubCredentialed
+		addCounts(&r.Injected, x.Injected)
 		r.TLSHandshakes += x.TLSHandshakes
 		r.TLSResumed += x.TLSResumed
 		r.CPUSeconds += x.CPUSeconds

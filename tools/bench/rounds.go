@@ -176,17 +176,12 @@ func scrubProblems(p pathSpec, via runResult, log logSummary) []string {
 // egressd with every request carrying inj, and nothing else.
 func injectionProblems(inj injection, round, rounds int, direct, via runResult) []string {
 	var out []string
-	counts := func(r runResult) map[injection]int64 {
-		return map[injection]int64{injectTransform: r.Transformed, injectCredential: r.Credentialed, injectVaultCredential: r.VaultCredentialed, injectOAuth: r.OAuthCredentialed, injectGitHub: r.GitHubCredentialed}
-	}
-	for kind, n := range counts(direct) {
-		if n > 0 {
+	label := runLabel("egressd", round, rounds)
+	for _, kind := range injections {
+		if n := direct.Injected[kind.name]; n > 0 {
 			out = append(out, fmt.Sprintf("%s: %d of %d upstream requests carried %s, which only egressd sets", runLabel("direct", round, rounds), n, direct.UpstreamRequests, kind))
 		}
-	}
-	label := runLabel("egressd", round, rounds)
-	for kind, n := range counts(via) {
-		switch {
+		switch n := via.Injected[kind.name]; {
 		case kind == inj && (n != via.UpstreamRequests || n == 0):
 			out = append(out, fmt.Sprintf("%s: %d of %d upstream requests carried %s as configured", label, n, via.UpstreamRequests, kind))
 		case kind != inj && n > 0:

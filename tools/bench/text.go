@@ -260,7 +260,7 @@ func (r *report) writeDetails(w io.Writer) error {
 			x := run.r
 			fmt.Fprintf(tw, "%-*s\t%-7s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", pw, p.Path, run.name,
 				thousands(float64(x.Total)), x.Errors, x.ClientConns, x.UpstreamConns,
-				thousands(float64(x.UpstreamRequests)), thousands(float64(x.Transformed+x.Credentialed+x.VaultCredentialed+x.OAuthCredentialed+x.GitHubCredentialed)),
+				thousands(float64(x.UpstreamRequests)), thousands(float64(total(x.Injected))),
 				dur(x.MeanUS), dur(x.MaxUS), lines, ok, leaf, dns)
 		}
 	}
@@ -310,6 +310,13 @@ func writeCounts(w io.Writer, counts map[string]int64) {
 	for _, k := range keys {
 		fmt.Fprintf(w, "  %8d  %s\n", counts[k], k)
 	}
+}
+
+func total(m map[string]int64) (n int64) {
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
 
 func latencies(r runResult) string { return dur(r.P50US) + "/" + dur(r.P99US) }
