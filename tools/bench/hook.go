@@ -180,14 +180,14 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 		return d, err
 	}
 	legs := []leg{hookLeg(ctx, env, rows[0], call, hookCall), hookLeg(ctx, env, rows[1], other, hookOther)}
-	if err := runRounds(env, e, runDirect, legs, nil); err != nil {
+	if err := runRounds(env, runDirect, legs, nil); err != nil {
 		return nil, err
 	}
 	attacked, err := measureHookUnderAttack(ctx, env)
 	if err != nil {
 		return nil, err
 	}
-	return []pathResult{rows[0].finish(e), rows[1].finish(e), attacked}, nil
+	return append(finishAll(legs), attacked), nil
 }
 
 // hookLeg is a row's runs of t through egressd, checked as kind.
@@ -195,7 +195,7 @@ func hookLeg(ctx context.Context, env pathEnv, rb *rowBuilder, t target, kind in
 	var c counts
 	var allows int64
 	hs := env.w.up.hook
-	return leg{row: rb,
+	return leg{row: rb, e: env.e,
 		run: func(cpu cpuFunc) (r runResult, err error) {
 			r, c, allows, err = hookRun(ctx, hs, env.e, t, env.o.load(), cpu)
 			return r, err

@@ -120,7 +120,8 @@ func (s *attackSummary) row(idle runResult, x viaRun, ae *egressd) pathResult {
 		attackMaxConnections, floodRate), "as the hook row")
 	rb.res.NewConnPerRequest = true
 	rb.add(idle, x)
-	res := rb.finish(ae)
+	peak, _ := ae.peakRSS()
+	res := rb.finish(peak)
 	s.takeAttackLines(&res.Log)
 	res.Attack = s
 	res.Problems = append(res.Problems, s.problems()...)

@@ -279,10 +279,10 @@ func nodeThroughput(ctx context.Context, env pathEnv, nodes ...*nodeEgressd) ([]
 			}})
 	}
 	direct := func(int) (runResult, error) { return runCounted(ctx, p.direct(env.w), lo, env.w.up, nil) }
-	if err := runRounds(env, nil, direct, legs, nil); err != nil {
+	if err := runRounds(env, direct, legs, nil); err != nil {
 		return nil, err
 	}
-	return []pathResult{legs[0].row.finish(nodes[0].egressd), legs[1].row.finish(nodes[1].egressd)}, nil
+	return finishAll(legs), nil
 }
 
 // nodeWorld is w with n's probe sandbox as the proxy and n's CA as the roots.
@@ -322,10 +322,10 @@ func nodeChurn(ctx context.Context, env pathEnv, n *nodeEgressd, sum *nodeSummar
 	}
 	legs := []leg{{row: quiet, e: n.egressd, run: run}, {row: churned, e: n.egressd, run: churnRun}}
 	direct := func(int) (runResult, error) { return runCounted(ctx, p.direct(env.w), lo, env.w.up, nil) }
-	if err := runRounds(env, nil, direct, legs, nil); err != nil {
+	if err := runRounds(env, direct, legs, nil); err != nil {
 		return nil, err
 	}
-	return []pathResult{quiet.finish(n.egressd), churned.finish(n.egressd)}, nil
+	return finishAll(legs), nil
 }
 
 // churn registers, changes and removes sandboxes at nodeChurnRate until ctx ends.

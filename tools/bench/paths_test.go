@@ -90,7 +90,7 @@ func TestInjectionProblems(t *testing.T) {
 
 func TestVaultPath(t *testing.T) {
 	ps, err := lookupPaths("vault")
-	if err != nil || len(ps) != 1 || !ps[0].vault || ps[0].inject != injectVaultCredential {
+	if err != nil || len(ps) != 1 || ps[0].own == nil || ps[0].inject != injectVaultCredential {
 		t.Fatalf("lookupPaths(vault) = %+v, %v", ps, err)
 	}
 	if intercepts(ps) {

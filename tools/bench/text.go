@@ -96,11 +96,11 @@ func (r *report) writeMain(w io.Writer) error {
 		for _, pr := range p.Peers { // "—": it does not intercept; reasons under the table
 			switch {
 			case pr.NotApplicable:
-				t.row("  "+pr.Peer, "", "—", "—", "—", "", "—", "—", "—")
+				t.row("  "+pr.Path, "", "—", "—", "—", "", "—", "—", "—")
 			case pr.Skipped != "":
-				t.row("  "+pr.Peer, "", "skipped", "-", "-", "", "-", "-", "-")
+				t.row("  "+pr.Path, "", "skipped", "-", "-", "", "-", "-", "-")
 			default:
-				t.figures("  "+pr.Peer, "", pr.Run, pr.Ratio, pr.CPUPerReqUS, pr.Rounds, "", pr.PeakRSSBytes)
+				t.figures("  "+pr.Path, "", pr.Egressd, pr.Ratio, pr.CPUPerReqUS, pr.Rounds, "", pr.PeakRSSBytes)
 			}
 		}
 	}
@@ -124,7 +124,7 @@ func (r *report) writePeers(w io.Writer) {
 		why := ""
 		for _, p := range r.Paths {
 			for _, pr := range p.Peers {
-				if pr.Peer == pi.Peer && pr.NotApplicable {
+				if pr.Path == pi.Peer && pr.NotApplicable {
 					na, why = append(na, p.Path), pr.Skipped
 				}
 			}
@@ -169,7 +169,7 @@ func (r *report) writeNotes(w io.Writer) {
 				writeRounds(w, r.pathWidth(), p.Path, p.Rounds)
 				for _, pr := range p.Peers {
 					if pr.Skipped == "" {
-						writeRounds(w, r.pathWidth(), "  "+pr.Peer, pr.Rounds)
+						writeRounds(w, r.pathWidth(), "  "+pr.Path, pr.Rounds)
 					}
 				}
 			}
@@ -227,7 +227,7 @@ func (r *report) pathWidth() int {
 	for _, p := range r.Paths {
 		w = max(w, len(p.Path))
 		for _, pr := range p.Peers {
-			w = max(w, len("  "+pr.Peer))
+			w = max(w, len("  "+pr.Path))
 		}
 	}
 	return w
@@ -296,9 +296,6 @@ func (r *report) writeProblems(w io.Writer) {
 	}
 	if r.EgressdExit != "" {
 		fmt.Fprintf(w, "\negressd did not exit cleanly: %s\n", r.EgressdExit)
-	}
-	if r.VaultEgressdExit != "" {
-		fmt.Fprintf(w, "\nthe vault path's egressd did not exit cleanly: %s\n", r.VaultEgressdExit)
 	}
 }
 
