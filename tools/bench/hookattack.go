@@ -66,7 +66,7 @@ func measureHookUnderAttack(ctx context.Context, env pathEnv) (pathResult, error
 	defer ae.stop()
 	sum := &attackSummary{MaxConnections: attackMaxConnections}
 	held, _, err := openIdleTunnels(ctx, caller.Proxy, env.w.up, env.o.size, attackMaxConnections)
-	defer closeConns(held)
+	defer held.close()
 	if err != nil {
 		return pathResult{}, err
 	}

@@ -223,6 +223,14 @@ func (c *client) countHandshake(cs tls.ConnectionState, err error) {
 	}
 }
 
+// roundTripWithin is roundTrip bounded by within.
+func (c *client) roundTripWithin(within time.Duration) error {
+	ctx, cancel := context.WithTimeout(c.req.Context(), within)
+	defer cancel()
+	c.req = c.req.WithContext(ctx)
+	return c.roundTrip()
+}
+
 // roundTrip makes one request and has t.check read the whole body. A bodiless
 // request is reused (net/http allows it once the last body is closed), which
 // keeps the client's allocations out of the measurement; one with a body is a
