@@ -108,8 +108,6 @@ type leafCounts struct {
 	Miss int64 `json:"miss"`
 }
 
-func (c leafCounts) sub(o leafCounts) leafCounts { return leafCounts{c.Hit - o.Hit, c.Miss - o.Miss} }
-
 // leafCache scrapes egressd_leaf_cache_total from /metrics.
 func (e *egressd) leafCache() (leafCounts, error) {
 	m, err := e.Metrics()

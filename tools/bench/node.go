@@ -43,21 +43,17 @@ const (
 
 // nodeSummary is what the node rows found beside their table rows.
 type nodeSummary struct {
-	Sandboxes        int     `json:"sandboxes"`
-	EmptyRSSBytes    int64   `json:"empty_rss_bytes"`
-	FullRSSBytes     int64   `json:"full_rss_bytes"`
-	SidecarRSSBytes  int64   `json:"sidecar_rss_bytes"`
-	API              opTimes `json:"api"`
-	ChurnOps         int64   `json:"churn_ops"`
-	ChurnErrors      int64   `json:"churn_errors"`
-	ChurnSeconds     float64 `json:"churn_s"`
-	RegisterAllSecs  float64 `json:"register_all_s"`
-	IdleCPU          float64 `json:"idle_cpu"` // the full node's CPU-seconds per second with no traffic
-	ListenerAddrNote string  `json:"listeners"`
+	Sandboxes       int                  `json:"sandboxes"`
+	EmptyRSSBytes   int64                `json:"empty_rss_bytes"`
+	FullRSSBytes    int64                `json:"full_rss_bytes"`
+	SidecarRSSBytes int64                `json:"sidecar_rss_bytes"`
+	API             map[string]runResult `json:"api"` // latencies by operation
+	ChurnOps        int64                `json:"churn_ops"`
+	ChurnErrors     int64                `json:"churn_errors"`
+	ChurnSeconds    float64              `json:"churn_s"`
+	RegisterAllSecs float64              `json:"register_all_s"`
+	IdleCPU         float64              `json:"idle_cpu"` // the full node's CPU-seconds per second with no traffic
 }
-
-// opTimes are the API's latencies by operation: register, change, remove.
-type opTimes map[string]runResult
 
 func nodePathSpec() pathSpec {
 	return pathSpec{name: nodePathName, inject: injectCredential, measure: measureNode,
@@ -142,7 +138,7 @@ func (n *nodeEgressd) probeAddr() (string, error) {
 // measureNode runs the node rows: memory and API times while filling the large
 // node, then CPU per request on both nodes, then latency with and without churn.
 func measureNode(ctx context.Context, env pathEnv) ([]pathResult, error) {
-	sum := &nodeSummary{Sandboxes: nodeSandboxes, ListenerAddrNote: "127.77.x.y, in egressd's own network namespace", API: opTimes{}}
+	sum := &nodeSummary{Sandboxes: nodeSandboxes, API: map[string]runResult{}}
 	one, err := startNode(ctx, env, "node-1")
 	if err != nil {
 		return nil, err
@@ -165,15 +161,10 @@ func measureNode(ctx context.Context, env pathEnv) ([]pathResult, error) {
 	if err := timeAPI(env.w.up, many, sum); err != nil {
 		return nil, err
 	}
-	rows, err := nodeThroughput(ctx, env, one, many)
+	rows, err := nodeRows(ctx, env, one, many, sum)
 	if err != nil {
 		return nil, err
 	}
-	churn, err := nodeChurn(ctx, env, many, sum)
-	if err != nil {
-		return nil, err
-	}
-	rows = append(rows, churn...)
 	rows[0].Node = sum
 	return rows, nil
 }
@@ -260,78 +251,77 @@ func timeAPI(up *upstream, n *nodeEgressd, sum *nodeSummary) error {
 	return nil
 }
 
-// nodeThroughput is the node-1 and node-N rows: the credential path through
-// the probe sandbox of each node, after the same direct runs.
-func nodeThroughput(ctx context.Context, env pathEnv, nodes ...*nodeEgressd) ([]pathResult, error) {
-	p, lo := interceptPath("", credentialHost, injectCredential, false, peersNone, ""), env.o.load()
-	var legs []leg
-	for i, n := range nodes {
-		w, err := nodeWorld(env.w, n)
-		if err != nil {
+// nodeRow is one node row: the credential path through n's probe sandbox with
+// lo, while during runs.
+type nodeRow struct {
+	n          *nodeEgressd
+	name, desc string
+	lo         loadOptions
+	during     func(context.Context)
+}
+
+// nodeRows measures the node rows in two pairs, each pair after the same direct
+// runs: through the probe sandbox of the node with one sandbox and of the full
+// one (CPU per request), then, with nodeLatencyClients, through the full one's
+// probe without and with churn (latency).
+func nodeRows(ctx context.Context, env pathEnv, one, many *nodeEgressd, sum *nodeSummary) ([]pathResult, error) {
+	quiet := func(context.Context) {}
+	lo, slow := env.o.load(), env.o.load()
+	slow.clients = nodeLatencyClients
+	var rows []pathResult
+	for _, pair := range [][2]nodeRow{
+		{{one, "node-1", "the credential path through the only sandbox of a node", lo, quiet},
+			{many, fmt.Sprintf("node-%d", nodeSandboxes), fmt.Sprintf("the credential path through one sandbox of a node serving %d", nodeSandboxes), lo, quiet}},
+		{{many, "node-quiet", fmt.Sprintf("the probe sandbox's GETs, %d client(s), nothing else changing", nodeLatencyClients), slow, quiet},
+			{many, "node-churn", fmt.Sprintf("as node-quiet, while other sandboxes are registered, changed and removed, %d a second", nodeChurnRate), slow,
+				func(ctx context.Context) { churn(ctx, env.w.up, many, sum) }}},
+	} {
+		var legs []leg
+		for _, r := range pair {
+			l, err := nodeLeg(ctx, env, r)
+			if err != nil {
+				return nil, err
+			}
+			legs = append(legs, l)
+		}
+		direct := func(int) (runResult, error) {
+			return runCounted(ctx, nodePath.direct(env.w), pair[0].lo, env.w.up, nil)
+		}
+		if err := runRounds(env, direct, legs, nil); err != nil {
 			return nil, err
 		}
-		size := []int{1, nodeSandboxes}[i]
-		rb := newRow(fmt.Sprintf("node-%d", size), fmt.Sprintf("the credential path through one sandbox of a node serving %d", size), injectCredential.String())
-		legs = append(legs, leg{row: rb, e: n.egressd,
-			run: func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, p.viaProxy(w), lo, w.up, cpu) },
-			check: func(round int, d runResult, x *viaRun) []string {
-				return append(injectionProblems(p.inject, round, env.o.rounds, d, x.r), scrubProblems(p, x.r, x.log)...)
-			}})
+		rows = append(rows, finishAll(legs)...)
 	}
-	direct := func(int) (runResult, error) { return runCounted(ctx, p.direct(env.w), lo, env.w.up, nil) }
-	if err := runRounds(env, direct, legs, nil); err != nil {
-		return nil, err
-	}
-	return finishAll(legs), nil
+	return rows, nil
 }
 
-// nodeWorld is w with n's probe sandbox as the proxy and n's CA as the roots.
-func nodeWorld(w *world, n *nodeEgressd) (*world, error) {
-	addr, err := n.probeAddr()
-	if err != nil {
-		return nil, err
-	}
-	nw := *w
-	nw.proxy = "http://" + addr
-	nw.egressdRoots, err = n.CAPool()
-	return &nw, err
-}
+// nodePath is what the node rows send: the credential path's GETs.
+var nodePath = interceptPath("", credentialHost, injectCredential, false, peersNone, "")
 
-// nodeChurn is the node-quiet and node-churn rows: the probe's latency with
-// nodeLatencyClients, without and with sandboxes churning.
-func nodeChurn(ctx context.Context, env pathEnv, n *nodeEgressd, sum *nodeSummary) ([]pathResult, error) {
-	w, err := nodeWorld(env.w, n)
-	if err != nil {
-		return nil, err
+func nodeLeg(ctx context.Context, env pathEnv, r nodeRow) (leg, error) {
+	addr, err := r.n.probeAddr()
+	w := *env.w
+	w.proxy = "http://" + addr
+	if err == nil {
+		w.egressdRoots, err = r.n.CAPool()
 	}
-	p, lo := interceptPath("", credentialHost, injectCredential, false, peersNone, ""), env.o.load()
-	lo.clients = nodeLatencyClients
-	run := func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, p.viaProxy(w), lo, w.up, cpu) }
-	quiet := newRow("node-quiet", fmt.Sprintf("the probe sandbox's GETs, %d client(s), nothing else changing", nodeLatencyClients), injectCredential.String())
-	churned := newRow("node-churn", fmt.Sprintf("as node-quiet, while other sandboxes are registered, changed and removed, %d a second", nodeChurnRate), injectCredential.String())
-	churnRun := func(cpu cpuFunc) (runResult, error) {
-		cctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		t0 := time.Now()
-		go func() { defer close(done); churn(cctx, env.w.up, n, sum) }()
-		r, err := run(cpu)
-		cancel()
-		<-done
-		sum.ChurnSeconds += time.Since(t0).Seconds()
-		return r, err
-	}
-	legs := []leg{{row: quiet, e: n.egressd, run: run}, {row: churned, e: n.egressd, run: churnRun}}
-	direct := func(int) (runResult, error) { return runCounted(ctx, p.direct(env.w), lo, env.w.up, nil) }
-	if err := runRounds(env, direct, legs, nil); err != nil {
-		return nil, err
-	}
-	return finishAll(legs), nil
+	return leg{row: newRow(r.name, r.desc, injectCredential.String()), e: r.n.egressd,
+		run: func(cpu cpuFunc) (runResult, error) {
+			dctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); r.during(dctx) }()
+			defer func() { cancel(); <-done }()
+			return runCounted(ctx, nodePath.viaProxy(&w), r.lo, w.up, cpu)
+		},
+		check: func(round int, d runResult, x *viaRun) []string {
+			return append(injectionProblems(nodePath.inject, round, env.o.rounds, d, x.r), scrubProblems(nodePath, x.r, x.log)...)
+		}}, err
 }
 
 // churn registers, changes and removes sandboxes at nodeChurnRate until ctx ends.
 func churn(ctx context.Context, up *upstream, n *nodeEgressd, sum *nodeSummary) {
-	tick := time.NewTicker(time.Second / nodeChurnRate)
-	defer tick.Stop()
+	tick, t0 := time.NewTicker(time.Second/nodeChurnRate), time.Now()
+	defer func() { tick.Stop(); sum.ChurnSeconds += time.Since(t0).Seconds() }()
 	var i int
 	for {
 		select {
@@ -366,7 +356,7 @@ func (r *report) writeNode(w io.Writer) {
 	s, many := p.Node, r.path(fmt.Sprintf("node-%d", p.Node.Sandboxes))
 	over := s.FullRSSBytes - s.EmptyRSSBytes
 	each := float64(over) / float64(s.Sandboxes)
-	fmt.Fprintf(w, "\nnode (%s sandboxes, listeners on %s):\n", thousands(float64(s.Sandboxes)), s.ListenerAddrNote)
+	fmt.Fprintf(w, "\nnode (%s sandboxes, listeners on 127.77.x.y in egressd's own network namespace):\n", thousands(float64(s.Sandboxes)))
 	fmt.Fprintf(w, "  memory: empty node %s, with %s sandboxes %s: %s over empty, %s each (goal ≤ %s, ≤ %s each: %s); one sidecar egressd %s, so %s sidecars ~%.1f GiB\n",
 		mib(s.EmptyRSSBytes), thousands(float64(s.Sandboxes)), mib(s.FullRSSBytes), mib(over), kib(each), mib(nodeGoalBytes), kib(nodeGoalEachBytes),
 		verdict(over <= nodeGoalBytes && each <= nodeGoalEachBytes), mib(s.SidecarRSSBytes), thousands(float64(s.Sandboxes)), float64(s.SidecarRSSBytes)*float64(s.Sandboxes)/(1<<30))
