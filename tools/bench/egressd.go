@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"regexp"
 	"slices"
@@ -77,15 +76,6 @@ func (e *egressd) peakRSS() (int64, string) {
 		return 0, err.Error()
 	}
 	return n, ""
-}
-
-// adminGet fetches path from egressd's admin listener, which must answer 200.
-func (e *egressd) adminGet(path string) ([]byte, error) {
-	code, b, err := e.AdminGet(path)
-	if err == nil && code != http.StatusOK {
-		err = fmt.Errorf("GET %s: status %d", path, code)
-	}
-	return b, err
 }
 
 // metric is one series from /metrics, -1 when egressd does not export it.

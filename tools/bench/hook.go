@@ -73,8 +73,19 @@ func (h *hookServer) url(path string) string {
 	return "https://" + hookHost + h.addr[strings.LastIndexByte(h.addr, ':'):] + path
 }
 
-// setVerifier makes the endpoint verify sampled assertions against jwks,
-// egressd's /.well-known/jwks.json.
+// trust makes the endpoint verify sampled assertions against e's signing key
+// (its /.well-known/jwks.json).
+func (h *hookServer) trust(e *egressd) error {
+	code, jwks, err := e.AdminGet("/.well-known/jwks.json")
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("status %d", code)
+	}
+	if err != nil {
+		return fmt.Errorf("egressd's JWKS: %w", err)
+	}
+	return h.setVerifier(jwks)
+}
+
 func (h *hookServer) setVerifier(jwks []byte) error {
 	keys, err := hookauth.ParseJWKS(jwks)
 	if err != nil {
@@ -156,11 +167,7 @@ func hookPathSpec() pathSpec {
 func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 	w, e, lo := env.w, env.e, env.o.load()
 	hs := w.up.hook
-	jwks, err := e.adminGet("/.well-known/jwks.json")
-	if err != nil {
-		return nil, fmt.Errorf("egressd's JWKS: %w", err)
-	}
-	if err := hs.setVerifier(jwks); err != nil {
+	if err := hs.trust(e); err != nil {
 		return nil, err
 	}
 	direct := target{url: hs.url(hookURLPath), dialAddr: hs.addr, roots: w.up.roots,

@@ -198,10 +198,7 @@ func startAttackEgressd(ctx context.Context, env pathEnv) (*egressd, hookflood.C
 	c := hookflood.Caller{Proxy: ae.Proxy, Host: hookHost, Port: portNum(hs.addr), Path: hookURLPath, Body: hookRequestBody()}
 	c.Roots, err = ae.CAPool()
 	if err == nil {
-		var jwks []byte
-		if jwks, err = ae.adminGet("/.well-known/jwks.json"); err == nil {
-			err = hs.setVerifier(jwks)
-		}
+		err = hs.trust(ae)
 	}
 	if err != nil {
 		ae.stop()

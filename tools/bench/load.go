@@ -177,7 +177,7 @@ func (r *runResult) window(seconds float64) {
 
 func (r *runResult) setLatencies() {
 	r.P50US, r.P99US = micros(r.hist.quantile(0.50)), micros(r.hist.quantile(0.99))
-	r.MeanUS, r.MaxUS = micros(r.hist.mean()), micros(r.hist.max())
+	r.MeanUS, r.MaxUS = micros(r.hist.mean()), micros(r.hist.quantile(1))
 }
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
@@ -387,43 +387,26 @@ func expectBody(want []byte, refuse ...string) func(*http.Response) error {
 
 // histogram keeps every latency a client measured in its window: one per
 // client, merged at the end, so recording takes no lock.
-type histogram struct {
-	samples []time.Duration
-	sum     time.Duration
-}
+type histogram []time.Duration
 
-func (h *histogram) record(d time.Duration) {
-	h.samples = append(h.samples, d)
-	h.sum += d
-}
+func (h *histogram) record(d time.Duration) { *h = append(*h, d) }
+func (h *histogram) merge(o *histogram)     { *h = append(*h, *o...) }
+func (h histogram) n() int                  { return len(h) }
 
-func (h *histogram) merge(o *histogram) {
-	h.samples = append(h.samples, o.samples...)
-	h.sum += o.sum
-}
-
-func (h *histogram) n() int { return len(h.samples) }
-
-// quantile returns the latency below which a fraction q of the samples fall.
-func (h *histogram) quantile(q float64) time.Duration {
-	if len(h.samples) == 0 {
+// quantile returns the latency below which a fraction q of the samples fall
+// (quantile(1) is the largest); 0 for none.
+func (h histogram) quantile(q float64) time.Duration {
+	if len(h) == 0 {
 		return 0
 	}
-	slices.Sort(h.samples)
-	rank := min(max(int(q*float64(len(h.samples))+0.5), 1), len(h.samples))
-	return h.samples[rank-1]
+	slices.Sort(h)
+	return h[min(max(int(q*float64(len(h))+0.5), 1), len(h))-1]
 }
 
-func (h *histogram) mean() time.Duration {
-	if len(h.samples) == 0 {
-		return 0
+func (h histogram) mean() time.Duration {
+	var sum time.Duration
+	for _, d := range h {
+		sum += d
 	}
-	return h.sum / time.Duration(len(h.samples))
-}
-
-func (h *histogram) max() time.Duration {
-	if len(h.samples) == 0 {
-		return 0
-	}
-	return slices.Max(h.samples)
+	return sum / time.Duration(max(len(h), 1))
 }

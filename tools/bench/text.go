@@ -154,13 +154,10 @@ func (r *report) writeNotes(w io.Writer) {
 				resumedShare(p.Direct), resumedShare(p.Egressd))
 		}
 	}
-	r.compareNote(w, "credential", "intercept", "")
-	r.compareNote(w, "vault", "credential", " (a second egressd, credentials.backend vault)")
-	r.compareNote(w, "hook", hookOtherRow, fmt.Sprintf(" (a signed pre_tool_execution call vs the same %d-byte POST to a URL of the same entry that is no hook's)", hookBodySize))
+	for _, c := range comparisons {
+		r.compareNote(w, c[0], c[1], c[2])
+	}
 	r.writeAttackNote(w)
-	r.compareNote(w, placeholderRow, "credential", fmt.Sprintf(" (a %d-byte JSON body's placeholder replaced vs an injected Authorization on a GET)", placeholderBodySize))
-	r.compareNote(w, awsRow, "credential", " (a GET signed again with SigV4 vs an injected Authorization)")
-	r.compareNote(w, "transparent", transparentExplicitRow, " (one egressd, spliced TLS to "+transparentHost+":"+standInPort+": from the sandbox namespace via the DNAT vs CONNECT from outside)")
 	r.writeLeafNote(w)
 	if r.Settings.Rounds > 1 {
 		fmt.Fprintln(w, "ratio per round:")
@@ -175,6 +172,18 @@ func (r *report) writeNotes(w io.Writer) {
 			}
 		}
 	}
+}
+
+// comparisons are the rows compared with each other: a, b and what a adds.
+var comparisons = [][3]string{
+	{"credential", "intercept", ""},
+	{"vault", "credential", " (a second egressd, credentials.backend vault)"},
+	{"hook", hookOtherRow, fmt.Sprintf(" (a signed pre_tool_execution call vs the same %d-byte POST to a URL of the same entry that is no hook's)", hookBodySize)},
+	{placeholderRow, "credential", fmt.Sprintf(" (a %d-byte JSON body's placeholder replaced vs an injected Authorization on a GET)", placeholderBodySize)},
+	{awsRow, "credential", " (a GET signed again with SigV4 vs an injected Authorization)"},
+	{"transparent", transparentExplicitRow, " (one egressd, spliced TLS to " + transparentHost + ":" + standInPort + ": from the sandbox namespace via the DNAT vs CONNECT from outside)"},
+	{"node-churn", "node-quiet", " (the same sandbox's GETs while others churn)"},
+	{fmt.Sprintf("node-%d", nodeSandboxes), "node-1", " (one sandbox's GETs on a node serving 1,000 vs one)"},
 }
 
 func writeRounds(w io.Writer, pw int, label string, rounds []roundResult) {
