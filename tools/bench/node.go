@@ -66,10 +66,17 @@ type nodeEgressd struct {
 	api *http.Client
 }
 
-func startNode(ctx context.Context, env pathEnv, name string) (*nodeEgressd, error) {
-	cfg, files := benchConfig(env.w.up, env.dns.Addr, nil, benchMaxConnections)
+// nodeConfig is benchConfig's but for its listeners and policy: a node's
+// sandboxes bring their own.
+func nodeConfig(up *upstream, dnsAddr string) (*egressdtest.Config, map[string]string) {
+	cfg, files := benchConfig(up, dnsAddr, nil, benchMaxConnections)
 	cfg.Listeners, cfg.Policy = nil, egressdtest.Policy{}
 	cfg.Node = &egressdtest.Node{APISocket: nodeSocket, MaxSandboxes: 2 * nodeSandboxes}
+	return cfg, files
+}
+
+func startNode(ctx context.Context, env pathEnv, name string) (*nodeEgressd, error) {
+	cfg, files := nodeConfig(env.w.up, env.dns.Addr)
 	dir := filepath.Join(env.dir, name)
 	e, err := startEgressd(ctx, env.o.egressd, dir, cfg, files)
 	if err != nil {
