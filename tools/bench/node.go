@@ -66,11 +66,11 @@ type nodeEgressd struct {
 	api *http.Client
 }
 
-// nodeConfig is benchConfig's but for its listeners and policy: a node's
+// nodeConfig is benchConfig's but for its listeners, policy and hooks: a node's
 // sandboxes bring their own.
 func nodeConfig(up *upstream, dnsAddr string) (*egressdtest.Config, map[string]string) {
 	cfg, files := benchConfig(up, dnsAddr, nil, benchMaxConnections)
-	cfg.Listeners, cfg.Policy = nil, egressdtest.Policy{}
+	cfg.Listeners, cfg.Policy, cfg.Hooks = nil, egressdtest.Policy{}, nil
 	cfg.Node = &egressdtest.Node{APISocket: nodeSocket, MaxSandboxes: 2 * nodeSandboxes}
 	return cfg, files
 }

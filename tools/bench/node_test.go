@@ -12,7 +12,11 @@ import (
 // probe's requests are allowed.
 func TestNodeSpec(t *testing.T) {
 	up := testUpstream()
+	up.hook = &hookServer{addr: "127.0.0.1:1444"} // as when the hook path runs
 	cfg, files := nodeConfig(up, "127.0.0.1:5353")
+	if cfg.Hooks != nil { // the bench's pre-tool hook would make every spec need hooks.identify
+		t.Errorf("the node config has the hook path's hooks: %+v", cfg.Hooks)
+	}
 	node, _ := loadConfig(t, cfg, files)
 	seen := map[string]bool{}
 	for _, i := range []int{0, 1, 249, 250, nodeSandboxes + nodeAPIOps + 31} {
