@@ -4,13 +4,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
 	"github.com/egressd/egressd/internal/testutil/hookflood"
+	"github.com/egressd/egressd/internal/testutil/load"
 	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
@@ -115,10 +115,11 @@ func runCallFlood(t *testing.T, w *world, realAddr string) []string {
 	t.Cleanup(func() { fl.Stop(); fl.Wait() })
 	time.Sleep(time.Second) // the flood is under way
 	var outcomes []string
-	var took []time.Duration
+	var took load.Latencies
 	for end := time.Now().Add(floodCallsFor - 1500*time.Millisecond); time.Now().Before(end); time.Sleep(floodCallGap) {
 		o, d := hookCaller(realAddr, w).Call(hookTimeout + raceSlack + 5*time.Second)
-		outcomes, took = append(outcomes, o), append(took, d)
+		outcomes = append(outcomes, o)
+		took.Record(d)
 		if d > hookTimeout+raceSlack {
 			t.Errorf("real call took %v, past its timeout %v", d, hookTimeout)
 		}
@@ -134,11 +135,10 @@ func runCallFlood(t *testing.T, w *world, realAddr string) []string {
 	for _, o := range outcomes {
 		counts[o]++
 	}
-	slices.Sort(took)
 	t.Logf("flood: %.0f fake calls/s begun, %.0f/s reached their POST, %d open at most; %d real calls: %v; p50 %v, p99 %v; "+
 		"egressd: %.2f CPU-s per second, RSS idle %d MiB, peak %d MiB",
 		st.Rate(), st.PostRate(), st.PeakOpen, len(outcomes), counts,
-		took[len(took)/2].Round(time.Millisecond), took[len(took)*99/100].Round(time.Millisecond),
+		took.Quantile(0.5).Round(time.Millisecond), took.Quantile(0.99).Round(time.Millisecond),
 		cpu.Seconds()/st.Seconds, idle>>20, peak.Load()>>20)
 	if p := peak.Load(); p-idle > rssLimit() {
 		t.Errorf("RSS peaked at %d MiB under the flood, %d MiB idle: more than %d MiB above", p>>20, idle>>20, rssLimit()>>20)
