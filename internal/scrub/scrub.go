@@ -84,6 +84,9 @@ type matcher struct {
 	pre      *prefilter             // where the anchors may be; nil: everywhere
 	byAnchor [][]int                // anchor pattern ID -> indexes into forms
 	forms    [][]byte               // every form, deduplicated
+	flexBy   [][]int                // anchor pattern ID -> indexes into flex
+	flex     []flexValue            // the values matched flexibly (flex.go)
+	flexHead [256]bool              // first bytes of the flexible spellings
 	sorted   [][]byte               // forms, sorted, for prefix checks
 	first    [256]bool              // first bytes of patterns
 	pair     *[1 << 16 / 64]uint64  // first two bytes of patterns, as a bitmap
@@ -97,11 +100,11 @@ type matcher struct {
 // enough, give a Set that matches nothing (Active reports false).
 func Compile(values ...string) *Set {
 	s := &Set{}
-	pats := s.collect(values)
+	pats, flex := s.collect(values)
 	if len(pats) == 0 {
 		return s
 	}
-	m := &matcher{forms: pats}
+	m := &matcher{forms: pats, flex: flex}
 	anchors := m.anchors()
 	ac, err := ahocorasick.NewBuilder().AddPatterns(anchors).Build()
 	if err != nil {
@@ -163,6 +166,17 @@ func (m *matcher) anchors() [][]byte {
 		}
 		m.byAnchor[id] = append(m.byAnchor[id], i)
 	}
+	m.flexBy = make([][]int, len(out))
+	for i, f := range m.flex {
+		id, ok := ids[string(f.anchor())]
+		if !ok {
+			id = len(out)
+			ids[string(f.anchor())] = id
+			out = append(out, f.anchor())
+			m.byAnchor, m.flexBy = append(m.byAnchor, nil), append(m.flexBy, nil)
+		}
+		m.flexBy[id] = append(m.flexBy[id], i)
+	}
 	return out
 }
 
@@ -170,8 +184,8 @@ func (m *matcher) anchors() [][]byte {
 type span struct{ start, end int }
 
 // find appends every occurrence of a form in b (overlapping ones included)
-// to out. Of a joined Set, an occurrence two parts both find (a value in
-// both) is reported once.
+// to out. An occurrence found twice (a value in two parts of a join, a
+// spelling that is both a form and a flexible match) is reported once.
 func (s *Set) find(b []byte, out []span) []span {
 	if len(b) < s.minLen { // most header names and values
 		return out
@@ -180,7 +194,7 @@ func (s *Set) find(b []byte, out []span) []span {
 	for _, m := range s.parts {
 		out = m.find(b, out)
 	}
-	if len(s.parts) > 1 && len(out)-from > 1 {
+	if len(out)-from > 1 {
 		found := out[from:]
 		slices.SortFunc(found, func(a, b span) int { return cmp.Or(a.start-b.start, a.end-b.end) })
 		out = append(out[:from], slices.Compact(found)...)
@@ -209,19 +223,29 @@ func (m *matcher) findIn(b []byte, lo, hi int, out []span) []span {
 				out = append(out, span{start, end})
 			}
 		}
+		for _, i := range m.flexBy[h.PatternID] {
+			out = m.flex[i].find(b, start, anchorEnd, out)
+		}
 	}
 	return out
 }
 
-// collect returns the deduplicated forms of every value at least MinLen long.
-func (s *Set) collect(vals []string) [][]byte {
+// collect returns the deduplicated forms of every value at least MinLen
+// long, and the values also matched flexibly.
+func (s *Set) collect(vals []string) ([][]byte, []flexValue) {
 	seen := map[string]bool{}
 	var pats [][]byte
+	var flex []flexValue
+	flexSeen := map[string]bool{}
 	for _, v := range vals {
 		for _, d := range values(v) {
 			if len(d) < MinLen {
 				s.skipped++
 				continue
+			}
+			if f, ok := newFlexValue(d); ok && !flexSeen[d] {
+				flexSeen[d] = true
+				flex = append(flex, f)
 			}
 			for _, f := range forms(d) {
 				if f != "" && !seen[f] {
@@ -231,7 +255,7 @@ func (s *Set) collect(vals []string) [][]byte {
 			}
 		}
 	}
-	return pats
+	return pats, flex
 }
 
 // index fills the prefix-check tables used to size the hold-back, and
@@ -247,6 +271,13 @@ func (m *matcher) index() int {
 		if len(p) > 1 {
 			k := int(p[0])<<8 | int(p[1])
 			m.pair[k/64] |= 1 << (k % 64)
+		}
+	}
+	for _, f := range m.flex {
+		m.maxLen = max(m.maxLen, f.maxLen)
+		for _, s := range spell[f.v[0]] {
+			m.flexHead[s[0]] = true
+			m.flexHead[lowerASCII(s[0])] = true
 		}
 	}
 	return minLen
