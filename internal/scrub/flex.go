@@ -24,9 +24,11 @@ import (
 
 // flexMinRun is the shortest run of letters and digits that anchors a
 // flexible value: the prefilter's sampling step is the shortest anchor less
-// gramLen-1, so a shorter run would slow the scan of every body. A value
-// whose runs are all shorter is matched in its whole-value forms only.
-const flexMinRun = 6
+// gramLen-1, so a shorter run would slow the scan of every body (a 6-byte
+// run made BenchmarkMatcher several times slower), and it would anchor on
+// common words. A value whose runs are all shorter is matched in its
+// whole-value forms only (docs/policy.md).
+const flexMinRun = 8
 
 // maxEntityDigits bounds the digits of a numeric character reference,
 // leading zeros included ("&#x00002B;"): encoders pad to fixed widths, and
@@ -128,12 +130,12 @@ func (f *flexValue) anchor() []byte { return f.v[f.at : f.at+f.n] }
 // find appends the occurrences of f around an anchor hit at b[start:end]:
 // every spelling start before it times every spelling end after it.
 func (f *flexValue) find(b []byte, start, end int, out []span) []span {
-	var sbuf, ebuf [4]int
-	starts := backward(b, start, f.v[:f.at], sbuf[:0])
+	var sbuf, sscratch, ebuf, escratch [4]int
+	starts := backward(b, start, f.v[:f.at], sbuf[:0], sscratch[:0])
 	if len(starts) == 0 {
 		return out
 	}
-	ends, _ := forward(b, end, f.v[f.at+f.n:], ebuf[:0])
+	ends, _ := forward(b, end, f.v[f.at+f.n:], ebuf[:0], escratch[:0])
 	for _, s := range starts {
 		for _, e := range ends {
 			out = append(out, span{s, e})
@@ -145,15 +147,16 @@ func (f *flexValue) find(b []byte, start, end int, out []span) []span {
 // startsSpelling reports whether b is a proper prefix of a spelling of f: a
 // later read may complete it.
 func (f *flexValue) startsSpelling(b []byte) bool {
-	var buf [4]int
-	_, partial := forward(b, 0, f.v, buf[:0])
+	var buf, scratch [4]int
+	_, partial := forward(b, 0, f.v, buf[:0], scratch[:0])
 	return partial
 }
 
 // forward returns the positions in b where a spelling of v starting at
-// from ends (into dst), and whether one ran into the end of b unfinished.
-func forward(b []byte, from int, v []byte, dst []int) (ends []int, partial bool) {
-	cur, next := append(dst, from), []int(nil)
+// from ends (into dst or scratch), and whether one ran into the end of b
+// unfinished.
+func forward(b []byte, from int, v []byte, dst, scratch []int) (ends []int, partial bool) {
+	cur, next := append(dst, from), scratch
 	for _, c := range v {
 		next = next[:0]
 		for _, q := range cur {
@@ -181,9 +184,9 @@ func forward(b []byte, from int, v []byte, dst []int) (ends []int, partial bool)
 }
 
 // backward returns the positions in b where a spelling of v ending at to
-// starts (into dst).
-func backward(b []byte, to int, v []byte, dst []int) []int {
-	cur, next := append(dst, to), []int(nil)
+// starts (into dst or scratch).
+func backward(b []byte, to int, v []byte, dst, scratch []int) []int {
+	cur, next := append(dst, to), scratch
 	for i := len(v) - 1; i >= 0; i-- {
 		next = next[:0]
 		for _, q := range cur {

@@ -85,6 +85,9 @@ func TestPartialEscapes(t *testing.T) {
 					t.Fatalf("not masked: %q", c.body)
 				}
 				assertMasked(t, c.body, out, c.at, c.n)
+				if want, wn := refMask(s, []byte(c.body)); string(want) != out || wn != n {
+					t.Fatalf("reference: %q (%d), Set.String: %q (%d)", want, wn, out, n)
+				}
 				for i := 0; i <= len(c.body); i++ {
 					got, n := streamMask(t, s, splitAt([]byte(c.body), i))
 					if string(got) != out || n == 0 {
