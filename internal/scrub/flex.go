@@ -24,11 +24,11 @@ import (
 
 // flexMinRun is the shortest run of letters and digits that anchors a
 // flexible value: the prefilter's sampling step is the shortest anchor less
-// gramLen-1, so a shorter run would slow the scan of every body (a 6-byte
-// run made BenchmarkMatcher several times slower), and it would anchor on
-// common words. A value whose runs are all shorter is matched in its
-// whole-value forms only (docs/policy.md).
-const flexMinRun = 8
+// gramLen-1, so the shortest run of any value sets the step for every body
+// scanned with its Set: a shorter run than this would slow the scan to about
+// the DFA's own speed and anchor on common words. A value whose runs are all
+// shorter is matched in its whole-value forms only (docs/policy.md).
+const flexMinRun = 6
 
 // maxEntityDigits bounds the digits of a numeric character reference,
 // leading zeros included ("&#x00002B;"): encoders pad to fixed widths, and
