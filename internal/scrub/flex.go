@@ -38,8 +38,9 @@ const maxEntityDigits = 6
 // flexValue is one value matched flexibly.
 type flexValue struct {
 	v      []byte
-	at, n  int // the anchor: v[at:at+n]
-	maxLen int // the longest spelling of v
+	at, n  int        // the anchor: v[at:at+n]
+	maxLen int        // the longest spelling of v
+	head   *[256]bool // first bytes of v's spellings
 }
 
 // spell[c] lists the spellings of byte c: c itself first (matched exactly),
@@ -118,6 +119,10 @@ func newFlexValue(v string) (flexValue, bool) {
 		return flexValue{}, false
 	}
 	f.n = min(f.n, anchorLen)
+	f.head = new([256]bool)
+	for _, s := range spell[f.v[0]] {
+		f.head[s[0]], f.head[lowerASCII(s[0])] = true, true
+	}
 	for _, c := range f.v {
 		f.maxLen += spellMax[c]
 	}
@@ -147,6 +152,9 @@ func (f *flexValue) find(b []byte, start, end int, out []span) []span {
 // startsSpelling reports whether b is a proper prefix of a spelling of f: a
 // later read may complete it.
 func (f *flexValue) startsSpelling(b []byte) bool {
+	if !f.head[b[0]] {
+		return false
+	}
 	var buf, scratch [4]int
 	_, partial := forward(b, 0, f.v, buf[:0], scratch[:0])
 	return partial

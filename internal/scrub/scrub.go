@@ -3,8 +3,9 @@
 //
 // Invariant: each occurrence of any form of a compiled value (raw, upper and
 // lower case, base64, base64url, MIME base64, base32, percent, JSON escapes,
-// HTML escapes, hex, UTF-16; see forms) is replaced in place by a same-length
-// run of '*', so lengths and framing hold;
+// HTML escapes, hex, UTF-16; see forms), and of any spelling with some of its
+// characters escaped and others not (flex.go), is replaced in place by a
+// same-length run of '*', escape sequences included, so lengths and framing hold;
 // overlapping occurrences are all masked. Streaming keeps streaming: a Reader
 // holds back only the bytes that could still be the start of a match, never a
 // whole body, and never a fixed window.
@@ -12,14 +13,18 @@
 // Not covered (scrubbing stops echoes, not an upstream set on leaking): other
 // transforms of a value (reversed, cut, mixed case, base64 of base64, MIME
 // base64 of a value inside a longer encoded text, where the line breaks fall
-// elsewhere, base32 inside a longer base32 text, hex or percent escapes mixing
-// upper and lower case in one occurrence, UTF-16 of anything but the value
-// alone), values shorter than MinLen, and, in a fragmented WebSocket message,
-// up to MinLen-1 bytes before a frame boundary (see WebSocket).
+// elsewhere, base32 inside a longer base32 text, hex of every byte mixing
+// upper and lower case in one occurrence, escapes applied twice, UTF-16 of
+// anything but the value alone), partial escapes of a value with no run of
+// flexMinRun letters and digits, of its letters and digits, or of a
+// non-ASCII character as one (an HTML or \u reference), values shorter than
+// MinLen, and, in a fragmented WebSocket message, up to MinLen-1 bytes
+// before a frame boundary (see WebSocket).
 //
 // Matcher. Compile builds one multi-pattern Aho-Corasick DFA
 // (github.com/coregx/ahocorasick, overlapping search) over the first anchorLen
-// bytes of every form, each hit verified against the whole form, and a gram
+// bytes of every form and of each flexible value's anchor (flex.go), each hit
+// verified against the whole form or flexibly outward, and a gram
 // prefilter in front of it (prefilter.go) that keeps the DFA to the few regions
 // of a body where an anchor can be. BenchmarkMatcher compares them:
 // bytes.Index once per form makes one pass per form, so its cost grows with
@@ -275,9 +280,8 @@ func (m *matcher) index() int {
 	}
 	for _, f := range m.flex {
 		m.maxLen = max(m.maxLen, f.maxLen)
-		for _, s := range spell[f.v[0]] {
-			m.flexHead[s[0]] = true
-			m.flexHead[lowerASCII(s[0])] = true
+		for c, ok := range f.head {
+			m.flexHead[c] = m.flexHead[c] || ok
 		}
 	}
 	return minLen
