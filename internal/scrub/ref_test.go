@@ -34,7 +34,7 @@ func refMask(s *Set, body []byte) ([]byte, int) {
 	}
 	for _, m := range s.parts {
 		for _, f := range m.flex {
-			refFlex(body, string(f.v), found)
+			refFlex(body, string(f.v), f.maxLen, found)
 		}
 	}
 	n := len(found)
@@ -124,23 +124,26 @@ func textBody(n int, seed uint64) []byte {
 // character but letters and digits raw or escaped: for each occurrence of
 // v's longest run of letters and digits, a regular expression of the
 // spellings before it is tried on every start, one of those after it on
-// every end.
-func refFlex(body []byte, v string, found map[span]bool) {
+// every end, within maxLen of it (no spelling is longer).
+func refFlex(body []byte, v string, maxLen int, found map[span]bool) {
 	run := longestRun(v)
 	at := strings.Index(v, run)
 	before := regexp.MustCompile(`^` + refSpellings(v[:at]) + `$`)
 	after := regexp.MustCompile(`^` + refSpellings(v[at+len(run):]) + `$`)
-	for p := 0; p < len(body); p++ {
-		if !bytes.HasPrefix(body[p:], []byte(run)) {
-			continue
+	for i := 0; ; {
+		j := bytes.Index(body[i:], []byte(run))
+		if j < 0 {
+			return
 		}
+		p := i + j
+		i = p + 1
 		var starts, ends []int
-		for s := 0; s <= p; s++ {
+		for s := max(0, p-maxLen); s <= p; s++ {
 			if before.Match(body[s:p]) {
 				starts = append(starts, s)
 			}
 		}
-		for e := p + len(run); e <= len(body); e++ {
+		for e := p + len(run); e <= min(len(body), p+maxLen); e++ {
 			if after.Match(body[p+len(run) : e]) {
 				ends = append(ends, e)
 			}
