@@ -217,9 +217,11 @@ func (s *sandbox) downNode(t *testing.T, specFile string, lns *nodeListeners) {
 			t.Fatalf("%s still there 10s into down --node", specFile)
 		}
 	}
-	time.Sleep(300 * time.Millisecond)
-	if _, err := os.Stat("/run/netns/" + s.name); err != nil {
-		t.Errorf("down --node removed the namespace while egressd still listened in it: %v", err)
+	// egressd closes the listeners a moment later; until then the namespace stays.
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat("/run/netns/" + s.name); err != nil {
+			t.Fatalf("down --node removed the namespace while egressd still listened in it: %v", err)
+		}
 	}
 	lns.tcp.Close()
 	lns.dns.Close()
