@@ -24,22 +24,7 @@ type nodeObject struct {
 	Data map[string]string `yaml:"data"`
 	Spec struct {
 		Template struct {
-			Spec struct {
-				HostPID                      bool `yaml:"hostPID"`
-				HostNetwork                  bool `yaml:"hostNetwork"`
-				HostIPC                      bool `yaml:"hostIPC"`
-				HostUsers                    *bool
-				AutomountServiceAccountToken *bool           `yaml:"automountServiceAccountToken"`
-				Containers                   []nodeContainer `yaml:"containers"`
-				Volumes                      []struct {
-					Name     string `yaml:"name"`
-					HostPath *struct {
-						Path string `yaml:"path"`
-						Type string `yaml:"type"`
-					} `yaml:"hostPath"`
-					ConfigMap *struct{ Name string } `yaml:"configMap"`
-				} `yaml:"volumes"`
-			} `yaml:"spec"`
+			Spec podSpec `yaml:"spec"`
 		} `yaml:"template"`
 		Ingress []struct {
 			Ports []struct {
@@ -47,34 +32,6 @@ type nodeObject struct {
 			} `yaml:"ports"`
 		} `yaml:"ingress"`
 	} `yaml:"spec"`
-}
-
-type nodeContainer struct {
-	Name      string   `yaml:"name"`
-	Args      []string `yaml:"args"`
-	Resources struct {
-		Requests map[string]string `yaml:"requests"`
-		Limits   map[string]string `yaml:"limits"`
-	} `yaml:"resources"`
-	SecurityContext struct {
-		RunAsUser                *int  `yaml:"runAsUser"`
-		Privileged               *bool `yaml:"privileged"`
-		AllowPrivilegeEscalation *bool `yaml:"allowPrivilegeEscalation"`
-		ReadOnlyRootFilesystem   *bool `yaml:"readOnlyRootFilesystem"`
-		Capabilities             struct {
-			Add  []string `yaml:"add"`
-			Drop []string `yaml:"drop"`
-		} `yaml:"capabilities"`
-		SeccompProfile struct {
-			Type string `yaml:"type"`
-		} `yaml:"seccompProfile"`
-	} `yaml:"securityContext"`
-	VolumeMounts []struct {
-		Name             string `yaml:"name"`
-		MountPath        string `yaml:"mountPath"`
-		ReadOnly         bool   `yaml:"readOnly"`
-		MountPropagation string `yaml:"mountPropagation"`
-	} `yaml:"volumeMounts"`
 }
 
 // TestNodeManifest checks what matters of the node DaemonSet: nothing of the
@@ -163,7 +120,7 @@ func TestNodeManifest(t *testing.T) {
 
 // nodeConfig parses the config the container's --config names, from the
 // ConfigMap, and wants no warning.
-func nodeConfig(t *testing.T, data map[string]string, c nodeContainer) *config.Config {
+func nodeConfig(t *testing.T, data map[string]string, c container) *config.Config {
 	t.Helper()
 	i := slices.Index(c.Args, "--config")
 	if i < 0 || i+1 >= len(c.Args) {

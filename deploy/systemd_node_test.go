@@ -2,7 +2,6 @@ package deploy_test
 
 import (
 	"path"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -15,21 +14,10 @@ import (
 // egressd-netns-node@.service registers its sandbox with that node: the same
 // sandboxes directory and config, after egressd-node.service.
 func TestSystemdNodeUnits(t *testing.T) {
-	text := readRepoFile(t, "systemd/egressd-node.service")
-	unit := parseUnit(t, text)
-	exec := strings.Fields(unit["ExecStart"][0])
-	i := slices.Index(exec, "--config")
-	if i < 0 || i+1 >= len(exec) || exec[1] != "run" {
-		t.Fatalf("ExecStart %q: want egressd run --config FILE", exec)
-	}
-	cfgPath := exec[i+1]
-	install := regexp.MustCompile(`install .*deploy/systemd/(\S+) ` + regexp.QuoteMeta(cfgPath)).FindStringSubmatch(text)
-	if install == nil {
-		t.Fatalf("egressd-node.service does not document what to install at %s", cfgPath)
-	}
-	cfg := parseRepoConfig(t, "systemd/"+install[1])
+	unit, exec, install, cfg := unitConfig(t, "egressd-node.service")
+	cfgPath := exec[slices.Index(exec, "--config")+1]
 	if !cfg.Node.Enabled() {
-		t.Fatalf("%s has no node section", install[1])
+		t.Fatalf("%s has no node section", install)
 	}
 	if want := "/var/lib/" + unit["StateDirectory"][0]; cfg.StateDir != want {
 		t.Errorf("state_dir %s, want %s", cfg.StateDir, want)
