@@ -31,6 +31,7 @@ type shared struct {
 	signer *hooks.Signer
 	log    zerolog.Logger
 	m      *metrics.Metrics
+	node   *proxy.Server // the node's own Server, whose budgets sandboxes' shares draw on
 }
 
 // snapshot builds the Snapshot for l, reusing the running store when the backend

@@ -353,7 +353,7 @@ func (d *Daemon) runtimeFor(l *Loaded) (*proxy.Snapshot, error) {
 
 // shared is what the Daemon's Snapshots, and its sandboxes', are built with.
 func (d *Daemon) shared() shared {
-	return shared{self: d.self, leaves: d.leaves, signer: d.signer, log: d.log, m: d.metrics}
+	return shared{self: d.self, leaves: d.leaves, signer: d.signer, log: d.log, m: d.metrics, node: d.srv}
 }
 
 // drainSettle is how long Close lets the connections accepted just before it

@@ -38,12 +38,35 @@ type connMem struct {
 	mem     *membudget.Budget // nil: counted elsewhere (beyond the listener's bound)
 	runtime bool              // a hooks listener's: never refused
 	held    atomic.Int64
+	// node is the node's connection count this connection holds one of
+	// (Server.nodeConns); nil outside node mode, or once given back.
+	node atomic.Pointer[membudget.Budget]
 }
 
-// reserveConn reserves a new connection's cost on l, or reports false.
-func (s *Server) reserveConn(l *listener) (*connMem, bool) {
+// detailNodeConns refuses a sandbox's connection when the node's
+// limits.max_connections, over every sandbox, is spent.
+const detailNodeConns = "node_max_connections"
+
+// reserveConn reserves a new connection's cost on l (and, in node mode, one of
+// the node's connections), or returns the refusal's detail.
+func (s *Server) reserveConn(l *listener) (*connMem, string) {
 	m := &connMem{mem: s.mem, runtime: l.cfg.Role == config.RoleHooks}
-	return m, m.grow(membudget.ConnCost, false)
+	if s.nodeConns != nil {
+		if m.runtime {
+			s.nodeConns.Take(membudget.Conns, 1)
+		} else if !s.nodeConns.Reserve(membudget.Conns, 1) {
+			return m, detailNodeConns
+		}
+		m.node.Store(s.nodeConns)
+	}
+	if d := m.mem.TryReserve(membudget.Conns, membudget.ConnCost); d != "" && !m.runtime {
+		m.release()
+		return m, d
+	} else if d != "" {
+		m.mem.Take(membudget.Conns, membudget.ConnCost)
+	}
+	m.held.Add(membudget.ConnCost)
+	return m, ""
 }
 
 // grow adds n bytes to what the connection holds, or reports false when the
@@ -69,6 +92,9 @@ func (m *connMem) shrink(n int64) {
 func (m *connMem) release() {
 	if n := m.held.Swap(0); n > 0 {
 		m.mem.Release(membudget.Conns, n)
+	}
+	if node := m.node.Swap(nil); node != nil {
+		node.Release(membudget.Conns, 1)
 	}
 }
 

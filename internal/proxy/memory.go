@@ -30,6 +30,7 @@ func (s *Server) setMemory(snap *Snapshot) {
 	s.mem.SetAside(membudget.HookBodies, share)
 	s.hookBuf.limit.Store(share)
 	s.mem.SetCap(membudget.Heads, limit/8)
+	s.shareConns.SetLimit(int64(snap.Limits.MaxConnections))
 	snap.mem = s.mem
 }
 
