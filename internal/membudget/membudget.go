@@ -60,9 +60,9 @@ func Holders() []Holder {
 type Budget struct {
 	parent *Budget // nil: a root budget
 	limit  atomic.Int64
-	used  atomic.Int64
-	held  [numHolders]atomic.Int64
-	caps  [numHolders]atomic.Int64 // 0: none
+	used   atomic.Int64
+	held   [numHolders]atomic.Int64
+	caps   [numHolders]atomic.Int64 // 0: none
 	// refused counts the reservations refused because this budget was spent.
 	refused atomic.Int64
 }
