@@ -247,6 +247,7 @@ func (d *Daemon) startNode(n config.Node) error {
 	}
 	d.registry = node.New(nodeHost{d}, n.MaxSandboxes, d.log)
 	ctx, cancel := context.WithCancel(context.Background())
+	d.vaults = newVaultSessions(ctx, d.log)
 	var api *http.Server
 	if n.APISocket != "" {
 		ln, err := node.ListenSocket(n.APISocket)

@@ -1,0 +1,204 @@
+package vault
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/credential"
+)
+
+// sharedVault is a dev Vault with an AppRole whose login tokens Vault counts the
+// uses of (token_num_uses) and whose secret ID it counts the logins of
+// (num_uses): the figures below are Vault's own, not egressd's.
+type sharedVault struct {
+	*devVault
+	mount, role, secretID string
+}
+
+// Generous counts: only what is used of them matters.
+const (
+	tokenUses = 1_000_000
+	loginUses = 1000
+)
+
+func newSharedVault(t *testing.T) *sharedVault {
+	v := &sharedVault{devVault: newDevVault(t)}
+	v.mount = v.enableAuth("approle")
+	v.role = "auth/" + v.mount + "/role/" + v.name
+	v.write(v.role, map[string]any{"token_policies": []string{v.policy("")}, "token_ttl": "1h", "token_num_uses": tokenUses})
+	v.secretID = v.write(v.role+"/secret-id", map[string]any{"num_uses": loginUses}).Data["secret_id"].(string)
+	return v
+}
+
+// session is a Session logging in with the AppRole, cached for cacheFor, running
+// until the test ends.
+func (v *sharedVault) session(cacheFor time.Duration) *Session {
+	v.t.Helper()
+	roleID := v.read(v.role + "/role-id").Data["role_id"].(string)
+	s, err := NewSession(Options{Address: v.addr, Auth: NewAppRoleAuth(v.mount, writeFile(v.t, "role-id", roleID),
+		writeFile(v.t, "secret-id", v.secretID))}, cacheFor)
+	if err != nil {
+		v.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { s.Run(ctx) })
+	v.t.Cleanup(func() { cancel(); wg.Wait() })
+	return s
+}
+
+// logins is how many times the secret ID has logged in, by Vault's count.
+func (v *sharedVault) logins() int64 {
+	v.t.Helper()
+	sec := v.write(v.role+"/secret-id/lookup", map[string]any{"secret_id": v.secretID})
+	left, _ := toInt(sec.Data["secret_id_num_uses"])
+	return loginUses - left
+}
+
+// requests is how many requests the role's login tokens have made, by Vault's
+// count of each token's uses.
+func (v *sharedVault) requests() int64 {
+	v.t.Helper()
+	list, err := v.root.Logical().List("auth/token/accessors")
+	if err != nil {
+		v.t.Fatal(err)
+	}
+	var n int64
+	for _, a := range list.Data["keys"].([]any) {
+		sec, err := v.root.Logical().Write("auth/token/lookup-accessor", map[string]any{"accessor": a})
+		if err != nil || sec == nil {
+			continue // expired or revoked meanwhile: not ours while the test runs
+		}
+		if meta, _ := sec.Data["meta"].(map[string]any); meta["role_name"] != v.name {
+			continue
+		}
+		left, _ := toInt(sec.Data["num_uses"])
+		n += tokenUses - left
+	}
+	return n
+}
+
+// stores runs one Store per scope over a Backend of s, each managing ids.
+func (v *sharedVault) stores(s *Session, prefixes []string, refresh time.Duration, ids ...string) []*credential.Store {
+	v.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out := make([]*credential.Store, len(prefixes))
+	for i, p := range prefixes {
+		b, err := s.Backend(Options{KVPrefix: p})
+		if err != nil {
+			v.t.Fatal(err)
+		}
+		out[i] = credential.NewStore(b, ids, credential.Options{Refresh: refresh})
+		out[i].StartAsync(ctx)
+	}
+	v.t.Cleanup(func() {
+		cancel()
+		for _, st := range out {
+			st.Wait()
+		}
+	})
+	for _, st := range out {
+		<-st.FirstRead()
+	}
+	return out
+}
+
+func header(t *testing.T, s *credential.Store, id string) string {
+	t.Helper()
+	val, err := s.Get(id)
+	if err != nil {
+		t.Fatalf("%s: %v", id, err)
+	}
+	return val.Headers[0].Value
+}
+
+// TestSessionSharesReads: 50 sandboxes naming the same 10 KV paths, and 10
+// naming one path each under a prefix of their own, log in once and read each of
+// the 20 paths once a refresh interval, counted by Vault; each sandbox gets its
+// own scope's secret, and a rotation reaches every sandbox that names the path.
+func TestSessionSharesReads(t *testing.T) {
+	t.Parallel()
+	v := newSharedVault(t)
+	ids := make([]string, 10)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("k%d", i)
+		v.putKV(ids[i], map[string]any{"token": "shared-" + ids[i]})
+	}
+	var shared, own []string
+	for range 50 {
+		shared = append(shared, v.prefix())
+	}
+	for i := range 10 {
+		p := fmt.Sprintf("%s/own-%d", v.prefix(), i)
+		own = append(own, p)
+		v.write("secret/data/"+p+"/k0", map[string]any{"data": map[string]any{"token": fmt.Sprintf("own-%d", i)}})
+	}
+	const refresh = 2 * time.Second
+	s := v.session(refresh * 9 / 10)
+	sharedStores := v.stores(s, shared, refresh, ids...)
+	ownStores := v.stores(s, own, refresh, "k0")
+	if n := v.requests(); n != 20 {
+		t.Errorf("Vault served %d requests for the first reads, want 20: one per path", n)
+	}
+	for i, st := range ownStores {
+		if got := header(t, st, "k0"); got != fmt.Sprintf("Bearer own-%d", i) {
+			t.Errorf("sandbox own-%d got %q: another scope's secret", i, got)
+		}
+	}
+	for _, st := range sharedStores {
+		if got := header(t, st, "k3"); got != "Bearer shared-k3" {
+			t.Fatalf("a shared sandbox got %q", got)
+		}
+	}
+	before := v.requests()
+	time.Sleep(3 * refresh)
+	per := float64(v.requests()-before) / 3
+	t.Logf("reads per refresh interval: %.1f for 20 paths named by 60 sandboxes (%d unshared)", per, 50*len(ids)+10)
+	if per > 20*1.5 || per < 20*0.5 {
+		t.Errorf("%.1f reads per refresh interval, want about 20: one per path", per)
+	}
+	if n := v.logins(); n != 1 {
+		t.Errorf("%d logins, want 1", n)
+	}
+	v.putKV("k3", map[string]any{"token": "rotated"})
+	deadline := time.Now().Add(3 * refresh)
+	for _, st := range sharedStores {
+		for header(t, st, "k3") != "Bearer rotated" {
+			if time.Now().After(deadline) {
+				t.Fatalf("a sandbox still has the old k3 after %v", 3*refresh)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// TestSessionThousandSandboxes: 1,000 sandboxes naming the same 10 paths cause
+// 10 reads per refresh interval, by Vault's count, and one login.
+func TestSessionThousandSandboxes(t *testing.T) {
+	t.Parallel()
+	v := newSharedVault(t)
+	ids := make([]string, 10)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("k%d", i)
+		v.putKV(ids[i], map[string]any{"token": "v"})
+	}
+	prefixes := make([]string, 1000)
+	for i := range prefixes {
+		prefixes[i] = v.prefix()
+	}
+	const refresh = 2 * time.Second
+	s := v.session(refresh * 9 / 10)
+	start := time.Now()
+	v.stores(s, prefixes, refresh, ids...)
+	first := v.requests()
+	time.Sleep(3 * refresh)
+	per := float64(v.requests()-first) / 3
+	t.Logf("1,000 sandboxes x 10 paths: first reads %d (in %v), then %.1f reads per refresh interval (10,000 unshared), %d logins",
+		first, time.Since(start)-3*refresh, per, v.logins())
+	if first != 10 || per > 15 || per < 5 || v.logins() != 1 {
+		t.Errorf("first reads %d, %.1f per refresh, %d logins; want 10, about 10, 1", first, per, v.logins())
+	}
+}
