@@ -31,7 +31,7 @@ type shared struct {
 	signer *hooks.Signer
 	log    zerolog.Logger
 	m      *metrics.Metrics
-	node   *proxy.Server // the node's own Server, whose budgets sandboxes' shares draw on
+	node   *proxy.Server  // the node's own Server, whose budgets sandboxes' shares draw on
 	vaults *vaultSessions // node mode's shared Vault sessions; nil in a sidecar
 }
 
