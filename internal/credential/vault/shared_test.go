@@ -3,7 +3,10 @@ package vault
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -200,5 +203,53 @@ func TestSessionThousandSandboxes(t *testing.T) {
 		first, time.Since(start)-3*refresh, per, v.logins())
 	if first != 10 || per > 15 || per < 5 || v.logins() != 1 {
 		t.Errorf("first reads %d, %.1f per refresh, %d logins; want 10, about 10, 1", first, per, v.logins())
+	}
+}
+
+// TestSessionCachesOnlyAnswers: a failed read is never served again from the
+// cache (the next reader reads anew), while Vault's answer is, to every Backend
+// naming the same path; a Backend naming another path reads its own.
+func TestSessionCachesOnlyAnswers(t *testing.T) {
+	f := newFakeVault(t)
+	f.staticToken()
+	var fail atomic.Bool
+	fail.Store(true)
+	f.handle("GET /v1/secret/data/p/x", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if fail.Load() {
+			w.WriteHeader(http.StatusInternalServerError)
+			io.WriteString(w, `{"errors":["down"]}`)
+			return
+		}
+		io.WriteString(w, `{"data": {"data": {"token": "px"}, "metadata": {"version": 1}}}`)
+	})
+	f.kv("q/x", 1, map[string]any{"token": "qx"})
+	s, err := NewSession(Options{Address: f.srv.URL, Auth: NewTokenAuth("t", "")}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := func(prefix string) *Backend {
+		b, err := s.Backend(Options{KVPrefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	p1, p2, q := backend("p"), backend("p"), backend("q")
+	ctx := context.Background()
+	if _, _, err := p1.Read(ctx, "x"); err == nil {
+		t.Fatal("the failed read succeeded")
+	}
+	fail.Store(false)
+	for i, b := range []*Backend{p2, p1} {
+		if sec, _, err := b.Read(ctx, "x"); err != nil || sec.Headers[0].Value != "Bearer px" {
+			t.Fatalf("read %d of p/x: %v %v", i, sec.Headers, err)
+		}
+	}
+	if sec, _, err := q.Read(ctx, "x"); err != nil || sec.Headers[0].Value != "Bearer qx" {
+		t.Fatalf("q/x: %v %v", sec.Headers, err)
+	}
+	if n := len(f.requestsTo("/p/x")); n != 2 {
+		t.Errorf("Vault saw %d reads of p/x, want 2: the failed one and one for both Backends", n)
 	}
 }
