@@ -30,6 +30,7 @@ import (
 // range the client asked for is egressd's to serve (ranges.go).
 func (x *exchange) scrubFor(out *http.Request, res inject.Result) {
 	x.scrub = scrub.Join(x.snap.Placeholders.Scrub(), res.Scrub)
+	x.rec.mask = x.scrub
 	if x.scrub.Active() {
 		x.wanted = wantedRange(out)
 		narrowForScrub(out.Header)
@@ -39,7 +40,7 @@ func (x *exchange) scrubFor(out *http.Request, res inject.Result) {
 // narrowForScrub adjusts a request whose response is scrubbed so that the response
 // stays scrubbable: a client's Accept-Encoding becomes identity, a WebSocket upgrade
 // offers no extensions (permessage-deflate would compress the frames out of the
-// scrubber's sight), and Range and If-Range go: a part of a body can start or end
+// scrubber's sight), and Range, Request-Range and If-Range go: a part of a body can start or end
 // inside a value, where no form is found, and an upstream that reflects what it was
 // sent could hand a value back a piece at a time. The whole body is asked for and
 // masked, and egressd cuts the client's range from it (ranges.go); a partial answer
@@ -60,7 +61,8 @@ func narrowForScrub(h http.Header) {
 		case strings.EqualFold(k, "Accept-Encoding"):
 			accepts = accepts || len(v) > 0
 			delete(h, k)
-		case strings.EqualFold(k, "Sec-WebSocket-Extensions"), strings.EqualFold(k, "Range"), strings.EqualFold(k, "If-Range"):
+		case strings.EqualFold(k, "Sec-WebSocket-Extensions"), strings.EqualFold(k, "Range"), strings.EqualFold(k, "If-Range"),
+			strings.EqualFold(k, "Request-Range"): // Range's pre-standard name, which some servers still honour
 			delete(h, k)
 		}
 	}
@@ -136,11 +138,13 @@ func (x *exchange) scrubbed(resp *http.Response) *http.Response {
 	return resp
 }
 
-// head masks the status text and every header field, names included.
+// head masks the status text, every header field, names included, and the names
+// of the trailers the upstream declared: an HTTP/1.1 client is told them in a
+// Trailer field (writeResponse) before the trailers themselves are masked.
 func (sc *scrubber) head(resp *http.Response) {
 	var n int
 	resp.Status, n = sc.set.String(resp.Status)
-	sc.add(n + sc.fields(resp.Header))
+	sc.add(n + sc.fields(resp.Header) + sc.fields(resp.Trailer))
 }
 
 // fields masks h's names and values in place and returns the replacements.

@@ -51,18 +51,14 @@ type runResult struct {
 	// The clients' dials and the far side's accepts: with keep-alive both
 	// equal the client count. Then the far side's requests, and those
 	// carrying each injected value (tally).
-	ClientConns        int64   `json:"client_conns"`
-	UpstreamConns      int64   `json:"upstream_conns"`
-	UpstreamRequests   int64   `json:"upstream_requests"`
-	Transformed        int64   `json:"upstream_transformed"`
-	Credentialed       int64   `json:"upstream_credentialed"`
-	VaultCredentialed  int64   `json:"upstream_vault_credentialed"`
-	OAuthCredentialed  int64   `json:"upstream_oauth_credentialed"`
-	GitHubCredentialed int64   `json:"upstream_github_credentialed"`
-	TLSHandshakes      int64   `json:"tls_handshakes"`
-	TLSResumed         int64   `json:"tls_resumed"`
-	CPUSeconds         float64 `json:"egressd_cpu_s,omitempty"` // the proxy's, over the window
-	CPUError           string  `json:"egressd_cpu_error,omitempty"`
+	ClientConns      int64            `json:"client_conns"`
+	UpstreamConns    int64            `json:"upstream_conns"`
+	UpstreamRequests int64            `json:"upstream_requests"`
+	Injected         map[string]int64 `json:"upstream_injected,omitempty"` // by injection
+	TLSHandshakes    int64            `json:"tls_handshakes"`
+	TLSResumed       int64            `json:"tls_resumed"`
+	CPUSeconds       float64          `json:"egressd_cpu_s,omitempty"` // the proxy's, over the window
+	CPUError         string           `json:"egressd_cpu_error,omitempty"`
 
 	hist histogram // kept to merge rounds
 }
@@ -181,7 +177,7 @@ func (r *runResult) window(seconds float64) {
 
 func (r *runResult) setLatencies() {
 	r.P50US, r.P99US = micros(r.hist.quantile(0.50)), micros(r.hist.quantile(0.99))
-	r.MeanUS, r.MaxUS = micros(r.hist.mean()), micros(r.hist.max())
+	r.MeanUS, r.MaxUS = micros(r.hist.mean()), micros(r.hist.quantile(1))
 }
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
@@ -225,6 +221,14 @@ func (c *client) countHandshake(cs tls.ConnectionState, err error) {
 			c.resumed.Add(1)
 		}
 	}
+}
+
+// roundTripWithin is roundTrip bounded by within.
+func (c *client) roundTripWithin(within time.Duration) error {
+	ctx, cancel := context.WithTimeout(c.req.Context(), within)
+	defer cancel()
+	c.req = c.req.WithContext(ctx)
+	return c.roundTrip()
 }
 
 // roundTrip makes one request and has t.check read the whole body. A bodiless
@@ -383,43 +387,26 @@ func expectBody(want []byte, refuse ...string) func(*http.Response) error {
 
 // histogram keeps every latency a client measured in its window: one per
 // client, merged at the end, so recording takes no lock.
-type histogram struct {
-	samples []time.Duration
-	sum     time.Duration
-}
+type histogram []time.Duration
 
-func (h *histogram) record(d time.Duration) {
-	h.samples = append(h.samples, d)
-	h.sum += d
-}
+func (h *histogram) record(d time.Duration) { *h = append(*h, d) }
+func (h *histogram) merge(o *histogram)     { *h = append(*h, *o...) }
+func (h histogram) n() int                  { return len(h) }
 
-func (h *histogram) merge(o *histogram) {
-	h.samples = append(h.samples, o.samples...)
-	h.sum += o.sum
-}
-
-func (h *histogram) n() int { return len(h.samples) }
-
-// quantile returns the latency below which a fraction q of the samples fall.
-func (h *histogram) quantile(q float64) time.Duration {
-	if len(h.samples) == 0 {
+// quantile returns the latency below which a fraction q of the samples fall
+// (quantile(1) is the largest); 0 for none.
+func (h histogram) quantile(q float64) time.Duration {
+	if len(h) == 0 {
 		return 0
 	}
-	slices.Sort(h.samples)
-	rank := min(max(int(q*float64(len(h.samples))+0.5), 1), len(h.samples))
-	return h.samples[rank-1]
+	slices.Sort(h)
+	return h[min(max(int(q*float64(len(h))+0.5), 1), len(h))-1]
 }
 
-func (h *histogram) mean() time.Duration {
-	if len(h.samples) == 0 {
-		return 0
+func (h histogram) mean() time.Duration {
+	var sum time.Duration
+	for _, d := range h {
+		sum += d
 	}
-	return h.sum / time.Duration(len(h.samples))
-}
-
-func (h *histogram) max() time.Duration {
-	if len(h.samples) == 0 {
-		return 0
-	}
-	return slices.Max(h.samples)
+	return sum / time.Duration(max(len(h), 1))
 }
