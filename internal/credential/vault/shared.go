@@ -101,6 +101,9 @@ func (s *Session) readKV(ctx context.Context, b *Backend, id string) (credential
 		return r.sec, r.version, r.err
 	}
 	ch := s.reads.DoChan(path, func() (any, error) {
+		if r, ok := s.cached(path); ok {
+			return r, nil // a read that ended between the look above and this one
+		}
 		// The read outlives the caller that began it (others wait for it too),
 		// bounded by that caller's deadline.
 		rctx, cancel := context.WithoutCancel(ctx), func() {}

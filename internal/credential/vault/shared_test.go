@@ -95,7 +95,8 @@ func (v *sharedVault) rate(refresh time.Duration) float64 {
 }
 
 // firstReads runs stores (as v.stores) and checks that their first reads cost
-// Vault about one read of each of paths per cacheFor they took.
+// Vault about one read of each of paths per cacheFor they took (and the one
+// renewal of the session's token).
 func (v *sharedVault) firstReads(paths int, cacheFor time.Duration, stores func()) {
 	v.t.Helper()
 	before := v.requests()
@@ -103,7 +104,8 @@ func (v *sharedVault) firstReads(paths int, cacheFor time.Duration, stores func(
 	stores()
 	took, n := time.Since(start), v.requests()-before
 	v.t.Logf("first reads: %d in %v", n, took.Round(time.Millisecond))
-	if most := int64(paths) * (int64(took/cacheFor) + 1); n < int64(paths) || n > most {
+	// +1: the token's first renewal, which Vault's LifetimeWatcher makes as it starts.
+	if most := int64(paths)*(int64(took/cacheFor)+1) + 1; n < int64(paths) || n > most {
 		v.t.Errorf("Vault served %d reads for the first reads of %d paths in %v, want %d to %d: one per path per %v",
 			n, paths, took, paths, most, cacheFor)
 	}
