@@ -61,6 +61,32 @@ type Sandbox struct {
 	Config *Config
 	// Hash is the hex SHA-256 of the spec's bytes.
 	Hash string
+	// Share is what the spec's own limits ask of the node's budgets.
+	Share Share
+}
+
+// Share is what a sandbox spec's limits.memory, limits.max_connections and
+// limits.hook_buffer_bytes set, each 0 when the spec is silent (or memory is
+// auto): the node then gives the sandbox its default share (docs/node.md).
+type Share struct {
+	Memory          int64
+	MaxConnections  int
+	HookBufferBytes int64
+}
+
+// shareOf is the Share the spec's limits r ask for, as validated in l.
+func shareOf(r rawLimits, l Limits) Share {
+	var s Share
+	if r.Memory.set && r.Memory.n > 0 {
+		s.Memory = l.Memory
+	}
+	if r.MaxConnections != nil {
+		s.MaxConnections = l.MaxConnections
+	}
+	if r.HookBuffer != nil {
+		s.HookBufferBytes = l.HookBufferBytes
+	}
+	return s
 }
 
 // ParseSandbox validates the spec data (JSON or YAML) of sandbox id against the
@@ -95,7 +121,7 @@ func ParseSandbox(node *Config, id string, data []byte, baseDir string) (*Sandbo
 	}
 	cfg.Warnings = ps.warnings()
 	cfg.Hash = hashOf(data)
-	return &Sandbox{ID: id, Netns: netns, Config: cfg, Hash: cfg.Hash}, nil
+	return &Sandbox{ID: id, Netns: netns, Config: cfg, Hash: cfg.Hash, Share: shareOf(spec.Limits, cfg.Limits)}, nil
 }
 
 // decodeSandbox reads a spec: JSON when it starts with '{', else YAML.

@@ -146,9 +146,9 @@ func storeKey(l *Loaded) string {
 // token manager over it (not started: it needs the Snapshot's guard for its token calls).
 // A Vault that cannot be reached, or refuses the login, is not fatal: its credentials are
 // unavailable (never_read, credential_ready 0) while the backend keeps retrying.
-func newStore(ctx context.Context, l *Loaded, log zerolog.Logger, m *metrics.Metrics) (*credential.Store, *oauth.Manager, error) {
-	c := l.Cfg.Credentials
-	backend, err := NewBackend(l, log)
+func newStore(ctx context.Context, l *Loaded, sh shared) (*credential.Store, *oauth.Manager, error) {
+	c, log, m := l.Cfg.Credentials, sh.log, sh.m
+	backend, err := sh.vaults.backend(l, log)
 	if err != nil {
 		return nil, nil, err
 	}

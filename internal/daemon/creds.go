@@ -31,6 +31,8 @@ type shared struct {
 	signer *hooks.Signer
 	log    zerolog.Logger
 	m      *metrics.Metrics
+	node   *proxy.Server  // the node's own Server, whose budgets sandboxes' shares draw on
+	vaults *vaultSessions // node mode's shared Vault sessions; nil in a sidecar
 }
 
 // snapshot builds the Snapshot for l, reusing the running store when the backend
@@ -49,7 +51,7 @@ func (c *creds) snapshot(l *Loaded, sh shared, follow func(id string)) (*proxy.S
 		return snap, nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	store, tokens, err := newStore(ctx, l, sh.log, sh.m)
+	store, tokens, err := newStore(ctx, l, sh)
 	if err != nil {
 		cancel()
 		return nil, err

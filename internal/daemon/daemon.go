@@ -75,6 +75,7 @@ type Daemon struct {
 	serving   []net.Listener  // the proxy's listeners, which Close stops first
 
 	registry *node.Registry        // node mode's sandboxes; nil in a sidecar
+	vaults   *vaultSessions        // node mode's Vault sessions, shared by its sandboxes
 	stopNode func(context.Context) // stops the node API and the watcher, drains the sandboxes
 }
 
@@ -353,7 +354,7 @@ func (d *Daemon) runtimeFor(l *Loaded) (*proxy.Snapshot, error) {
 
 // shared is what the Daemon's Snapshots, and its sandboxes', are built with.
 func (d *Daemon) shared() shared {
-	return shared{self: d.self, leaves: d.leaves, signer: d.signer, log: d.log, m: d.metrics}
+	return shared{self: d.self, leaves: d.leaves, signer: d.signer, log: d.log, m: d.metrics, node: d.srv, vaults: d.vaults}
 }
 
 // drainSettle is how long Close lets the connections accepted just before it

@@ -21,6 +21,8 @@ type Loaded struct {
 	// Netns is the network namespace the sandbox's listeners open in; "" for
 	// egressd's own.
 	Netns string
+	// Share is what a sandbox's spec asks of the node's budgets.
+	Share config.Share
 }
 
 // Load reads the config at path and the policy it names; without a path, the

@@ -104,7 +104,8 @@ func (d *Daemon) startSandbox(l *Loaded) (*sandbox, error) {
 		return nil, err
 	}
 	// The Server logs with the node's logger: its records carry the sandbox in a field of their own.
-	s.srv = proxy.New(snap, d.log, d.metrics)
+	shareLimits(snap, sh.node, l.Share)
+	s.srv = proxy.NewShare(sh.node, snap, d.log, d.metrics)
 	s.creds.store.Subscribe(s.srv.CredentialChanged)
 	for i, lc := range l.Cfg.Listeners {
 		go s.serve(s.lns[i], lc)
@@ -185,6 +186,7 @@ func (s *sandbox) update(l *Loaded, sh shared) error {
 	if err != nil {
 		return err
 	}
+	shareLimits(snap, sh.node, l.Share)
 	old := s.srv.Swap(snap)
 	s.l = l
 	old.Close()
@@ -232,6 +234,7 @@ func (s *sandbox) Status() node.Status {
 		Credentials: s.creds.store.Status(),
 		Listeners:   s.bound,
 		Netns:       netnsPath,
+		Memory:      shareStatus(s.srv),
 	}
 }
 
@@ -244,6 +247,7 @@ func (d *Daemon) startNode(n config.Node) error {
 	}
 	d.registry = node.New(nodeHost{d}, n.MaxSandboxes, d.log)
 	ctx, cancel := context.WithCancel(context.Background())
+	d.vaults = newVaultSessions(ctx, d.log)
 	var api *http.Server
 	if n.APISocket != "" {
 		ln, err := node.ListenSocket(n.APISocket)

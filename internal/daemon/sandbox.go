@@ -21,7 +21,7 @@ func LoadSandbox(node *Loaded, id string, data []byte, baseDir string) (*Loaded,
 	if err != nil {
 		return nil, problemsOf(err)
 	}
-	l := &Loaded{Cfg: sc.Config, Policy: sc.Config.Rules, Sandbox: sc.ID, Netns: sc.Netns}
+	l := &Loaded{Cfg: sc.Config, Policy: sc.Config.Rules, Sandbox: sc.ID, Netns: sc.Netns, Share: sc.Share}
 	var errs []config.Problem
 	if _, err := runtimeHooks(l, nil, &liveStore{}); err != nil {
 		errs = append(errs, config.Problem{Path: "hooks", Msg: err.Error()})

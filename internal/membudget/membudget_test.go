@@ -241,3 +241,68 @@ func TestShortfalls(t *testing.T) {
 		})
 	}
 }
+
+// TestShareReservesFromItsParent: a share's reservations count in its parent,
+// and are refused when either is spent; which one refused is counted apart, and a
+// refusal by the parent leaves nothing held in the share.
+func TestShareReservesFromItsParent(t *testing.T) {
+	node := New(100)
+	a, b := node.Share(60), node.Share(60)
+	if !a.Reserve(Conns, 60) || a.Reserve(Conns, 1) {
+		t.Fatal("share a: 60 of 60 refused, or a byte past it granted")
+	}
+	if a.Refused() != 1 || node.Refused() != 0 {
+		t.Errorf("refused: share %d, node %d; want 1, 0", a.Refused(), node.Refused())
+	}
+	if !b.Reserve(Conns, 40) {
+		t.Fatal("share b refused the 40 the node has left")
+	}
+	if b.Reserve(Heads, 1) || b.Held(Heads) != 0 || b.Used() != 40 {
+		t.Fatalf("a byte past the node's limit granted, or left held in the share (used %d)", b.Used())
+	}
+	if node.Refused() != 1 || b.Refused() != 0 {
+		t.Errorf("refused: node %d, share b %d; want 1, 0", node.Refused(), b.Refused())
+	}
+	if node.Used() != 100 || node.Held(Conns) != 100 || b.Room() != 0 {
+		t.Errorf("node used %d, conns %d, b's room %d; want 100, 100, 0", node.Used(), node.Held(Conns), b.Room())
+	}
+	a.Release(Conns, 60)
+	if node.Used() != 40 || a.Used() != 0 || !b.Reserve(Conns, 20) {
+		t.Errorf("after a's release: node used %d, a used %d, or b refused what fits", node.Used(), a.Used())
+	}
+	b.Take(Conns, 100)
+	if node.Used() != 160 || b.Used() != 160 {
+		t.Errorf("Take: node used %d, b used %d; want 160 both", node.Used(), b.Used())
+	}
+}
+
+// TestShareKeepsItsOwnAside: a share's standing share counts against its own
+// reservations only, not against the parent's or the other shares'.
+func TestShareKeepsItsOwnAside(t *testing.T) {
+	node := New(100)
+	a, b := node.Share(50), node.Share(100)
+	a.SetAside(HookBodies, 40)
+	if a.Reserve(Conns, 11) || !a.Reserve(Conns, 10) {
+		t.Fatal("share a's standing share of 40 did not bound its other holders to 10")
+	}
+	if node.Used() != 10 || !b.Reserve(Conns, 90) {
+		t.Errorf("the node counts a's standing share (used %d)", node.Used())
+	}
+}
+
+// TestTryReserveNamesWhichWasSpent: the share's own refusal names the holder, the
+// node's is prefixed node_.
+func TestTryReserveNamesWhichWasSpent(t *testing.T) {
+	node := New(100)
+	a := node.Share(50)
+	if d := a.TryReserve(Conns, 51); d != "memory_conns" {
+		t.Errorf("the share spent: %q, want memory_conns", d)
+	}
+	node.Take(Heads, 80)
+	if d := a.TryReserve(Conns, 30); d != "node_memory_conns" {
+		t.Errorf("the node spent: %q, want node_memory_conns", d)
+	}
+	if d := a.TryReserve(Conns, 20); d != "" {
+		t.Errorf("what fits both refused: %q", d)
+	}
+}

@@ -53,6 +53,8 @@ type Status struct {
 	// Env is what the sandbox's environment gets for its environment_variable
 	// credentials: NAME -> placeholder (derived per sandbox; never the secret).
 	Env map[string]string `json:"env"`
+	// Memory is what the sandbox holds of its share of the node's memory budget.
+	Memory any `json:"memory,omitempty"`
 }
 
 // Where a spec came from: a spec file and the API may name the same sandbox, and a

@@ -322,6 +322,11 @@ type hookBudget struct {
 	// shares holds what each client has reserved (by hookClient).
 	sharesMu sync.Mutex
 	shares   map[string]int64
+	// parent, in a node-mode sandbox's Server, is the node's hook buffer: every
+	// byte is reserved from it too, as client key (the sandbox), so that each
+	// sandbox holds at most half of the node's.
+	parent *hookBudget
+	key    string
 }
 
 // detailHookBuffer is the log detail of a hook call refused for the budget.
@@ -336,17 +341,19 @@ func (b *hookBudget) reserve(client string, n int64) bool {
 	if !b.takeShare(client, n) {
 		return false
 	}
-	if b.tryReserve(n) {
-		return true
-	}
-	if b.used.Load()+n <= b.limit.Load() && b.garbage.Load() > 0 {
+	ok := b.tryReserve(n)
+	if !ok && b.used.Load()+n <= b.limit.Load() && b.garbage.Load() > 0 {
 		b.collect()
-		if b.tryReserve(n) {
-			return true
-		}
+		ok = b.tryReserve(n)
 	}
-	b.giveShare(client, n)
-	return false
+	if ok && b.parent != nil && !b.parent.reserve(b.key, n) {
+		b.used.Add(-n)
+		ok = false
+	}
+	if !ok {
+		b.giveShare(client, n)
+	}
+	return ok
 }
 
 // takeShare takes n bytes of client's share: half the budget.
@@ -407,6 +414,9 @@ func (b *hookBudget) release(client string, n int64, unmapped bool) {
 		b.garbage.Add(n)
 	}
 	b.giveShare(client, n)
+	if b.parent != nil {
+		b.parent.release(b.key, n, unmapped)
+	}
 }
 
 // hookClient is a hook call's client for the budget's shares: its source

@@ -49,6 +49,10 @@ type Server struct {
 	// mem is the one memory budget (limits.memory) that large request heads,
 	// hook bodies and HTTP/2 receive windows draw on.
 	mem *membudget.Budget
+	// nodeConns, in a node-mode sandbox's Server, is the node's
+	// limits.max_connections over every sandbox's listeners: each connection
+	// holds one (NewShare). shareConns is that count in the node's own Server.
+	nodeConns, shareConns *membudget.Budget
 
 	closing atomic.Bool
 	mu      sync.Mutex
@@ -64,17 +68,38 @@ type Server struct {
 // New returns a Server that serves with snap.
 func New(snap *Snapshot, log zerolog.Logger, m *metrics.Metrics) *Server {
 	s := &Server{log: log, metrics: m, conns: map[*conn]struct{}{}, lns: map[net.Listener]struct{}{},
-		mem: membudget.New(0)}
+		mem: membudget.New(0), shareConns: membudget.New(int64(snap.Limits.MaxConnections))}
 	s.setMemory(snap)
 	s.snap.Store(snap)
 	if snap.Sandbox == "" {
-		// The process's budget; a node-mode sandbox's Server has one of its own,
-		// which the gauge does not show.
+		// The process's budget: in node mode, every sandbox's share reserves
+		// from it too, so the gauge shows the node's totals.
 		m.ObserveMemory(s.mem, s.hookBuf.used.Load)
 	}
 	s.initRules(snap)
 	return s
 }
+
+// NewShare returns the Server of one node-mode sandbox: its memory budget and
+// hook buffer (snap.Limits.Memory and HookBufferBytes, the sandbox's share) are
+// shares of node's, reserving from them too, and each of its connections takes
+// one of node's limits.max_connections, so that the node's totals stay bounded
+// and no sandbox can spend what its share does not hold (docs/node.md).
+func NewShare(node *Server, snap *Snapshot, log zerolog.Logger, m *metrics.Metrics) *Server {
+	s := &Server{log: log, metrics: m, conns: map[*conn]struct{}{}, lns: map[net.Listener]struct{}{},
+		mem: node.mem.Share(0), nodeConns: node.shareConns}
+	s.hookBuf.parent, s.hookBuf.key = &node.hookBuf, snap.Sandbox
+	s.setMemory(snap)
+	s.snap.Store(snap)
+	s.initRules(snap)
+	return s
+}
+
+// Budget is the Server's memory budget, for showing what it holds.
+func (s *Server) Budget() *membudget.Budget { return s.mem }
+
+// HookBuffered is the bytes of hook bodies the Server holds buffered.
+func (s *Server) HookBuffered() int64 { return s.hookBuf.used.Load() }
 
 // Snapshot returns the Snapshot new requests are served with.
 func (s *Server) Snapshot() *Snapshot { return s.snap.Load() }
@@ -188,11 +213,11 @@ func (s *Server) accept(l *listener, nc net.Conn) {
 // back and nc admitted as a connection beyond the bound, refused
 // overloaded unless it is a pre-tool hook call.
 func (s *Server) serveConn(l *listener, nc net.Conn) {
-	m, ok := s.reserveConn(l)
-	if !ok {
+	m, refused := s.reserveConn(l)
+	if refused != "" {
 		<-l.sem
 		l.overflow.Add(1)
-		go s.admit(l, nc, membudget.Conns.Detail())
+		go s.admit(l, nc, refused)
 		return
 	}
 	c := newConn(s, l, nc)
@@ -802,12 +827,35 @@ type connMem struct {
 	mem     *membudget.Budget // nil: counted elsewhere (beyond the listener's bound)
 	runtime bool              // a hooks listener's: never refused
 	held    atomic.Int64
+	// node is the node's connection count this connection holds one of
+	// (Server.nodeConns); nil outside node mode, or once given back.
+	node atomic.Pointer[membudget.Budget]
 }
 
-// reserveConn reserves a new connection's cost on l, or reports false.
-func (s *Server) reserveConn(l *listener) (*connMem, bool) {
+// detailNodeConns refuses a sandbox's connection when the node's
+// limits.max_connections, over every sandbox, is spent.
+const detailNodeConns = "node_max_connections"
+
+// reserveConn reserves a new connection's cost on l (and, in node mode, one of
+// the node's connections), or returns the refusal's detail.
+func (s *Server) reserveConn(l *listener) (*connMem, string) {
 	m := &connMem{mem: s.mem, runtime: l.cfg.Role == config.RoleHooks}
-	return m, m.grow(membudget.ConnCost, false)
+	if s.nodeConns != nil {
+		if m.runtime {
+			s.nodeConns.Take(membudget.Conns, 1)
+		} else if !s.nodeConns.Reserve(membudget.Conns, 1) {
+			return m, detailNodeConns
+		}
+		m.node.Store(s.nodeConns)
+	}
+	if d := m.mem.TryReserve(membudget.Conns, membudget.ConnCost); d != "" && !m.runtime {
+		m.release()
+		return m, d
+	} else if d != "" {
+		m.mem.Take(membudget.Conns, membudget.ConnCost)
+	}
+	m.held.Add(membudget.ConnCost)
+	return m, ""
 }
 
 // grow adds n bytes to what the connection holds, or reports false when the
@@ -833,6 +881,9 @@ func (m *connMem) shrink(n int64) {
 func (m *connMem) release() {
 	if n := m.held.Swap(0); n > 0 {
 		m.mem.Release(membudget.Conns, n)
+	}
+	if node := m.node.Swap(nil); node != nil {
+		node.Release(membudget.Conns, 1)
 	}
 }
 
@@ -915,6 +966,7 @@ func (s *Server) setMemory(snap *Snapshot) {
 	s.mem.SetAside(membudget.HookBodies, share)
 	s.hookBuf.limit.Store(share)
 	s.mem.SetCap(membudget.Heads, limit/8)
+	s.shareConns.SetLimit(int64(snap.Limits.MaxConnections))
 	snap.mem = s.mem
 }
 

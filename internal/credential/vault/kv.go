@@ -17,9 +17,18 @@ func (b *Backend) kvPath(id string) string {
 	return b.kvMount + "/data/" + b.kvPrefix + "/" + id
 }
 
-// readKV reads the current version of id from KV v2. A path without a secret, or whose
-// current version is deleted or destroyed, is credential.ErrNotFound: Vault answered.
+// readKV reads the current version of id from KV v2, through the Session's cache
+// when the Backend shares one.
 func (b *Backend) readKV(ctx context.Context, id string) (credential.Secret, string, error) {
+	if b.shared != nil {
+		return b.shared.readKV(ctx, b, id)
+	}
+	return b.readKVDirect(ctx, id)
+}
+
+// readKVDirect reads the current version of id from KV v2. A path without a secret, or
+// whose current version is deleted or destroyed, is credential.ErrNotFound: Vault answered.
+func (b *Backend) readKVDirect(ctx context.Context, id string) (credential.Secret, string, error) {
 	path := b.kvPath(id)
 	sec, err := b.client.Logical().ReadWithContext(ctx, path)
 	if err != nil {
@@ -109,6 +118,9 @@ func (b *Backend) Write(ctx context.Context, id, version string, raw map[string]
 	_, err = b.client.Logical().WriteWithContext(ctx, path, map[string]any{"data": raw, "options": map[string]any{"cas": cas}})
 	if err != nil {
 		return describe("vault write", path, err)
+	}
+	if b.shared != nil {
+		b.shared.forget(path) // the next read is of the version just written
 	}
 	return nil
 }

@@ -70,6 +70,7 @@ type Backend struct {
 	leases            *leases
 	log               zerolog.Logger
 	mint              func(id, result string) // aws.go: SetMintMetrics
+	shared            *Session                // the login and KV reads this Backend shares; nil: its own
 }
 
 var (
@@ -101,36 +102,65 @@ func New(o Options) (*Backend, error) {
 		return nil, fmt.Errorf("vault: %w", err)
 	}
 	client.ClearToken() // NewClient took VAULT_TOKEN: only the AuthMethod gives the token
-	paths := make(map[string]Path, len(o.Paths))
-	for id, p := range o.Paths {
-		if paths[id], err = p.withDefaults(id); err != nil {
+	paths, err := withDefaults(o.Paths)
+	if err != nil {
+		return nil, err
+	}
+	b := &Backend{
+		client: client,
+		sess:   newSession(client, o.Auth, o.Log, positive(o.LoginBackoff, DefaultLoginBackoff), positive(o.MaxLoginBackoff, DefaultMaxLoginBackoff)),
+		paths:  paths,
+		leases: newLeases(newLeaseKey()),
+		log:    o.Log,
+	}
+	b.kvMount, b.kvPrefix = kvPlace(o.KVMount, o.KVPrefix)
+	return b, nil
+}
+
+// withDefaults is paths with each Path's defaults filled in.
+func withDefaults(paths map[string]Path) (map[string]Path, error) {
+	out := make(map[string]Path, len(paths))
+	for id, p := range paths {
+		var err error
+		if out[id], err = p.withDefaults(id); err != nil {
 			return nil, err
 		}
 	}
+	return out, nil
+}
+
+// kvPlace is the KV mount and prefix, defaults filled in.
+func kvPlace(mount, prefix string) (string, string) {
+	return strings.Trim(or(mount, config.DefaultVaultKVMount), "/"), strings.Trim(or(prefix, config.DefaultVaultKVPrefix), "/")
+}
+
+// newLeaseKey is a random key for the HMAC versions of unleased values (leases).
+func newLeaseKey() [32]byte {
 	var key [32]byte
 	rand.Read(key[:])
-	return &Backend{
-		client:   client,
-		sess:     newSession(client, o.Auth, o.Log, positive(o.LoginBackoff, DefaultLoginBackoff), positive(o.MaxLoginBackoff, DefaultMaxLoginBackoff)),
-		kvMount:  strings.Trim(or(o.KVMount, config.DefaultVaultKVMount), "/"),
-		kvPrefix: strings.Trim(or(o.KVPrefix, config.DefaultVaultKVPrefix), "/"),
-		paths:    paths,
-		leases:   newLeases(key),
-		log:      o.Log,
-	}, nil
+	return key
 }
 
 // FromConfig returns the Backend credentials.vault describes.
 func FromConfig(c config.Vault, log zerolog.Logger) (*Backend, error) {
-	auth, err := AuthFromConfig(c.Auth)
+	o, err := OptionsFromConfig(c, log)
 	if err != nil {
 		return nil, err
+	}
+	return New(o)
+}
+
+// OptionsFromConfig is the Options credentials.vault describes.
+func OptionsFromConfig(c config.Vault, log zerolog.Logger) (Options, error) {
+	auth, err := AuthFromConfig(c.Auth)
+	if err != nil {
+		return Options{}, err
 	}
 	paths := make(map[string]Path, len(c.Paths))
 	for _, p := range c.Paths {
 		paths[p.ID] = Path{Path: p.Path, Field: p.Field, Header: p.Header, Format: p.Format}
 	}
-	return New(Options{Address: c.Address, Auth: auth, KVMount: c.KVMount, KVPrefix: c.KVPrefix, Paths: paths, Log: log})
+	return Options{Address: c.Address, Auth: auth, KVMount: c.KVMount, KVPrefix: c.KVPrefix, Paths: paths, Log: log}, nil
 }
 
 // Name is "vault".
@@ -173,7 +203,11 @@ func (b *Backend) read(ctx context.Context, id string) (credential.Secret, strin
 // after a login that followed failed reads.
 func (b *Backend) WatchIDs(ctx context.Context, refresh func(id string)) {
 	var wg sync.WaitGroup
-	wg.Go(func() { b.sess.run(ctx, func() { refresh("") }) })
+	if b.shared != nil {
+		wg.Go(func() { b.shared.watch(ctx, b, refresh) }) // the Session keeps the token
+	} else {
+		wg.Go(func() { b.sess.run(ctx, func() { refresh("") }) })
+	}
 	b.leases.run(ctx, refresh)
 	wg.Wait()
 	b.revokeAll()
