@@ -27,7 +27,7 @@ func (s *Server) HoldLane() (release func()) {
 }
 
 // OpenConns is how many spliced tunnels and upgraded connections are registered
-// to be decided again on a change of state (redecide.go).
+// to be decided again on a change of state (tunnel.go).
 func (s *Server) OpenConns() int { return s.live.len() }
 
 // SetOverflowBound makes listeners served from now on hold at most n connections
