@@ -97,17 +97,34 @@ type conn struct {
 	// HTTP/2 streams inherit it.
 	authIdent string
 
+	// began is when the connection, or the tunnel it runs in, was accepted;
+	// served is set once an exchange has begun on it (exchangeStart).
+	began  time.Time
+	served atomic.Bool
+
 	ctx    context.Context
 	cancel context.CancelFunc
 }
 
 func newConn(s *Server, l *listener, nc net.Conn) *conn {
-	c := &conn{s: s, l: l, nc: nc, mem: &connMem{}}
+	c := &conn{s: s, l: l, nc: nc, mem: &connMem{}, began: time.Now()}
 	c.head = headReader{r: nc}
 	c.br = bufio.NewReaderSize(&c.head, headChunk)
 	c.bw = bufio.NewWriterSize(&clientWriter{Conn: nc, d: s.Snapshot().Limits.ClientWrite}, 4096)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c
+}
+
+// exchangeStart is when the client may have begun the request an exchange serves:
+// for the first on a connection, when the connection (or the tunnel it runs in)
+// was accepted, so that its CONNECT and TLS handshake, which a flood can slow,
+// count against a hook call's deadline as they count against the runtime's own
+// timeout; for a later one, now, as its head has just been read.
+func (c *conn) exchangeStart() time.Time {
+	if c.served.Swap(true) {
+		return time.Now()
+	}
+	return c.began
 }
 
 // ended runs once the connection has been closed for good.

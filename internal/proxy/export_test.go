@@ -60,3 +60,16 @@ func (s *Server) SpendBudget(room int64) (restore func()) {
 	s.mem.Take(membudget.Conns, n)
 	return func() { s.mem.Release(membudget.Conns, n) }
 }
+
+// LaneCalls is how many hook lane connections have begun a hook call.
+func (s *Server) LaneCalls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for c := range s.conns {
+		if c.lane && c.laneRoot == c && c.inCall.Load() {
+			n++
+		}
+	}
+	return n
+}

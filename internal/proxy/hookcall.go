@@ -15,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -87,7 +86,7 @@ func (x *exchange) serveHook(ctx context.Context, m hooks.Match, prepErr error) 
 	x.rec.HookGroup, x.rec.HookEvent = m.Group, m.Event
 	x.hook = &m
 	failClosed := m.Event == hooks.EventPre && x.snap.Hooks.FailClosed
-	deadline := time.Now().Add(hooks.Deadline(m.Timeout))
+	deadline := x.began.Add(hooks.Deadline(m.Timeout))
 	if failClosed {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, deadline)

@@ -89,12 +89,16 @@ type exchange struct {
 	// unwatch, when set, stops watching for the client's going away (watchGone);
 	// serveRequest calls it before the response is written.
 	unwatch func()
+	// began is when the client may have begun the request (conn.exchangeStart):
+	// where a hook call's deadline runs from.
+	began time.Time
 }
 
 func newExchange(c *conn, snap *Snapshot, req *http.Request, rec *Record, via route) *exchange {
 	rec.Method = req.Method
 	return &exchange{snap: snap, srv: c.s, metrics: c.s.metrics, budget: &c.s.hookBuf, cut: c.cutCtx, lane: c.laneRoot,
-		role: c.l.cfg.Role, req: req, rec: rec, body: newRequestBody(req), route: via, authIdent: c.authIdent}
+		role: c.l.cfg.Role, req: req, rec: rec, body: newRequestBody(req), route: via, authIdent: c.authIdent,
+		began: c.exchangeStart()}
 }
 
 // stage is how far serve got with a request. The HTTP/1 side reads it to know

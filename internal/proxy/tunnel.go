@@ -526,7 +526,7 @@ func (c *conn) serveInner(nc net.Conn, via route) {
 	inner := newConn(c.s, c.l, nc)
 	inner.route = via
 	inner.slot, inner.lane, inner.cutCtx, inner.laneRoot = c.slot, c.lane, c.cutCtx, c.laneRoot
-	inner.release, inner.authIdent, inner.mem = c.release, c.authIdent, c.mem
+	inner.release, inner.authIdent, inner.mem, inner.began = c.release, c.authIdent, c.mem, c.began
 	inner.ctx, inner.cancel = context.WithCancel(c.ctx) // the outer's end (or cut) ends it
 	if c.s.trackConn(inner, true) {
 		defer c.s.trackConn(inner, false)

@@ -9,12 +9,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
+	"github.com/egressd/egressd/internal/testutil/load"
 	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
@@ -248,25 +248,17 @@ func unexpectedKey(line []byte, isEgress bool) (string, bool) {
 			k += " detail=" + l.Detail
 		}
 		if l.Error != "" {
-			k += " error=" + normalizeErr(l.Error)
+			k += " error=" + load.ErrorKind(l.Error)
 		}
 		return k, true
 	}
 	if l.Level == "warn" && !strings.HasPrefix(l.Message, reflectedWarn) || slices.Contains([]string{"error", "fatal", "panic"}, l.Level) {
 		if l.Error != "" {
-			l.Message += ": " + normalizeErr(l.Error)
+			l.Message += ": " + load.ErrorKind(l.Error)
 		}
 		return l.Level + ": " + l.Message, true
 	}
 	return "", false
-}
-
-// ephemeral matches loopback addresses with a port, which differ on every
-// connection and would split one kind of error into thousands of groups.
-var ephemeral = regexp.MustCompile(`127\.\d+\.\d+\.\d+:\d+`)
-
-func normalizeErr(s string) string {
-	return ephemeral.ReplaceAllString(s, "127.x:port")
 }
 
 func truncate(s string, n int) string {

@@ -149,7 +149,7 @@ func realCalls(ctx context.Context, c hookflood.Caller, d time.Duration, cpu cpu
 			addCount(&r.ErrorKinds, o, 1)
 			continue
 		}
-		r.hist.record(took)
+		r.hist.Record(took)
 		time.Sleep(callGap)
 	}
 	seconds := time.Since(start).Seconds()

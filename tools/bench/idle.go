@@ -16,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/egressd/egressd/internal/testutil/load"
 	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
@@ -261,7 +262,7 @@ func openIdleTunnels(ctx context.Context, proxyAddr string, up *upstream, size, 
 				}
 				mu.Lock()
 				if err != nil {
-					kinds[normalizeErr(err.Error())]++
+					kinds[load.ErrorKind(err.Error())]++
 				} else {
 					open = append(open, c.tr)
 				}

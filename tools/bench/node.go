@@ -198,7 +198,7 @@ func fillNode(ctx context.Context, up *upstream, n *nodeEgressd, sum *nodeSummar
 		if err != nil {
 			return fmt.Errorf("registering %d of %d sandboxes: %w", i, nodeSandboxes, err)
 		}
-		reg.hist.record(took)
+		reg.hist.Record(took)
 	}
 	sum.RegisterAllSecs = time.Since(t0).Seconds()
 	reg.window(sum.RegisterAllSecs)
@@ -248,7 +248,7 @@ func timeAPI(up *upstream, n *nodeEgressd, sum *nodeSummary) error {
 			if err != nil {
 				return err
 			}
-			op.r.hist.record(took)
+			op.r.hist.Record(took)
 		}
 	}
 	for name, r := range map[string]*runResult{"register": &reg, "change": &chg, "remove": &rm} {

@@ -55,7 +55,7 @@ func peerReport(rounds int) *report {
 			rb := newRow(k.name, "", "")
 			for j := range rounds {
 				run := runResult{ReqPerSec: float64(300 + 100*i + 10*j), Requests: 10, CPUSeconds: 2e-3, P50US: 5000, P99US: 12000, Total: 20, UpstreamRequests: 20}
-				run.hist.record(5e6)
+				run.hist.Record(5e6)
 				rb.add(d, viaRun{r: run})
 			}
 			p.Peers = append(p.Peers, rb.finish(int64(14+i)<<20))

@@ -4,11 +4,8 @@ import (
 	"cmp"
 	"encoding/json"
 	"io"
-	"os"
 	"runtime"
 	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/egressd/egressd/internal/testutil/procfs"
 )
@@ -112,7 +109,7 @@ func combine(runs []runResult) runResult {
 		r.TLSResumed += x.TLSResumed
 		r.CPUSeconds += x.CPUSeconds
 		r.CPUError = cmp.Or(x.CPUError, r.CPUError)
-		r.hist.merge(&x.hist)
+		r.hist.Merge(x.hist)
 	}
 	r.ReqPerSec = median(rates)
 	r.setLatencies()
@@ -134,10 +131,11 @@ func median(vs []float64) float64 {
 }
 
 func newReport(o options) *report {
+	loadAvg, _ := procfs.LoadAvg() // 0 when unknown: no warning
 	return &report{Settings: settings{
 		Clients: o.clients, SizeBytes: o.size, DurationS: o.duration.Seconds(), WarmupS: o.warmup.Seconds(),
 		Rounds: o.rounds, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
-		ClockTicks: procfs.ClockTicks(), LoadAvg: loadAvg(),
+		ClockTicks: procfs.ClockTicks(), LoadAvg: loadAvg,
 	}}
 }
 
@@ -214,15 +212,4 @@ func (p *pathResult) namedRuns() []namedRun {
 		}
 	}
 	return runs
-}
-
-// loadAvg is the 1-minute load average, or 0 if /proc/loadavg cannot be read.
-func loadAvg() float64 {
-	b, _ := os.ReadFile("/proc/loadavg")
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
 }
