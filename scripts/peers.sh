@@ -35,18 +35,7 @@ die() {
 . "$(dirname "${BASH_SOURCE[0]}")/lib/buildlock.sh"
 
 # goproxy_key: hash of the inputs that decide goproxybare (and the platform).
-goproxy_key() {
-  local f
-  (
-    cd "$SRC"
-    for f in go.mod go.sum main.go; do
-      [ -f "$f" ] || die "missing $SRC/$f"
-      printf '== %s\n' "$f"
-      cat "$f"
-    done
-    uname -sm
-  ) | sha256sum | cut -c1-16
-}
+goproxy_key() { module_key "$SRC"; }
 
 link_local() { # $1: link name, $2: cached binary
   mkdir -p "$LOCAL"

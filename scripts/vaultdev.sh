@@ -16,10 +16,10 @@
 # The binary is keyed by a hash of tools/vaultdev/{go.mod,go.sum,main.go,
 # patches/*} and cached in ${EGRESSD_CACHE:-$HOME/.cache/egressd}/vaultdev/<hash>/
 # so every clone on the machine shares it; .cache/vaultdev/vaultdev in the
-# repo links to it. A cold build downloads gigabytes of modules into GOMODCACHE,
-# vendors them (in a scratch dir, deleted afterwards), applies
-# tools/vaultdev/patches/*.patch to the vendored sdk and builds: minutes. A
-# cached `build` takes milliseconds; `start` well under a second.
+# repo links to it. A cold build (scripts/lib/buildlock.sh) downloads gigabytes
+# of modules into GOMODCACHE, vendors them (in a scratch dir, deleted
+# afterwards), applies tools/vaultdev/patches/*.patch to the vendored sdk and
+# builds: minutes. A cached `build` takes milliseconds; `start` well under a second.
 #
 # Environment: EGRESSD_CACHE (cache root), VAULTDEV_ADDR (listen address for
 # `start`, default 127.0.0.1:0 = a free port), VAULTDEV_ROOT_TOKEN (fixed root
@@ -44,92 +44,17 @@ die() {
 # shellcheck source=scripts/lib/buildlock.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib/buildlock.sh"
 
-# key: hash of the inputs that decide the binary (and the platform).
-key() {
-  local f
-  (
-    cd "$SRC"
-    for f in go.mod go.sum main.go patches/*; do
-      [ -f "$f" ] || die "missing $SRC/$f"
-      printf '== %s\n' "$f"
-      cat "$f"
-    done
-    uname -sm
-  ) | sha256sum | cut -c1-16
-}
-
 link_local() { # $1: cached binary
   mkdir -p "$LOCAL"
   ln -sfn "$1" "$LOCAL/vaultdev"
 }
 
-need_tools() {
-  command -v go >/dev/null 2>&1 || die "go is not on PATH (tools/vaultdev needs Go $(awk '/^go /{print $2}' "$SRC/go.mod") or newer)"
-  if ! command -v patch >/dev/null 2>&1; then
-    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-      say "installing Debian package 'patch'"
-      apt-get update -qq >&2 || die "apt-get update failed"
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq patch >/dev/null || die "apt-get install patch failed"
-    else
-      die "'patch' is not installed (Debian: apt-get install patch)"
-    fi
-  fi
-}
-
 # build: print the path of the cached binary, building it first if needed.
 cmd_build() {
-  local k dir bin
-  k=$(key)
-  dir=$CACHE_ROOT/$k
-  bin=$dir/vaultdev
-  if [ -x "$bin" ]; then
-    link_local "$bin"
-    echo "$bin"
-    return
-  fi
-  need_tools
-  mkdir -p "$CACHE_ROOT" || die "cannot create $CACHE_ROOT (set EGRESSD_CACHE)"
-  build_lock "$CACHE_ROOT" "$k"
-  if [ ! -x "$bin" ]; then
-    build_into "$dir"
-  fi
-  build_unlock
-  [ -x "$bin" ] || die "build finished but $bin is missing"
+  local bin
+  bin=$(cd "$SRC" && module_build "$CACHE_ROOT" "$SRC" vaultdev patches/*.patch)
   link_local "$bin"
   echo "$bin"
-}
-
-build_into() { # $1: final directory
-  local dir=$1 work t0 t
-  work=$(mktemp -d "$CACHE_ROOT/.build-XXXXXX")
-  # shellcheck disable=SC2064
-  trap "rm -rf '$work'" EXIT
-  t0=$(date +%s)
-  cp "$SRC/go.mod" "$SRC/go.sum" "$SRC/main.go" "$work/"
-  cp -r "$SRC/patches" "$work/patches"
-  cd "$work"
-  export GONOSUMDB='github.com/hashicorp/*' GOFLAGS='-mod=mod -buildvcs=false' CGO_ENABLED=0
-  say "building Vault v1.20.4 dev server (key $(basename "$dir")) in $work"
-  say "[1/4] downloading modules into $(go env GOMODCACHE) (fresh machine: ~3 GB, ~30-90 s)"
-  go mod download >&2 || die "go mod download failed (needs the Go module proxy: $(go env GOPROXY))"
-  say "[2/4] go mod vendor (~180 MB, scratch)"
-  go mod vendor >&2 || die "go mod vendor failed"
-  say "[3/4] patching the vendored sdk"
-  local p
-  for p in patches/*.patch; do
-    patch -p1 --forward --batch --quiet <"$p" >&2 || die "patch $p did not apply to the vendored sdk (did go.mod change?)"
-  done
-  t=$(date +%s)
-  say "[4/4] go build -mod=vendor (fresh machine: ~4-5 min on 2 CPUs; $((t - t0))s so far)"
-  GOFLAGS='-mod=vendor -buildvcs=false' go build -trimpath -ldflags='-s -w' -o "$work/vaultdev" . >&2 ||
-    die "go build failed (see above)"
-  mkdir -p "$dir"
-  mv "$work/vaultdev" "$dir/vaultdev.tmp"
-  mv "$dir/vaultdev.tmp" "$dir/vaultdev"
-  cd "$ROOT"
-  rm -rf "$work"
-  trap - EXIT
-  say "built $dir/vaultdev in $(($(date +%s) - t0))s"
 }
 
 # alive: running and not a zombie (an exited server whose new parent, PID 1

@@ -45,7 +45,7 @@ func BenchmarkResponse1KiB(b *testing.B) {
 				if bc.echo {
 					resp.Header["X-Bench-Echo"] = []string{value}
 				}
-				x := &exchange{scrub: bc.set, rec: &Record{}, req: &http.Request{Method: http.MethodGet}}
+				x := &exchange{snap: &Snapshot{}, scrub: bc.set, rec: &Record{}, req: &http.Request{Method: http.MethodGet}}
 				if _, err := writeResponse(bw, http.MethodGet, false, x.scrubbed(resp), x.rec); err != nil {
 					b.Fatal(err)
 				}

@@ -1,8 +1,8 @@
 // Package vaultdoc runs docs/vault.md's step-by-step commands as written, so a
 // broken Vault instruction fails `make test`. Each ```sh block of the page runs in
-// order with bash, in one scratch directory holding links to the repository's
-// bin/, configs/ and scripts/, with the real `vault` CLI (Vault v1.20.4, built by
-// scripts/install-vault-cli.sh, which does not build yet) first on PATH, against a Vault dev server started
+// order with bash, in one scratch directory holding egressd built from this tree
+// in bin/ and links to the repository's configs/ and scripts/, with the real `vault` CLI (Vault v1.20.4, built by
+// scripts/install-vault-cli.sh) first on PATH, against a Vault dev server started
 // from the same binary (`vault server -dev`: every built-in auth method, the
 // Kubernetes one included). Everything runs inside a loopback-only network
 // namespace. A comment at the end of a command names what its output must contain;
@@ -77,9 +77,9 @@ func TestVaultDoc(t *testing.T) {
 	}
 }
 
-// vaultCLI is the vault binary scripts/install-vault-cli.sh built, or the test
-// skips (fails under EGRESSD_REQUIRE_VAULT_CLI). make test does not set it: the
-// CLI does not build yet (see that script).
+// vaultCLI is the vault binary scripts/install-vault-cli.sh built (make deps
+// runs it), or the test skips; make test sets EGRESSD_REQUIRE_VAULT_CLI, which
+// makes it fail instead.
 func vaultCLI(t *testing.T) string {
 	p, _ := filepath.Abs(filepath.Join(repoRoot, ".cache", "bin", "vault"))
 	if _, err := os.Stat(p); err != nil {
@@ -87,6 +87,19 @@ func vaultCLI(t *testing.T) string {
 			t.Fatalf("no vault CLI at %s: make deps (scripts/install-vault-cli.sh)", p)
 		}
 		t.Skipf("no vault CLI at %s: make deps (scripts/install-vault-cli.sh)", p)
+	}
+	// HashiCorp's CLI at the version tools/vaultcli pins, not a stand-in.
+	mod, err := os.ReadFile(filepath.Join(repoRoot, "tools", "vaultcli", "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*github\.com/hashicorp/vault (v\S+)`).FindSubmatch(mod)
+	if m == nil {
+		t.Fatal("tools/vaultcli/go.mod does not require github.com/hashicorp/vault")
+	}
+	out, err := exec.Command(p, "version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "Vault "+string(m[1])+" ") {
+		t.Fatalf("%s version: %v: %q, want Vault %s", p, err, out, m[1])
 	}
 	return p
 }

@@ -2,7 +2,14 @@ module github.com/egressd/egressd/tools/vaultcli
 
 go 1.26
 
-require github.com/hashicorp/vault v1.20.4
+require (
+	github.com/hashicorp/vault v1.20.4
+	// Vault builds against its in-tree api, which no published version matches:
+	// v1.20.4's go.mod names v1.20.0, which lacks calls its CLI makes
+	// (Sys().TuneMountAllowNil); v1.22.0 is the published api that has them.
+	// Its in-tree sdk is made up by patching v0.18.0 (scripts/install-vault-cli.sh).
+	github.com/hashicorp/vault/api v1.22.0 // indirect
+)
 
 require (
 	cel.dev/expr v0.24.0 // indirect
@@ -302,7 +309,6 @@ require (
 	github.com/hashicorp/vault-plugin-secrets-mongodbatlas v0.15.0 // indirect
 	github.com/hashicorp/vault-plugin-secrets-openldap v0.16.1 // indirect
 	github.com/hashicorp/vault-plugin-secrets-terraform v0.12.0 // indirect
-	github.com/hashicorp/vault/api v1.20.0 // indirect
 	github.com/hashicorp/vault/api/auth/kubernetes v0.10.0 // indirect
 	github.com/hashicorp/vault/sdk v0.18.0 // indirect
 	github.com/hashicorp/vault/vault/hcp_link/proto v0.0.0-20230201201504-b741fa893d77 // indirect
