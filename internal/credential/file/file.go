@@ -53,6 +53,7 @@ type Backend struct {
 	mu     sync.Mutex // guards snap and serialises loads
 	snap   *snapshot  // the last load; nil before the first
 	warned atomic.Bool
+	probe  bool // a poller's (poll.go): the content is hashed, never parsed nor kept
 }
 
 var (
@@ -94,18 +95,19 @@ func (b *Backend) Read(ctx context.Context, id string) (credential.Secret, strin
 
 // Watch polls the file every PollInterval until ctx ends and calls onChange (synchronously)
 // whenever its content or its failure changes: a rewrite, a rename over it, a symlink swap,
-// a deletion, a restore. The first poll always calls onChange once.
+// a deletion, a restore. The first poll always calls onChange once. Backends watching the
+// same path share one poll of it (poll.go).
 func (b *Backend) Watch(ctx context.Context, onChange func()) {
-	t := time.NewTicker(b.o.PollInterval)
-	defer t.Stop()
+	sub, leave := join(pollKey{path: b.path, every: b.o.PollInterval})
+	defer leave()
 	var seen uint64
-	for n := 1; ; n++ {
+	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-sub.wake:
 		}
-		if snap := b.load(n%hashEvery == 0); snap.gen != seen {
+		if snap := b.load(sub.force.Swap(false)); snap.gen != seen {
 			seen = snap.gen
 			onChange()
 		}

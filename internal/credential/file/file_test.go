@@ -344,3 +344,83 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestWatchSharesOnePoll: Backends watching one path share one poller, which keeps no
+// parsed content; each still sees every change, and the poller stops with the last.
+func TestWatchSharesOnePoll(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.json")
+	writeFile(t, path, `{"a": {"token": "one"}}`)
+	const n = 20
+	var ws []*watcher
+	var bs []*Backend
+	for range n {
+		b := New(path, Options{PollInterval: 5 * time.Millisecond})
+		bs = append(bs, b)
+		ws = append(ws, startWatch(t, b))
+	}
+	for _, w := range ws {
+		waitChanges(t, w, 1, "first poll")
+	}
+	key := pollKey{path: path, every: 5 * time.Millisecond}
+	pollers.mu.Lock()
+	p, count := pollers.m[key], len(pollers.m)
+	pollers.mu.Unlock()
+	if p == nil || count != 1 {
+		t.Fatalf("%d pollers, want one for %s", count, path)
+	}
+	writeFile(t, path, `{"a": {"token": "two"}}`)
+	for i, w := range ws {
+		exactly(t, waitChanges(t, w, 2, "rename over"), 2, "rename over")
+		if got, _, _ := bs[i].Read(context.Background(), "a"); got.Headers[0].Value != "Bearer two" {
+			t.Fatalf("watcher %d reads %v", i, got)
+		}
+	}
+	p.probe.mu.Lock()
+	kept := p.probe.snap.entries
+	p.probe.mu.Unlock()
+	if kept != nil {
+		t.Fatal("the shared poller keeps the file's parsed secrets")
+	}
+}
+
+// TestPollerStopsWithTheLastWatch: no poller outlives the Backends watching its path.
+func TestPollerStopsWithTheLastWatch(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.json")
+	writeFile(t, path, `{"a": {"token": "one"}}`)
+	key := pollKey{path: path, every: 5 * time.Millisecond}
+	var cancels []context.CancelFunc
+	var done []chan struct{}
+	for range 3 {
+		ctx, cancel := context.WithCancel(context.Background())
+		ch := make(chan struct{})
+		go func() { New(path, Options{PollInterval: 5 * time.Millisecond}).Watch(ctx, func() {}); close(ch) }()
+		cancels, done = append(cancels, cancel), append(done, ch)
+	}
+	running := func() bool {
+		pollers.mu.Lock()
+		defer pollers.mu.Unlock()
+		return pollers.m[key] != nil
+	}
+	eventuallyTrue(t, "a poller", running)
+	for i := range cancels {
+		if !running() {
+			t.Fatalf("the poller stopped with %d watchers left", len(cancels)-i)
+		}
+		cancels[i]()
+		<-done[i]
+	}
+	if running() {
+		t.Fatal("the poller outlives its watchers")
+	}
+}
+
+func eventuallyTrue(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s after 5s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -76,6 +76,9 @@ func (b *Backend) load(force bool) *snapshot {
 		return b.store(next)
 	}
 	next.gen = b.nextGen()
+	if b.probe {
+		return b.store(next)
+	}
 	next.entries, next.err = parse(b.path, data)
 	return b.store(next)
 }

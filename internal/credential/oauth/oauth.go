@@ -83,6 +83,12 @@ type Source interface {
 	IDs() []string
 }
 
+// Notifier is a Source that tells of every change of a credential's value
+// (credential.Store.Subscribe).
+type Notifier interface {
+	Subscribe(fn func(id string))
+}
+
 // Options configure a Manager; zero values take the defaults.
 type Options struct {
 	// Writer stores a rotated refresh token; nil: it is kept in memory only, with a WARN.
@@ -108,6 +114,7 @@ type Manager struct {
 	styles authStyles // learnt client authentication, per endpoint and client
 	ctx    context.Context
 	wg     sync.WaitGroup
+	wake   chan struct{} // a change of the Source (Notifier); nil: the loop ticks always
 }
 
 // state is one oauth2 credential.
@@ -146,8 +153,13 @@ func New(src Source, o Options) *Manager {
 	if o.Tick <= 0 {
 		o.Tick = DefaultTick
 	}
-	return &Manager{src: src, o: o, states: map[string]*state{}, styles: authStyles{m: map[styleKey]learnt{}},
+	m := &Manager{src: src, o: o, states: map[string]*state{}, styles: authStyles{m: map[styleKey]learnt{}},
 		ctx: context.Background()}
+	if n, ok := src.(Notifier); ok {
+		m.wake = make(chan struct{}, 1)
+		n.Subscribe(m.poke)
+	}
+	return m
 }
 
 // SetClient sets the HTTP client of token calls (NewClient's), e.g. after a reload.
@@ -303,7 +315,9 @@ func newRetry() *backoff.ExponentialBackOff {
 		backoff.WithMaxInterval(retryCap), backoff.WithRandomizationFactor(retryJitter), backoff.WithMaxElapsedTime(0))
 }
 
-// loop looks every Tick for tokens due and secrets changed, until ctx ends.
+// loop looks every Tick for tokens due and secrets changed, until ctx ends. While no
+// credential is minted, and the Source tells of its changes (Subscribe), it waits for a
+// change instead: a scope of static tokens costs no wake-up a Tick.
 func (m *Manager) loop() {
 	t := time.NewTicker(m.o.Tick)
 	defer t.Stop()
@@ -313,11 +327,33 @@ func (m *Manager) loop() {
 			return
 		case <-t.C:
 		}
-		for _, id := range m.src.IDs() {
-			if v, err := m.src.Get(id); err == nil && minted(v) {
-				m.check(m.state(id), v)
+		if !m.checkAll() && m.wake != nil {
+			select {
+			case <-m.ctx.Done():
+				return
+			case <-m.wake:
 			}
 		}
+	}
+}
+
+// checkAll checks every minted credential of the Source; false when there is none.
+func (m *Manager) checkAll() bool {
+	found := false
+	for _, id := range m.src.IDs() {
+		if v, err := m.src.Get(id); err == nil && minted(v) {
+			m.check(m.state(id), v)
+			found = true
+		}
+	}
+	return found
+}
+
+// poke wakes the loop after a change of the Source.
+func (m *Manager) poke(string) {
+	select {
+	case m.wake <- struct{}{}:
+	default:
 	}
 }
 

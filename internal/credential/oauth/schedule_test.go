@@ -1,11 +1,17 @@
 package oauth
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/egressd/egressd/internal/credential"
 )
 
 // hammer asks for id's header 20 times a second for d, as a sandbox sending 20 requests a
@@ -139,4 +145,45 @@ func TestNoClientNoCallCounted(t *testing.T) {
 		t.Errorf("%d errors counted without a call", n)
 	}
 	r.callsCounted(t, e, "oa")
+}
+
+// scans counts the Manager's looks at its Source (IDs), which tells of its changes.
+type scans struct {
+	*credential.Store
+	n atomic.Int64
+}
+
+func (s *scans) IDs() []string { s.n.Add(1); return s.Store.IDs() }
+
+// TestStaticScopeWaitsForAChange: with no oauth2 or github_app credential the Manager
+// stops looking every Tick, and a secret that becomes oauth2 wakes it: its first
+// token is fetched without a request asking for it.
+func TestStaticScopeWaitsForAChange(t *testing.T) {
+	e := newEndpoint(t)
+	r := newRig(t, e, map[string]string{"st": `{"token": "static"}`}, false)
+	src := &scans{Store: r.store}
+	m := New(src, Options{Log: zerolog.New(r.log), Tick: time.Millisecond})
+	m.SetClient(testClient(t, e))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); m.Wait() })
+	m.Start(ctx)
+	eventually(t, "the first look", func() bool { return src.n.Load() >= 2 })
+	before := src.n.Load()
+	time.Sleep(100 * time.Millisecond) // a hundred Ticks
+	if n := src.n.Load() - before; n > 1 {
+		t.Fatalf("%d looks in 100 Ticks with nothing minted", n)
+	}
+	writeCreds(t, r.path, `{"st": `+strings.ReplaceAll(oauthSecret, "TOKEN_URL", e.srv.URL+"/token")+`}`)
+	eventually(t, "the token of a secret become oauth2", func() bool { return m.state("st").cur.Load() != nil })
+}
+
+func writeCreds(t *testing.T, path, data string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
 }
