@@ -23,6 +23,7 @@ import (
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/membudget"
+	"github.com/egressd/egressd/internal/proxy/upstream"
 )
 
 // A client connection, whatever its mode, is served here: its requests are read
@@ -355,15 +356,7 @@ type route struct {
 // inTunnel reports whether the requests arrive inside an intercepted tunnel.
 func (r route) inTunnel() bool { return r.mode == modeTunnel || r.mode == modeRefused }
 
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
-}
-
-func isClosed(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET)
-}
+var isTimeout, isClosed = upstream.IsTimeout, upstream.IsClosed
 
 // errHeadTooLarge is returned when a request head exceeds limits.max_header_bytes,
 // or has more than maxHeadLines lines.

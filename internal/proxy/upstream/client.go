@@ -113,7 +113,7 @@ func (c *Client) sendH1(out *http.Request) (*http.Response, error) {
 		resp, err = c.viaTransport(c.h1, out, &declined)
 	}
 	if err != nil && out.URL.Scheme == "https" &&
-		(refusedHTTP1(err) || errors.Is(err, errUnanswered) || (declined.Load() && isClosed(err))) {
+		(refusedHTTP1(err) || errors.Is(err, errUnanswered) || (declined.Load() && IsClosed(err))) {
 		return c.sendH2Only(out, err)
 	}
 	return resp, err
@@ -225,12 +225,15 @@ func (c *Client) CloseIdle() {
 	c.pool.closeIdle()
 }
 
-func isTimeout(err error) bool {
+// IsTimeout reports whether err is a deadline passing, of a context or a connection.
+func IsTimeout(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
-func isClosed(err error) bool {
+// IsClosed reports whether err is the other end going away, or the connection
+// being closed under the reader.
+func IsClosed(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET)
 }

@@ -170,7 +170,7 @@ func (pc *h1Conn) exchange(out *http.Request, headerTimeout time.Duration, maxHe
 	pc.lr.N = maxHead
 	defer func() { pc.lr.N = math.MaxInt64 }()
 	if _, err := pc.br.Peek(1); err != nil {
-		if isTimeout(err) {
+		if IsTimeout(err) {
 			return nil, &timeoutError{err}
 		}
 		return nil, fmt.Errorf("%w: %w", errNothingRead, err)
@@ -180,7 +180,7 @@ func (pc *h1Conn) exchange(out *http.Request, headerTimeout time.Duration, maxHe
 		switch {
 		case err != nil && pc.lr.N <= 0:
 			return nil, fmt.Errorf("upstream response headers exceeded %d bytes", maxHead)
-		case err != nil && isTimeout(err):
+		case err != nil && IsTimeout(err):
 			return nil, &timeoutError{err}
 		case err != nil:
 			return nil, err
@@ -309,7 +309,7 @@ func (pc *h1Conn) quiet() bool {
 	pc.nc.SetReadDeadline(expiredDeadline)
 	_, err := pc.br.Peek(1)
 	pc.nc.SetReadDeadline(time.Time{})
-	return isTimeout(err) && socketQuiet(pc.nc)
+	return IsTimeout(err) && socketQuiet(pc.nc)
 }
 
 // socketQuiet reports whether nc's socket has nothing to read and is not closed,

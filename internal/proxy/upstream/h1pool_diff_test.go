@@ -306,7 +306,7 @@ func diffOutcome(resp *http.Response, err error) string {
 // diffReason is the reason code the proxy gives these failures (its classify):
 // every one is upstream_unreachable but a timeout.
 func diffReason(err error) string {
-	if isTimeout(err) {
+	if IsTimeout(err) {
 		return "upstream_timeout"
 	}
 	return "upstream_unreachable"
