@@ -8,7 +8,7 @@ LDFLAGS     := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 STATICCHECK := $(CACHE)/bin/staticcheck
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build run test deps lint unit fuzz bench bench-idle soak clean validate-manifests
+.PHONY: all build run test deps lint unit fuzz bench bench-idle bench-node soak clean validate-manifests
 
 all: build
 
@@ -82,11 +82,17 @@ fuzz:
 
 ## bench: throughput and latency through egressd, and through its peers goproxy and
 ## smokescreen (the bench builds them with scripts/peers.sh, cached after the first time),
-## as ratios to a direct connection; then scrubbing's CPU share per 1 KiB request.
+## as ratios to a direct connection, and the node rows (-paths node: bench-node alone);
+## then scrubbing's CPU share per 1 KiB request.
 bench: build
 	$(GO) run ./tools/bench -egressd $(BIN)/egressd
 	@echo "scrubbing's share of egressd's CPU per 1 KiB request, with 0 and 100 environment_variable credentials loaded:"
 	$(GO) test -run '^$$' -bench 'BenchmarkScrubRequest1KiB' -benchtime 3000x -count 3 ./internal/proxy/
+
+## bench-node: the node rows alone (a node egressd with 1 and with 1,000 sandboxes:
+## memory, the API's p99, latency under churn, CPU per request; about a minute).
+bench-node: build
+	$(GO) run ./tools/bench -egressd $(BIN)/egressd -paths node
 
 ## bench-idle: egressd's memory with IDLE_TUNNELS (default 10000) idle CONNECT tunnels
 ## open (tens of seconds; not in make bench). Raising the fd limit takes CAP_SYS_RESOURCE; without

@@ -32,6 +32,7 @@ const (
 // them up under (kind + "-" + group's first label + "-" + version).
 var schemaKinds = map[string]string{
 	"io.k8s.api.apps.v1.Deployment":            "deployment-apps-v1",
+	"io.k8s.api.apps.v1.DaemonSet":             "daemonset-apps-v1",
 	"io.k8s.api.core.v1.Pod":                   "pod-v1",
 	"io.k8s.api.core.v1.ConfigMap":             "configmap-v1",
 	"io.k8s.api.core.v1.Secret":                "secret-v1",
@@ -226,5 +227,5 @@ func kubeconform(t *testing.T, schemas string, stdin []byte, files ...string) {
 func TestKubeconform(t *testing.T) {
 	deployTool(t, "kubeconform")
 	files, _ := filepath.Glob("kubernetes/*.yaml")
-	kubeconform(t, kubeconformSchemas(t), nil, files...)
+	kubeconform(t, kubeconformSchemas(t), nil, append(files, nodeManifest)...)
 }

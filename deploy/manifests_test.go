@@ -86,6 +86,10 @@ type (
 		Annotations map[string]string `yaml:"annotations"`
 	}
 	podSpec struct {
+		HostPID                       bool        `yaml:"hostPID"`
+		HostNetwork                   bool        `yaml:"hostNetwork"`
+		HostIPC                       bool        `yaml:"hostIPC"`
+		HostUsers                     *bool       `yaml:"hostUsers"`
 		ServiceAccountName            string      `yaml:"serviceAccountName"`
 		TerminationGracePeriodSeconds *int        `yaml:"terminationGracePeriodSeconds"`
 		AutomountServiceAccountToken  *bool       `yaml:"automountServiceAccountToken"`
@@ -113,9 +117,10 @@ type (
 		VolumeMounts    []volumeMount   `yaml:"volumeMounts"`
 	}
 	volumeMount struct {
-		Name      string `yaml:"name"`
-		MountPath string `yaml:"mountPath"`
-		ReadOnly  bool   `yaml:"readOnly"`
+		Name             string `yaml:"name"`
+		MountPath        string `yaml:"mountPath"`
+		ReadOnly         bool   `yaml:"readOnly"`
+		MountPropagation string `yaml:"mountPropagation"`
 	}
 	containerPort struct {
 		Name          string `yaml:"name"`
@@ -130,6 +135,7 @@ type (
 	}
 	securityContext struct {
 		RunAsUser                *int  `yaml:"runAsUser"`
+		Privileged               *bool `yaml:"privileged"`
 		RunAsNonRoot             *bool `yaml:"runAsNonRoot"`
 		ReadOnlyRootFilesystem   *bool `yaml:"readOnlyRootFilesystem"`
 		AllowPrivilegeEscalation *bool `yaml:"allowPrivilegeEscalation"`
@@ -137,9 +143,16 @@ type (
 			Add  []string `yaml:"add"`
 			Drop []string `yaml:"drop"`
 		} `yaml:"capabilities"`
+		SeccompProfile struct {
+			Type string `yaml:"type"`
+		} `yaml:"seccompProfile"`
 	}
 	volume struct {
-		Name      string                 `yaml:"name"`
+		Name     string `yaml:"name"`
+		HostPath *struct {
+			Path string `yaml:"path"`
+			Type string `yaml:"type"`
+		} `yaml:"hostPath"`
 		ConfigMap *struct{ Name string } `yaml:"configMap"`
 		Secret    *struct {
 			SecretName string `yaml:"secretName"`
@@ -565,19 +578,7 @@ func TestDockerfile(t *testing.T) {
 }
 
 func TestSystemdUnit(t *testing.T) {
-	unit := parseUnit(t, readRepoFile(t, "systemd/egressd.service"))
-	exec := strings.Fields(unit["ExecStart"][0])
-	i := slices.Index(exec, "--config")
-	if i < 0 || i+1 >= len(exec) || exec[1] != "run" {
-		t.Fatalf("ExecStart %q: want egressd run --config FILE", exec)
-	}
-	cfgPath := exec[i+1]
-	// The unit documents which repository file is installed at cfgPath.
-	install := regexp.MustCompile(`install .*deploy/systemd/(\S+) ` + regexp.QuoteMeta(cfgPath)).FindStringSubmatch(readRepoFile(t, "systemd/egressd.service"))
-	if install == nil {
-		t.Fatalf("egressd.service does not document what to install at %s", cfgPath)
-	}
-	cfg := parseRepoConfig(t, "systemd/"+install[1])
+	unit, _, install, cfg := unitConfig(t, "egressd.service")
 	if want := "/var/lib/" + unit["StateDirectory"][0]; cfg.StateDir != want {
 		t.Errorf("state_dir %s, want %s (StateDirectory=%s)", cfg.StateDir, want, unit["StateDirectory"][0])
 	}
@@ -612,10 +613,10 @@ func TestSystemdUnit(t *testing.T) {
 	// EGRESSD_NETNS_INDEX=1 and the script's default ports.
 	tproxy, dns := scriptDefault(t, "EGRESSD_TPROXY_PORT"), scriptDefault(t, "EGRESSD_DNS_PORT")
 	if !hasListenerAt(cfg, "10.200.1.1:"+tproxy) || !hasListenerAt(cfg, "[fd00:200:0:1::1]:"+tproxy) {
-		t.Errorf("%s: want transparent listeners on 10.200.1.1:%s and [fd00:200:0:1::1]:%s", install[1], tproxy, tproxy)
+		t.Errorf("%s: want transparent listeners on 10.200.1.1:%s and [fd00:200:0:1::1]:%s", install, tproxy, tproxy)
 	}
 	if cfg.DNS.Listen != "10.200.1.1:"+dns {
-		t.Errorf("%s: dns.listen %s, want 10.200.1.1:%s", install[1], cfg.DNS.Listen, dns)
+		t.Errorf("%s: dns.listen %s, want 10.200.1.1:%s", install, cfg.DNS.Listen, dns)
 	}
 }
 
@@ -651,6 +652,26 @@ func TestSystemdSocket(t *testing.T) {
 		t.Errorf("egressd.sysusers creates %v, egressd.service runs as %v, egressd-netns defaults EGRESSD_UID to %s: want one user",
 			user, unit["User"], scriptDefaultUser(t))
 	}
+}
+
+// unitConfig parses deploy/systemd/NAME, the config its ExecStart names (egressd
+// run --config FILE), which the unit documents installing from a repository file,
+// and that file: the unit, the egressd command, the file's name, the config.
+func unitConfig(t *testing.T, name string) (map[string][]string, []string, string, *config.Config) {
+	t.Helper()
+	text := readRepoFile(t, "systemd/"+name)
+	unit := parseUnit(t, text)
+	exec := strings.Fields(unit["ExecStart"][0])
+	i := slices.Index(exec, "--config")
+	if i < 0 || i+1 >= len(exec) || exec[1] != "run" {
+		t.Fatalf("ExecStart %q: want egressd run --config FILE", exec)
+	}
+	cfgPath := exec[i+1]
+	install := regexp.MustCompile(`install .*deploy/systemd/(\S+) ` + regexp.QuoteMeta(cfgPath)).FindStringSubmatch(text)
+	if install == nil {
+		t.Fatalf("%s does not document what to install at %s", name, cfgPath)
+	}
+	return unit, exec, install[1], parseRepoConfig(t, "systemd/"+install[1])
 }
 
 // scriptDefaultUser is the user egressd-netns's EGRESSD_UID defaults to.

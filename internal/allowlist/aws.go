@@ -12,7 +12,16 @@ import (
 type AWSScope struct {
 	Regions  []string `json:"regions"`
 	Services []string `json:"services"`
+	// AllowMinting lets Services name a service that answers with new keys (or "*"):
+	// keys egressd signs for, handed to the sandbox whole, which nothing can scrub.
+	AllowMinting bool `json:"allow_minting,omitempty"`
 }
+
+// mintingServices answer a request signed with the credential's keys with new keys
+// (STS session and role keys, IAM access keys, SSO role keys, Cognito identity keys,
+// S3 Express sessions, ECR and CodeArtifact tokens) as powerful as the credential
+// and usable without egressd, so signing for them would hand the sandbox a secret.
+var mintingServices = []string{"*", "codeartifact", "cognito-identity", "ecr", "iam", "s3express", "sso", "sts"}
 
 // AllowsRegion reports whether a request signed for region may be signed again.
 func (s *AWSScope) AllowsRegion(region string) bool { return s != nil && allowsName(s.Regions, region) }
@@ -36,7 +45,14 @@ func (c *compiler) awsScope(i int, credential string, s *AWSScope) *AWSScope {
 	}
 	out := &AWSScope{}
 	out.Regions = c.scopeNames(i, "regions", s.Regions, `e.g. ["us-east-1", "eu-west-1"]`)
-	out.Services = c.scopeNames(i, "services", s.Services, `e.g. ["s3", "sts"]`)
+	out.Services = c.scopeNames(i, "services", s.Services, `e.g. ["s3", "dynamodb"]`)
+	out.AllowMinting = s.AllowMinting
+	for _, svc := range out.Services {
+		if slices.Contains(mintingServices, svc) && !s.AllowMinting {
+			c.problem(i, "aws", `services: %q answers with new keys that the sandbox would then hold, usable without egressd; `+
+				`name the services the agent needs instead, or set "allow_minting": true to accept that`, svc)
+		}
+	}
 	return out
 }
 

@@ -94,6 +94,9 @@ func (r Reason) Message(host string, port uint16, env, detail string) string {
 			return fmt.Sprintf("the request's Host names another port than the connection's destination %s (only the port differs): send it without a port, or with this one", hostPort(host, port))
 		}
 	case ReasonCredentialScope:
+		if detail == "github_token_revoke" {
+			return fmt.Sprintf("the request to %s would revoke the installation token egressd injects, which every request of the credential shares; nothing was sent", host)
+		}
 		if m := awsScopeMessage(host, detail); m != "" {
 			return m
 		}

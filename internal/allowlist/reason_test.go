@@ -66,6 +66,8 @@ func TestReasonMessage(t *testing.T) {
 		{ReasonHostMismatch, "a.test", 443, "env_demo", "port", "the request's Host names another port than the connection's destination a.test:443 (only the port differs): send it without a port, or with this one"},
 		{ReasonPlaintextCredential, "api.test", 80, "env_demo", "", "refusing to send a credential to api.test over plain HTTP; use https"},
 		{ReasonMethodNotAllowed, "api.test", 443, "env_demo", "trace", "TRACE and OPTIONS * are refused to api.test: egressd injects into its requests, and the upstream would reflect the injected values"},
+		{ReasonCredentialScope, "api.github.com", 443, "env_demo", "github_token_revoke", "the request to api.github.com would revoke the installation token egressd injects, which every request of the credential shares; nothing was sent"},
+		{ReasonCredentialScope, "api.test", 443, "env_demo", "header", "the request to api.test carries a credential placeholder that is not for api.test (or not for that part of the request); nothing was sent"},
 		{ReasonCredentialUnavailable, "api.test", 443, "env_demo", "secret/data/x: 403", "the credential for api.test is currently unavailable"},
 		{ReasonDNSFailure, "nx.test", 443, "env_demo", "", "nx.test could not be resolved"},
 		{ReasonUpstreamUnreachable, "::1", 443, "env_demo", "", "could not connect to [::1]:443"},

@@ -12,37 +12,28 @@
 // inner-Host trust each overridden; none of them are used here.
 //
 // The files, in the order a request meets them (docs/architecture.md tells the
-// whole path):
+// whole path; pipeline.go shows each path on one screen):
 //
-//	server.go       Server, listeners, accept, Swap, Shutdown (drain)
-//	slots.go        connection slots at limits.max_connections: evicting the longest wait
-//	lane.go         the hook lane: slots kept for pre-tool hook calls
-//	connmem.go      what each connection holds of the memory budget; memory.go: the budget's shares, HTTP/2 windows
-//	conn.go         one client connection: the request loop, handle, refusal writing
-//	mode.go         the connection's mode (route); decideTunnel and planTunnel: what a tunnel becomes
-//	head.go         the bounded request head and its framing checks
-//	deadline.go     client read and write deadlines
-//	connect.go      CONNECT: decideTunnel, 200, ClientHello check, splice or intercept
-//	transparent.go  the transparent listener: original destination, SNI target, decideTunnel
-//	tlspeek.go      reading the ClientHello without consuming it
-//	intercept.go    terminating the client's TLS in an intercepted tunnel
-//	h1.go           the HTTP/1.x client side of a request (h1Side)
-//	h2.go           HTTP/2 inside an intercepted tunnel, its client side (h2Side)
-//	pipeline.go     each path in one screen, and the one request tail, exchange.serve
-//	target.go       the target stage: the request's target, by connection mode
-//	hookcall.go     hook calls; hookbuf.go: their body budget; identify.go: whose call it is
-//	prepare.go      the decide, outbound and inject stages
-//	scope.go        placeholders out of scope in a streaming body or a switched connection
-//	headers.go      hop-by-hop and Egressd-* stripping, Upgrade and TE checks
-//	body.go         the client's request body as the upstream reads it
-//	snapshot.go     Snapshot: what one reload decides and forwards with, its upstream client
-//	redecide.go     open tunnels and upgrades, decided again on every change of state
-//	scrub.go        masking injected values in responses
-//	ranges.go       a client's byte range on a scrubbed exchange, cut from the masked body
-//	respond.go      writing responses to the client, HTTP/1 and HTTP/2
-//	tunnel.go       splicing tunnels and upgrades; relay.go: the copy loop
-//	refuse.go       the one error -> response function
-//	record.go       Record, the canonical log line
+//	server.go    Server, Swap, Shutdown, and admission: accept, connection slots at
+//	             limits.max_connections, the hook lane, what a connection holds of the
+//	             memory budget, the budget's shares and HTTP/2 windows, deadlines
+//	conn.go      one client connection and HTTP/1.x on it: its mode (route), the request
+//	             loop, the bounded request head, the client side (h1Side), writing
+//	             responses and refusals
+//	tunnel.go    tunnels, CONNECT and transparent TLS: decideTunnel and planTunnel, the
+//	             ClientHello, interception, splicing and its copy loop, open tunnels
+//	             decided again on every change of state
+//	h2.go        HTTP/2 inside an intercepted tunnel, its client side (h2Side)
+//	pipeline.go  each path on one screen, and the one request tail, exchange.serve, with
+//	             its stages: target, decide, outbound, inject, forward; hop-by-hop
+//	             stripping, the request body and its read deadline, what a request
+//	             holds of the memory budget, placeholders out of scope
+//	hookcall.go  hook calls: answered by egressd, their body budget, whose call it is
+//	scrub.go     masking injected values in responses; a client's byte range cut from
+//	             the masked body
+//	refuse.go    the one error -> response function
+//	record.go    Record, the canonical log line
+//	snapshot.go  Snapshot: what one reload decides and forwards with, its upstream client
 //
 // The upstream side, as net/http's Transport is to its Server, is the package
 // upstream: dialling decided targets through the address guard, the HTTP/1.1 pool,

@@ -376,7 +376,7 @@ func TestMaxConnectionsAnswers503(t *testing.T) {
 }
 
 // TestMaxConnectionsEvictsSlowHead: at limits.max_connections, a connection still
-// sending its request head, past evictAfter (slots.go), gives its slot to a new
+// sending its request head, past evictAfter (server.go), gives its slot to a new
 // client, and is answered 503 overloaded (evicted_waiting) before it is closed,
 // with a log line: a connection egressd accepted is never closed unanswered.
 func TestMaxConnectionsEvictsSlowHead(t *testing.T) {

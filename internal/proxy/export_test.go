@@ -27,7 +27,7 @@ func (s *Server) HoldLane() (release func()) {
 }
 
 // OpenConns is how many spliced tunnels and upgraded connections are registered
-// to be decided again on a change of state (redecide.go).
+// to be decided again on a change of state (tunnel.go).
 func (s *Server) OpenConns() int { return s.live.len() }
 
 // SetOverflowBound makes listeners served from now on hold at most n connections
@@ -59,4 +59,17 @@ func (s *Server) SpendBudget(room int64) (restore func()) {
 	n := max(s.mem.Room()-room, 0)
 	s.mem.Take(membudget.Conns, n)
 	return func() { s.mem.Release(membudget.Conns, n) }
+}
+
+// LaneCalls is how many hook lane connections have begun a hook call.
+func (s *Server) LaneCalls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for c := range s.conns {
+		if c.lane && c.laneRoot == c && c.inCall.Load() {
+			n++
+		}
+	}
+	return n
 }

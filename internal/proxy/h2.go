@@ -3,10 +3,14 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/time/rate"
@@ -132,7 +136,7 @@ func (h *h2Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	x.body.deadline = &bodyDeadline{set: rc.SetReadDeadline, perRead: snap.Limits.ReadHeader}
 	if h.c.lane {
-		// A lane connection carries one call (lane.go); net/http answers this
+		// A lane connection carries one call (server.go); net/http answers this
 		// with a GOAWAY, so the runtime's next call takes a new connection
 		// rather than racing the lane's cut of this one.
 		w.Header().Set("Connection", "close")
@@ -177,4 +181,86 @@ func (s h2Side) refuse(x *exchange, err error) bool {
 func (s h2Side) respond(x *exchange, resp *http.Response) bool {
 	writeResponseRW(s.w, resp, x.rec)
 	return false
+}
+
+// writeRefusalRW writes a refusal through an http.ResponseWriter.
+func writeRefusalRW(w http.ResponseWriter, snap *Snapshot, rec *Record, err error) {
+	code, hdr, body := refusalFor(snap, rec, err, 0)
+	for k, v := range hdr {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(code)
+	n, _ := w.Write(body)
+	rec.BytesOut += int64(n)
+}
+
+// gRPC status codes of egressd's refusals (grpc/codes).
+const (
+	grpcPermissionDenied = 7
+	grpcUnavailable      = 14
+)
+
+// isGRPC reports whether req is a gRPC call (application/grpc, +proto and the like).
+func isGRPC(req *http.Request) bool {
+	return strings.HasPrefix(req.Header.Get("Content-Type"), "application/grpc")
+}
+
+// writeGRPCRefusal answers a gRPC call's refusal as gRPC clients read one: a
+// Trailers-Only response (HTTP 200 with grpc-status and grpc-message in its head),
+// PERMISSION_DENIED for a denial and UNAVAILABLE for a failure, the message naming
+// the reason, so grpc.Code and status.Message show why. Egressd-Reason is set too.
+func writeGRPCRefusal(w http.ResponseWriter, snap *Snapshot, rec *Record, err error) {
+	rf := rec.refused(err)
+	code := grpcUnavailable
+	if rf.Reason.IsDenial() {
+		code = grpcPermissionDenied
+	}
+	msg := "egressd: " + string(rf.Reason) + ": " + rf.Reason.Message(rec.Host, rec.Port, snap.Env, rf.Detail)
+	h := w.Header()
+	h.Set("Content-Type", "application/grpc")
+	h.Set("Egressd-Reason", string(rf.Reason))
+	h.Set("Grpc-Status", strconv.Itoa(code))
+	h.Set("Grpc-Message", grpcPercentEncode(msg))
+	w.WriteHeader(http.StatusOK)
+	rec.Status = http.StatusOK
+}
+
+// grpcPercentEncode encodes a grpc-message value: every byte outside printable
+// ASCII, and '%', as %XX (the gRPC over HTTP/2 protocol spec).
+func grpcPercentEncode(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '%' {
+			fmt.Fprintf(&b, "%%%02X", c)
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// writeResponseRW streams resp through an http.ResponseWriter (the HTTP/2 side),
+// flushing after every read, then sets every trailer the upstream sent, announced
+// in a Trailer header or not (gRPC never announces grpc-status): net/http fills
+// resp.Trailer when the body ends, and http.TrailerPrefix sends a trailer nobody
+// declared.
+func writeResponseRW(w http.ResponseWriter, resp *http.Response, rec *Record) {
+	rec.Status = resp.StatusCode
+	removeHopByHop(resp.Header)
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
+	}
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	n, err := streamBody(resp.Body, func(p []byte) error { _, err := w.Write(p); return err }, rc.Flush)
+	rec.BytesOut += n
+	if err != nil && !errors.Is(err, io.EOF) {
+		rec.Error = err.Error()
+		return
+	}
+	removeEgressdHeaders(resp.Trailer)
+	for k, v := range resp.Trailer {
+		h[http.TrailerPrefix+k] = v
+	}
 }

@@ -350,3 +350,26 @@ func assertionIdent(jws string) string {
 	json.Unmarshal(payload, &c)
 	return c.Ident
 }
+
+// TestHookDeadlineFromAccept: a pre-tool call's deadline runs from when its
+// connection was accepted, not from when its head arrived: the runtime's own
+// timeout has been running through the CONNECT and the TLS handshake, which a
+// flood can stretch. A call whose head comes late, to an endpoint that is slow,
+// gets the deny within the hook's timeout of its connection's start.
+func TestHookDeadlineFromAccept(t *testing.T) {
+	w := newHookWorld(t)
+	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		time.Sleep(5 * time.Second)
+		io.WriteString(rw, `{"decision":"allow"}`)
+	})
+	start := time.Now()
+	tc := w.slowHookConn(t)
+	time.Sleep(time.Until(start.Add(1400 * time.Millisecond))) // as a flood would stretch CONNECT and TLS
+	wantFailClosedDeny(t, "the late call", tc)
+	// The hook's timeout is 2 s: from its connection's start, egressd answers by
+	// 1.5 s (hooks.Deadline); from the head's arrival it would be past 2.9 s.
+	if took := time.Since(start); took > 2500*time.Millisecond {
+		t.Errorf("the deny came %v after the connection began, past the hook's 2 s timeout", took.Round(time.Millisecond))
+	}
+}

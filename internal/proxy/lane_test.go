@@ -464,6 +464,27 @@ func (w *world) slowHookConn(t *testing.T) *tls.Conn {
 	return tc
 }
 
+// fillLane takes n more hook lane slots with connections that have not begun a
+// call: opened before the call a test cuts, so that the call's own deadline (the
+// hook's timeout) is not spent on their handshakes, however slow the machine.
+func (w *world) fillLane(t *testing.T, n int) {
+	t.Helper()
+	for range n {
+		w.slowHookConn(t)
+	}
+}
+
+// waitInCall waits until a lane connection is in a hook call: the lane then cuts
+// it before the connections that have not begun one.
+func (w *world) waitInCall(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); w.Server.LaneCalls() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the hook call was not begun within 10s")
+		}
+	}
+}
+
 // TestCutCloseRecorded: a lane connection cut before it sent its call, that then
 // sends nothing within cutLinger, is closed with an egress line saying so (reason
 // overloaded, detail hook_lane_linger); one cut in its call is answered with the
@@ -474,11 +495,10 @@ func TestCutCloseRecorded(t *testing.T) {
 	w.fillSlots(t, 2)
 	silent := w.slowHookConn(t)
 	inCall := w.slowHookConn(t)
+	w.fillLane(t, 30)
 	io.WriteString(inCall, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Length: 100\r\n\r\nx")
-	time.Sleep(100 * time.Millisecond) // the call has begun
-	for range 31 {                     // the lane's 33rd arrival cuts the call, the 34th the silent one
-		w.slowHookConn(t)
-	}
+	w.waitInCall(t)
+	w.slowHookConn(t) // the lane's 33rd arrival cuts the call, the 34th (below) the silent one
 	inCall.SetReadDeadline(time.Now().Add(5 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(inCall), nil)
 	if err != nil {
@@ -513,6 +533,7 @@ func TestCutAnswerNotReset(t *testing.T) {
 	w := newLaneWorld(t, 2)
 	w.fillSlots(t, 2)
 	call := w.slowHookConn(t)
+	w.fillLane(t, 31)
 	const chunk, chunks = 4 << 10, 12
 	io.WriteString(call, "POST /pre HTTP/1.1\r\nHost: policy.allowed.test\r\nContent-Length: "+strconv.Itoa(chunk*chunks)+"\r\n\r\n")
 	write := func(i int) {
@@ -522,10 +543,8 @@ func TestCutAnswerNotReset(t *testing.T) {
 		}
 	}
 	write(0)
-	time.Sleep(100 * time.Millisecond) // the call has begun
-	for range 32 {                     // the lane's 33rd arrival cuts the call
-		w.slowHookConn(t)
-	}
+	w.waitInCall(t)
+	w.slowHookConn(t)                 // the lane's 33rd arrival cuts the call
 	time.Sleep(50 * time.Millisecond) // the deny is written, and egressd is done with the connection
 	for i := 1; i < chunks; i++ {
 		write(i)

@@ -243,7 +243,7 @@ func TestH2WindowRefusalDetail(t *testing.T) {
 }
 
 // upstreamWindow is the receive window egressd's upstream HTTP/2 client holds
-// for each stream (memory.go).
+// for each stream (server.go).
 const upstreamWindow = 256 << 10
 
 // holdingHandler answers a head, then a body the windows hold while the client

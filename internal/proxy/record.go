@@ -12,6 +12,7 @@ import (
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/metrics"
+	"github.com/egressd/egressd/internal/scrub"
 )
 
 // Record is the canonical account of one request or tunnel: it becomes exactly one
@@ -49,6 +50,9 @@ type Record struct {
 	Start             time.Time
 	Sandbox           string // the node-mode sandbox whose listener it arrived on; "" in a sidecar
 
+	// mask is what the exchange's response is masked of: Error, which may quote
+	// what the upstream sent or was sent (a malformed header line), is masked of it.
+	mask  *scrub.Set
 	tally *Tally
 }
 
@@ -157,6 +161,7 @@ func (r *Record) finish(log *zerolog.Logger, m *metrics.Metrics) {
 	if r.Scrubbed > 0 {
 		m.Scrubbed.WithLabelValues(r.Rule).Inc()
 	}
+	r.Error, _ = r.mask.String(r.Error)
 	log.Info().
 		Str("req_id", r.ReqID).Str("sandbox", r.Sandbox).Str("listener", r.Listener).Str("role", r.Role).
 		Str("client", r.Client).Str("method", r.Method).Str("scheme", r.Scheme).

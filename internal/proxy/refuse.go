@@ -1,16 +1,12 @@
 package proxy
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
-	"io"
-	"net"
 	"net/http"
 	"strconv"
-	"syscall"
 
 	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/credential"
@@ -59,15 +55,6 @@ func badHost(detail string, err error) *refusal {
 // answered: recorded, never written (serveRequest).
 func clientCancelled(err error) *refusal {
 	return &refusal{Reason: allowlist.ReasonClientCancelled, Err: err}
-}
-
-// cancelled is clientCancelled when ctx, the request's, has ended: a request whose
-// client has gone is never dialled or forwarded.
-func cancelled(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return clientCancelled(err)
-	}
-	return nil
 }
 
 // detailHTTP2Only names an upstream that accepts only HTTP/2 (upstream.ErrHTTP2Only).
@@ -127,11 +114,6 @@ func isTLSVerifyError(err error) bool {
 	var rh tls.RecordHeaderError
 	return errors.As(err, &verr) || errors.As(err, &unknown) || errors.As(err, &host) ||
 		errors.As(err, &invalid) || errors.As(err, &alert) || errors.As(err, &rh)
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // statusFor maps a reason code to the HTTP status docs/reasons.md assigns it.
@@ -203,9 +185,4 @@ func refusalResponse(rf *refusal, rec *Record, env string) (int, http.Header, []
 		"Cache-Control":  {"no-store"},
 	}
 	return statusFor(rf.Reason), h, body
-}
-
-func isClosed(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET)
 }

@@ -110,15 +110,18 @@ func reflector(rw http.ResponseWriter, r *http.Request) {
 		h["X-Echo-"+token] = []string{"1"}
 		rw.WriteHeader(http.StatusFound)
 	case "/trailer":
-		rw.Header().Set("Trailer", "X-Echo-Trailer")
+		rw.Header().Set("Trailer", "X-Echo-Trailer, X-Named-"+token)
 		io.WriteString(rw, "body")
 		rw.Header().Set("X-Echo-Trailer", value)
+		rw.Header().Set("X-Named-"+token, "1")
 	case "/body":
 		writeSplit(rw, "[["+encodings[q.Get("form")](token)+"]]", q.Get("split"), q.Has("cl"))
 	case "/compressed":
 		writeCompressed(rw, q.Get("coding"), []byte("[["+value+"]]"))
 	case "/status":
 		hijackStatus(rw, value)
+	case "/malformed":
+		hijackHead(rw, "HTTP/1.1 200 OK\r\nX-Bad "+value+"\r\n\r\n")
 	default:
 		http.Error(rw, "unknown path", http.StatusNotFound)
 	}
@@ -172,6 +175,17 @@ func hijackStatus(rw http.ResponseWriter, value string) {
 	}
 	defer conn.Close()
 	brw.WriteString("HTTP/1.1 200 " + value + "\r\nContent-Length: 2\r\n\r\nok")
+	brw.Flush()
+}
+
+// hijackHead answers with head as written, malformed or not.
+func hijackHead(rw http.ResponseWriter, head string) {
+	conn, brw, err := rw.(http.Hijacker).Hijack()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	brw.WriteString(head)
 	brw.Flush()
 }
 
@@ -293,12 +307,44 @@ func TestScrubHeadAndTrailers(t *testing.T) {
 		if tr := got.resp.Trailer.Get("X-Echo-Trailer"); tr != stars(len(value)) {
 			t.Errorf("%s: trailer %q, want it masked", proto, tr)
 		}
+		// Declared trailer names reach an HTTP/1.1 client re-cased (canonical), in the
+		// Trailer field written before the trailers themselves.
+		if raw := strings.ToLower(string(got.raw)); strings.Contains(raw, strings.ToLower(secretToken)) {
+			t.Errorf("%s: a trailer's name or its declaration carries the credential, in some case:\n%s", proto, got.raw)
+		}
 	}
 	// The status text: egressd writes the canonical text for the code, so the
 	// upstream's reason phrase never reaches the client (HTTP/2 has none).
 	got := w.fetch(t, "h1", "api.allowed.test", "/status", nil)
 	assertNoLeak(t, "status line", got.raw)
 	w.assertScrubLogged(t, "api.allowed.test", "api")
+}
+
+// TestMalformedAnswerNotLogged: an upstream's malformed head that quotes the
+// injected value fails the request (502) without the value reaching the client
+// or the log line's error, which quotes the malformed line.
+func TestMalformedAnswerNotLogged(t *testing.T) {
+	w := newScrubWorld(t)
+	got := w.fetch(t, "h1", "api.allowed.test", "/malformed", nil)
+	if got.resp.StatusCode != http.StatusBadGateway {
+		t.Errorf("status %d, want 502", got.resp.StatusCode)
+	}
+	assertNoLeak(t, "malformed head", got.raw)
+	var line map[string]any
+	waitFor(t, func() bool {
+		for _, l := range w.logLines() {
+			if l["path"] == "/malformed" {
+				line = l
+			}
+		}
+		return line != nil
+	}, "the request's log line")
+	if e, _ := line["error"].(string); !strings.Contains(e, "malformed") || strings.Contains(e, secretToken) {
+		t.Errorf("log error %q: want the parse error with the value masked", e)
+	}
+	if strings.Contains(w.logs.String(), secretToken) {
+		t.Error("the log holds the injected value")
+	}
 }
 
 // TestScrubCompressedBodies: the client asks for compression; egressd narrows

@@ -111,7 +111,7 @@ func TestScrubRange(t *testing.T) {
 	w := newScrubWorld(t)
 	w.Upstream.set(func(rw http.ResponseWriter, r *http.Request) {
 		value, _ := injected(r)
-		rw.Header().Set("X-Seen-Range", r.Header.Get("Range")+"|"+r.Header.Get("If-Range"))
+		rw.Header().Set("X-Seen-Range", r.Header.Get("Range")+r.Header.Get("Request-Range")+"|"+r.Header.Get("If-Range"))
 		switch r.URL.Path {
 		case "/always206":
 			rw.Header().Set("Content-Range", "bytes 0-9/100")
@@ -125,7 +125,7 @@ func TestScrubRange(t *testing.T) {
 		}
 	})
 	value := "Bearer " + secretToken
-	ranged := http.Header{"Range": {"bytes=11-20"}, "If-Range": {`"v1"`}}
+	ranged := http.Header{"Range": {"bytes=11-20"}, "Request-Range": {"bytes=11-20"}, "If-Range": {`"v1"`}}
 	for _, proto := range protos {
 		got := w.fetch(t, proto, "api.allowed.test", "/file", ranged)
 		if got.resp.StatusCode != http.StatusOK || got.resp.Header.Get("X-Seen-Range") != "|" {

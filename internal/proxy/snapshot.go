@@ -45,7 +45,7 @@ type Snapshot struct {
 
 	// upstream dials decided targets and sends outbound requests (upstream/).
 	upstream *upstream.Client
-	// mem is the Server's memory budget (memory.go); nil grants everything.
+	// mem is the Server's memory budget (server.go); nil grants everything.
 	mem *membudget.Budget
 }
 

@@ -343,10 +343,26 @@ func (w *world) logLines() []map[string]any {
 	return out
 }
 
-// lastLog waits briefly for the canonical line of req_id (or the last one when "").
+// egressLines is the egress lines logged so far, one a line, for a failure message.
+func (w *world) egressLines() string {
+	var b strings.Builder
+	for _, l := range w.logLines() {
+		j, _ := json.Marshal(l)
+		b.Write(j)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// logWait bounds the wait for an egress line: a line is written when its request
+// or connection ends, which on a loaded machine can come seconds after the event
+// a test waits on. Only a line that never comes costs the whole wait.
+const logWait = 10 * time.Second
+
+// lastLog waits for the canonical line of req_id (or the last one when "").
 func (w *world) lastLog(reqID string) map[string]any {
 	w.t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(logWait)
 	for time.Now().Before(deadline) {
 		lines := w.logLines()
 		for i := len(lines) - 1; i >= 0; i-- {
@@ -360,17 +376,17 @@ func (w *world) lastLog(reqID string) map[string]any {
 	return nil
 }
 
-// waitLog waits briefly for a canonical log line that match accepts.
+// waitLog waits for a canonical log line that match accepts.
 func (w *world) waitLog(t *testing.T, match func(map[string]any) bool) map[string]any {
 	t.Helper()
-	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(logWait); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		for _, l := range w.logLines() {
 			if match(l) {
 				return l
 			}
 		}
 	}
-	t.Fatal("no matching egress log line")
+	t.Fatalf("no matching egress log line; the lines:\n%s", w.egressLines())
 	return nil
 }
 

@@ -108,7 +108,9 @@ func isToken(s string) bool {
 //     of 76 or 64 characters (PEM), by CRLF or LF: a mail part or PEM block
 //     that holds only the value;
 //   - hex with a space between bytes, lower and upper case (an S3 signature
-//     error quoting the canonical request).
+//     error quoting the canonical request);
+//   - hex with ':' between bytes and with "\x" before each, lower and upper
+//     case (fingerprints, C and Python byte strings).
 //
 // The order is FuzzReader's: its seeds pick forms by index.
 func forms(v string) []string {
@@ -129,7 +131,22 @@ func forms(v string) []string {
 	add(mimeForms(std)...)
 	spaced := spacedHex(v)
 	add(spaced, strings.ToUpper(spaced))
+	for _, sep := range []string{":", `\x`} {
+		h := joinedHex(v, sep)
+		add(h, strings.ReplaceAll(strings.ToUpper(h), `\X`, `\x`))
+	}
 	return out
+}
+
+// joinedHex is v as lower-case hex with sep between bytes (":", as
+// fingerprints are written) or before each ("\x", C and Python byte escapes).
+func joinedHex(v, sep string) string {
+	h := strings.TrimPrefix(spacedHex(v), " ")
+	h = strings.ReplaceAll(h, " ", sep)
+	if sep == `\x` {
+		h = sep + h
+	}
+	return h
 }
 
 // spacedHex is v as hex with a space between bytes, as S3's SignatureDoesNotMatch

@@ -13,7 +13,7 @@ import (
 // split: no false negative, no false positive, the same count. The body is the
 // fuzzed bytes with a fuzz-chosen form of the secret inserted (any of forms';
 // testdata/fuzz/FuzzReader has a seed for each of the case, base32, UTF-16,
-// every-character \u and MIME forms), and one of a second value when that is
+// every-character \u and MIME forms, and partial escapes), and one of a second value when that is
 // long enough (its forms are in the same Set, so the prefilter's sampling step
 // is the shorter value's and its grams are both values'), so matches are the
 // common case.
@@ -31,9 +31,9 @@ func FuzzReader(f *testing.F) {
 		if !s.Active() {
 			t.Fatalf("a %d-byte value gave an inactive Set", len(secret))
 		}
-		body = insert(body, forms(secret), int(form), int(at))
+		body = insert(body, append(forms(secret), partialSpellings(secret)...), int(form), int(at))
 		if len(other) >= MinLen {
-			body = insert(body, forms(other), int(form)/3, int(at2))
+			body = insert(body, append(forms(other), partialSpellings(other)...), int(form)/3, int(at2))
 		}
 		want, wantN := refMask(s, body)
 		if wantN == 0 {
@@ -50,6 +50,22 @@ func FuzzReader(f *testing.F) {
 			}
 		}
 	})
+}
+
+// partialSpellings returns spellings of v with each character but letters
+// and digits raw or escaped, a different mix of escapes in each (picked from
+// flex.go's table), after forms' in FuzzReader's index.
+func partialSpellings(v string) []string {
+	var out []string
+	for k := range 4 {
+		var b strings.Builder
+		for i := 0; i < len(v); i++ {
+			ss := spell[v[i]]
+			b.WriteString(ss[(i*k+k)%len(ss)])
+		}
+		out = append(out, b.String())
+	}
+	return out
 }
 
 // insert returns body with fs[form % len(fs)] inserted at at % (len(body)+1).

@@ -3,8 +3,9 @@
 //
 // Invariant: each occurrence of any form of a compiled value (raw, upper and
 // lower case, base64, base64url, MIME base64, base32, percent, JSON escapes,
-// HTML escapes, hex, UTF-16; see forms) is replaced in place by a same-length
-// run of '*', so lengths and framing hold;
+// HTML escapes, hex, UTF-16; see forms), and of any spelling with some of its
+// characters escaped and others not (flex.go), is replaced in place by a
+// same-length run of '*', escape sequences included, so lengths and framing hold;
 // overlapping occurrences are all masked. Streaming keeps streaming: a Reader
 // holds back only the bytes that could still be the start of a match, never a
 // whole body, and never a fixed window.
@@ -12,14 +13,18 @@
 // Not covered (scrubbing stops echoes, not an upstream set on leaking): other
 // transforms of a value (reversed, cut, mixed case, base64 of base64, MIME
 // base64 of a value inside a longer encoded text, where the line breaks fall
-// elsewhere, base32 inside a longer base32 text, hex or percent escapes mixing
-// upper and lower case in one occurrence, UTF-16 of anything but the value
-// alone), values shorter than MinLen, and, in a fragmented WebSocket message,
-// up to MinLen-1 bytes before a frame boundary (see WebSocket).
+// elsewhere, base32 inside a longer base32 text, hex of every byte mixing
+// upper and lower case in one occurrence, escapes applied twice, UTF-16 of
+// anything but the value alone), partial escapes of a value with no run of
+// flexMinRun letters and digits, of its letters and digits, or of a
+// non-ASCII character as one (an HTML or \u reference), values shorter than
+// MinLen, and, in a fragmented WebSocket message, up to MinLen-1 bytes
+// before a frame boundary (see WebSocket).
 //
 // Matcher. Compile builds one multi-pattern Aho-Corasick DFA
 // (github.com/coregx/ahocorasick, overlapping search) over the first anchorLen
-// bytes of every form, each hit verified against the whole form, and a gram
+// bytes of every form and of each flexible value's anchor (flex.go), each hit
+// verified against the whole form or flexibly outward, and a gram
 // prefilter in front of it (prefilter.go) that keeps the DFA to the few regions
 // of a body where an anchor can be. BenchmarkMatcher compares them:
 // bytes.Index once per form makes one pass per form, so its cost grows with
@@ -84,6 +89,9 @@ type matcher struct {
 	pre      *prefilter             // where the anchors may be; nil: everywhere
 	byAnchor [][]int                // anchor pattern ID -> indexes into forms
 	forms    [][]byte               // every form, deduplicated
+	flexBy   [][]int                // anchor pattern ID -> indexes into flex
+	flex     []flexValue            // the values matched flexibly (flex.go)
+	flexHead [256]bool              // first bytes of the flexible spellings
 	sorted   [][]byte               // forms, sorted, for prefix checks
 	first    [256]bool              // first bytes of patterns
 	pair     *[1 << 16 / 64]uint64  // first two bytes of patterns, as a bitmap
@@ -97,11 +105,11 @@ type matcher struct {
 // enough, give a Set that matches nothing (Active reports false).
 func Compile(values ...string) *Set {
 	s := &Set{}
-	pats := s.collect(values)
+	pats, flex := s.collect(values)
 	if len(pats) == 0 {
 		return s
 	}
-	m := &matcher{forms: pats}
+	m := &matcher{forms: pats, flex: flex}
 	anchors := m.anchors()
 	ac, err := ahocorasick.NewBuilder().AddPatterns(anchors).Build()
 	if err != nil {
@@ -163,6 +171,17 @@ func (m *matcher) anchors() [][]byte {
 		}
 		m.byAnchor[id] = append(m.byAnchor[id], i)
 	}
+	m.flexBy = make([][]int, len(out))
+	for i, f := range m.flex {
+		id, ok := ids[string(f.anchor())]
+		if !ok {
+			id = len(out)
+			ids[string(f.anchor())] = id
+			out = append(out, f.anchor())
+			m.byAnchor, m.flexBy = append(m.byAnchor, nil), append(m.flexBy, nil)
+		}
+		m.flexBy[id] = append(m.flexBy[id], i)
+	}
 	return out
 }
 
@@ -170,8 +189,8 @@ func (m *matcher) anchors() [][]byte {
 type span struct{ start, end int }
 
 // find appends every occurrence of a form in b (overlapping ones included)
-// to out. Of a joined Set, an occurrence two parts both find (a value in
-// both) is reported once.
+// to out. An occurrence found twice (a value in two parts of a join, a
+// spelling that is both a form and a flexible match) is reported once.
 func (s *Set) find(b []byte, out []span) []span {
 	if len(b) < s.minLen { // most header names and values
 		return out
@@ -180,7 +199,7 @@ func (s *Set) find(b []byte, out []span) []span {
 	for _, m := range s.parts {
 		out = m.find(b, out)
 	}
-	if len(s.parts) > 1 && len(out)-from > 1 {
+	if len(out)-from > 1 {
 		found := out[from:]
 		slices.SortFunc(found, func(a, b span) int { return cmp.Or(a.start-b.start, a.end-b.end) })
 		out = append(out[:from], slices.Compact(found)...)
@@ -209,19 +228,29 @@ func (m *matcher) findIn(b []byte, lo, hi int, out []span) []span {
 				out = append(out, span{start, end})
 			}
 		}
+		for _, i := range m.flexBy[h.PatternID] {
+			out = m.flex[i].find(b, start, anchorEnd, out)
+		}
 	}
 	return out
 }
 
-// collect returns the deduplicated forms of every value at least MinLen long.
-func (s *Set) collect(vals []string) [][]byte {
+// collect returns the deduplicated forms of every value at least MinLen
+// long, and the values also matched flexibly.
+func (s *Set) collect(vals []string) ([][]byte, []flexValue) {
 	seen := map[string]bool{}
 	var pats [][]byte
+	var flex []flexValue
+	flexSeen := map[string]bool{}
 	for _, v := range vals {
 		for _, d := range values(v) {
 			if len(d) < MinLen {
 				s.skipped++
 				continue
+			}
+			if f, ok := newFlexValue(d); ok && !flexSeen[d] {
+				flexSeen[d] = true
+				flex = append(flex, f)
 			}
 			for _, f := range forms(d) {
 				if f != "" && !seen[f] {
@@ -231,7 +260,7 @@ func (s *Set) collect(vals []string) [][]byte {
 			}
 		}
 	}
-	return pats
+	return pats, flex
 }
 
 // index fills the prefix-check tables used to size the hold-back, and
@@ -247,6 +276,12 @@ func (m *matcher) index() int {
 		if len(p) > 1 {
 			k := int(p[0])<<8 | int(p[1])
 			m.pair[k/64] |= 1 << (k % 64)
+		}
+	}
+	for _, f := range m.flex {
+		m.maxLen = max(m.maxLen, f.maxLen)
+		for c, ok := range f.head {
+			m.flexHead[c] = m.flexHead[c] || ok
 		}
 	}
 	return minLen

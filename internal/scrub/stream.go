@@ -172,20 +172,35 @@ func (s *Set) hold(b []byte) int {
 // costs little per read.
 func (m *matcher) hold(b []byte) int {
 	for i := max(0, len(b)-(m.maxLen-1)); i < len(b); i++ {
-		if !m.first[b[i]] {
-			continue
-		}
-		if i+1 < len(b) {
-			k := int(b[i])<<8 | int(b[i+1])
-			if m.pair[k/64]&(1<<(k%64)) == 0 {
-				continue
-			}
-		}
-		if m.properPrefix(b[i:]) {
+		if m.formStarts(b, i) || m.flexHead[b[i]] && m.flexStarts(b[i:]) {
 			return len(b) - i
 		}
 	}
 	return 0
+}
+
+// formStarts reports whether b[i:] is a proper prefix of a form.
+func (m *matcher) formStarts(b []byte, i int) bool {
+	if !m.first[b[i]] {
+		return false
+	}
+	if i+1 < len(b) {
+		k := int(b[i])<<8 | int(b[i+1])
+		if m.pair[k/64]&(1<<(k%64)) == 0 {
+			return false
+		}
+	}
+	return m.properPrefix(b[i:])
+}
+
+// flexStarts reports whether b is a proper prefix of a flexible spelling.
+func (m *matcher) flexStarts(b []byte) bool {
+	for i := range m.flex {
+		if m.flex[i].startsSpelling(b) {
+			return true
+		}
+	}
+	return false
 }
 
 // properPrefix reports whether b is a prefix of some longer pattern.

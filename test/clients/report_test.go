@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/egressd/egressd/internal/testutil/grpcecho"
+	"github.com/egressd/egressd/internal/testutil/load"
 )
 
 // matrix is the result of every client case in each mode.
@@ -135,10 +136,9 @@ func distribution(d []time.Duration) string {
 	if len(d) == 0 {
 		return "n=0"
 	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	q := func(p int) time.Duration { return s[(len(s)*p+99)/100-1].Round(10 * time.Microsecond) }
-	return fmt.Sprintf("n=%d p50=%v p99=%v max=%v", len(s), q(50), q(99), s[len(s)-1].Round(10*time.Microsecond))
+	l := load.Latencies(slices.Clone(d))
+	q := func(q float64) time.Duration { return l.Quantile(q).Round(10 * time.Microsecond) }
+	return fmt.Sprintf("n=%d p50=%v p99=%v max=%v", l.N(), q(0.5), q(0.99), q(1))
 }
 
 // metadata is the metadata of every gRPC call the service saw named callID.

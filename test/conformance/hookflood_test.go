@@ -4,13 +4,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
 	"github.com/egressd/egressd/internal/testutil/hookflood"
+	"github.com/egressd/egressd/internal/testutil/load"
 	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
@@ -115,10 +115,11 @@ func runCallFlood(t *testing.T, w *world, realAddr string) []string {
 	t.Cleanup(func() { fl.Stop(); fl.Wait() })
 	time.Sleep(time.Second) // the flood is under way
 	var outcomes []string
-	var took []time.Duration
+	var took load.Latencies
 	for end := time.Now().Add(floodCallsFor - 1500*time.Millisecond); time.Now().Before(end); time.Sleep(floodCallGap) {
 		o, d := hookCaller(realAddr, w).Call(hookTimeout + raceSlack + 5*time.Second)
-		outcomes, took = append(outcomes, o), append(took, d)
+		outcomes = append(outcomes, o)
+		took.Record(d)
 		if d > hookTimeout+raceSlack {
 			t.Errorf("real call took %v, past its timeout %v", d, hookTimeout)
 		}
@@ -134,19 +135,32 @@ func runCallFlood(t *testing.T, w *world, realAddr string) []string {
 	for _, o := range outcomes {
 		counts[o]++
 	}
-	slices.Sort(took)
 	t.Logf("flood: %.0f fake calls/s begun, %.0f/s reached their POST, %d open at most; %d real calls: %v; p50 %v, p99 %v; "+
 		"egressd: %.2f CPU-s per second, RSS idle %d MiB, peak %d MiB",
 		st.Rate(), st.PostRate(), st.PeakOpen, len(outcomes), counts,
-		took[len(took)/2].Round(time.Millisecond), took[len(took)*99/100].Round(time.Millisecond),
+		took.Quantile(0.5).Round(time.Millisecond), took.Quantile(0.99).Round(time.Millisecond),
 		cpu.Seconds()/st.Seconds, idle>>20, peak.Load()>>20)
 	if p := peak.Load(); p-idle > rssLimit() {
 		t.Errorf("RSS peaked at %d MiB under the flood, %d MiB idle: more than %d MiB above", p>>20, idle>>20, rssLimit()>>20)
 	}
-	if st.Rate() < floodCallRate*0.95 {
-		t.Errorf("the flood began %.0f fake calls a second, want %d", st.Rate(), floodCallRate)
+	if !floodSaturated(st) {
+		t.Errorf("the flood began %.0f fake calls a second, %.0f reaching their POST: want %d, or at least %d times what egressd took",
+			st.Rate(), st.PostRate(), floodCallRate, floodOutran)
 	}
 	return outcomes
+}
+
+// floodOutran is how many times the fake calls egressd took (those that reached
+// their POST) a flood short of floodCallRate must have begun.
+const floodOutran = 2
+
+// floodSaturated reports whether the flood was one: it began floodCallRate fake
+// calls a second, or, on a machine too loaded for the flood's process to reach
+// that, still began at least floodOutran times as many as egressd could take
+// (the rest waited in its backlog or were cut): what the real calls met was all
+// egressd had, however fast the machine.
+func floodSaturated(st hookflood.Stats) bool {
+	return st.Rate() >= floodCallRate*0.95 || st.Begun > 0 && st.Begun >= floodOutran*st.Posted
 }
 
 // hookCaller makes the runtime's calls to the endpoint that allows, at proxy.

@@ -163,17 +163,25 @@ func (w *world) isolation(t *testing.T) {
 			t.Errorf("%s reached the admin listener's port", sb)
 		}
 	}
-	for path, want := range map[string]os.FileMode{w.socket: 0o600, filepath.Dir(w.socket): 0o700} {
-		if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != want {
-			t.Errorf("%s: %v %v, want mode %o", path, fi.Mode(), err, want)
-		}
-	}
+	w.checkAPIModes(t)
 	_, a := w.get(t, "sbx-a")
 	if a["netns"] != "/run/netns/sbx-a" || a["listeners"].(map[string]any)["transparent"] != "127.0.0.1:"+transparentPort {
 		t.Errorf("GET sbx-a: %v", a)
 	}
 	if ph, _ := a["env"].(map[string]any)["TOKEN"].(string); !strings.HasPrefix(ph, "egressd_ph_") {
 		t.Errorf("GET sbx-a: env %v, want TOKEN's placeholder", a["env"])
+	}
+}
+
+// checkAPIModes: the API is a path socket, 0600, in a 0700 directory, not an
+// abstract one (which its network namespace alone would scope): another user
+// gets EACCES from its directory and its mode.
+func (w *world) checkAPIModes(t *testing.T) {
+	t.Helper()
+	for p, want := range map[string]os.FileMode{w.socket: 0o600 | os.ModeSocket, filepath.Dir(w.socket): 0o700 | os.ModeDir} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode() != want {
+			t.Errorf("%s: %v %v, want %v", p, fi.Mode(), err, want)
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -38,9 +39,10 @@ const (
 // sandboxHosts are the upstream names: each policy allows some of them.
 var sandboxHosts = []string{"a.test", "b.test", "c.test"}
 
-// hit is one request an upstream served: its host, path, Authorization, hook
-// assertion and body.
-type hit struct{ host, path, auth, token, assertion, body string }
+// hit is one request an upstream served: its host, path, Authorization, X-Token,
+// hook assertion, body and X-From (the test's own label of the sandbox it sent
+// the request from; egressd reads nothing from it).
+type hit struct{ host, path, auth, token, assertion, body, from string }
 
 // upstream is the far end: one TLS server for every name, recording what it saw.
 type upstream struct {
@@ -49,7 +51,7 @@ type upstream struct {
 	hits []hit
 }
 
-func startUpstream(t *testing.T) *upstream {
+func startUpstream(t *testing.T, hosts []string) *upstream {
 	u := &upstream{ca: testpki.New(t)}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(u.serve))
 	ln, err := net.Listen("tcp", upstreamIP+":443")
@@ -57,7 +59,7 @@ func startUpstream(t *testing.T) *upstream {
 		t.Fatal(err)
 	}
 	srv.Listener = ln
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{u.ca.Leaf(t, sandboxHosts...)}}
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{u.ca.Leaf(t, hosts...)}}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	return u
@@ -69,10 +71,14 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	u.mu.Lock()
 	u.hits = append(u.hits, hit{host: r.Host, path: r.URL.Path, auth: r.Header.Get("Authorization"), token: r.Header.Get("X-Token"),
-		assertion: r.Header.Get(hookauth.HeaderName), body: string(body)})
+		assertion: r.Header.Get(hookauth.HeaderName), body: string(body), from: r.Header.Get("X-From")})
 	u.mu.Unlock()
-	if r.URL.Path == "/slow" {
+	switch r.URL.Path {
+	case "/slow":
 		time.Sleep(1500 * time.Millisecond)
+	case "/hook/slow":
+		time.Sleep(time.Second)
+		r.URL.Path = "/hook"
 	}
 	if r.URL.Path == "/hook" {
 		w.Header().Set("Content-Type", "application/json")
@@ -154,19 +160,27 @@ network:
   resolver: %q
   unsafe_allow_cidrs: ["127.0.0.0/8"]
 tls: {upstream_ca_file: upstream-ca.pem}
-credentials: {backend: file, file: node-creds.json}
+credentials: %s
 log: {level: debug}
 state_dir: state
 `
 
+// newWorld is the three-sandbox world: file credentials, one file per scope.
 func newWorld(t *testing.T) *world {
+	return newWorldWith(t, "{backend: file, file: node-creds.json}", sandboxHosts, nil)
+}
+
+// newWorldWith starts the upstream for hosts, the stub DNS naming them, and a node
+// egressd with the credentials section creds and extra files in its directory.
+func newWorldWith(t *testing.T, creds string, hosts []string, extra map[string]string) *world {
 	t.Helper()
-	w := &world{up: startUpstream(t), dir: t.TempDir(), secrets: map[string]string{}}
+	w := &world{up: startUpstream(t, hosts), dir: t.TempDir(), secrets: map[string]string{}}
 	dns := dnsstub.Start(t)
-	for _, h := range sandboxHosts {
+	for _, h := range hosts {
 		dns.Set(h, "A "+upstreamIP)
 	}
 	files := map[string]string{"upstream-ca.pem": string(w.up.ca.PEM())}
+	maps.Copy(files, extra)
 	for _, name := range []string{"node", "a", "b"} {
 		w.secrets[name] = "secret-" + name + "-" + fmt.Sprint(time.Now().UnixNano())
 		files[name+"-creds.json"] = fmt.Sprintf(`{"key": {"token": %q}, "ph": {"type": "environment_variable", "value": %q, "injection_location": "header", "trusted_domains": ["a.test"]}}`,
@@ -175,7 +189,7 @@ func newWorld(t *testing.T) *world {
 	if err := os.MkdirAll(filepath.Join(w.dir, "sandboxes.d"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	w.e = egressdtest.StartT(t, egressdtest.Options{Dir: w.dir, RawConfig: fmt.Sprintf(nodeConfig, dns.Addr), Files: files,
+	w.e = egressdtest.StartT(t, egressdtest.Options{Dir: w.dir, RawConfig: fmt.Sprintf(nodeConfig, dns.Addr, creds), Files: files,
 		LoopbackOnly: true, ProxyListener: "node_api", Wait: egressdtest.WaitReady})
 	t.Cleanup(func() { w.stop(t) })
 	w.socket = filepath.Join(w.dir, "run", "node.sock")
@@ -273,29 +287,50 @@ func (w *world) do(t *testing.T, req *http.Request) (int, string) {
 	return resp.StatusCode, b.String()
 }
 
-// addSandbox makes network namespace name: lo, a veth pair of its own with a
-// default route (so a connection to any address gets as far as the nat table; the
-// pair leads nowhere), and the REDIRECT of
-// TCP 80 and 443 to egressd's transparent listener on its own loopback.
+// addSandbox makes network namespace name (sandboxCommands) with the REDIRECT
+// of TCP 80 and 443 to egressd's transparent listener on its own loopback.
 func addSandbox(t *testing.T, name string) {
 	t.Helper()
-	cmds := [][]string{
-		{"ip", "netns", "add", name},
-		{"ip", "-n", name, "link", "set", "lo", "up"},
-		{"ip", "-n", name, "link", "add", "d0", "type", "veth", "peer", "name", "d1"},
-		{"ip", "-n", name, "addr", "add", "192.0.2.2/24", "dev", "d0"},
-		{"ip", "-n", name, "link", "set", "d0", "up"},
-		{"ip", "-n", name, "link", "set", "d1", "up"},
-		{"ip", "-n", name, "route", "add", "default", "via", "192.0.2.1"},
-		{"ip", "netns", "exec", name, "iptables", "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-m", "multiport",
-			"--dports", "80,443", "-j", "REDIRECT", "--to-ports", transparentPort},
-	}
-	for _, c := range cmds {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(c, " "), err, out)
+	for _, c := range sandboxCommands(name) {
+		if err := runSandboxCommand(c); err != nil {
+			t.Fatal(err)
 		}
 	}
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+}
+
+// sandboxCommands make addSandbox's namespace: three commands, the links and
+// routes in one batch.
+func sandboxCommands(name string) [][]string {
+	return [][]string{
+		{"ip", "netns", "add", name},
+		{"ip", "-n", name, "-batch", "-"},
+		{"ip", "netns", "exec", name, "iptables", "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-m", "multiport",
+			"--dports", "80,443", "-j", "REDIRECT", "--to-ports", transparentPort},
+	}
+}
+
+// sandboxLinks is the batch of sandboxCommands: lo, a veth pair of the
+// namespace's own with a default route (so a connection to any address gets as
+// far as the nat table; the pair leads nowhere).
+const sandboxLinks = `link set lo up
+link add d0 type veth peer name d1
+addr add 192.0.2.2/24 dev d0
+link set d0 up
+link set d1 up
+route add default via 192.0.2.1
+`
+
+// runSandboxCommand runs one of sandboxCommands.
+func runSandboxCommand(c []string) error {
+	cmd := exec.Command(c[0], c[1:]...)
+	if slices.Contains(c, "-batch") {
+		cmd.Stdin = strings.NewReader(sandboxLinks)
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s: %v\n%s", strings.Join(c, " "), err, out)
+	}
+	return nil
 }
 
 // curl fetches https://host/ from inside sandbox name and returns the status and

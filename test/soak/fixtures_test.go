@@ -477,9 +477,11 @@ func (f *files) configYAML(resolver, policyPath string) []byte {
 		// deny_in_tunnel never: the denied-CONNECT load checks the CONNECT's own 403.
 		TLS:         &egressdtest.TLS{Intercept: "auto", DenyInTunnel: "never", UpstreamCAFile: f.upstreamCA},
 		Credentials: &egressdtest.Credentials{Backend: "file", File: f.creds},
-		Hooks:       &egressdtest.Hooks{File: f.hooks, FailClosed: &failClosed},
-		Log:         &egressdtest.Log{Level: "info", Format: "json"},
-		StateDir:    f.stateDir,
+		// identify url: the soak's clients make the runtime's hook calls through the
+		// sandbox's listener, and the endpoint checks the assertion says so.
+		Hooks:    &egressdtest.Hooks{File: f.hooks, FailClosed: &failClosed, Identify: "url"},
+		Log:      &egressdtest.Log{Level: "info", Format: "json"},
+		StateDir: f.stateDir,
 	}
 	b, err := cfg.YAML()
 	if err != nil {

@@ -4,15 +4,18 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/load"
+	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
 // kind is one sort of request the load sends.
@@ -154,14 +157,15 @@ func (t *tally) outcome(k kind, what string) {
 	t.mu.Unlock()
 }
 
-// ephemeral matches loopback addresses with a port and request IDs, which differ
-// on every request and would split one kind of error into thousands of groups.
-var ephemeral = regexp.MustCompile(`127\.\d+\.\d+\.\d+:\d+|c\d+-\d+`)
+// requestID matches the load's request IDs, which differ on every request and
+// would split one kind of error into thousands of groups (as addresses would:
+// load.ErrorKind masks those).
+var requestID = regexp.MustCompile(`c\d+-\d+`)
 
 // transportError records a request that got no HTTP answer; late ones (the load had
 // ended when it failed) are counted apart and excluded from the verdict.
 func (t *tally) transportError(k kind, id string, err error, late bool) {
-	key := k.String() + ": " + ephemeral.ReplaceAllString(err.Error(), "…")
+	key := k.String() + ": " + requestID.ReplaceAllString(load.ErrorKind(err.Error()), "…")
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	m := t.errors
@@ -218,11 +222,10 @@ type report struct {
 	loadAvgStart, loadAvgEnd string // /proc/loadavg's 1-minute figure
 }
 
-// loadAvg is the 1-minute load average, as /proc/loadavg writes it.
+// loadAvg is the 1-minute load average, "?" when unknown.
 func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
-		return f[0]
+	if l, err := procfs.LoadAvg(); err == nil {
+		return strconv.FormatFloat(l, 'f', 2, 64)
 	}
 	return "?"
 }

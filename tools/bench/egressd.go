@@ -8,14 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
+	"github.com/egressd/egressd/internal/testutil/load"
 	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
@@ -39,12 +38,16 @@ func startEgressd(ctx context.Context, bin, dir string, cfg *egressdtest.Config,
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
+	listener, proxy := benchListener, loopbackOnly
+	if cfg.Node != nil { // a node's sandboxes are served on listeners of their own
+		listener, proxy = "node_api", func(string) error { return nil }
+	}
 	e, err := egressdtest.Start(ctx, egressdtest.Options{Bin: bin, Dir: dir, Config: cfg, Files: files,
-		ProxyListener: benchListener, Wait: egressdtest.WaitHealthy})
+		ProxyListener: listener, Wait: egressdtest.WaitHealthy})
 	if err != nil {
 		return nil, err
 	}
-	if err := errors.Join(loopbackOnly(e.Proxy), loopbackOnly(e.Admin)); err != nil {
+	if err := errors.Join(proxy(e.Proxy), loopbackOnly(e.Admin)); err != nil {
 		e.Kill()
 		return nil, err
 	}
@@ -75,15 +78,6 @@ func (e *egressd) peakRSS() (int64, string) {
 	return n, ""
 }
 
-// adminGet fetches path from egressd's admin listener, which must answer 200.
-func (e *egressd) adminGet(path string) ([]byte, error) {
-	code, b, err := e.AdminGet(path)
-	if err == nil && code != http.StatusOK {
-		err = fmt.Errorf("GET %s: status %d", path, code)
-	}
-	return b, err
-}
-
 // metric is one series from /metrics, -1 when egressd does not export it.
 func (e *egressd) metric(series string) (int64, error) {
 	m, err := e.Metrics()
@@ -103,8 +97,6 @@ type leafCounts struct {
 	Hit  int64 `json:"hit"`
 	Miss int64 `json:"miss"`
 }
-
-func (c leafCounts) sub(o leafCounts) leafCounts { return leafCounts{c.Hit - o.Hit, c.Miss - o.Miss} }
 
 // leafCache scrapes egressd_leaf_cache_total from /metrics.
 func (e *egressd) leafCache() (leafCounts, error) {
@@ -256,25 +248,17 @@ func unexpectedKey(line []byte, isEgress bool) (string, bool) {
 			k += " detail=" + l.Detail
 		}
 		if l.Error != "" {
-			k += " error=" + normalizeErr(l.Error)
+			k += " error=" + load.ErrorKind(l.Error)
 		}
 		return k, true
 	}
 	if l.Level == "warn" && !strings.HasPrefix(l.Message, reflectedWarn) || slices.Contains([]string{"error", "fatal", "panic"}, l.Level) {
 		if l.Error != "" {
-			l.Message += ": " + normalizeErr(l.Error)
+			l.Message += ": " + load.ErrorKind(l.Error)
 		}
 		return l.Level + ": " + l.Message, true
 	}
 	return "", false
-}
-
-// ephemeral matches loopback addresses with a port, which differ on every
-// connection and would split one kind of error into thousands of groups.
-var ephemeral = regexp.MustCompile(`127\.\d+\.\d+\.\d+:\d+`)
-
-func normalizeErr(s string) string {
-	return ephemeral.ReplaceAllString(s, "127.x:port")
 }
 
 func truncate(s string, n int) string {

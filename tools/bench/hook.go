@@ -73,8 +73,19 @@ func (h *hookServer) url(path string) string {
 	return "https://" + hookHost + h.addr[strings.LastIndexByte(h.addr, ':'):] + path
 }
 
-// setVerifier makes the endpoint verify sampled assertions against jwks,
-// egressd's /.well-known/jwks.json.
+// trust makes the endpoint verify sampled assertions against e's signing key
+// (its /.well-known/jwks.json).
+func (h *hookServer) trust(e *egressd) error {
+	code, jwks, err := e.AdminGet("/.well-known/jwks.json")
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("status %d", code)
+	}
+	if err != nil {
+		return fmt.Errorf("egressd's JWKS: %w", err)
+	}
+	return h.setVerifier(jwks)
+}
+
 func (h *hookServer) setVerifier(jwks []byte) error {
 	keys, err := hookauth.ParseJWKS(jwks)
 	if err != nil {
@@ -100,7 +111,7 @@ func (h *hookServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost || err != nil || len(body) != hookBodySize {
 		h.n[cBadBody].Add(1)
 	}
-	h.countTransform(r)
+	h.countInjected(r)
 	if v := r.Header[hookauth.HeaderName]; len(v) == 1 && v[0] != "" {
 		n := h.n[cAsserted].Add(1)
 		if h.sampleNext.CompareAndSwap(true, false) || n%hookVerifyEvery == 0 {
@@ -156,11 +167,7 @@ func hookPathSpec() pathSpec {
 func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 	w, e, lo := env.w, env.e, env.o.load()
 	hs := w.up.hook
-	jwks, err := e.adminGet("/.well-known/jwks.json")
-	if err != nil {
-		return nil, fmt.Errorf("egressd's JWKS: %w", err)
-	}
-	if err := hs.setVerifier(jwks); err != nil {
+	if err := hs.trust(e); err != nil {
 		return nil, err
 	}
 	direct := target{url: hs.url(hookURLPath), dialAddr: hs.addr, roots: w.up.roots,
@@ -180,14 +187,14 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 		return d, err
 	}
 	legs := []leg{hookLeg(ctx, env, rows[0], call, hookCall), hookLeg(ctx, env, rows[1], other, hookOther)}
-	if err := runRounds(env, e, runDirect, legs, nil); err != nil {
+	if err := runRounds(env, runDirect, legs, nil); err != nil {
 		return nil, err
 	}
 	attacked, err := measureHookUnderAttack(ctx, env)
 	if err != nil {
 		return nil, err
 	}
-	return []pathResult{rows[0].finish(e), rows[1].finish(e), attacked}, nil
+	return append(finishAll(legs), attacked), nil
 }
 
 // hookLeg is a row's runs of t through egressd, checked as kind.
@@ -195,7 +202,7 @@ func hookLeg(ctx context.Context, env pathEnv, rb *rowBuilder, t target, kind in
 	var c counts
 	var allows int64
 	hs := env.w.up.hook
-	return leg{row: rb,
+	return leg{row: rb, e: env.e,
 		run: func(cpu cpuFunc) (r runResult, err error) {
 			r, c, allows, err = hookRun(ctx, hs, env.e, t, env.o.load(), cpu)
 			return r, err

@@ -66,7 +66,7 @@ func measureHookUnderAttack(ctx context.Context, env pathEnv) (pathResult, error
 	defer ae.stop()
 	sum := &attackSummary{MaxConnections: attackMaxConnections}
 	held, _, err := openIdleTunnels(ctx, caller.Proxy, env.w.up, env.o.size, attackMaxConnections)
-	defer closeConns(held)
+	defer held.close()
 	if err != nil {
 		return pathResult{}, err
 	}
@@ -120,7 +120,8 @@ func (s *attackSummary) row(idle runResult, x viaRun, ae *egressd) pathResult {
 		attackMaxConnections, floodRate), "as the hook row")
 	rb.res.NewConnPerRequest = true
 	rb.add(idle, x)
-	res := rb.finish(ae)
+	peak, _ := ae.peakRSS()
+	res := rb.finish(peak)
 	s.takeAttackLines(&res.Log)
 	res.Attack = s
 	res.Problems = append(res.Problems, s.problems()...)
@@ -148,7 +149,7 @@ func realCalls(ctx context.Context, c hookflood.Caller, d time.Duration, cpu cpu
 			addCount(&r.ErrorKinds, o, 1)
 			continue
 		}
-		r.hist.record(took)
+		r.hist.Record(took)
 		time.Sleep(callGap)
 	}
 	seconds := time.Since(start).Seconds()
@@ -197,10 +198,7 @@ func startAttackEgressd(ctx context.Context, env pathEnv) (*egressd, hookflood.C
 	c := hookflood.Caller{Proxy: ae.Proxy, Host: hookHost, Port: portNum(hs.addr), Path: hookURLPath, Body: hookRequestBody()}
 	c.Roots, err = ae.CAPool()
 	if err == nil {
-		var jwks []byte
-		if jwks, err = ae.adminGet("/.well-known/jwks.json"); err == nil {
-			err = hs.setVerifier(jwks)
-		}
+		err = hs.trust(ae)
 	}
 	if err != nil {
 		ae.stop()

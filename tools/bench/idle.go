@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bufio"
+	"cmp"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -18,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/egressd/egressd/internal/testutil/load"
 	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
@@ -144,7 +143,7 @@ func measureIdleTunnels(ctx context.Context, env pathEnv) ([]pathResult, error) 
 	t0 := time.Now()
 	conns, kinds, err := openIdleTunnels(ctx, e.Proxy, env.w.up, env.o.size, ir.Tried)
 	ir.OpenSeconds, ir.Opened = time.Since(t0).Seconds(), len(conns)
-	closeAll := sync.OnceFunc(func() { closeConns(conns) })
+	closeAll := sync.OnceFunc(conns.close)
 	defer closeAll()
 	if err != nil {
 		return nil, err
@@ -229,129 +228,54 @@ func idleCap(want int, benchLimit uint64, benchOpen int, egressdLimit uint64, eg
 	return n, fmt.Sprintf("%d tunnels, not %d: the fd limits (bench %d, %d per tunnel; egressd %d, %d per tunnel) allow no more", n, want, benchLimit, benchFDsPerTunnel, egressdLimit, egressdFDsPerTunnel)
 }
 
-// openIdleTunnels opens n tunnels, idleOpenConcurrency at a time, and returns
-// those that opened and the failures grouped; an error only when interrupted
-// or past idleOpenTimeout.
-func openIdleTunnels(ctx context.Context, proxyAddr string, up *upstream, size, n int) ([]net.Conn, map[string]int64, error) {
+// tunnels are idle CONNECT tunnels: each a transport holding its one connection.
+type tunnels []*http.Transport
+
+func (ts tunnels) close() {
+	for _, tr := range ts {
+		tr.CloseIdleConnections()
+	}
+}
+
+// openIdleTunnels opens n tunnels through the proxy at proxyAddr,
+// idleOpenConcurrency at a time, each a CONNECT to the upstream's TLS port as
+// localhost, a TLS handshake and one GET / read to its end; it returns those
+// that opened and the failures grouped, an error only when interrupted or past
+// idleOpenTimeout.
+func openIdleTunnels(ctx context.Context, proxyAddr string, up *upstream, size, n int) (tunnels, map[string]int64, error) {
 	openCtx, cancel := context.WithTimeout(ctx, idleOpenTimeout)
 	defer cancel()
-	target := localhostAddr(up.tlsAddr)
+	t := target{url: "https://" + localhostAddr(up.tlsAddr) + "/", proxy: "http://" + proxyAddr, roots: up.roots, check: expectSize(size)}
 	var (
 		next  atomic.Int64
 		mu    sync.Mutex
-		conns = make([]net.Conn, 0, n)
+		open  = make(tunnels, 0, n)
 		kinds = map[string]int64{}
 		wg    sync.WaitGroup
 	)
 	for range min(idleOpenConcurrency, n) {
 		wg.Go(func() {
 			for next.Add(1) <= int64(n) && openCtx.Err() == nil {
-				c, err := openIdleTunnel(openCtx, proxyAddr, target, up, size)
+				c, err := newClient(openCtx, t, new(atomic.Int64))
+				if err == nil {
+					err = c.roundTripWithin(idleTunnelTimeout)
+				}
 				mu.Lock()
 				if err != nil {
-					kinds[normalizeErr(err.Error())]++
+					kinds[load.ErrorKind(err.Error())]++
 				} else {
-					conns = append(conns, c)
+					open = append(open, c.tr)
 				}
 				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
-	switch {
-	case ctx.Err() != nil:
-		closeConns(conns)
-		return nil, nil, fmt.Errorf("interrupted: %w", ctx.Err())
-	case openCtx.Err() != nil:
-		closeConns(conns)
-		return nil, nil, fmt.Errorf("opening %d idle tunnels took more than %s (%d open); the machine is too slow or busy, or try a smaller -idle-tunnels", n, idleOpenTimeout, len(conns))
+	if err := cmp.Or(ctx.Err(), openCtx.Err()); err != nil {
+		open.close()
+		return nil, nil, fmt.Errorf("opening %d idle tunnels (%d open within %s; try a smaller -idle-tunnels): %w", n, len(open), idleOpenTimeout, err)
 	}
-	return conns, kinds, nil
-}
-
-func closeConns(cs []net.Conn) {
-	for _, c := range cs {
-		c.Close()
-	}
-}
-
-// openIdleTunnel opens a tunnel and makes one GET / on it, read to its end.
-func openIdleTunnel(ctx context.Context, proxyAddr, target string, up *upstream, size int) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, idleTunnelTimeout)
-	defer cancel()
-	tc, err := openTunnel(ctx, proxyAddr, target, up)
-	if err != nil {
-		return nil, err
-	}
-	stop := context.AfterFunc(ctx, func() { _ = tc.SetDeadline(time.Now()) })
-	defer stop()
-	if _, err = fmt.Fprintf(tc, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", target); err == nil {
-		err = readFull(bufio.NewReaderSize(tc, 1024), http.MethodGet, size)
-	}
-	if err == nil && !stop() {
-		err = fmt.Errorf("opening the tunnel: %w", ctx.Err())
-	}
-	if err != nil {
-		tc.Close()
-		return nil, err
-	}
-	return tc, nil
-}
-
-// readFull reads a 200 to method with a body of size bytes (-1: none) and
-// nothing after it.
-func readFull(br *bufio.Reader, method string, size int) error {
-	resp, err := http.ReadResponse(br, &http.Request{Method: method})
-	if err != nil {
-		return fmt.Errorf("%s: %w", method, err)
-	}
-	defer resp.Body.Close()
-	var got int64
-	if method != http.MethodConnect { // a tunnel's bytes follow a CONNECT's head
-		got, err = io.Copy(io.Discard, resp.Body)
-	}
-	switch {
-	case err != nil:
-		return fmt.Errorf("%s: reading body: %w", method, err)
-	case resp.StatusCode != http.StatusOK:
-		return fmt.Errorf("%s: %w", method, statusError{code: resp.StatusCode, reason: resp.Header.Get("Egressd-Reason")})
-	case size >= 0 && got != int64(size):
-		return fmt.Errorf("%s: body of %d bytes, want %d", method, got, size)
-	case br.Buffered() > 0:
-		return fmt.Errorf("%s: bytes after the response", method)
-	}
-	return nil
-}
-
-// openTunnel sends CONNECT target to the proxy at proxyAddr and completes TLS
-// with the upstream, as localhost, inside the tunnel, within ctx.
-func openTunnel(ctx context.Context, proxyAddr, target string, up *upstream) (*tls.Conn, error) {
-	if err := loopbackOnly(proxyAddr); err != nil {
-		return nil, err
-	}
-	var d net.Dialer
-	raw, err := d.DialContext(ctx, "tcp", proxyAddr)
-	if err != nil {
-		return nil, err
-	}
-	stop := context.AfterFunc(ctx, func() { _ = raw.SetDeadline(time.Now()) })
-	tc := tls.Client(raw, &tls.Config{ServerName: "localhost", RootCAs: up.roots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
-	if _, err = fmt.Fprintf(raw, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target); err == nil {
-		err = readFull(bufio.NewReaderSize(raw, 1024), http.MethodConnect, -1)
-	}
-	if err == nil {
-		if err = tc.HandshakeContext(ctx); err != nil {
-			err = fmt.Errorf("TLS handshake through the tunnel: %w", err)
-		}
-	}
-	if !stop() && err == nil {
-		err = fmt.Errorf("opening the tunnel: %w", ctx.Err())
-	}
-	if err != nil {
-		raw.Close()
-		return nil, err
-	}
-	return tc, nil
+	return open, kinds, nil
 }
 
 // waitTunnelsZero polls egressd_tunnels_active until it is 0, for up to

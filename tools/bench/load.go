@@ -13,10 +13,11 @@ import (
 	"net/http/httptrace"
 	"net/netip"
 	"net/url"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/egressd/egressd/internal/testutil/load"
 )
 
 // Bounds that keep a run bounded even if the clock or the far side
@@ -51,20 +52,16 @@ type runResult struct {
 	// The clients' dials and the far side's accepts: with keep-alive both
 	// equal the client count. Then the far side's requests, and those
 	// carrying each injected value (tally).
-	ClientConns        int64   `json:"client_conns"`
-	UpstreamConns      int64   `json:"upstream_conns"`
-	UpstreamRequests   int64   `json:"upstream_requests"`
-	Transformed        int64   `json:"upstream_transformed"`
-	Credentialed       int64   `json:"upstream_credentialed"`
-	VaultCredentialed  int64   `json:"upstream_vault_credentialed"`
-	OAuthCredentialed  int64   `json:"upstream_oauth_credentialed"`
-	GitHubCredentialed int64   `json:"upstream_github_credentialed"`
-	TLSHandshakes      int64   `json:"tls_handshakes"`
-	TLSResumed         int64   `json:"tls_resumed"`
-	CPUSeconds         float64 `json:"egressd_cpu_s,omitempty"` // the proxy's, over the window
-	CPUError           string  `json:"egressd_cpu_error,omitempty"`
+	ClientConns      int64            `json:"client_conns"`
+	UpstreamConns    int64            `json:"upstream_conns"`
+	UpstreamRequests int64            `json:"upstream_requests"`
+	Injected         map[string]int64 `json:"upstream_injected,omitempty"` // by injection
+	TLSHandshakes    int64            `json:"tls_handshakes"`
+	TLSResumed       int64            `json:"tls_resumed"`
+	CPUSeconds       float64          `json:"egressd_cpu_s,omitempty"` // the proxy's, over the window
+	CPUError         string           `json:"egressd_cpu_error,omitempty"`
 
-	hist histogram // kept to merge rounds
+	hist load.Latencies // kept to merge rounds
 }
 
 // target is one side of a path: what every request asks for and how the
@@ -123,7 +120,7 @@ func runLoad(ctx context.Context, t target, lo loadOptions, cpu cpuFunc) (runRes
 	}
 	r := runResult{ClientConns: dials.Load(), CPUSeconds: cpuUsed.Seconds()}
 	for _, c := range clients {
-		r.hist.merge(&c.hist)
+		r.hist.Merge(c.hist)
 		r.Total += c.total
 		r.Errors += c.errors
 		addCounts(&r.ErrorKinds, c.errorKinds)
@@ -174,14 +171,14 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 
 // window sets the figures of a window of seconds from the latencies.
 func (r *runResult) window(seconds float64) {
-	r.Seconds, r.Requests = seconds, int64(r.hist.n())
-	r.ReqPerSec = float64(r.hist.n()) / seconds
+	r.Seconds, r.Requests = seconds, int64(r.hist.N())
+	r.ReqPerSec = float64(r.hist.N()) / seconds
 	r.setLatencies()
 }
 
 func (r *runResult) setLatencies() {
-	r.P50US, r.P99US = micros(r.hist.quantile(0.50)), micros(r.hist.quantile(0.99))
-	r.MeanUS, r.MaxUS = micros(r.hist.mean()), micros(r.hist.max())
+	r.P50US, r.P99US = micros(r.hist.Quantile(0.50)), micros(r.hist.Quantile(0.99))
+	r.MeanUS, r.MaxUS = micros(r.hist.Mean()), micros(r.hist.Quantile(1))
 }
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
@@ -192,7 +189,7 @@ type client struct {
 	tr                  *http.Transport
 	t                   target
 	req                 *http.Request
-	hist                histogram
+	hist                load.Latencies
 	total, errors       int64
 	errorKinds          map[string]int64
 	handshakes, resumed atomic.Int64 // added to by the transport's dialling goroutine
@@ -225,6 +222,14 @@ func (c *client) countHandshake(cs tls.ConnectionState, err error) {
 			c.resumed.Add(1)
 		}
 	}
+}
+
+// roundTripWithin is roundTrip bounded by within.
+func (c *client) roundTripWithin(within time.Duration) error {
+	ctx, cancel := context.WithTimeout(c.req.Context(), within)
+	defer cancel()
+	c.req = c.req.WithContext(ctx)
+	return c.roundTrip()
 }
 
 // roundTrip makes one request and has t.check read the whole body. A bodiless
@@ -264,12 +269,12 @@ func (c *client) loop(ctx context.Context, from, to time.Time) {
 		c.total++
 		if err != nil {
 			c.errors++
-			addCount(&c.errorKinds, normalizeErr(err.Error()), 1)
+			addCount(&c.errorKinds, load.ErrorKind(err.Error()), 1)
 			time.Sleep(errorBackoff)
 			continue
 		}
 		if t1.After(from) && !t1.After(to) {
-			c.hist.record(t1.Sub(t0))
+			c.hist.Record(t1.Sub(t0))
 		}
 	}
 }
@@ -379,47 +384,4 @@ func expectBody(want []byte, refuse ...string) func(*http.Response) error {
 		}
 		return nil
 	}
-}
-
-// histogram keeps every latency a client measured in its window: one per
-// client, merged at the end, so recording takes no lock.
-type histogram struct {
-	samples []time.Duration
-	sum     time.Duration
-}
-
-func (h *histogram) record(d time.Duration) {
-	h.samples = append(h.samples, d)
-	h.sum += d
-}
-
-func (h *histogram) merge(o *histogram) {
-	h.samples = append(h.samples, o.samples...)
-	h.sum += o.sum
-}
-
-func (h *histogram) n() int { return len(h.samples) }
-
-// quantile returns the latency below which a fraction q of the samples fall.
-func (h *histogram) quantile(q float64) time.Duration {
-	if len(h.samples) == 0 {
-		return 0
-	}
-	slices.Sort(h.samples)
-	rank := min(max(int(q*float64(len(h.samples))+0.5), 1), len(h.samples))
-	return h.samples[rank-1]
-}
-
-func (h *histogram) mean() time.Duration {
-	if len(h.samples) == 0 {
-		return 0
-	}
-	return h.sum / time.Duration(len(h.samples))
-}
-
-func (h *histogram) max() time.Duration {
-	if len(h.samples) == 0 {
-		return 0
-	}
-	return slices.Max(h.samples)
 }

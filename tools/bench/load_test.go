@@ -20,6 +20,19 @@ func TestRunLoad(t *testing.T) {
 		t.Errorf("GET: %+v, %v", r, err)
 	}
 
+	// The upstream counts each injected value sent exactly once, by name.
+	inj := get
+	inj.header = http.Header{transformHeader: {transformValue}, "Authorization": {injectCredential.value}}
+	r, err = runCounted(context.Background(), inj, loadOptions{clients: 1, size: 64, duration: 100 * time.Millisecond}, up, nil)
+	if want := (map[string]int64{injectTransform.name: r.Total, injectCredential.name: r.Total}); err != nil || r.Total == 0 || len(r.Injected) != 2 ||
+		r.Injected[injectTransform.name] != want[injectTransform.name] || r.Injected[injectCredential.name] != want[injectCredential.name] {
+		t.Errorf("injected values counted %v of %d requests (%v)", r.Injected, r.Total, err)
+	}
+	inj.header = http.Header{transformHeader: {transformValue, transformValue}}
+	if r, err = runCounted(context.Background(), inj, loadOptions{clients: 1, size: 64, duration: 50 * time.Millisecond}, up, nil); err != nil || len(r.Injected) != 0 {
+		t.Errorf("a value sent twice counted: %v (%v)", r.Injected, err)
+	}
+
 	hb := hs.counts()
 	post := target{url: hs.url(hookURLPath), dialAddr: hs.addr, roots: up.roots, method: http.MethodPost, body: hookRequestBody(), check: expectBody(hookAllow)}
 	r, err = runLoad(context.Background(), post, lo, nil)

@@ -35,7 +35,7 @@ const (
 // The defaults: 64 keep-alive clients and 1 KiB responses over HTTP/1.1, the
 // conditions the peers are compared under (tools/bench/README.md).
 const (
-	defaultPaths = "plain,connect,intercept,intercept-newconn,intercept-resume,credential,oauth2,github_app,vault,placeholder,aws,hook,transparent"
+	defaultPaths = "plain,connect,intercept,intercept-newconn,intercept-resume,credential,oauth2,github_app,vault,placeholder,aws,hook,transparent,node"
 	// The maxima keep a mistyped flag from turning the bench into a long or huge load.
 	maxDuration = 5 * time.Minute
 	maxClients  = 4096
@@ -175,17 +175,14 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 		return nil, err
 	}
 	rep := newReport(o)
-	vs := &vaultStack{}
-	defer vs.stop()
 	for _, p := range o.paths {
-		rs, err := measure(ctx, env, p, vs)
+		rs, err := measure(ctx, env, p)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p.name, err)
 		}
 		rep.Paths = append(rep.Paths, rs...)
 	}
 	rep.Peers = env.w.peers.infos() // stops them
-	rep.VaultEgressdExit = vs.stop()
 	rep.PeakRSSBytes, rep.RSSError = env.e.peakRSS()
 	if lc, err := env.e.leafCache(); err != nil {
 		rep.LeafCacheError = err.Error()
@@ -237,17 +234,13 @@ func startWorld(ctx context.Context, env *pathEnv) (stop func(), err error) {
 	return stop, err
 }
 
-// measure runs one path: its own measure function, or the direct/egressd
-// pair, through the vault stack (started on first use) for a vault path.
-func measure(ctx context.Context, env pathEnv, p pathSpec, vs *vaultStack) ([]pathResult, error) {
-	if p.vault {
-		skip, err := vs.start(ctx, env)
-		if err != nil || skip != "" {
-			return []pathResult{{Path: p.name, Description: p.desc, Skipped: skip}}, err
-		}
-		env.w, env.e = vs.w, vs.e
-	}
-	if p.measure != nil {
+// measure runs one path: through an egressd of its own, by its own measure
+// function, or as the direct/egressd pair.
+func measure(ctx context.Context, env pathEnv, p pathSpec) ([]pathResult, error) {
+	switch {
+	case p.own != nil:
+		return measureOwn(ctx, env, p)
+	case p.measure != nil:
 		return p.measure(ctx, env)
 	}
 	r, err := measurePath(ctx, env, p)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"encoding/base64"
 	"fmt"
 	"slices"
 	"strings"
@@ -16,49 +17,41 @@ type pathSpec struct {
 	// inject is what egressd must add to every request of the path; the
 	// upstream checks every request (injectionProblems).
 	inject  injection
-	newConn bool // one TCP and TLS handshake per request
-	// vault: through the second egressd, whose credentials come from Vault.
-	vault bool
+	injects string // what the report says is injected, when inject does not say it
+	newConn bool   // one TCP and TLS handshake per request
+	// own, when set, is the setup of an egressd of the path's own (own.go).
+	own func(context.Context, pathEnv) (ownSetup, error)
 	// measure, when set, replaces measurePath: the path makes its own runs and
 	// returns its rows, or one row with Skipped set.
 	measure func(context.Context, pathEnv) ([]pathResult, error)
 	peers   peerUse // which peer proxies also carry the load
 }
 
-// injection is what an allowlist entry adds to the requests of a path.
-type injection int
+// injection is what an allowlist entry adds to the requests of a path: header
+// set to value, exactly once. The upstream counts each (tally.countInjected).
+type injection struct{ name, header, value string }
 
-const (
-	injectNone            injection = iota
-	injectTransform                 // transformHeader: transformValue
-	injectCredential                // Authorization: Bearer credentialToken, from credentials.json
-	injectVaultCredential           // Authorization: Bearer vaultCredentialToken, from Vault
-	injectOAuth                     // Authorization: Bearer oauthAccessToken, from the token endpoint
-	injectGitHub                    // Authorization: Basic x-access-token:githubToken, minted by the App
+func (i injection) String() string { return i.header + " (" + i.name + ")" }
+
+var (
+	injectNone            = injection{}
+	injectTransform       = injection{"transform", transformHeader, transformValue}
+	injectCredential      = injection{"credential " + credentialID, "Authorization", "Bearer " + credentialToken}
+	injectVaultCredential = injection{"credential " + credentialID + " from Vault", "Authorization", "Bearer " + vaultCredentialToken}
+	injectOAuth           = injection{"oauth2 credential " + oauthCredentialID, "Authorization", "Bearer " + oauthAccessToken}
+	injectGitHub          = injection{"github_app credential " + githubCredentialID + ", git", "Authorization",
+		"Basic " + base64.StdEncoding.EncodeToString([]byte("x-access-token:"+githubToken))}
+	// injections are the ones the upstream counts, transform first (cTransform).
+	injections = [...]injection{injectTransform, injectCredential, injectVaultCredential, injectOAuth, injectGitHub}
 )
-
-func (i injection) String() string {
-	switch i {
-	case injectTransform:
-		return transformHeader + " (transform)"
-	case injectCredential:
-		return "Authorization (credential " + credentialID + ")"
-	case injectVaultCredential:
-		return "Authorization (credential " + credentialID + " from Vault)"
-	case injectOAuth:
-		return "Authorization (oauth2 credential " + oauthCredentialID + ")"
-	case injectGitHub:
-		return "Authorization (github_app credential " + githubCredentialID + ", git)"
-	}
-	return "nothing"
-}
 
 // world is what a path's targets are made from.
 type world struct {
 	up           *upstream
-	proxy        string         // http://127.0.0.1:port, egressd's bench listener
-	egressdRoots *x509.CertPool // egressd's CA: what an intercepted tunnel's client trusts
-	peers        *peerSet       // nil for none
+	proxy        string            // http://127.0.0.1:port, egressd's bench listener
+	egressdRoots *x509.CertPool    // egressd's CA: what an intercepted tunnel's client trusts
+	peers        *peerSet          // nil for none
+	vars         map[string]string // the sandbox's environment (GET /v1/sandbox/env) of a path's own egressd
 }
 
 // Hosts of the intercepted paths: one allowlist entry each, resolved by the DNS stub.
@@ -99,10 +92,23 @@ var paths = []pathSpec{
 	interceptPath("github_app", githubHost, injectGitHub, false, peersNone,
 		"as oauth2, but a github_app credential on a \"github\": \"git\" entry: the installation token egressd minted at the upstream's token endpoint (App JWT, cached for its hour), sent as HTTP Basic x-access-token"),
 	vaultPath(),
-	placeholderPathSpec(),
-	awsPathSpec(),
+	{name: placeholderRow, own: ownConfigSetup(placeholderConfig),
+		desc:     fmt.Sprintf("POST of a %d-byte JSON body carrying an environment_variable credential's placeholder to https://%s:<port>%s, keep-alive; through an egressd of its own (policy file with env), intercepted, the placeholder replaced in the body; direct: the same body with the value", placeholderBodySize, placeholderHost, placeholderPath),
+		injects:  "the value of " + placeholderCredential + " in place of its placeholder (body)",
+		direct:   func(w *world) target { return w.directTLS(placeholderTarget(w, placeholderValue)) },
+		viaProxy: func(w *world) target { return w.viaEgressd(placeholderTarget(w, w.vars[placeholderEnvName])) },
+	},
+	{name: awsRow, own: ownConfigSetup(awsConfig),
+		desc:    "GET https://" + awsHost + ":<port>" + awsPath + " signed (SigV4, s3) with an aws credential's placeholder pair, keep-alive; through an egressd of its own (policy file with env), intercepted, signed again with the real keys, which the upstream verifies; direct: signed with the real keys",
+		injects: "Authorization, X-Amz-Date (aws credential " + awsCredential + ", signed again)",
+		direct:  func(w *world) target { return w.directTLS(awsTarget(w, awsKeyID, awsSecret)) },
+		viaProxy: func(w *world) target {
+			return w.viaEgressd(awsTarget(w, w.vars["AWS_ACCESS_KEY_ID"], w.vars["AWS_SECRET_ACCESS_KEY"]))
+		},
+	},
 	hookPathSpec(),
 	transparentPathSpec(),
+	nodePathSpec(),
 	idlePathSpec(), // not in defaultPaths: make bench-idle
 }
 
@@ -111,7 +117,7 @@ var paths = []pathSpec{
 func vaultPath() pathSpec {
 	p := interceptPath("vault", credentialHost, injectVaultCredential, false, peersNone,
 		"as credential, but through a second egressd whose credentials.backend is vault: the token is read from a Vault dev server (KV v2, refresh "+vaultRefresh.String()+") the bench starts; skipped without one")
-	p.vault = true
+	p.own = vaultSetup
 	return p
 }
 
@@ -132,14 +138,16 @@ func resumePath() pathSpec {
 func interceptPath(name, host string, inj injection, newConn bool, peers peerUse, desc string) pathSpec {
 	return pathSpec{
 		name: name, desc: desc, inject: inj, newConn: newConn, peers: peers,
-		direct: func(w *world) target {
-			return target{url: w.hostURL(host), dialAddr: w.up.tlsAddr, roots: w.up.roots, newConnPerRequest: newConn}
-		},
-		viaProxy: func(w *world) target {
-			return target{url: w.hostURL(host), proxy: w.proxy, roots: w.egressdRoots, newConnPerRequest: newConn}
-		},
+		direct:   func(w *world) target { return w.directTLS(target{url: w.hostURL(host), newConnPerRequest: newConn}) },
+		viaProxy: func(w *world) target { return w.viaEgressd(target{url: w.hostURL(host), newConnPerRequest: newConn}) },
 	}
 }
+
+// directTLS is t dialled straight to the upstream's TLS port.
+func (w *world) directTLS(t target) target { t.dialAddr, t.roots = w.up.tlsAddr, w.up.roots; return t }
+
+// viaEgressd is t through egressd, intercepted: the client trusts egressd's CA.
+func (w *world) viaEgressd(t target) target { t.proxy, t.roots = w.proxy, w.egressdRoots; return t }
 
 func (w *world) httpURL() string  { return "http://" + localhostAddr(w.up.httpAddr) + "/" }
 func (w *world) httpsURL() string { return "https://" + localhostAddr(w.up.tlsAddr) + "/" }
@@ -151,7 +159,7 @@ func (w *world) hostURL(host string) string {
 
 // intercepts reports whether any of ps needs the first egressd's CA.
 func intercepts(ps []pathSpec) bool {
-	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.inject != injectNone && !p.vault })
+	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.inject != injectNone && p.own == nil })
 }
 
 func hasPath(ps []pathSpec, name string) bool {

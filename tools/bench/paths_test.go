@@ -67,7 +67,7 @@ func TestInterceptPaths(t *testing.T) {
 
 func TestInjectionProblems(t *testing.T) {
 	p := pathSpec{name: "intercept", inject: injectTransform}
-	ok := runResult{UpstreamRequests: 10, Transformed: 10}
+	ok := runResult{UpstreamRequests: 10, Injected: map[string]int64{injectTransform.name: 10}}
 	if got := injectionProblems(p.inject, 0, 1, runResult{UpstreamRequests: 10}, ok); len(got) != 0 {
 		t.Errorf("all injected: %v", got)
 	}
@@ -76,11 +76,11 @@ func TestInjectionProblems(t *testing.T) {
 		p           pathSpec
 		direct, via runResult
 	}{
-		{"one missing", p, runResult{UpstreamRequests: 10}, runResult{UpstreamRequests: 10, Transformed: 9}},
+		{"one missing", p, runResult{UpstreamRequests: 10}, runResult{UpstreamRequests: 10, Injected: map[string]int64{injectTransform.name: 9}}},
 		{"nothing through egressd", p, runResult{}, runResult{}},
-		{"direct carries it", p, runResult{UpstreamRequests: 10, Transformed: 1}, ok},
-		{"other header", p, runResult{}, runResult{UpstreamRequests: 10, Transformed: 10, Credentialed: 1}},
-		{"uninjected path", pathSpec{name: "connect"}, runResult{}, runResult{UpstreamRequests: 10, Transformed: 1}},
+		{"direct carries it", p, runResult{UpstreamRequests: 10, Injected: map[string]int64{injectTransform.name: 1}}, ok},
+		{"other header", p, runResult{}, runResult{UpstreamRequests: 10, Injected: map[string]int64{injectTransform.name: 10, injectCredential.name: 1}}},
+		{"uninjected path", pathSpec{name: "connect"}, runResult{}, runResult{UpstreamRequests: 10, Injected: map[string]int64{injectTransform.name: 1}}},
 	} {
 		if got := injectionProblems(tc.p.inject, 0, 1, tc.direct, tc.via); len(got) == 0 {
 			t.Errorf("%s: no problem found", tc.name)
@@ -90,7 +90,7 @@ func TestInjectionProblems(t *testing.T) {
 
 func TestVaultPath(t *testing.T) {
 	ps, err := lookupPaths("vault")
-	if err != nil || len(ps) != 1 || !ps[0].vault || ps[0].inject != injectVaultCredential {
+	if err != nil || len(ps) != 1 || ps[0].own == nil || ps[0].inject != injectVaultCredential {
 		t.Fatalf("lookupPaths(vault) = %+v, %v", ps, err)
 	}
 	if intercepts(ps) {
@@ -100,16 +100,16 @@ func TestVaultPath(t *testing.T) {
 	if d, v := ps[0].direct(w), ps[0].viaProxy(w); d.url != "https://"+credentialHost+":1443/" || v.url != d.url || v.proxy != w.proxy {
 		t.Errorf("vault: direct %+v, via %+v; want the credential path's host", d, v)
 	}
-	ok := runResult{UpstreamRequests: 10, VaultCredentialed: 10}
+	ok := runResult{UpstreamRequests: 10, Injected: map[string]int64{injectVaultCredential.name: 10}}
 	if got := injectionProblems(ps[0].inject, 0, 1, runResult{UpstreamRequests: 10}, ok); len(got) != 0 {
 		t.Errorf("all from Vault: %v", got)
 	}
 	// The file's token on the vault path means the second egressd did not read Vault.
-	if got := injectionProblems(ps[0].inject, 0, 1, runResult{}, runResult{UpstreamRequests: 10, Credentialed: 10}); len(got) == 0 {
+	if got := injectionProblems(ps[0].inject, 0, 1, runResult{}, runResult{UpstreamRequests: 10, Injected: map[string]int64{injectCredential.name: 10}}); len(got) == 0 {
 		t.Error("the file-backed token on the vault path: no problem found")
 	}
 	cred, _ := lookupPaths("credential")
-	if got := injectionProblems(cred[0].inject, 0, 1, runResult{}, runResult{UpstreamRequests: 10, Credentialed: 10, VaultCredentialed: 1}); len(got) == 0 {
+	if got := injectionProblems(cred[0].inject, 0, 1, runResult{}, runResult{UpstreamRequests: 10, Injected: map[string]int64{injectCredential.name: 10, injectVaultCredential.name: 1}}); len(got) == 0 {
 		t.Error("Vault's token on the credential path: no problem found")
 	}
 }

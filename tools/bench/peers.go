@@ -38,6 +38,7 @@ import (
 
 const (
 	peersDefault = "goproxy,smokescreen"
+	scriptOff    = "off" // the -peers value that skips the peers
 	// peersScript builds the peers and prints name=PATH lines.
 	peersScript = "scripts/peers.sh"
 	// peerMaxIdlePerHost: net/http's default of 2 would make 64 keep-alive
@@ -322,84 +323,31 @@ func writePeerCA(dir string) (certPath, keyPath string, roots *x509.CertPool, er
 	return certPath, keyPath, ca.Pool, err
 }
 
-// peerResult is one peer on one path: its runs, one per round, each right
-// after that round's egressd run.
-type peerResult struct {
-	Peer string `json:"peer"`
-	// Skipped says why the peer has no figures: it did not start, or
-	// (NotApplicable) it does not intercept.
-	Skipped       string        `json:"skipped,omitempty"`
-	NotApplicable bool          `json:"not_applicable,omitempty"`
-	Run           runResult     `json:"run"`
-	Ratio         float64       `json:"ratio"`
-	CPUPerReqUS   float64       `json:"cpu_us_per_req"`
-	Rounds        []roundResult `json:"rounds,omitempty"`
-	PeakRSSBytes  int64         `json:"peak_rss_after_bytes"` // VmHWM after the path
-	runs          []runResult
-}
-
-// pathPeers collects one path's peer runs over its rounds.
-type pathPeers struct {
-	ps      *peerSet
-	p       pathSpec
-	results []peerResult
-}
-
-// forPath is what measurePath needs for p's peers; nil (a no-op) for none.
-func (ps *peerSet) forPath(p pathSpec) *pathPeers {
+// legs is p's peer rows: a leg for each peer that carries it, and a row of
+// each (with Skipped set for those that do not), in -peers order.
+func (ps *peerSet) legs(ctx context.Context, p pathSpec, w *world, lo loadOptions) (legs []leg, rows []*rowBuilder) {
 	if ps == nil || p.peers == peersNone {
-		return nil
+		return nil, nil
 	}
-	pp := &pathPeers{ps: ps, p: p}
 	for _, k := range ps.order {
-		r := peerResult{Peer: k.name, Skipped: ps.skipped[k.name]}
-		if p.peers == peersIntercept && k.noMITM != "" {
-			r.Skipped, r.NotApplicable = k.noMITM, true
-		}
-		pp.results = append(pp.results, r)
-	}
-	return pp
-}
-
-// round runs the path through every peer that carries it; direct is the
-// round's direct run.
-func (pp *pathPeers) round(ctx context.Context, w *world, lo loadOptions, direct runResult) error {
-	if pp == nil {
-		return nil
-	}
-	for i := range pp.results {
-		r := &pp.results[i]
-		if r.Skipped != "" {
-			continue
-		}
-		peer := pp.ps.procs[r.Peer]
-		t := pp.p.viaProxy(w)
-		t.proxy = peer.proxyURL
-		if pp.p.peers == peersIntercept {
-			t.roots = peer.roots
-		}
-		x, err := runCounted(ctx, t, lo, w.up, peer.cpuTime)
-		if err != nil {
-			return fmt.Errorf("through %s: %w", r.Peer, err)
-		}
-		r.Rounds, r.runs = append(r.Rounds, newRound(direct, x)), append(r.runs, x)
-	}
-	return nil
-}
-
-// finish folds the rounds and reads each peer's peak RSS.
-func (pp *pathPeers) finish() []peerResult {
-	if pp == nil {
-		return nil
-	}
-	for i := range pp.results {
-		if r := &pp.results[i]; len(r.runs) > 0 {
-			r.Run = combine(r.runs)
-			r.Ratio, r.CPUPerReqUS = roundMedians(r.Rounds)
-			r.PeakRSSBytes = pp.ps.procs[r.Peer].peakRSS()
+		rb := newRow(k.name, "", "")
+		rows = append(rows, rb)
+		switch peer := ps.procs[k.name]; {
+		case p.peers == peersIntercept && k.noMITM != "":
+			rb.res.Skipped, rb.res.NotApplicable = k.noMITM, true
+		case peer == nil:
+			rb.res.Skipped = ps.skipped[k.name]
+		default:
+			t := p.viaProxy(w)
+			t.proxy = peer.proxyURL
+			if p.peers == peersIntercept {
+				t.roots = peer.roots
+			}
+			legs = append(legs, leg{row: rb, peer: peer,
+				run: func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, t, lo, w.up, cpu) }})
 		}
 	}
-	return pp.results
+	return legs, rows
 }
 
 // peerInfo is one peer of the run: its binary, or why it was skipped, its peak

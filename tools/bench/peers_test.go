@@ -43,25 +43,22 @@ func peerReport(rounds int) *report {
 			p.Rounds = append(p.Rounds, newRound(d, x))
 		}
 		p.finish()
-		ps := &peerSet{order: peerKinds, procs: map[string]*peerProc{"goproxy": {kind: peerKinds[0]}, "smokescreen": {kind: peerKinds[1]}}}
 		use := map[string]peerUse{"plain": peersTunnel, "intercept": peersIntercept}[name]
-		pp := ps.forPath(pathSpec{name: name, peers: use})
-		if pp != nil {
-			for i := range pp.results {
-				if pp.results[i].Skipped != "" {
-					continue
-				}
-				for j := range rounds {
-					run := runResult{ReqPerSec: float64(300 + 100*i + 10*j), Requests: 10, CPUSeconds: 2e-3, P50US: 5000, P99US: 12000, Total: 20, UpstreamRequests: 20}
-					run.hist.record(5e6)
-					pp.results[i].Rounds = append(pp.results[i].Rounds, roundResult{DirectReqPerSec: d.ReqPerSec, EgressdReqPerSec: run.ReqPerSec, Ratio: run.ReqPerSec / d.ReqPerSec, CPUPerReqUS: 200, cpuOK: true})
-					pp.results[i].runs = append(pp.results[i].runs, run)
-				}
-				pp.results[i].Run = combine(pp.results[i].runs)
-				pp.results[i].Ratio, pp.results[i].CPUPerReqUS = roundMedians(pp.results[i].Rounds)
-				pp.results[i].PeakRSSBytes = int64(14+i) << 20
+		for i, k := range peerKinds {
+			if use == peersNone {
+				break
 			}
-			p.Peers = pp.results
+			if use == peersIntercept && k.noMITM != "" {
+				p.Peers = append(p.Peers, pathResult{Path: k.name, Skipped: k.noMITM, NotApplicable: true})
+				continue
+			}
+			rb := newRow(k.name, "", "")
+			for j := range rounds {
+				run := runResult{ReqPerSec: float64(300 + 100*i + 10*j), Requests: 10, CPUSeconds: 2e-3, P50US: 5000, P99US: 12000, Total: 20, UpstreamRequests: 20}
+				run.hist.Record(5e6)
+				rb.add(d, viaRun{r: run})
+			}
+			p.Peers = append(p.Peers, rb.finish(int64(14+i)<<20))
 		}
 		r.Paths = append(r.Paths, p)
 	}
@@ -136,8 +133,8 @@ func TestWriteTextSkippedPeer(t *testing.T) {
 	r.Peers[0] = peerInfo{Peer: "goproxy", Skipped: "scripts/peers.sh build failed (exit status 1): peers: error: goproxy: go build failed"}
 	for i := range r.Paths {
 		for j := range r.Paths[i].Peers {
-			if pr := &r.Paths[i].Peers[j]; pr.Peer == "goproxy" {
-				*pr = peerResult{Peer: "goproxy", Skipped: r.Peers[0].Skipped}
+			if pr := &r.Paths[i].Peers[j]; pr.Path == "goproxy" {
+				*pr = pathResult{Path: "goproxy", Skipped: r.Peers[0].Skipped}
 			}
 		}
 	}

@@ -4,11 +4,8 @@ import (
 	"cmp"
 	"encoding/json"
 	"io"
-	"os"
 	"runtime"
 	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/egressd/egressd/internal/testutil/procfs"
 )
@@ -22,11 +19,9 @@ type report struct {
 	RSSError       string      `json:"egressd_rss_error,omitempty"`
 	LeafCache      *leafCounts `json:"egressd_leaf_cache,omitempty"` // from /metrics at the end
 	LeafCacheError string      `json:"egressd_leaf_cache_error,omitempty"`
-	// EgressdExit is "" when egressd exited 0 on SIGTERM, else how it ended;
-	// VaultEgressdExit the same for the vault path's.
-	EgressdExit      string     `json:"egressd_exit,omitempty"`
-	VaultEgressdExit string     `json:"vault_egressd_exit,omitempty"`
-	Peers            []peerInfo `json:"peers,omitempty"`
+	// EgressdExit is "" when egressd exited 0 on SIGTERM, else how it ended.
+	EgressdExit string     `json:"egressd_exit,omitempty"`
+	Peers       []peerInfo `json:"peers,omitempty"`
 }
 
 type settings struct {
@@ -67,7 +62,11 @@ type pathResult struct {
 	Problems []string       `json:"problems,omitempty"`
 	Attack   *attackSummary `json:"attack,omitempty"`
 	Idle     *idleResult    `json:"idle_tunnels,omitempty"`
-	Peers    []peerResult   `json:"peers,omitempty"` // in -peers order
+	Node     *nodeSummary   `json:"node,omitempty"`
+	// Peers are the peers' rows, in -peers order; NotApplicable: the peer does
+	// not intercept, so it has no figures on this path.
+	Peers         []pathResult `json:"peers,omitempty"`
+	NotApplicable bool         `json:"not_applicable,omitempty"`
 }
 
 // roundResult is one direct run and the proxy's run after it.
@@ -105,16 +104,12 @@ func combine(runs []runResult) runResult {
 		r.ClientConns += x.ClientConns
 		r.UpstreamConns += x.UpstreamConns
 		r.UpstreamRequests += x.UpstreamRequests
-		r.Transformed += x.Transformed
-		r.Credentialed += x.Credentialed
-		r.VaultCredentialed += x.VaultCredentialed
-		r.OAuthCredentialed += x.OAuthCredentialed
-		r.GitHubCredentialed += x.GitHubCredentialed
+		addCounts(&r.Injected, x.Injected)
 		r.TLSHandshakes += x.TLSHandshakes
 		r.TLSResumed += x.TLSResumed
 		r.CPUSeconds += x.CPUSeconds
 		r.CPUError = cmp.Or(x.CPUError, r.CPUError)
-		r.hist.merge(&x.hist)
+		r.hist.Merge(x.hist)
 	}
 	r.ReqPerSec = median(rates)
 	r.setLatencies()
@@ -136,10 +131,11 @@ func median(vs []float64) float64 {
 }
 
 func newReport(o options) *report {
+	loadAvg, _ := procfs.LoadAvg() // 0 when unknown: no warning
 	return &report{Settings: settings{
 		Clients: o.clients, SizeBytes: o.size, DurationS: o.duration.Seconds(), WarmupS: o.warmup.Seconds(),
 		Rounds: o.rounds, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
-		ClockTicks: procfs.ClockTicks(), LoadAvg: loadAvg(),
+		ClockTicks: procfs.ClockTicks(), LoadAvg: loadAvg,
 	}}
 }
 
@@ -182,7 +178,7 @@ func (r *report) failed() bool {
 			return true
 		}
 	}
-	return r.EgressdExit != "" || r.VaultEgressdExit != ""
+	return r.EgressdExit != ""
 }
 
 func (r *report) writeJSON(w io.Writer) error {
@@ -212,19 +208,8 @@ func (p *pathResult) namedRuns() []namedRun {
 	runs := []namedRun{{"direct", p.Direct}, {"egressd", p.Egressd}}
 	for _, pr := range p.Peers {
 		if pr.Skipped == "" {
-			runs = append(runs, namedRun{pr.Peer, pr.Run})
+			runs = append(runs, namedRun{pr.Path, pr.Egressd})
 		}
 	}
 	return runs
-}
-
-// loadAvg is the 1-minute load average, or 0 if /proc/loadavg cannot be read.
-func loadAvg() float64 {
-	b, _ := os.ReadFile("/proc/loadavg")
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
 }

@@ -9,13 +9,13 @@ import (
 
 func TestCombineRounds(t *testing.T) {
 	var a, b runResult
-	a.hist.record(time.Millisecond)
-	b.hist.record(3 * time.Millisecond)
+	a.hist.Record(time.Millisecond)
+	b.hist.Record(3 * time.Millisecond)
 	a.ReqPerSec, b.ReqPerSec = 100, 300
 	a.Requests, b.Requests = 1, 1
 	a.Errors, b.ErrorKinds, b.Errors = 0, map[string]int64{"boom": 2}, 2
 	c := combine([]runResult{a, b})
-	if c.ReqPerSec != 200 || c.Requests != 2 || c.Errors != 2 || c.ErrorKinds["boom"] != 2 || c.hist.n() != 2 || c.MaxUS < 2900 {
+	if c.ReqPerSec != 200 || c.Requests != 2 || c.Errors != 2 || c.ErrorKinds["boom"] != 2 || c.hist.N() != 2 || c.MaxUS < 2900 {
 		t.Errorf("combine = %+v", c)
 	}
 

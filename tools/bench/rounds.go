@@ -20,11 +20,12 @@ type pathEnv struct {
 	stderr io.Writer
 }
 
-// viaRun is one run through egressd and what egressd did meanwhile.
+// viaRun is one run through a proxy and, through egressd, what egressd did
+// meanwhile (leaf is nil through a peer).
 type viaRun struct {
 	r       runResult
 	log     logSummary
-	leaf    leafCounts
+	leaf    *leafCounts
 	leafErr error
 	dns     int64
 }
@@ -34,21 +35,19 @@ type viaRun struct {
 func measureVia(e *egressd, dns *dnsstub.Server, load func(cpuFunc) (runResult, error)) (viaRun, error) {
 	var v viaRun
 	leafBefore, leafErr := e.leafCache()
-	dnsBefore := int64(dns.Total())
-	from := e.LogSize()
+	dnsBefore, from := int64(dns.Total()), e.LogSize()
 	r, err := load(e.cpuTime)
 	if err != nil {
 		return v, err
 	}
-	v.r = r
+	v.r, v.dns = r, int64(dns.Total())-dnsBefore
 	if v.log, err = e.scanLog(from); err != nil {
 		return v, fmt.Errorf("egressd log: %w", err)
 	}
-	v.dns = int64(dns.Total()) - dnsBefore
 	if leafErr == nil {
 		var after leafCounts
 		if after, leafErr = e.leafCache(); leafErr == nil {
-			v.leaf = after.sub(leafBefore)
+			v.leaf = &leafCounts{after.Hit - leafBefore.Hit, after.Miss - leafBefore.Miss}
 		}
 	}
 	v.leafErr = leafErr
@@ -59,76 +58,101 @@ func measureVia(e *egressd, dns *dnsstub.Server, load func(cpuFunc) (runResult, 
 type rowBuilder struct {
 	res           pathResult
 	directs, vias []runResult
-	leaf          leafCounts
+	leaf          *leafCounts
 }
 
 func newRow(name, desc, injects string) *rowBuilder {
 	return &rowBuilder{res: pathResult{Path: name, Description: desc, Injects: injects}}
 }
 
-// add records one round: its direct run and its run through egressd.
+// add records one round: its direct run and its run through the proxy.
 func (b *rowBuilder) add(direct runResult, x viaRun) {
 	b.res.Rounds = append(b.res.Rounds, newRound(direct, x.r))
 	b.directs, b.vias = append(b.directs, direct), append(b.vias, x.r)
 	b.res.Log.merge(x.log)
 	b.res.DNSQueries += x.dns
-	if x.leafErr != nil {
+	switch {
+	case x.leafErr != nil:
 		b.res.LeafCacheError = x.leafErr.Error()
-	} else {
-		b.leaf = leafCounts{b.leaf.Hit + x.leaf.Hit, b.leaf.Miss + x.leaf.Miss}
+	case x.leaf != nil && b.leaf == nil:
+		b.leaf = x.leaf
+	case x.leaf != nil:
+		b.leaf = &leafCounts{b.leaf.Hit + x.leaf.Hit, b.leaf.Miss + x.leaf.Miss}
 	}
 }
 
-// finish sets the medians and e's peak RSS so far.
-func (b *rowBuilder) finish(e *egressd) pathResult {
+// finish sets the medians and the proxy's peak RSS so far.
+func (b *rowBuilder) finish(peak int64) pathResult {
 	b.res.Direct, b.res.Egressd = combine(b.directs), combine(b.vias)
 	b.res.finish()
 	if b.res.LeafCacheError == "" {
-		lc := b.leaf
-		b.res.LeafCache = &lc
+		b.res.LeafCache = b.leaf
 	}
-	b.res.PeakRSSBytes, _ = e.peakRSS()
+	b.res.PeakRSSBytes = peak
 	return b.res
 }
 
-// leg is one row's run through egressd in each round.
+// leg is one row's run through a proxy, egressd or a peer, in each round.
 type leg struct {
-	row *rowBuilder
-	run func(cpuFunc) (runResult, error)
+	row  *rowBuilder
+	e    *egressd  // the egressd it runs through, nil for a peer
+	peer *peerProc // the peer it runs through, nil for egressd
+	run  func(cpuFunc) (runResult, error)
 	// check returns the run's problems; it may adjust x's log first.
 	check func(round int, direct runResult, x *viaRun) []string
 }
 
-// runRounds runs env.o.rounds rounds: a direct run, then each leg through e,
-// the legs' order reversed every other round so that none always runs on the
-// warmer egressd; after, when set, ends each round.
-func runRounds(env pathEnv, e *egressd, direct func(round int) (runResult, error), legs []leg, after func(runResult) error) error {
+func (l leg) once(env pathEnv) (viaRun, error) {
+	if l.e != nil {
+		return measureVia(l.e, env.dns, l.run)
+	}
+	r, err := l.run(l.peer.cpuTime)
+	return viaRun{r: r}, err
+}
+
+// finish is the leg's row, with its proxy's peak RSS.
+func (l leg) finish() pathResult {
+	if l.e != nil {
+		peak, _ := l.e.peakRSS()
+		return l.row.finish(peak)
+	}
+	return l.row.finish(l.peer.peakRSS())
+}
+
+// runRounds runs env.o.rounds rounds: a direct run, then each leg, their order
+// reversed every other round so that none always runs on the warmer egressd,
+// then each of tail (the peers) in order.
+func runRounds(env pathEnv, direct func(round int) (runResult, error), legs, tail []leg) error {
 	for round := range env.o.rounds {
 		d, err := direct(round)
 		if err != nil {
 			return fmt.Errorf("direct: %w", err)
 		}
-		for k := range legs {
-			l := legs[k]
-			if round%2 == 1 {
-				l = legs[len(legs)-1-k]
-			}
-			x, err := measureVia(e, env.dns, l.run)
+		order := slices.Clone(legs)
+		if round%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, l := range append(order, tail...) {
+			x, err := l.once(env)
 			if err != nil {
-				return fmt.Errorf("through egressd (%s): %w", l.row.res.Path, err)
+				return fmt.Errorf("through %s: %w", l.row.res.Path, err)
 			}
 			if l.check != nil {
 				l.row.res.Problems = append(l.row.res.Problems, l.check(round, d, &x)...)
 			}
 			l.row.add(d, x)
 		}
-		if after != nil {
-			if err := after(d); err != nil {
-				return err
-			}
-		}
 	}
 	return nil
+}
+
+// finishAll is the rows of legs.
+func finishAll(legs []leg) []pathResult {
+	out := make([]pathResult, len(legs))
+	for i, l := range legs {
+		out[i] = l.finish()
+	}
+	return out
 }
 
 // measurePath runs a direct/through-egressd path (and its peers after egressd
@@ -136,24 +160,30 @@ func runRounds(env pathEnv, e *egressd, direct func(round int) (runResult, error
 // upstream received exactly what egressd had to inject.
 func measurePath(ctx context.Context, env pathEnv, p pathSpec) (pathResult, error) {
 	w, o, lo := env.w, env.o, env.o.load()
-	injects := ""
+	injects := p.injects
 	if p.inject != injectNone {
 		injects = p.inject.String()
 	}
-	rb := newRow(p.name, p.desc, injects)
-	rb.res.NewConnPerRequest = p.newConn
-	pp := w.peers.forPath(p) // nil unless the path has peers
-	l := leg{row: rb,
+	l := leg{row: newRow(p.name, p.desc, injects), e: env.e,
 		run: func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, p.viaProxy(w), lo, w.up, cpu) },
 		check: func(round int, d runResult, x *viaRun) []string {
 			return append(injectionProblems(p.inject, round, o.rounds, d, x.r), scrubProblems(p, x.r, x.log)...)
 		}}
+	l.row.res.NewConnPerRequest = p.newConn
+	peers, rows := w.peers.legs(ctx, p, w, lo)
 	direct := func(int) (runResult, error) { return runCounted(ctx, p.direct(w), lo, w.up, nil) }
-	if err := runRounds(env, env.e, direct, []leg{l}, func(d runResult) error { return pp.round(ctx, w, lo, d) }); err != nil {
+	if err := runRounds(env, direct, []leg{l}, peers); err != nil {
 		return pathResult{}, err
 	}
-	res := rb.finish(env.e)
-	res.Peers = pp.finish()
+	res := l.finish()
+	for _, rb := range rows {
+		i := slices.IndexFunc(peers, func(pl leg) bool { return pl.row == rb })
+		if i >= 0 {
+			res.Peers = append(res.Peers, peers[i].finish())
+		} else {
+			res.Peers = append(res.Peers, rb.res)
+		}
+	}
 	return res, nil
 }
 
@@ -171,17 +201,12 @@ func scrubProblems(p pathSpec, via runResult, log logSummary) []string {
 // egressd with every request carrying inj, and nothing else.
 func injectionProblems(inj injection, round, rounds int, direct, via runResult) []string {
 	var out []string
-	counts := func(r runResult) map[injection]int64 {
-		return map[injection]int64{injectTransform: r.Transformed, injectCredential: r.Credentialed, injectVaultCredential: r.VaultCredentialed, injectOAuth: r.OAuthCredentialed, injectGitHub: r.GitHubCredentialed}
-	}
-	for kind, n := range counts(direct) {
-		if n > 0 {
+	label := runLabel("egressd", round, rounds)
+	for _, kind := range injections {
+		if n := direct.Injected[kind.name]; n > 0 {
 			out = append(out, fmt.Sprintf("%s: %d of %d upstream requests carried %s, which only egressd sets", runLabel("direct", round, rounds), n, direct.UpstreamRequests, kind))
 		}
-	}
-	label := runLabel("egressd", round, rounds)
-	for kind, n := range counts(via) {
-		switch {
+		switch n := via.Injected[kind.name]; {
 		case kind == inj && (n != via.UpstreamRequests || n == 0):
 			out = append(out, fmt.Sprintf("%s: %d of %d upstream requests carried %s as configured", label, n, via.UpstreamRequests, kind))
 		case kind != inj && n > 0:

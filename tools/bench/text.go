@@ -34,6 +34,7 @@ func (r *report) writeText(w io.Writer) error {
 	r.writePeers(w)
 	r.writeNotes(w)
 	r.writeIdle(w)
+	r.writeNode(w)
 	if err := r.writeDetails(w); err != nil {
 		return err
 	}
@@ -95,11 +96,11 @@ func (r *report) writeMain(w io.Writer) error {
 		for _, pr := range p.Peers { // "—": it does not intercept; reasons under the table
 			switch {
 			case pr.NotApplicable:
-				t.row("  "+pr.Peer, "", "—", "—", "—", "", "—", "—", "—")
+				t.row("  "+pr.Path, "", "—", "—", "—", "", "—", "—", "—")
 			case pr.Skipped != "":
-				t.row("  "+pr.Peer, "", "skipped", "-", "-", "", "-", "-", "-")
+				t.row("  "+pr.Path, "", "skipped", "-", "-", "", "-", "-", "-")
 			default:
-				t.figures("  "+pr.Peer, "", pr.Run, pr.Ratio, pr.CPUPerReqUS, pr.Rounds, "", pr.PeakRSSBytes)
+				t.figures("  "+pr.Path, "", pr.Egressd, pr.Ratio, pr.CPUPerReqUS, pr.Rounds, "", pr.PeakRSSBytes)
 			}
 		}
 	}
@@ -123,7 +124,7 @@ func (r *report) writePeers(w io.Writer) {
 		why := ""
 		for _, p := range r.Paths {
 			for _, pr := range p.Peers {
-				if pr.Peer == pi.Peer && pr.NotApplicable {
+				if pr.Path == pi.Peer && pr.NotApplicable {
 					na, why = append(na, p.Path), pr.Skipped
 				}
 			}
@@ -153,13 +154,10 @@ func (r *report) writeNotes(w io.Writer) {
 				resumedShare(p.Direct), resumedShare(p.Egressd))
 		}
 	}
-	r.compareNote(w, "credential", "intercept", "")
-	r.compareNote(w, "vault", "credential", " (a second egressd, credentials.backend vault)")
-	r.compareNote(w, "hook", hookOtherRow, fmt.Sprintf(" (a signed pre_tool_execution call vs the same %d-byte POST to a URL of the same entry that is no hook's)", hookBodySize))
+	for _, c := range comparisons {
+		r.compareNote(w, c[0], c[1], c[2])
+	}
 	r.writeAttackNote(w)
-	r.compareNote(w, placeholderRow, "credential", fmt.Sprintf(" (a %d-byte JSON body's placeholder replaced vs an injected Authorization on a GET)", placeholderBodySize))
-	r.compareNote(w, awsRow, "credential", " (a GET signed again with SigV4 vs an injected Authorization)")
-	r.compareNote(w, "transparent", transparentExplicitRow, " (one egressd, spliced TLS to "+transparentHost+":"+standInPort+": from the sandbox namespace via the DNAT vs CONNECT from outside)")
 	r.writeLeafNote(w)
 	if r.Settings.Rounds > 1 {
 		fmt.Fprintln(w, "ratio per round:")
@@ -168,12 +166,24 @@ func (r *report) writeNotes(w io.Writer) {
 				writeRounds(w, r.pathWidth(), p.Path, p.Rounds)
 				for _, pr := range p.Peers {
 					if pr.Skipped == "" {
-						writeRounds(w, r.pathWidth(), "  "+pr.Peer, pr.Rounds)
+						writeRounds(w, r.pathWidth(), "  "+pr.Path, pr.Rounds)
 					}
 				}
 			}
 		}
 	}
+}
+
+// comparisons are the rows compared with each other: a, b and what a adds.
+var comparisons = [][3]string{
+	{"credential", "intercept", ""},
+	{"vault", "credential", " (a second egressd, credentials.backend vault)"},
+	{"hook", hookOtherRow, fmt.Sprintf(" (a signed pre_tool_execution call vs the same %d-byte POST to a URL of the same entry that is no hook's)", hookBodySize)},
+	{placeholderRow, "credential", fmt.Sprintf(" (a %d-byte JSON body's placeholder replaced vs an injected Authorization on a GET)", placeholderBodySize)},
+	{awsRow, "credential", " (a GET signed again with SigV4 vs an injected Authorization)"},
+	{"transparent", transparentExplicitRow, " (one egressd, spliced TLS to " + transparentHost + ":" + standInPort + ": from the sandbox namespace via the DNAT vs CONNECT from outside)"},
+	{"node-churn", "node-quiet", " (the same sandbox's GETs while others churn)"},
+	{fmt.Sprintf("node-%d", nodeSandboxes), "node-1", " (one sandbox's GETs on a node serving 1,000 vs one)"},
 }
 
 func writeRounds(w io.Writer, pw int, label string, rounds []roundResult) {
@@ -226,7 +236,7 @@ func (r *report) pathWidth() int {
 	for _, p := range r.Paths {
 		w = max(w, len(p.Path))
 		for _, pr := range p.Peers {
-			w = max(w, len("  "+pr.Peer))
+			w = max(w, len("  "+pr.Path))
 		}
 	}
 	return w
@@ -259,7 +269,7 @@ func (r *report) writeDetails(w io.Writer) error {
 			x := run.r
 			fmt.Fprintf(tw, "%-*s\t%-7s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", pw, p.Path, run.name,
 				thousands(float64(x.Total)), x.Errors, x.ClientConns, x.UpstreamConns,
-				thousands(float64(x.UpstreamRequests)), thousands(float64(x.Transformed+x.Credentialed+x.VaultCredentialed+x.OAuthCredentialed+x.GitHubCredentialed)),
+				thousands(float64(x.UpstreamRequests)), thousands(float64(total(x.Injected))),
 				dur(x.MeanUS), dur(x.MaxUS), lines, ok, leaf, dns)
 		}
 	}
@@ -296,9 +306,6 @@ func (r *report) writeProblems(w io.Writer) {
 	if r.EgressdExit != "" {
 		fmt.Fprintf(w, "\negressd did not exit cleanly: %s\n", r.EgressdExit)
 	}
-	if r.VaultEgressdExit != "" {
-		fmt.Fprintf(w, "\nthe vault path's egressd did not exit cleanly: %s\n", r.VaultEgressdExit)
-	}
 }
 
 // writeCounts prints a count map, largest first.
@@ -309,6 +316,13 @@ func writeCounts(w io.Writer, counts map[string]int64) {
 	for _, k := range keys {
 		fmt.Fprintf(w, "  %8d  %s\n", counts[k], k)
 	}
+}
+
+func total(m map[string]int64) (n int64) {
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
 
 func latencies(r runResult) string { return dur(r.P50US) + "/" + dur(r.P99US) }

@@ -204,7 +204,7 @@ func measureTransparentRuns(ctx context.Context, env pathEnv, te *egressd, sb *n
 		newRow(transparentExplicitRow, fmt.Sprintf("the transparent row's requests through the same egressd's explicit listener: CONNECT %s:%s from the bench's namespace, spliced (the transparent row's direct runs)", transparentHost, standInPort), "")}
 	var legs []leg
 	for i, t := range []target{tp, explicit} {
-		legs = append(legs, leg{row: rows[i],
+		legs = append(legs, leg{row: rows[i], e: te,
 			run: func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, t, lo, up, cpu) },
 			check: func(round int, d runResult, x *viaRun) []string {
 				ps := injectionProblems(injectNone, round, env.o.rounds, d, x.r)
@@ -214,11 +214,11 @@ func measureTransparentRuns(ctx context.Context, env pathEnv, te *egressd, sb *n
 				return ps
 			}})
 	}
-	err := runRounds(env, te, func(int) (runResult, error) { return runCounted(ctx, direct, lo, up, nil) }, legs, nil)
+	err := runRounds(env, func(int) (runResult, error) { return runCounted(ctx, direct, lo, up, nil) }, legs, nil)
 	if err != nil {
 		return nil, err
 	}
-	return []pathResult{rows[0].finish(te), rows[1].finish(te)}, nil
+	return finishAll(legs), nil
 }
 
 // allowStandIn lets the transparent path's clients dial the stand-in upstream

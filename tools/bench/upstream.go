@@ -6,7 +6,6 @@ import (
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"net/http"
@@ -23,32 +22,31 @@ import (
 // receives: injected values exactly once with the exact value, so a run can be
 // checked against what egressd had to inject.
 const (
-	cServed     = iota
-	cTransform  // transformHeader: transformValue
-	cCredential // Authorization with credentialToken
-	cVaultCred  // ... vaultCredentialToken
-	cOAuthCred  // ... oauthAccessToken
-	cGitHubCred // Basic x-access-token:githubToken
-	cBadBody    // hook: not a POST of hookBodySize bytes
-	cAsserted   // hook: exactly one non-empty assertion
-	cVerified   // hook: sampled assertions pkg/hookauth accepted
-	cRefused    // hook: sampled assertions it refused
-	cAccepted   // connections accepted
-	numCounts
+	cServed    = iota
+	cBadBody   // hook: not a POST of hookBodySize bytes
+	cAsserted  // hook: exactly one non-empty assertion
+	cVerified  // hook: sampled assertions pkg/hookauth accepted
+	cRefused   // hook: sampled assertions it refused
+	cAccepted  // connections accepted
+	cInjected  // then one per injections[i], exactly once with the exact value
+	cTransform = cInjected
+	numCounts  = cInjected + len(injections)
 )
 
 // tally is a far side's counters; a run's figures are the difference of two
 // snapshots.
 type tally struct {
 	srv *echo.Server // counts the connections
-	n   [cAccepted]atomic.Int64
+	n   [numCounts]atomic.Int64
 }
 
 type counts [numCounts]int64
 
 func (t *tally) counts() (c counts) {
 	for i := range t.n {
-		c[i] = t.n[i].Load()
+		if i != cAccepted {
+			c[i] = t.n[i].Load()
+		}
 	}
 	c[cAccepted] = t.srv.Conns()
 	return c
@@ -64,8 +62,11 @@ func (c counts) sub(o counts) counts {
 // fill sets a run's far-side figures from the counts it grew by.
 func (r *runResult) fill(c counts) {
 	r.UpstreamConns, r.UpstreamRequests = c[cAccepted], c[cServed]
-	r.Transformed, r.Credentialed, r.VaultCredentialed, r.OAuthCredentialed = c[cTransform], c[cCredential], c[cVaultCred], c[cOAuthCred]
-	r.GitHubCredentialed = c[cGitHubCred]
+	for i, inj := range injections {
+		if n := c[cInjected+i]; n > 0 {
+			addCount(&r.Injected, inj.name, n)
+		}
+	}
 }
 
 // serve starts t's echo server with h on a loopback port of its own per cert
@@ -121,9 +122,6 @@ const (
 )
 
 var (
-	authCounter = map[string]int{"Bearer " + credentialToken: cCredential, "Bearer " + vaultCredentialToken: cVaultCred,
-		"Bearer " + oauthAccessToken: cOAuthCred,
-		"Basic " + base64.StdEncoding.EncodeToString([]byte("x-access-token:"+githubToken)): cGitHubCred}
 	oauthTokenResponse = []byte(`{"access_token": "` + oauthAccessToken + `", "token_type": "Bearer", "expires_in": 3600}`)
 )
 
@@ -182,12 +180,9 @@ func (u *upstream) fixedBody(size int) http.HandlerFunc {
 			http.Error(w, "the signature does not verify under the real keys", http.StatusForbidden)
 			return
 		}
-		u.countTransform(r)
+		u.countInjected(r)
 		hdr := w.Header()
 		if v := r.Header["Authorization"]; len(v) == 1 {
-			if k, ok := authCounter[v[0]]; ok {
-				u.n[k].Add(1)
-			}
 			hdr[echoHeader] = v
 		}
 		hdr["Content-Length"], hdr["Content-Type"] = length, ctype
@@ -195,9 +190,11 @@ func (u *upstream) fixedBody(size int) http.HandlerFunc {
 	}
 }
 
-func (t *tally) countTransform(r *http.Request) {
-	if v := r.Header[transformHeader]; len(v) == 1 && v[0] == transformValue {
-		t.n[cTransform].Add(1)
+func (t *tally) countInjected(r *http.Request) {
+	for i, inj := range injections {
+		if v := r.Header[inj.header]; len(v) == 1 && v[0] == inj.value {
+			t.n[cInjected+i].Add(1)
+		}
 	}
 }
 

@@ -10,14 +10,17 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"syscall"
 
+	"github.com/egressd/egressd/internal/allowlist"
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/netguard"
 )
@@ -53,7 +56,7 @@ type Client struct {
 	h2, h1 *http.Transport
 	// pool serves HTTP/1.x GETs and HEADs without a body (h1pool.go).
 	pool *h1Pool
-	// h2Only remembers the upstreams that refused ALPN http/1.1 (h2only.go).
+	// h2Only remembers the upstreams that refused ALPN http/1.1 .
 	h2Only h2OnlySet
 }
 
@@ -247,3 +250,148 @@ func (c *Client) maxResponseHead() int64 {
 // defaultMaxResponseHead is limits.max_header_bytes's default, for a Client built
 // without limits (tests).
 const defaultMaxResponseHead = 64 << 10
+
+// DialError marks an error that happened while connecting, so that a connect
+// timeout reads as upstream_unreachable rather than upstream_timeout.
+type DialError struct{ Err error }
+
+func (e *DialError) Error() string { return e.Err.Error() }
+func (e *DialError) Unwrap() error { return e.Err }
+
+// resolve turns a decided target into checked addresses: an IP literal is checked as
+// is, a name is resolved once and every answer checked.
+func (c *Client) resolve(ctx context.Context, t allowlist.Target) ([]netip.AddrPort, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.o.Limits.DNS)
+	defer cancel()
+	return c.o.Guard.Resolve(ctx, c.o.Resolver, t.Host, t.Addr, t.Port)
+}
+
+// Dial resolves, checks and dials t, a decided target. The dialer checks each
+// address again in its Control hook, so nothing unchecked is ever connected to.
+func (c *Client) Dial(ctx context.Context, t allowlist.Target) (net.Conn, error) {
+	addrs, err := c.resolve(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := c.dialer.DialAddrs(ctx, addrs)
+	if err != nil {
+		var blocked *netguard.BlockedError
+		if errors.As(err, &blocked) {
+			return nil, err
+		}
+		return nil, &DialError{err}
+	}
+	return conn, nil
+}
+
+// targetKey is the request-context key of the target a request was decided on.
+type targetKey struct{}
+
+// WithTarget returns ctx carrying t, the decided target: the only one the Client
+// will connect to for a request with that context.
+func WithTarget(ctx context.Context, t allowlist.Target) context.Context {
+	return context.WithValue(ctx, targetKey{}, t)
+}
+
+// ErrNoTarget is a dial whose context carries no decided target: refused, never
+// dialled by its address alone.
+var ErrNoTarget = errors.New("dial without a decided target")
+
+// decidedTarget is the target in ctx, which must be the one addr (the URL's
+// host:port, from which the transports key their connections) was written from.
+func decidedTarget(ctx context.Context, addr string) (allowlist.Target, error) {
+	t, ok := ctx.Value(targetKey{}).(allowlist.Target)
+	if !ok {
+		return allowlist.Target{}, ErrNoTarget
+	}
+	if t.String() != addr {
+		return allowlist.Target{}, fmt.Errorf("dial of %s for a request decided on %s", addr, t)
+	}
+	return t, nil
+}
+
+// dialGuarded is the transports' DialContext: it dials the decided target that the
+// request's context carries (WithTarget), resolved and checked, and nothing else.
+func (c *Client) dialGuarded(ctx context.Context, _, addr string) (net.Conn, error) {
+	t, err := decidedTarget(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	return c.Dial(ctx, t)
+}
+
+// An HTTP/1.x client's request to an upstream that speaks only HTTP/2 (its TLS
+// server refuses ALPN http/1.1 with no_application_protocol) is sent again over
+// HTTP/2, as Envoy does with an auto upstream protocol: the connection was made and
+// the upstream is willing, only the framing differs, and a refusal ("could not
+// connect") would be untrue and leave an HTTP/1.1-only client no way through.
+// The response is written to the client in HTTP/1.1 as usual. What HTTP/2 cannot
+// carry, an Upgrade (WebSocket over HTTP/1.1), is refused with ErrHTTP2Only, which
+// the proxy answers as upstream_unreachable with detail http2_only.
+
+// ErrHTTP2Only is a request that an upstream speaking only HTTP/2 cannot be sent:
+// an Upgrade, or a body already partly sent over HTTP/1.1.
+var ErrHTTP2Only = errors.New("the upstream accepts only HTTP/2")
+
+// errUnanswered marks a fresh upstream connection whose TLS handshake confirmed no
+// ALPN protocol and that closed before answering an HTTP/1.1 request.
+var errUnanswered = errors.New("the upstream confirmed no ALPN protocol and closed without answering HTTP/1.1")
+
+// refusedHTTP1 reports whether err is the upstream's TLS alert
+// no_application_protocol: it offers no protocol egressd's HTTP/1.1 ALPN named.
+func refusedHTTP1(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "remote error" && op.Err != nil &&
+		op.Err.Error() == "tls: no application protocol"
+}
+
+// sendH2Only sends out over HTTP/2 to an upstream that refused HTTP/1.1 (cause, or
+// nil when it is already known to) and remembers it. A request that HTTP/2 cannot
+// carry (an Upgrade), or whose body was already sent, gets ErrHTTP2Only; the
+// client's retry then goes over HTTP/2.
+func (c *Client) sendH2Only(out *http.Request, cause error) (*http.Response, error) {
+	c.h2Only.add(out.URL.Host)
+	if len(out.Header["Upgrade"]) > 0 || !rewind(out.Body) {
+		if cause == nil {
+			return nil, ErrHTTP2Only
+		}
+		return nil, fmt.Errorf("%w: %w", ErrHTTP2Only, cause)
+	}
+	return c.viaTransport(c.h2, out, nil)
+}
+
+// Rewinder is a request body that can be sent again when nothing has been read
+// from it: Rewind reopens it and reports whether it could.
+type Rewinder interface{ Rewind() bool }
+
+// rewind reports whether body can be sent again: none, or a Rewinder with nothing
+// read from it yet (the failed attempt ended at the TLS handshake).
+func rewind(body any) bool {
+	if body == http.NoBody || body == nil {
+		return true
+	}
+	b, ok := body.(Rewinder)
+	return ok && b.Rewind()
+}
+
+// h2OnlySet is the set of upstreams (host:port) that refused HTTP/1.1, bounded so
+// that a wildcard entry cannot grow it without limit; beyond the bound an upstream
+// costs one refused handshake per request.
+type h2OnlySet struct {
+	m sync.Map
+	n atomic.Int32
+}
+
+const maxH2Only = 1024
+
+func (s *h2OnlySet) has(addr string) bool {
+	_, ok := s.m.Load(addr)
+	return ok
+}
+
+func (s *h2OnlySet) add(addr string) {
+	if s.has(addr) || s.n.Add(1) > maxH2Only {
+		return
+	}
+	s.m.Store(addr, struct{}{})
+}

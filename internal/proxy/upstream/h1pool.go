@@ -39,7 +39,7 @@ import (
 // as the Transport does and where not, and why, is h1pool_diff_test.go's table.
 type h1Pool struct {
 	// What the pool needs of its Client, handed over by newH1Pool.
-	dialTarget     func(context.Context, allowlist.Target) (net.Conn, error) // guarded (dial.go)
+	dialTarget     func(context.Context, allowlist.Target) (net.Conn, error) // guarded (client.go)
 	tlsConfig      func() *tls.Config                                        // the upstream TLS policy, a fresh copy
 	dialTimeout    time.Duration                                             // limits.dial, for the TLS handshake
 	responseHeader time.Duration                                             // limits.response_header
@@ -116,7 +116,7 @@ func (p *h1Pool) roundTrip(out *http.Request) (*http.Response, error) {
 			return nil, ctx.Err()
 		}
 		if !reused && pc.alpnDeclined && errors.Is(err, errNothingRead) {
-			return nil, fmt.Errorf("%w: %w", errUnanswered, err) // perhaps HTTP/2 only (h2only.go)
+			return nil, fmt.Errorf("%w: %w", errUnanswered, err) // perhaps HTTP/2 only (client.go)
 		}
 		if !reused || !errors.Is(err, errNothingRead) {
 			return nil, err

@@ -14,6 +14,19 @@ import (
 	"time"
 )
 
+// LoadAvg is the machine's 1-minute load average, from /proc/loadavg.
+func LoadAvg() (float64, error) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, errors.New("/proc/loadavg is empty")
+	}
+	return strconv.ParseFloat(f[0], 64)
+}
+
 // RSS is the process's current resident set (VmRSS), in bytes.
 func RSS(pid int) (int64, error) { return StatusBytes(pid, "VmRSS") }
 

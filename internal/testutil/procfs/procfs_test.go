@@ -7,6 +7,9 @@ import (
 
 func TestSelf(t *testing.T) {
 	pid := os.Getpid()
+	if l, err := LoadAvg(); err != nil || l < 0 {
+		t.Errorf("LoadAvg = %v, %v", l, err)
+	}
 	rss, err := RSS(pid)
 	if err != nil || rss <= 0 {
 		t.Fatalf("RSS = %d, %v", rss, err)

@@ -1,0 +1,396 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
+	"github.com/egressd/egressd/internal/testutil/procfs"
+)
+
+// The node rows: egressd's node mode (docs/node.md), one egressd serving many
+// sandboxes registered through its API socket. Each sandbox's proxy listener is
+// on a gateway-side loopback address of its own (127.77.x.y, no network
+// namespace). Two nodes run side by side: one serving one sandbox, one serving
+// nodeSandboxes, so that the CPU per request of the same path through each
+// alternates within every round.
+const (
+	nodePathName  = "node"
+	nodeSandboxes = 1000
+	nodeAPIOps    = 100 // register, change and remove cycles timed for the API row
+	nodeChurnRate = 50  // churn operations per second during the churn row
+	nodeHold      = 2 * time.Second
+	nodeSocket    = "run/node.sock"
+	nodeProbe     = "probe" // the sandbox the load goes through
+	// The goals the rows are held to.
+	nodeGoalBytes     = 64 << 20
+	nodeGoalEachBytes = 64 << 10
+	nodeGoalAPI       = 50 * time.Millisecond
+	nodeGoalChurnUS   = 1000
+	nodeGoalCPU       = 0.05
+	// nodeLatencyClients: the churn rows measure latency, not throughput, so
+	// their load leaves the CPUs room.
+	nodeLatencyClients = 1
+)
+
+// nodeSummary is what the node rows found beside their table rows.
+type nodeSummary struct {
+	Sandboxes       int                  `json:"sandboxes"`
+	EmptyRSSBytes   int64                `json:"empty_rss_bytes"`
+	FullRSSBytes    int64                `json:"full_rss_bytes"`
+	SidecarRSSBytes int64                `json:"sidecar_rss_bytes"`
+	API             map[string]runResult `json:"api"` // latencies by operation
+	ChurnOps        int64                `json:"churn_ops"`
+	ChurnErrors     int64                `json:"churn_errors"`
+	ChurnSeconds    float64              `json:"churn_s"`
+	RegisterAllSecs float64              `json:"register_all_s"`
+	IdleCPU         float64              `json:"idle_cpu"` // the full node's CPU-seconds per second with no traffic
+}
+
+func nodePathSpec() pathSpec {
+	return pathSpec{name: nodePathName, inject: injectCredential, measure: measureNode,
+		desc: fmt.Sprintf("node mode: %d sandboxes registered through the API socket, each with a proxy listener on 127.77.x.y; the credential path's GETs through one sandbox of a node with 1 and of a node with %d (CPU per request), its latency with and without %d registrations, changes and removals a second, the API's latencies and the node's RSS", nodeSandboxes, nodeSandboxes, nodeChurnRate)}
+}
+
+// nodeEgressd is a node egressd and a client of its API socket.
+type nodeEgressd struct {
+	*egressd
+	api *http.Client
+}
+
+// nodeConfig is benchConfig's but for its listeners, policy and hooks: a node's
+// sandboxes bring their own.
+func nodeConfig(up *upstream, dnsAddr string) (*egressdtest.Config, map[string]string) {
+	cfg, files := benchConfig(up, dnsAddr, nil, benchMaxConnections)
+	cfg.Listeners, cfg.Policy, cfg.Hooks = nil, egressdtest.Policy{}, nil
+	cfg.Node = &egressdtest.Node{APISocket: nodeSocket, MaxSandboxes: 2 * nodeSandboxes}
+	return cfg, files
+}
+
+func startNode(ctx context.Context, env pathEnv, name string) (*nodeEgressd, error) {
+	cfg, files := nodeConfig(env.w.up, env.dns.Addr)
+	dir := filepath.Join(env.dir, name)
+	e, err := startEgressd(ctx, env.o.egressd, dir, cfg, files)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	sock := filepath.Join(dir, nodeSocket)
+	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}
+	return &nodeEgressd{egressd: e, api: &http.Client{Timeout: requestTimeout, Transport: &http.Transport{DialContext: dial}}}, nil
+}
+
+// nodeSpec is sandbox i's spec: a proxy listener on its own loopback address and
+// the credential path's entry; variant changes it without changing what it allows.
+func nodeSpec(up *upstream, i, variant int) string {
+	addr := fmt.Sprintf("127.77.%d.%d:0", i/250, i%250+1)
+	extra := ""
+	if variant > 0 {
+		extra = fmt.Sprintf(`, {"domain": "v%d.%s", "ports": [%d]}`, variant, benchZone, portNum(up.tlsAddr))
+	}
+	return fmt.Sprintf(`{"listeners": [{"name": "sbx", "address": %q, "mode": "proxy"}],
+ "environment": {"network": {"allowlist": [{"domain": %q, "ports": [%d], "credential": %q}%s]}}}`,
+		addr, credentialHost, portNum(up.tlsAddr), credentialID, extra)
+}
+
+// call makes one API request and returns how long it took; want is the status
+// it must answer.
+func (n *nodeEgressd) call(method, id, body string, want ...int) (time.Duration, error) {
+	req, err := http.NewRequest(method, "http://node/v1/sandboxes/"+id, strings.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	resp, err := n.api.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	took := time.Since(t0)
+	if !slices.Contains(want, resp.StatusCode) {
+		return took, fmt.Errorf("%s %s: %d: %s", method, id, resp.StatusCode, truncate(string(b), 300))
+	}
+	return took, nil
+}
+
+// register puts sandbox id with spec i in force.
+func (n *nodeEgressd) register(up *upstream, id string, i, variant int) (time.Duration, error) {
+	return n.call(http.MethodPut, id, nodeSpec(up, i, variant), http.StatusCreated, http.StatusOK)
+}
+
+// probeAddr is the probe sandbox's listener address, from GET /v1/sandboxes/probe.
+func (n *nodeEgressd) probeAddr() (string, error) {
+	var info struct{ Listeners map[string]string }
+	resp, err := n.api.Get("http://node/v1/sandboxes/" + nodeProbe)
+	if err == nil {
+		defer resp.Body.Close()
+		err = json.NewDecoder(resp.Body).Decode(&info)
+	}
+	if addr := info.Listeners["sbx"]; err == nil && loopbackOnly(addr) != nil {
+		err = fmt.Errorf("the probe sandbox's listener is %q", addr)
+	}
+	return info.Listeners["sbx"], err
+}
+
+// measureNode runs the node rows: memory and API times while filling the large
+// node, then CPU per request on both nodes, then latency with and without churn.
+func measureNode(ctx context.Context, env pathEnv) ([]pathResult, error) {
+	sum := &nodeSummary{Sandboxes: nodeSandboxes, API: map[string]runResult{}}
+	one, err := startNode(ctx, env, "node-1")
+	if err != nil {
+		return nil, err
+	}
+	defer one.stop()
+	many, err := startNode(ctx, env, "node-many")
+	if err != nil {
+		return nil, err
+	}
+	defer many.stop()
+	if sum.SidecarRSSBytes, err = sidecarRSS(ctx, env); err != nil {
+		return nil, err
+	}
+	if err := fillNode(ctx, env.w.up, many, sum); err != nil {
+		return nil, err
+	}
+	if _, err := one.register(env.w.up, nodeProbe, 0, 0); err != nil {
+		return nil, err
+	}
+	if err := timeAPI(env.w.up, many, sum); err != nil {
+		return nil, err
+	}
+	rows, err := nodeRows(ctx, env, one, many, sum)
+	if err != nil {
+		return nil, err
+	}
+	rows[0].Node = sum
+	return rows, nil
+}
+
+// fillNode reads the empty node's RSS, registers the probe and the other
+// sandboxes, and reads the RSS again.
+func fillNode(ctx context.Context, up *upstream, n *nodeEgressd, sum *nodeSummary) error {
+	pid := n.ServingPid()
+	if err := sleepUntil(ctx, time.Now().Add(nodeHold)); err != nil {
+		return err
+	}
+	var err error
+	if sum.EmptyRSSBytes, err = procfs.RSS(pid); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	var reg runResult
+	for i := range nodeSandboxes {
+		id := fmt.Sprintf("sbx-%d", i)
+		if i == 0 {
+			id = nodeProbe
+		}
+		took, err := n.register(up, id, i, 0)
+		if err != nil {
+			return fmt.Errorf("registering %d of %d sandboxes: %w", i, nodeSandboxes, err)
+		}
+		reg.hist.Record(took)
+	}
+	sum.RegisterAllSecs = time.Since(t0).Seconds()
+	reg.window(sum.RegisterAllSecs)
+	sum.API["register (filling)"] = reg
+	if err := sleepUntil(ctx, time.Now().Add(nodeHold)); err != nil {
+		return err
+	}
+	if sum.FullRSSBytes, err = procfs.RSS(pid); err != nil {
+		return err
+	}
+	used, err := sampleCPU(ctx, n.cpuTime, time.Now(), time.Now().Add(nodeHold))
+	sum.IdleCPU = used.Seconds() / nodeHold.Seconds()
+	return err
+}
+
+// sidecarRSS is the VmRSS of a sidecar egressd serving what one sandbox's spec
+// says, idle after its start, as the node's sandboxes are when measured.
+func sidecarRSS(ctx context.Context, env pathEnv) (int64, error) {
+	cfg, files := benchConfig(env.w.up, env.dns.Addr, nil, benchMaxConnections)
+	cfg.Policy.Allowlist = cfg.Policy.Allowlist[2:3] // the credential entry
+	e, err := startEgressd(ctx, env.o.egressd, filepath.Join(env.dir, "node-sidecar"), cfg, files)
+	if err != nil {
+		return 0, fmt.Errorf("sidecar: %w", err)
+	}
+	defer e.stop()
+	if err := sleepUntil(ctx, time.Now().Add(nodeHold)); err != nil {
+		return 0, err
+	}
+	return procfs.RSS(e.ServingPid())
+}
+
+// timeAPI times nodeAPIOps cycles of registering, changing and removing a
+// sandbox on the full node.
+func timeAPI(up *upstream, n *nodeEgressd, sum *nodeSummary) error {
+	var reg, chg, rm runResult
+	for i := range nodeAPIOps {
+		id, k := fmt.Sprintf("api-%d", i), nodeSandboxes+i
+		for _, op := range []struct {
+			r    *runResult
+			call func() (time.Duration, error)
+		}{
+			{&reg, func() (time.Duration, error) { return n.register(up, id, k, 0) }},
+			{&chg, func() (time.Duration, error) { return n.register(up, id, k, 1) }},
+			{&rm, func() (time.Duration, error) { return n.call(http.MethodDelete, id, "", http.StatusNoContent) }},
+		} {
+			took, err := op.call()
+			if err != nil {
+				return err
+			}
+			op.r.hist.Record(took)
+		}
+	}
+	for name, r := range map[string]*runResult{"register": &reg, "change": &chg, "remove": &rm} {
+		r.window(1)
+		sum.API[name] = *r
+	}
+	return nil
+}
+
+// nodeRow is one node row: the credential path through n's probe sandbox with
+// lo, while during runs.
+type nodeRow struct {
+	n          *nodeEgressd
+	name, desc string
+	lo         loadOptions
+	during     func(context.Context)
+}
+
+// nodeRows measures the node rows in two pairs, each pair after the same direct
+// runs: through the probe sandbox of the node with one sandbox and of the full
+// one (CPU per request), then, with nodeLatencyClients, through the full one's
+// probe without and with churn (latency).
+func nodeRows(ctx context.Context, env pathEnv, one, many *nodeEgressd, sum *nodeSummary) ([]pathResult, error) {
+	quiet := func(context.Context) {}
+	lo, slow := env.o.load(), env.o.load()
+	slow.clients = nodeLatencyClients
+	var rows []pathResult
+	for _, pair := range [][2]nodeRow{
+		{{one, "node-1", "the credential path through the only sandbox of a node", lo, quiet},
+			{many, fmt.Sprintf("node-%d", nodeSandboxes), fmt.Sprintf("the credential path through one sandbox of a node serving %d", nodeSandboxes), lo, quiet}},
+		{{many, "node-quiet", fmt.Sprintf("the probe sandbox's GETs, %d client(s), nothing else changing", nodeLatencyClients), slow, quiet},
+			{many, "node-churn", fmt.Sprintf("as node-quiet, while other sandboxes are registered, changed and removed, %d a second", nodeChurnRate), slow,
+				func(ctx context.Context) { churn(ctx, env.w.up, many, sum) }}},
+	} {
+		var legs []leg
+		for _, r := range pair {
+			l, err := nodeLeg(ctx, env, r)
+			if err != nil {
+				return nil, err
+			}
+			legs = append(legs, l)
+		}
+		direct := func(int) (runResult, error) {
+			return runCounted(ctx, nodePath.direct(env.w), pair[0].lo, env.w.up, nil)
+		}
+		if err := runRounds(env, direct, legs, nil); err != nil {
+			return nil, err
+		}
+		rows = append(rows, finishAll(legs)...)
+	}
+	return rows, nil
+}
+
+// nodePath is what the node rows send: the credential path's GETs.
+var nodePath = interceptPath("", credentialHost, injectCredential, false, peersNone, "")
+
+func nodeLeg(ctx context.Context, env pathEnv, r nodeRow) (leg, error) {
+	addr, err := r.n.probeAddr()
+	w := *env.w
+	w.proxy = "http://" + addr
+	if err == nil {
+		w.egressdRoots, err = r.n.CAPool()
+	}
+	return leg{row: newRow(r.name, r.desc, injectCredential.String()), e: r.n.egressd,
+		run: func(cpu cpuFunc) (runResult, error) {
+			dctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); r.during(dctx) }()
+			defer func() { cancel(); <-done }()
+			return runCounted(ctx, nodePath.viaProxy(&w), r.lo, w.up, cpu)
+		},
+		check: func(round int, d runResult, x *viaRun) []string {
+			return append(injectionProblems(nodePath.inject, round, env.o.rounds, d, x.r), scrubProblems(nodePath, x.r, x.log)...)
+		}}, err
+}
+
+// churn registers, changes and removes sandboxes at nodeChurnRate until ctx ends.
+func churn(ctx context.Context, up *upstream, n *nodeEgressd, sum *nodeSummary) {
+	tick, t0 := time.NewTicker(time.Second/nodeChurnRate), time.Now()
+	defer func() { tick.Stop(); sum.ChurnSeconds += time.Since(t0).Seconds() }()
+	var i int
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		i++
+		id, slot := fmt.Sprintf("churn-%d", i/3%32), nodeSandboxes+nodeAPIOps+int(i/3%32)
+		var err error
+		switch i % 3 {
+		case 0:
+			_, err = n.register(up, id, slot, 0)
+		case 1:
+			_, err = n.register(up, id, slot, 2)
+		default:
+			_, err = n.call(http.MethodDelete, id, "", http.StatusNoContent)
+		}
+		sum.ChurnOps++
+		if err != nil && ctx.Err() == nil {
+			sum.ChurnErrors++
+		}
+	}
+}
+
+// writeNode prints the node rows' figures against their goals.
+func (r *report) writeNode(w io.Writer) {
+	p := r.path("node-1")
+	if p == nil || p.Node == nil {
+		return
+	}
+	s, many := p.Node, r.path(fmt.Sprintf("node-%d", p.Node.Sandboxes))
+	over := s.FullRSSBytes - s.EmptyRSSBytes
+	each := float64(over) / float64(s.Sandboxes)
+	fmt.Fprintf(w, "\nnode (%s sandboxes, listeners on 127.77.x.y in egressd's own network namespace):\n", thousands(float64(s.Sandboxes)))
+	fmt.Fprintf(w, "  memory: empty node %s, with %s sandboxes %s: %s over empty, %s each (goal ≤ %s, ≤ %s each: %s); one sidecar egressd %s, so %s sidecars ~%.1f GiB\n",
+		mib(s.EmptyRSSBytes), thousands(float64(s.Sandboxes)), mib(s.FullRSSBytes), mib(over), kib(each), mib(nodeGoalBytes), kib(nodeGoalEachBytes),
+		verdict(over <= nodeGoalBytes && each <= nodeGoalEachBytes), mib(s.SidecarRSSBytes), thousands(float64(s.Sandboxes)), float64(s.SidecarRSSBytes)*float64(s.Sandboxes)/(1<<30))
+	fmt.Fprintf(w, "  API (%d cycles on the full node; filling took %.1fs): ", nodeAPIOps, s.RegisterAllSecs)
+	worst := 0.0
+	for _, op := range []string{"register (filling)", "register", "change", "remove"} {
+		x := s.API[op]
+		worst = max(worst, x.P99US)
+		fmt.Fprintf(w, "%s p50/p99 %s, ", op, latencies(x))
+	}
+	fmt.Fprintf(w, "goal p99 ≤ %s: %s\n", nodeGoalAPI, verdict(worst <= micros(nodeGoalAPI)))
+	if q, c := r.path("node-quiet"), r.path("node-churn"); q != nil && c != nil {
+		added := c.Egressd.P99US - q.Egressd.P99US
+		fmt.Fprintf(w, "  churn: %d operations in %.1fs (%.1f/s), %d failed; the probe's p99 %s vs %s quiet: %+.0fµs (goal ≤ %dµs added: %s)\n",
+			s.ChurnOps, s.ChurnSeconds, float64(s.ChurnOps)/max(s.ChurnSeconds, 1e-9), s.ChurnErrors,
+			dur(c.Egressd.P99US), dur(q.Egressd.P99US), added, nodeGoalChurnUS, verdict(added <= nodeGoalChurnUS && s.ChurnErrors == 0))
+	}
+	if many != nil && p.CPUPerReqUS > 0 && many.CPUPerReqUS > 0 {
+		d := many.CPUPerReqUS/p.CPUPerReqUS - 1
+		fmt.Fprintf(w, "  CPU per request: %.1f µs with %s sandboxes vs %.1f with 1: %+.1f%% (goal within %.0f%%: %s); the full node idle: %.0f%% of a CPU\n",
+			many.CPUPerReqUS, thousands(float64(s.Sandboxes)), p.CPUPerReqUS, 100*d, 100*nodeGoalCPU, verdict(d <= nodeGoalCPU), 100*s.IdleCPU)
+	}
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
+}
