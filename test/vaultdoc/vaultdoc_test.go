@@ -77,8 +77,9 @@ func TestVaultDoc(t *testing.T) {
 	}
 }
 
-// vaultCLI is the vault binary scripts/install-vault-cli.sh built, or the test
-// skips (fails under EGRESSD_REQUIRE_VAULT_CLI).
+// vaultCLI is the vault binary scripts/install-vault-cli.sh built (make deps
+// runs it), or the test skips; make test sets EGRESSD_REQUIRE_VAULT_CLI, which
+// makes it fail instead.
 func vaultCLI(t *testing.T) string {
 	p, _ := filepath.Abs(filepath.Join(repoRoot, ".cache", "bin", "vault"))
 	if _, err := os.Stat(p); err != nil {
