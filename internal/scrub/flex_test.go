@@ -4,17 +4,20 @@ import (
 	"fmt"
 	"html/template"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
 )
 
-// partialValues hold '+', '/' and '=' (a session token, a bearer token) or
-// a space and '+' (a Basic pair): the characters encoders escape in part.
+// partialValues hold '+', '/' and '=' (a session token, a bearer token), a
+// space and '+' (a Basic pair), or a user:password pair whose longest run of
+// letters and digits is short: the characters encoders escape in part.
 var partialValues = []string{
 	"FwoGZXIvYXdzEBYaDHk+Qm9sL2ZyZWVzZQ/tZ3Jvd3RoIhJpbmNyZWFzZQ==",
 	"Bearer sk_live_51Hx+Q2eRtY/uIop9As+dF",
 	"Basic c3ZjOlB3MDAwMDAwfn4+",
+	"svc-deploy:Zq8!vT2#mWx9@pLr4",
 }
 
 // partialCases renders v as the encoders that escape some characters and
@@ -144,5 +147,23 @@ func TestPartialEscapesHoldBack(t *testing.T) {
 	}
 	if s.MaxLen() < len(spelled) {
 		t.Fatalf("MaxLen %d below a %d-byte spelling", s.MaxLen(), len(spelled))
+	}
+}
+
+// TestFlexShortRunKeepsStep: a value whose longest run is short (a Basic
+// pair's "deploy", a bearer token's "uIop9As") is anchored on longer
+// extensions of the run, so the prefilter samples as sparsely as for
+// values matched in their whole-value forms only (whose shortest form, the
+// raw value, may set a shorter step still).
+func TestFlexShortRunKeepsStep(t *testing.T) {
+	for _, v := range append(slices.Clone(benchValues), partialValues...) {
+		s := Compile(v)
+		want := min(flexAnchorLen, s.minLen) - gramLen + 1
+		switch pre := s.parts[0].pre; {
+		case pre == nil:
+			t.Errorf("%.12s...: no prefilter", v)
+		case pre.step < want:
+			t.Errorf("%.12s...: prefilter step %d, want at least %d", v, pre.step, want)
+		}
 	}
 }

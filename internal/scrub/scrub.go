@@ -89,7 +89,7 @@ type matcher struct {
 	pre      *prefilter             // where the anchors may be; nil: everywhere
 	byAnchor [][]int                // anchor pattern ID -> indexes into forms
 	forms    [][]byte               // every form, deduplicated
-	flexBy   [][]int                // anchor pattern ID -> indexes into flex
+	flexBy   [][]flexHit            // anchor pattern ID -> flexible values it anchors
 	flex     []flexValue            // the values matched flexibly (flex.go)
 	flexHead [256]bool              // first bytes of the flexible spellings
 	sorted   [][]byte               // forms, sorted, for prefix checks
@@ -171,19 +171,25 @@ func (m *matcher) anchors() [][]byte {
 		}
 		m.byAnchor[id] = append(m.byAnchor[id], i)
 	}
-	m.flexBy = make([][]int, len(out))
+	m.flexBy = make([][]flexHit, len(out))
 	for i, f := range m.flex {
-		id, ok := ids[string(f.anchor())]
-		if !ok {
-			id = len(out)
-			ids[string(f.anchor())] = id
-			out = append(out, f.anchor())
-			m.byAnchor, m.flexBy = append(m.byAnchor, nil), append(m.flexBy, nil)
+		for _, a := range f.anchors {
+			id, ok := ids[a.s]
+			if !ok {
+				id = len(out)
+				ids[a.s] = id
+				out = append(out, []byte(a.s))
+				m.byAnchor, m.flexBy = append(m.byAnchor, nil), append(m.flexBy, nil)
+			}
+			m.flexBy[id] = append(m.flexBy[id], flexHit{i, a.off})
 		}
-		m.flexBy[id] = append(m.flexBy[id], i)
 	}
 	return out
 }
+
+// flexHit is a flexible value an anchor belongs to: m.flex[i], whose run
+// starts off bytes into the anchor.
+type flexHit struct{ i, off int }
 
 // span is one occurrence, b[start:end].
 type span struct{ start, end int }
@@ -228,8 +234,9 @@ func (m *matcher) findIn(b []byte, lo, hi int, out []span) []span {
 				out = append(out, span{start, end})
 			}
 		}
-		for _, i := range m.flexBy[h.PatternID] {
-			out = m.flex[i].find(b, start, anchorEnd, out)
+		for _, fh := range m.flexBy[h.PatternID] {
+			f := &m.flex[fh.i]
+			out = f.find(b, start+fh.off, start+fh.off+f.n, out)
 		}
 	}
 	return out
