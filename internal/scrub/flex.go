@@ -32,23 +32,26 @@ import (
 // run alone finds; the cut merges spellings that agree on their first bytes.
 
 // flexMinRun is the shortest run of letters and digits that anchors a
-// flexible value: the prefilter's sampling step is the shortest anchor less
-// gramLen-1, so the shortest run of any value sets the step for every body
-// scanned with its Set: a shorter run than this would slow the scan to about
-// the DFA's own speed and anchor on common words. A value whose runs are all
-// shorter is matched in its whole-value forms only (docs/policy.md).
+// flexible value: a shorter run would anchor on common words, and where its
+// extensions are bounded (maxFlexAnchors) the run itself is the anchor, whose
+// length sets the prefilter's sampling step for every body scanned with its
+// Set. A value whose runs are all shorter is matched in its whole-value forms
+// only (docs/policy.md).
 const flexMinRun = 6
 
 // flexAnchorLen is how long a flexible value's anchors are made: long enough
-// for the prefilter to sample about as sparsely as for the whole-value forms.
-const flexAnchorLen = 16
+// for the prefilter to sample every ten bytes; longer anchors multiply in
+// number (each byte but a letter or digit they cross does) for little, as the
+// samples then cost less than the regions the DFA still scans.
+const flexAnchorLen = 13
 
 // maxFlexAnchors bounds the anchors of one flexible value. Each byte but a
 // letter or digit has a few dozen spellings (case variants included), so the
 // count multiplies with every such byte the extension crosses: when it would
 // pass the bound, the anchors are made a byte shorter, down to the run alone
-// (one anchor), so the DFA stays small and its build fast whatever the value.
-const maxFlexAnchors = 256
+// (one anchor). So the DFA stays small and its build fast whatever the value,
+// and the prefilter's bitmap sparse when a Set holds many such values.
+const maxFlexAnchors = 64
 
 // maxEntityDigits bounds the digits of a numeric character reference,
 // leading zeros included ("&#x00002B;"): encoders pad to fixed widths, and
@@ -265,6 +268,19 @@ func (f *flexValue) find(b []byte, start, end int, out []span) []span {
 		}
 	}
 	return out
+}
+
+// pairs adds to ps the first two bytes of every spelling of f.
+func (f *flexValue) pairs(ps *pairSet) {
+	for _, s := range spellFolded[f.v[0]] {
+		if len(s) > 1 {
+			ps.add(s[0], s[1])
+			continue
+		}
+		for _, t := range spellFolded[f.v[1]] {
+			ps.add(s[0], t[0])
+		}
+	}
 }
 
 // startsSpelling reports whether b is a proper prefix of a spelling of f: a

@@ -92,9 +92,10 @@ type matcher struct {
 	flexBy   [][]flexHit            // anchor pattern ID -> flexible values it anchors
 	flex     []flexValue            // the values matched flexibly (flex.go)
 	flexHead [256]bool              // first bytes of the flexible spellings
+	flexPair *pairSet               // first two bytes of the flexible spellings
 	sorted   [][]byte               // forms, sorted, for prefix checks
 	first    [256]bool              // first bytes of patterns
-	pair     *[1 << 16 / 64]uint64  // first two bytes of patterns, as a bitmap
+	pair     *pairSet               // first two bytes of patterns
 	maxLen   int
 }
 
@@ -275,14 +276,13 @@ func (s *Set) collect(vals []string) ([][]byte, []flexValue) {
 func (m *matcher) index() int {
 	m.sorted = slices.Clone(m.forms)
 	slices.SortFunc(m.sorted, bytes.Compare)
-	m.pair = new([1 << 16 / 64]uint64)
+	m.pair, m.flexPair = new(pairSet), new(pairSet)
 	minLen := len(m.forms[0])
 	for _, p := range m.forms {
 		m.maxLen, minLen = max(m.maxLen, len(p)), min(minLen, len(p))
 		m.first[p[0]] = true
 		if len(p) > 1 {
-			k := int(p[0])<<8 | int(p[1])
-			m.pair[k/64] |= 1 << (k % 64)
+			m.pair.add(p[0], p[1])
 		}
 	}
 	for _, f := range m.flex {
@@ -290,8 +290,22 @@ func (m *matcher) index() int {
 		for c, ok := range f.head {
 			m.flexHead[c] = m.flexHead[c] || ok
 		}
+		f.pairs(m.flexPair)
 	}
 	return minLen
+}
+
+// pairSet is a set of byte pairs, as a bitmap.
+type pairSet [1 << 16 / 64]uint64
+
+func (p *pairSet) add(a, b byte) {
+	k := int(a)<<8 | int(b)
+	p[k/64] |= 1 << (k % 64)
+}
+
+func (p *pairSet) has(a, b byte) bool {
+	k := int(a)<<8 | int(b)
+	return p[k/64]&(1<<(k%64)) != 0
 }
 
 // Active reports whether s masks anything.
