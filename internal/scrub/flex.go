@@ -21,14 +21,37 @@ import (
 // outward from the run, byte by byte, against each byte's spellings, keeping
 // every position a spelling can reach (a raw '%' and the "%25" that begins
 // with it may both lead on).
+//
+// A short run would make a short anchor, and the prefilter's sampling step
+// follows the shortest anchor of a Set, so one short run would slow every
+// body scanned with it. A run shorter than flexAnchorLen is therefore
+// extended over its neighbours into several longer anchors: the run followed
+// by each spelling of the next bytes (then preceded by each spelling of the
+// bytes before it, once the value ends), each cut at flexAnchorLen bytes.
+// Every spelling of the value holds one of them, so the anchors find what the
+// run alone finds; the cut merges spellings that agree on their first bytes.
 
 // flexMinRun is the shortest run of letters and digits that anchors a
-// flexible value: the prefilter's sampling step is the shortest anchor less
-// gramLen-1, so the shortest run of any value sets the step for every body
-// scanned with its Set: a shorter run than this would slow the scan to about
-// the DFA's own speed and anchor on common words. A value whose runs are all
-// shorter is matched in its whole-value forms only (docs/policy.md).
+// flexible value: a shorter run would anchor on common words, and where its
+// extensions are bounded (maxFlexAnchors) the run itself is the anchor, whose
+// length sets the prefilter's sampling step for every body scanned with its
+// Set. A value whose runs are all shorter is matched in its whole-value forms
+// only (docs/policy.md).
 const flexMinRun = 6
+
+// flexAnchorLen is how long a flexible value's anchors are made: long enough
+// for the prefilter to sample every ten bytes; longer anchors multiply in
+// number (each byte but a letter or digit they cross does) for little, as the
+// samples then cost less than the regions the DFA still scans.
+const flexAnchorLen = 13
+
+// maxFlexAnchors bounds the anchors of one flexible value. Each byte but a
+// letter or digit has a few dozen spellings (case variants included), so the
+// count multiplies with every such byte the extension crosses: when it would
+// pass the bound, the anchors are made a byte shorter, down to the run alone
+// (one anchor). So the DFA stays small and its build fast whatever the value,
+// and the prefilter's bitmap sparse when a Set holds many such values.
+const maxFlexAnchors = 64
 
 // maxEntityDigits bounds the digits of a numeric character reference,
 // leading zeros included ("&#x00002B;"): encoders pad to fixed widths, and
@@ -37,15 +60,59 @@ const maxEntityDigits = 6
 
 // flexValue is one value matched flexibly.
 type flexValue struct {
-	v      []byte
-	at, n  int        // the anchor: v[at:at+n]
-	maxLen int        // the longest spelling of v
-	head   *[256]bool // first bytes of v's spellings
+	v       []byte
+	at, n   int          // the run: v[at:at+n]
+	anchors []flexAnchor // what the DFA looks for, each holding the run
+	maxLen  int          // the longest spelling of v
+	head    *[256]bool   // first bytes of v's spellings
+}
+
+// flexAnchor is one anchor of a flexible value: the run starts off bytes in.
+type flexAnchor struct {
+	s   string
+	off int
 }
 
 // spell[c] lists the spellings of byte c: c itself first (matched exactly),
 // then its escapes (matched with ASCII case folded: "%2b", "&#X2B;").
 var spell = spellings()
+
+// spellFolded[c] lists the spellings of byte c as the DFA must see them:
+// c itself, then every ASCII case variant of each escape.
+var spellFolded = func() (t [256][]string) {
+	for c, ss := range spell {
+		seen := map[string]bool{}
+		for k, s := range ss {
+			vs := []string{s}
+			if k > 0 {
+				vs = caseVariants(s)
+			}
+			for _, v := range vs {
+				if !seen[v] {
+					seen[v] = true
+					t[c] = append(t[c], v)
+				}
+			}
+		}
+	}
+	return t
+}()
+
+// caseVariants returns s with its ASCII letters in every mix of cases.
+func caseVariants(s string) []string {
+	out := []string{""}
+	for i := range len(s) {
+		lo, up := strings.ToLower(s[i:i+1]), strings.ToUpper(s[i:i+1])
+		n := len(out)
+		for k := range n {
+			if up != lo {
+				out = append(out, out[k]+up)
+			}
+			out[k] += lo
+		}
+	}
+	return out
+}
 
 // spellMax[c] is the length of c's longest spelling.
 var spellMax = func() (m [256]int) {
@@ -119,6 +186,7 @@ func newFlexValue(v string) (flexValue, bool) {
 		return flexValue{}, false
 	}
 	f.n = min(f.n, anchorLen)
+	f.anchors = f.extend()
 	f.head = new([256]bool)
 	for _, s := range spell[f.v[0]] {
 		f.head[s[0]], f.head[lowerASCII(s[0])] = true, true
@@ -129,11 +197,64 @@ func newFlexValue(v string) (flexValue, bool) {
 	return f, true
 }
 
-// anchor is the literal the DFA looks for.
-func (f *flexValue) anchor() []byte { return f.v[f.at : f.at+f.n] }
+// extend returns f's anchors: the run, extended to the longest length up to
+// flexAnchorLen that keeps them within maxFlexAnchors.
+func (f *flexValue) extend() []flexAnchor {
+	for limit := flexAnchorLen; limit > f.n; limit-- {
+		if as, ok := f.extendTo(limit); ok {
+			return as
+		}
+	}
+	return []flexAnchor{{string(f.v[f.at : f.at+f.n]), 0}}
+}
 
-// find appends the occurrences of f around an anchor hit at b[start:end]:
-// every spelling start before it times every spelling end after it.
+// extendTo returns the anchors of f cut at limit bytes, or false when there
+// would be more than maxFlexAnchors.
+func (f *flexValue) extendTo(limit int) ([]flexAnchor, bool) {
+	// Each partial anchor spells v[j:i], its run off bytes in.
+	type partial struct {
+		flexAnchor
+		i, j int
+	}
+	cur := []partial{{flexAnchor{string(f.v[f.at : f.at+f.n]), 0}, f.at + f.n, f.at}}
+	var done []flexAnchor
+	for len(cur) > 0 {
+		seen := map[partial]bool{}
+		var next []partial
+		add := func(p partial) {
+			if !seen[p] {
+				seen[p] = true
+				next = append(next, p)
+			}
+		}
+		for _, p := range cur {
+			switch {
+			case len(p.s) >= limit || p.i == len(f.v) && p.j == 0:
+				done = append(done, p.flexAnchor)
+			case p.i < len(f.v):
+				for _, sp := range spellFolded[f.v[p.i]] {
+					s := p.s + sp
+					add(partial{flexAnchor{s[:min(len(s), limit)], p.off}, p.i + 1, p.j})
+				}
+			default:
+				for _, sp := range spellFolded[f.v[p.j-1]] {
+					s := sp + p.s
+					cut := max(0, len(s)-limit)
+					add(partial{flexAnchor{s[cut:], p.off + len(sp) - cut}, p.i, p.j - 1})
+				}
+			}
+		}
+		if len(done)+len(next) > maxFlexAnchors {
+			return nil, false
+		}
+		cur = next
+	}
+	return done, true
+}
+
+// find appends the occurrences of f around a hit of its run at
+// b[start:end]: every spelling start before it times every spelling end
+// after it.
 func (f *flexValue) find(b []byte, start, end int, out []span) []span {
 	var sbuf, sscratch, ebuf, escratch [4]int
 	starts := backward(b, start, f.v[:f.at], sbuf[:0], sscratch[:0])
@@ -147,6 +268,19 @@ func (f *flexValue) find(b []byte, start, end int, out []span) []span {
 		}
 	}
 	return out
+}
+
+// pairs adds to ps the first two bytes of every spelling of f.
+func (f *flexValue) pairs(ps *pairSet) {
+	for _, s := range spellFolded[f.v[0]] {
+		if len(s) > 1 {
+			ps.add(s[0], s[1])
+			continue
+		}
+		for _, t := range spellFolded[f.v[1]] {
+			ps.add(s[0], t[0])
+		}
+	}
 }
 
 // startsSpelling reports whether b is a proper prefix of a spelling of f: a

@@ -4,17 +4,20 @@ import (
 	"fmt"
 	"html/template"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
 )
 
-// partialValues hold '+', '/' and '=' (a session token, a bearer token) or
-// a space and '+' (a Basic pair): the characters encoders escape in part.
+// partialValues hold '+', '/' and '=' (a session token, a bearer token), a
+// space and '+' (a Basic pair), or a user:password pair whose longest run of
+// letters and digits is short: the characters encoders escape in part.
 var partialValues = []string{
 	"FwoGZXIvYXdzEBYaDHk+Qm9sL2ZyZWVzZQ/tZ3Jvd3RoIhJpbmNyZWFzZQ==",
 	"Bearer sk_live_51Hx+Q2eRtY/uIop9As+dF",
 	"Basic c3ZjOlB3MDAwMDAwfn4+",
+	"svc-deploy:Zq8!vT2#mWx9@pLr4",
 }
 
 // partialCases renders v as the encoders that escape some characters and
@@ -123,26 +126,53 @@ func TestPartialEscapesNotOthers(t *testing.T) {
 
 // TestPartialEscapesHoldBack: a Reader holds back a partial spelling (the
 // escape sequences make it longer than the value) until it is complete or
-// broken, and releases the bytes before it at once.
+// broken, and releases the bytes before it at once: cut inside the last
+// entity, or two bytes into a spelling that begins with an escape.
 func TestPartialEscapesHoldBack(t *testing.T) {
-	v := partialValues[0]
-	s := Compile(v)
-	spelled := strings.ReplaceAll(strings.ReplaceAll(v, "=", "&#x0003D;"), "+", "&#0043;")
-	cut := len(spelled) - 3 // inside the last entity
-	r := s.Reader(&chunks{parts: [][]byte{[]byte("head " + spelled[:cut]), []byte(spelled[cut:] + " tail")}})
-	buf := make([]byte, 1<<10)
-	n, err := r.Read(buf)
-	if err != nil || string(buf[:n]) != "head " {
-		t.Fatalf("first read: %q, %v; want only what precedes the spelling", buf[:n], err)
+	v, w := partialValues[0], "+Q2eRtY/uIop9As+dF"
+	for _, c := range []struct {
+		v, spelled string
+		cut        int
+	}{
+		{v, strings.ReplaceAll(strings.ReplaceAll(v, "=", "&#x0003D;"), "+", "&#0043;"), -3},
+		{w, strings.ReplaceAll(w, "+", "&#43;"), 2},
+		{w, strings.ReplaceAll(w, "+", "%2b"), 2},
+	} {
+		s := Compile(c.v)
+		cut := (c.cut + len(c.spelled)) % len(c.spelled)
+		r := s.Reader(&chunks{parts: [][]byte{[]byte("head " + c.spelled[:cut]), []byte(c.spelled[cut:] + " tail")}})
+		buf := make([]byte, 1<<10)
+		n, err := r.Read(buf)
+		if err != nil || string(buf[:n]) != "head " {
+			t.Fatalf("%q cut at %d: first read %q, %v; want only what precedes the spelling", c.spelled, cut, buf[:n], err)
+		}
+		rest, err := io.ReadAll(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := strings.Repeat("*", len(c.spelled)) + " tail"; string(rest) != want {
+			t.Fatalf("got %q, want %q", rest, want)
+		}
+		if s.MaxLen() < len(c.spelled) {
+			t.Fatalf("MaxLen %d below a %d-byte spelling", s.MaxLen(), len(c.spelled))
+		}
 	}
-	rest, err := io.ReadAll(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := strings.Repeat("*", len(spelled)) + " tail"; string(rest) != want {
-		t.Fatalf("got %q, want %q", rest, want)
-	}
-	if s.MaxLen() < len(spelled) {
-		t.Fatalf("MaxLen %d below a %d-byte spelling", s.MaxLen(), len(spelled))
+}
+
+// TestFlexShortRunKeepsStep: a value whose longest run is short (a Basic
+// pair's "deploy", a bearer token's "uIop9As") is anchored on longer
+// extensions of the run, so the prefilter samples as sparsely as for
+// values matched in their whole-value forms only (whose shortest form, the
+// raw value, may set a shorter step still).
+func TestFlexShortRunKeepsStep(t *testing.T) {
+	for _, v := range append(slices.Clone(benchValues), partialValues...) {
+		s := Compile(v)
+		want := min(flexAnchorLen, s.minLen) - gramLen + 1
+		switch pre := s.parts[0].pre; {
+		case pre == nil:
+			t.Errorf("%.12s...: no prefilter", v)
+		case pre.step < want:
+			t.Errorf("%.12s...: prefilter step %d, want at least %d", v, pre.step, want)
+		}
 	}
 }

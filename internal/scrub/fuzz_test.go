@@ -23,6 +23,10 @@ func FuzzReader(f *testing.F) {
 	f.Add("aaaaaaaaab", "aaaaaaaab", []byte("aaaaaaaaaaaaaaaaaaaaab"), uint8(1), uint16(0), uint16(8), uint16(5))
 	f.Add("Basic c3ZjLWRlcGxveTpacTghdlQyI21XeDlAcExyNA==", "AKIA-7f3b9c1e5d2a4f6b8c0e1d3f5a7b9c2e",
 		[]byte(strings.Repeat("x", 300)), uint8(40), uint16(100), uint16(140), uint16(150))
+	// Partial escapes of values whose longest run is short, so their anchors
+	// are the run's extensions: over the bytes after it, and both sides.
+	f.Add("svc-deploy:Zq8!vT2#mWx9@pLr4", "", []byte("echo: {} tail"), uint8(57), uint16(6), uint16(0), uint16(3))
+	f.Add("sk_live_51Hx+Q2eRtY/uIop9As+dF", "", []byte("a&#43;b%2"), uint8(58), uint16(3), uint16(0), uint16(7))
 	f.Fuzz(func(t *testing.T, secret, other string, body []byte, form uint8, at, at2, second uint16) {
 		if len(secret) < MinLen || len(secret) > 128 || len(other) > 128 || len(body) > 512 {
 			return

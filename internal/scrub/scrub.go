@@ -89,12 +89,13 @@ type matcher struct {
 	pre      *prefilter             // where the anchors may be; nil: everywhere
 	byAnchor [][]int                // anchor pattern ID -> indexes into forms
 	forms    [][]byte               // every form, deduplicated
-	flexBy   [][]int                // anchor pattern ID -> indexes into flex
+	flexBy   [][]flexHit            // anchor pattern ID -> flexible values it anchors
 	flex     []flexValue            // the values matched flexibly (flex.go)
 	flexHead [256]bool              // first bytes of the flexible spellings
+	flexPair *pairSet               // first two bytes of the flexible spellings
 	sorted   [][]byte               // forms, sorted, for prefix checks
 	first    [256]bool              // first bytes of patterns
-	pair     *[1 << 16 / 64]uint64  // first two bytes of patterns, as a bitmap
+	pair     *pairSet               // first two bytes of patterns
 	maxLen   int
 }
 
@@ -171,19 +172,25 @@ func (m *matcher) anchors() [][]byte {
 		}
 		m.byAnchor[id] = append(m.byAnchor[id], i)
 	}
-	m.flexBy = make([][]int, len(out))
+	m.flexBy = make([][]flexHit, len(out))
 	for i, f := range m.flex {
-		id, ok := ids[string(f.anchor())]
-		if !ok {
-			id = len(out)
-			ids[string(f.anchor())] = id
-			out = append(out, f.anchor())
-			m.byAnchor, m.flexBy = append(m.byAnchor, nil), append(m.flexBy, nil)
+		for _, a := range f.anchors {
+			id, ok := ids[a.s]
+			if !ok {
+				id = len(out)
+				ids[a.s] = id
+				out = append(out, []byte(a.s))
+				m.byAnchor, m.flexBy = append(m.byAnchor, nil), append(m.flexBy, nil)
+			}
+			m.flexBy[id] = append(m.flexBy[id], flexHit{i, a.off})
 		}
-		m.flexBy[id] = append(m.flexBy[id], i)
 	}
 	return out
 }
+
+// flexHit is a flexible value an anchor belongs to: m.flex[i], whose run
+// starts off bytes into the anchor.
+type flexHit struct{ i, off int }
 
 // span is one occurrence, b[start:end].
 type span struct{ start, end int }
@@ -228,8 +235,9 @@ func (m *matcher) findIn(b []byte, lo, hi int, out []span) []span {
 				out = append(out, span{start, end})
 			}
 		}
-		for _, i := range m.flexBy[h.PatternID] {
-			out = m.flex[i].find(b, start, anchorEnd, out)
+		for _, fh := range m.flexBy[h.PatternID] {
+			f := &m.flex[fh.i]
+			out = f.find(b, start+fh.off, start+fh.off+f.n, out)
 		}
 	}
 	return out
@@ -268,14 +276,13 @@ func (s *Set) collect(vals []string) ([][]byte, []flexValue) {
 func (m *matcher) index() int {
 	m.sorted = slices.Clone(m.forms)
 	slices.SortFunc(m.sorted, bytes.Compare)
-	m.pair = new([1 << 16 / 64]uint64)
+	m.pair, m.flexPair = new(pairSet), new(pairSet)
 	minLen := len(m.forms[0])
 	for _, p := range m.forms {
 		m.maxLen, minLen = max(m.maxLen, len(p)), min(minLen, len(p))
 		m.first[p[0]] = true
 		if len(p) > 1 {
-			k := int(p[0])<<8 | int(p[1])
-			m.pair[k/64] |= 1 << (k % 64)
+			m.pair.add(p[0], p[1])
 		}
 	}
 	for _, f := range m.flex {
@@ -283,8 +290,22 @@ func (m *matcher) index() int {
 		for c, ok := range f.head {
 			m.flexHead[c] = m.flexHead[c] || ok
 		}
+		f.pairs(m.flexPair)
 	}
 	return minLen
+}
+
+// pairSet is a set of byte pairs, as a bitmap.
+type pairSet [1 << 16 / 64]uint64
+
+func (p *pairSet) add(a, b byte) {
+	k := int(a)<<8 | int(b)
+	p[k/64] |= 1 << (k % 64)
+}
+
+func (p *pairSet) has(a, b byte) bool {
+	k := int(a)<<8 | int(b)
+	return p[k/64]&(1<<(k%64)) != 0
 }
 
 // Active reports whether s masks anything.

@@ -172,7 +172,7 @@ func (s *Set) hold(b []byte) int {
 // costs little per read.
 func (m *matcher) hold(b []byte) int {
 	for i := max(0, len(b)-(m.maxLen-1)); i < len(b); i++ {
-		if m.formStarts(b, i) || m.flexHead[b[i]] && m.flexStarts(b[i:]) {
+		if m.formStarts(b, i) || m.flexHead[b[i]] && (i+1 == len(b) || m.flexPair.has(b[i], b[i+1])) && m.flexStarts(b[i:]) {
 			return len(b) - i
 		}
 	}
@@ -184,11 +184,8 @@ func (m *matcher) formStarts(b []byte, i int) bool {
 	if !m.first[b[i]] {
 		return false
 	}
-	if i+1 < len(b) {
-		k := int(b[i])<<8 | int(b[i+1])
-		if m.pair[k/64]&(1<<(k%64)) == 0 {
-			return false
-		}
+	if i+1 < len(b) && !m.pair.has(b[i], b[i+1]) {
+		return false
 	}
 	return m.properPrefix(b[i:])
 }
