@@ -115,7 +115,7 @@ type Store struct {
 	entries map[string]*entry // fixed by NewStore: read concurrently without a lock
 	started atomic.Bool
 	tasks   Tasks
-	timerMu sync.Mutex // guards every entry's timer
+	timerMu sync.Mutex    // guards every entry's timer
 	first   chan struct{} // closed once the first read of every ID is done
 
 	subMu sync.Mutex

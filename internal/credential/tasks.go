@@ -15,7 +15,8 @@ type Tasks struct {
 	wg  sync.WaitGroup
 }
 
-// Bind sets the context the tasks end with; call it once, before the first Go.
+// Bind sets the context the tasks end with, before the first Go; a later Bind replaces it
+// (a Manager runs under Background until it is started).
 func (t *Tasks) Bind(ctx context.Context) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
