@@ -32,16 +32,24 @@ func (s *Store) StartAsync(ctx context.Context) {
 		panic("credential: Store.Start called twice")
 	}
 	s.tasks.Bind(ctx)
-	s.tasks.Go(func() {
+	started := s.tasks.Go(func() {
 		first, cancel := context.WithTimeout(ctx, s.o.ReadTimeout)
 		s.refreshAll(first)
 		cancel()
-		for _, id := range s.ids {
-			s.entries[id].firstDone() // a read cut short by the timeout is done too
-		}
-		close(s.first)
+		s.firstDone()
 		s.startLoops(ctx)
 	})
+	if !started { // ctx had ended: no read will come
+		s.firstDone()
+	}
+}
+
+// firstDone marks every ID's first read done, a read cut short by the timeout too.
+func (s *Store) firstDone() {
+	for _, id := range s.ids {
+		s.entries[id].firstDone()
+	}
+	close(s.first)
 }
 
 // startLoops schedules the refresh of every ID and starts the backend's watchers. Only
