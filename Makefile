@@ -27,15 +27,15 @@ test: deps lint unit
 # iptables; the real-client suite's curl, git and Python libraries from Debian,
 # its pinned undici from npm into $(CACHE)/node; boto3 and the AWS CLI; helm,
 # kubeconform, the schemas' modules and docker-compose for deploy/) and builds
-# the Vault dev server and MinIO (test/aws's S3) once (cached outside the clone).
-# The vault CLI for test/vaultdoc (scripts/install-vault-cli.sh) does not build
-# yet and is not installed here.
+# the Vault dev server, HashiCorp's vault CLI (test/vaultdoc runs docs/vault.md
+# with it) and MinIO (test/aws's S3) once (cached outside the clone).
 deps:
 	@scripts/install-test-deps.sh
 	@scripts/install-netns-deps.sh
 	@scripts/install-client-deps.sh $(CACHE)
 	@scripts/install-deploy-deps.sh
 	@scripts/vaultdev.sh build >/dev/null
+	@scripts/install-vault-cli.sh >/dev/null
 	@scripts/minio.sh build >/dev/null
 
 ## validate-manifests: kubeconform, offline, on MANIFESTS (default: the plain
@@ -64,13 +64,14 @@ $(STATICCHECK):
 # namespace fail, rather than skip, when one cannot be made; EGRESSD_REQUIRE_CGROUP
 # likewise those that run egressd in a memory cgroup they make (as root);
 # EGRESSD_REQUIRE_VAULT makes the Vault integration tests fail rather than skip
-# without a server, which scripts/with-vault.sh starts for the run and stops after it;
+# without a server, which scripts/with-vault.sh starts for the run and stops after it,
+# and EGRESSD_REQUIRE_VAULT_CLI test/vaultdoc without the vault CLI deps built;
 # EGRESSD_REQUIRE_CLIENTS makes the real-client suite (test/clients) fail rather than
 # skip a client that deps did not install (PyGithub in cmd/egressd too);
 # EGRESSD_REQUIRE_DEPLOY_TOOLS likewise the deploy/ tests that need helm,
 # kubeconform, the schemas or docker-compose.
 unit:
-	scripts/with-vault.sh env EGRESSD_REQUIRE_NETNS=1 EGRESSD_REQUIRE_CGROUP=1 EGRESSD_REQUIRE_VAULT=1 \
+	scripts/with-vault.sh env EGRESSD_REQUIRE_NETNS=1 EGRESSD_REQUIRE_CGROUP=1 EGRESSD_REQUIRE_VAULT=1 EGRESSD_REQUIRE_VAULT_CLI=1 \
 	  EGRESSD_REQUIRE_CLIENTS=1 EGRESSD_CLIENTS_NODE_MODULES=$(CACHE)/node/node_modules EGRESSD_REQUIRE_DEPLOY_TOOLS=1 \
 	  $(GO) test -race -count=1 -timeout 15m ./...
 

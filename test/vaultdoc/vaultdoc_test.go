@@ -77,8 +77,9 @@ func TestVaultDoc(t *testing.T) {
 	}
 }
 
-// vaultCLI is the vault binary scripts/install-vault-cli.sh built, or the test
-// skips (fails under EGRESSD_REQUIRE_VAULT_CLI).
+// vaultCLI is the vault binary scripts/install-vault-cli.sh built (make deps
+// runs it), or the test skips; make test sets EGRESSD_REQUIRE_VAULT_CLI, which
+// makes it fail instead.
 func vaultCLI(t *testing.T) string {
 	p, _ := filepath.Abs(filepath.Join(repoRoot, ".cache", "bin", "vault"))
 	if _, err := os.Stat(p); err != nil {
@@ -97,7 +98,8 @@ func vaultCLI(t *testing.T) string {
 		t.Fatal("tools/vaultcli/go.mod does not require github.com/hashicorp/vault")
 	}
 	out, err := exec.Command(p, "version").CombinedOutput()
-	if err != nil || !strings.HasPrefix(string(out), "Vault "+string(m[1])+" ") {
+	// "Vault v1.20.4, built ..." or "Vault v1.20.4 (...)": the version, then no more of one.
+	if err != nil || !regexp.MustCompile(`^Vault `+regexp.QuoteMeta(string(m[1]))+`[^0-9.]`).Match(out) {
 		t.Fatalf("%s version: %v: %q, want Vault %s", p, err, out, m[1])
 	}
 	return p
@@ -130,9 +132,16 @@ func startVault(t *testing.T, vault string, env []string) []string {
 	})
 	vars := []string{"VAULT_ADDR=http://" + addr, "VAULT_TOKEN=" + root}
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		status := exec.Command(vault, "status")
-		status.Env = append(slices.Clone(env), vars...)
-		if status.Run() == nil {
+		// Ready once the dev server's secret/ mount takes writes: it upgrades the
+		// mount to KV v2 after it starts answering, and a write before that fails.
+		probe := exec.Command(vault, "kv", "put", "-mount=secret", "vaultdoc-ready", "ok=1")
+		probe.Env = append(slices.Clone(env), vars...)
+		if probe.Run() == nil {
+			clean := exec.Command(vault, "kv", "metadata", "delete", "-mount=secret", "vaultdoc-ready")
+			clean.Env = probe.Env
+			if err := clean.Run(); err != nil {
+				t.Fatal(err)
+			}
 			return vars
 		}
 		if time.Now().After(deadline) {
