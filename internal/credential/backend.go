@@ -30,7 +30,10 @@ type Writer interface {
 }
 
 // Watcher is implemented by backends that notice changes themselves (the file backend).
-// Store.Start runs Watch until its context ends, re-reading every ID on each onChange.
+// Store.Start calls Watch once; it returns at once, and until ctx ends the backend calls
+// onChange on each change, from a goroutine of its own that exists only while it calls
+// (never two calls at once for one Watch), and the Store re-reads every ID. A Store
+// waiting for a change thus parks no goroutine.
 type Watcher interface {
 	Watch(ctx context.Context, onChange func())
 }

@@ -12,7 +12,7 @@ import (
 
 // Start reads every ID once, synchronously (the whole pass bounded by ReadTimeout: a read
 // still running then is a failed read), then refreshes each ID in the background every
-// Refresh ± Jitter until ctx ends. If the backend is a Watcher, Start also runs its Watch,
+// Refresh ± Jitter until ctx ends. If the backend is a Watcher, Start also calls its Watch,
 // re-reading every ID on each change; if it is an IDWatcher, its WatchIDs, re-reading the
 // IDs it names. Reads after the first are never on the request path.
 // Start (or StartAsync) must be called once.
@@ -31,34 +31,71 @@ func (s *Store) StartAsync(ctx context.Context) {
 	if !s.started.CompareAndSwap(false, true) {
 		panic("credential: Store.Start called twice")
 	}
-	s.wg.Go(func() {
+	s.tasks.Bind(ctx)
+	started := s.tasks.Go(func() {
 		first, cancel := context.WithTimeout(ctx, s.o.ReadTimeout)
 		s.refreshAll(first)
 		cancel()
-		for _, id := range s.ids {
-			s.entries[id].firstDone() // a read cut short by the timeout is done too
-		}
-		close(s.first)
+		s.firstDone()
 		s.startLoops(ctx)
+	})
+	if !started { // ctx had ended: no read will come
+		s.firstDone()
+	}
+}
+
+// firstDone marks every ID's first read done, a read cut short by the timeout too.
+func (s *Store) firstDone() {
+	for _, id := range s.ids {
+		s.entries[id].firstDone()
+	}
+	close(s.first)
+}
+
+// startLoops schedules the refresh of every ID and starts the backend's watchers. Only
+// WatchIDs keeps a goroutine: a timer or a Watch callback starts one per read.
+func (s *Store) startLoops(ctx context.Context) {
+	for _, id := range s.ids {
+		s.schedule(ctx, s.entries[id])
+	}
+	context.AfterFunc(ctx, s.stopTimers)
+	if w, ok := s.backend.(Watcher); ok {
+		w.Watch(ctx, func() { s.tasks.Do(func() { s.RefreshNow(ctx, "") }) })
+	}
+	if w, ok := s.backend.(IDWatcher); ok {
+		s.tasks.Go(func() { w.WatchIDs(ctx, func(id string) { s.RefreshNow(ctx, id) }) })
+	}
+}
+
+// schedule arms e's next refresh, a jittered Refresh from now, unless ctx has ended. The
+// timer's goroutine exists only while it fires: it starts the read, which arms the next.
+func (s *Store) schedule(ctx context.Context, e *entry) {
+	s.timerMu.Lock()
+	defer s.timerMu.Unlock()
+	if ctx.Err() != nil {
+		return
+	}
+	e.timer = time.AfterFunc(s.interval(), func() {
+		s.tasks.Go(func() {
+			s.refresh(ctx, e)
+			s.schedule(ctx, e)
+		})
 	})
 }
 
-// startLoops starts the refresh loop of every ID and the backend's watchers.
-func (s *Store) startLoops(ctx context.Context) {
-	for _, id := range s.ids {
-		e := s.entries[id]
-		s.wg.Go(func() { s.loop(ctx, e) })
-	}
-	if w, ok := s.backend.(Watcher); ok {
-		s.wg.Go(func() { w.Watch(ctx, func() { s.RefreshNow(ctx, "") }) })
-	}
-	if w, ok := s.backend.(IDWatcher); ok {
-		s.wg.Go(func() { w.WatchIDs(ctx, func(id string) { s.RefreshNow(ctx, id) }) })
+// stopTimers disarms every refresh once Start's ctx has ended: schedule arms none after.
+func (s *Store) stopTimers() {
+	s.timerMu.Lock()
+	defer s.timerMu.Unlock()
+	for _, e := range s.entries {
+		if e.timer != nil {
+			e.timer.Stop()
+		}
 	}
 }
 
 // Wait blocks until the goroutines Start began have returned; they do once its ctx ends.
-func (s *Store) Wait() { s.wg.Wait() }
+func (s *Store) Wait() { s.tasks.Wait() }
 
 // RefreshNow re-reads one ID now, or every ID when id is ""; it returns when the reads are
 // done. IDs the Store does not manage are ignored. The file backend's watcher calls it on
@@ -70,21 +107,6 @@ func (s *Store) RefreshNow(ctx context.Context, id string) {
 	}
 	if e := s.entries[id]; e != nil {
 		s.refresh(ctx, e)
-	}
-}
-
-// loop refreshes one ID every jittered Refresh until ctx ends.
-func (s *Store) loop(ctx context.Context, e *entry) {
-	t := time.NewTimer(s.interval())
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.refresh(ctx, e)
-			t.Reset(s.interval())
-		}
 	}
 }
 

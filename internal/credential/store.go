@@ -105,14 +105,17 @@ type Status struct {
 // Backend in the background. Get, Status and Ready never wait for a read.
 //
 // Lifecycle: NewStore, Start(ctx) (reads every ID once, then refreshes until ctx ends),
-// Wait (after ctx ends, for the background goroutines to exit).
+// Wait (after ctx ends, for the background goroutines to exit). Between reads a Store parks
+// no goroutine: refreshes wait on timers and file changes arrive by callback, so a node's
+// idle sandboxes cost the garbage collector no stacks to scan.
 type Store struct {
 	backend Backend
 	o       Options
 	ids     []string          // sorted
 	entries map[string]*entry // fixed by NewStore: read concurrently without a lock
 	started atomic.Bool
-	wg      sync.WaitGroup
+	tasks   Tasks
+	timerMu sync.Mutex    // guards every entry's timer
 	first   chan struct{} // closed once the first read of every ID is done
 
 	subMu sync.Mutex
@@ -127,6 +130,7 @@ type entry struct {
 	cur   atomic.Pointer[state]
 	first chan struct{} // closed once the first read is done (or Start's ctx ended)
 	once  sync.Once
+	timer *time.Timer // the next background refresh (Store.timerMu)
 }
 
 // firstDone closes e.first, once.

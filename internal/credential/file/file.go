@@ -93,25 +93,20 @@ func (b *Backend) Read(ctx context.Context, id string) (credential.Secret, strin
 	return e.secret, e.version, nil
 }
 
-// Watch polls the file every PollInterval until ctx ends and calls onChange (synchronously)
-// whenever its content or its failure changes: a rewrite, a rename over it, a symlink swap,
-// a deletion, a restore. The first poll always calls onChange once. Backends watching the
-// same path share one poll of it (poll.go).
+// Watch polls the file every PollInterval until ctx ends and calls onChange whenever its
+// content or its failure changes: a rewrite, a rename over it, a symlink swap, a deletion,
+// a restore. The first poll always calls onChange once. Watch returns at once; onChange
+// runs on a goroutine that lives only while the file is looked at, never two at once.
+// Backends watching the same path share one poll of it (poll.go).
 func (b *Backend) Watch(ctx context.Context, onChange func()) {
-	sub, leave := join(pollKey{path: b.path, every: b.o.PollInterval})
-	defer leave()
-	var seen uint64
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-sub.wake:
-		}
-		if snap := b.load(sub.force.Swap(false)); snap.gen != seen {
+	var seen uint64 // only the look in progress touches it
+	leave := join(pollKey{path: b.path, every: b.o.PollInterval}, func(force bool) {
+		if snap := b.load(force); snap.gen != seen {
 			seen = snap.gen
 			onChange()
 		}
-	}
+	})
+	context.AfterFunc(ctx, leave)
 }
 
 // Inspection is what `egressd check` learns from the credentials file, as the

@@ -216,12 +216,8 @@ func (w *watcher) count() int {
 func startWatch(t *testing.T, b *Backend) *watcher {
 	w := &watcher{}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		b.Watch(ctx, func() { w.mu.Lock(); w.changes++; w.mu.Unlock() })
-		close(done)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	b.Watch(ctx, func() { w.mu.Lock(); w.changes++; w.mu.Unlock() })
+	t.Cleanup(cancel)
 	return w
 }
 
@@ -389,12 +385,10 @@ func TestPollerStopsWithTheLastWatch(t *testing.T) {
 	writeFile(t, path, `{"a": {"token": "one"}}`)
 	key := pollKey{path: path, every: 5 * time.Millisecond}
 	var cancels []context.CancelFunc
-	var done []chan struct{}
 	for range 3 {
 		ctx, cancel := context.WithCancel(context.Background())
-		ch := make(chan struct{})
-		go func() { New(path, Options{PollInterval: 5 * time.Millisecond}).Watch(ctx, func() {}); close(ch) }()
-		cancels, done = append(cancels, cancel), append(done, ch)
+		New(path, Options{PollInterval: 5 * time.Millisecond}).Watch(ctx, func() {})
+		cancels = append(cancels, cancel)
 	}
 	running := func() bool {
 		pollers.mu.Lock()
@@ -402,16 +396,22 @@ func TestPollerStopsWithTheLastWatch(t *testing.T) {
 		return pollers.m[key] != nil
 	}
 	eventuallyTrue(t, "a poller", running)
-	for i := range cancels {
-		if !running() {
-			t.Fatalf("the poller stopped with %d watchers left", len(cancels)-i)
+	for _, cancel := range cancels[:len(cancels)-1] {
+		cancel()
+	}
+	eventuallyTrue(t, "one watcher left", func() bool { // leaving follows the cancel asynchronously
+		pollers.mu.Lock()
+		defer pollers.mu.Unlock()
+		p := pollers.m[key]
+		if p == nil {
+			t.Fatal("the poller stopped with a watcher left")
 		}
-		cancels[i]()
-		<-done[i]
-	}
-	if running() {
-		t.Fatal("the poller outlives its watchers")
-	}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.subs) == 1
+	})
+	cancels[len(cancels)-1]()
+	eventuallyTrue(t, "stopped poller", func() bool { return !running() })
 }
 
 func eventuallyTrue(t *testing.T, what string, f func() bool) {

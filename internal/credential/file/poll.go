@@ -3,7 +3,6 @@ package file
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -11,7 +10,8 @@ import (
 // interval looks at the file as load does (its stat every interval; its content when
 // the stat changed, while the last read was racy, and every hashEvery-th poll) and,
 // when the content or its failure changed, wakes every Backend watching it, which
-// then reads the file into its own snapshot. A node whose sandboxes name one
+// then reads the file into its own snapshot on a goroutine that lives only while it
+// does: a Backend waiting for a change parks none. A node whose sandboxes name one
 // credentials file stats it once an interval, not once per sandbox. The poller keeps
 // no secret: its probe keeps the file's stat and hash, never the parsed content.
 
@@ -30,11 +30,13 @@ type poller struct {
 	subs map[*pollSub]struct{}
 }
 
-// pollSub is one Watch waiting on a poller.
+// pollSub is one Watch waiting on a poller; its fields are guarded by poller.mu.
 type pollSub struct {
-	wake  chan struct{} // buffered: a wake-up pending is not sent twice
-	force atomic.Bool   // the poller saw a change: the Backend re-reads whatever its stat says
-	fresh bool          // not polled for yet (poller.mu): Watch's first poll always looks
+	look    func(force bool) // the Backend's look at the file; force: re-read whatever its stat says
+	due     bool             // a look is wanted: one pending is not asked for twice
+	force   bool             // the poller saw a change since the last look began
+	running bool             // a goroutine is looking (drain)
+	fresh   bool             // not polled for yet: Watch's first poll always looks
 }
 
 var pollers = struct {
@@ -43,9 +45,10 @@ var pollers = struct {
 }{m: map[pollKey]*poller{}}
 
 // join adds a watcher of k's file, starting its poller if none runs, and returns the
-// function that removes it (stopping the poller after the last).
-func join(k pollKey) (*pollSub, func()) {
-	s := &pollSub{wake: make(chan struct{}, 1), fresh: true}
+// function that removes it (stopping the poller after the last). look is called, never
+// twice at once, after each poll that wakes the watcher.
+func join(k pollKey, look func(force bool)) func() {
+	s := &pollSub{look: look, fresh: true}
 	pollers.mu.Lock()
 	defer pollers.mu.Unlock()
 	p := pollers.m[k]
@@ -58,11 +61,12 @@ func join(k pollKey) (*pollSub, func()) {
 	p.mu.Lock()
 	p.subs[s] = struct{}{}
 	p.mu.Unlock()
-	return s, func() {
+	return func() {
 		pollers.mu.Lock()
 		defer pollers.mu.Unlock()
 		p.mu.Lock()
 		delete(p.subs, s)
+		s.due = false
 		last := len(p.subs) == 0
 		p.mu.Unlock()
 		if last {
@@ -97,13 +101,27 @@ func (p *poller) tell(changed bool) {
 		if !changed && !s.fresh {
 			continue
 		}
-		s.fresh = false
-		if changed {
-			s.force.Store(true)
+		s.fresh, s.due = false, true
+		s.force = s.force || changed
+		if !s.running {
+			s.running = true
+			go p.drain(s)
 		}
-		select {
-		case s.wake <- struct{}{}:
-		default:
+	}
+}
+
+// drain looks at the file for s until no look is due, then ends.
+func (p *poller) drain(s *pollSub) {
+	for {
+		p.mu.Lock()
+		if !s.due {
+			s.running = false
+			p.mu.Unlock()
+			return
 		}
+		force := s.force
+		s.due, s.force = false, false
+		p.mu.Unlock()
+		s.look(force)
 	}
 }

@@ -113,8 +113,15 @@ type Manager struct {
 	states map[string]*state
 	styles authStyles // learnt client authentication, per endpoint and client
 	ctx    context.Context
-	wg     sync.WaitGroup
-	wake   chan struct{} // a change of the Source (Notifier); nil: the loop ticks always
+	tasks  credential.Tasks
+	// notified: the Source tells of its changes (Notifier), so the loop ends while no
+	// credential is minted and a change starts it again; else it ticks always.
+	notified bool
+
+	loopMu  sync.Mutex
+	live    bool // Start has begun the loop: a change may restart it
+	looping bool // the loop runs
+	poked   bool // a change came since the loop last looked
 }
 
 // state is one oauth2 credential.
@@ -155,8 +162,9 @@ func New(src Source, o Options) *Manager {
 	}
 	m := &Manager{src: src, o: o, states: map[string]*state{}, styles: authStyles{m: map[styleKey]learnt{}},
 		ctx: context.Background()}
+	m.tasks.Bind(m.ctx)
 	if n, ok := src.(Notifier); ok {
-		m.wake = make(chan struct{}, 1)
+		m.notified = true
 		n.Subscribe(m.poke)
 	}
 	return m
@@ -170,8 +178,9 @@ func (m *Manager) SetClient(c *http.Client) { m.client.Store(c) }
 // Source has started.
 func (m *Manager) Start(ctx context.Context) {
 	m.ctx = ctx
+	m.tasks.Bind(ctx)
 	m.fetchAll()
-	m.wg.Go(m.loop)
+	m.startLoop(true)
 }
 
 // StartAsync is Start without the wait, once ready is closed (the Source's first
@@ -179,14 +188,15 @@ func (m *Manager) Start(ctx context.Context) {
 // that needs one meanwhile waits for it (AwaitToken). Call it once, instead of Start.
 func (m *Manager) StartAsync(ctx context.Context, ready <-chan struct{}) {
 	m.ctx = ctx
-	m.wg.Go(func() {
+	m.tasks.Bind(ctx)
+	m.tasks.Go(func() {
 		select {
 		case <-ready:
 		case <-ctx.Done():
 			return
 		}
 		m.fetchAll()
-		m.loop()
+		m.startLoop(true)
 	})
 }
 
@@ -274,7 +284,7 @@ func (m *Manager) Pending(id string) bool {
 }
 
 // Wait blocks until the background work has ended (after Start's ctx ended).
-func (m *Manager) Wait() { m.wg.Wait() }
+func (m *Manager) Wait() { m.tasks.Wait() }
 
 // IDs are the Source's.
 func (m *Manager) IDs() []string { return m.src.IDs() }
@@ -316,8 +326,9 @@ func newRetry() *backoff.ExponentialBackOff {
 }
 
 // loop looks every Tick for tokens due and secrets changed, until ctx ends. While no
-// credential is minted, and the Source tells of its changes (Subscribe), it waits for a
-// change instead: a scope of static tokens costs no wake-up a Tick.
+// credential is minted, and the Source tells of its changes (Subscribe), it ends instead,
+// and the next change starts it again (poke): a scope of static tokens parks no goroutine
+// and costs no wake-up a Tick.
 func (m *Manager) loop() {
 	t := time.NewTicker(m.o.Tick)
 	defer t.Stop()
@@ -327,14 +338,36 @@ func (m *Manager) loop() {
 			return
 		case <-t.C:
 		}
-		if !m.checkAll() && m.wake != nil {
-			select {
-			case <-m.ctx.Done():
-				return
-			case <-m.wake:
-			}
+		m.loopMu.Lock()
+		m.poked = false
+		m.loopMu.Unlock()
+		if !m.checkAll() && m.notified && m.rest() {
+			return
 		}
 	}
+}
+
+// startLoop starts the loop unless it runs; begin marks the start of the Manager's work,
+// before which a change starts nothing.
+func (m *Manager) startLoop(begin bool) {
+	m.loopMu.Lock()
+	defer m.loopMu.Unlock()
+	m.live = m.live || begin
+	if m.live && !m.looping {
+		m.looping = m.tasks.Go(m.loop)
+	}
+}
+
+// rest reports whether the loop may end, nothing having changed while it looked, and
+// if so marks it ended.
+func (m *Manager) rest() bool {
+	m.loopMu.Lock()
+	defer m.loopMu.Unlock()
+	if m.poked {
+		return false
+	}
+	m.looping = false
+	return true
 }
 
 // checkAll checks every minted credential of the Source; false when there is none.
@@ -349,12 +382,12 @@ func (m *Manager) checkAll() bool {
 	return found
 }
 
-// poke wakes the loop after a change of the Source.
+// poke tells the loop of a change of the Source, starting it if it ended.
 func (m *Manager) poke(string) {
-	select {
-	case m.wake <- struct{}{}:
-	default:
-	}
+	m.loopMu.Lock()
+	m.poked = true
+	m.loopMu.Unlock()
+	m.startLoop(false)
 }
 
 // check starts a refresh of st when its token is missing or due, or its secret changed,
@@ -376,11 +409,9 @@ func (m *Manager) kick(st *state) {
 		return
 	}
 	// due is read only once busy is ours: a failed refresh stores it before letting go.
-	if m.o.Now().UnixNano() < st.due.Load() {
+	if m.o.Now().UnixNano() < st.due.Load() || !m.tasks.Go(func() { m.run(st) }) {
 		st.busy.Store(false)
-		return
 	}
-	m.wg.Go(func() { m.run(st) })
 }
 
 // run refreshes st; busy is set by the caller and cleared here.
