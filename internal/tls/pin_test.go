@@ -156,15 +156,15 @@ func TestMintsBoundedPerClient(t *testing.T) {
 	}
 	flooder := &net.TCPAddr{IP: net.ParseIP("10.0.0.7"), Port: 40000}
 	other := &net.TCPAddr{IP: net.ParseIP("10.0.0.8"), Port: 40001}
-	release := l.acquireClient(clientIP(flooder)) // the flooder's one mint, running
+	release := l.acquireClient(mintKey{ip: clientIP(flooder)}) // the flooder's one mint, running
 	l.sem <- struct{}{}                           // and the slot it holds
 	flood := make(chan error, 1)
 	go func() {
-		_, err := l.ServerConfigFor(flooder, "n2.flood.example", nil).GetCertificate(nil)
+		_, err := l.ServerConfigFor("", flooder, "n2.flood.example", nil).GetCertificate(nil)
 		flood <- err
 	}()
 	done := make(chan error, 1)
-	go func() { _, err := l.ServerConfigFor(other, "other.example", nil).GetCertificate(nil); done <- err }()
+	go func() { _, err := l.ServerConfigFor("", other, "other.example", nil).GetCertificate(nil); done <- err }()
 	select {
 	case err := <-done:
 		if err != nil {
@@ -185,5 +185,68 @@ func TestMintsBoundedPerClient(t *testing.T) {
 	}
 	if len(l.byClient) != 0 {
 		t.Errorf("%d clients left in the table after their mints", len(l.byClient))
+	}
+}
+
+// TestPinsPerOwner: in node mode each sandbox pins its own hook hosts; one
+// sandbox's pins (a new spec with no hooks, its removal) never unpin another's.
+func TestPinsPerOwner(t *testing.T) {
+	l, _, _ := countingLeaves(t, LeafOptions{CacheSize: 1})
+	if err := l.PinFor("sbx-a", []string{"a-policy.example"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.PinFor("sbx-b", []string{"b-policy.example"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.PinFor("sbx-b", nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		l.Get(fmt.Sprintf("flood-%d.example", i))
+	}
+	if _, ok := l.pinned["a-policy.example"]; !ok {
+		t.Fatal("another sandbox's pins undid sbx-a's")
+	}
+	if _, ok := l.pinned["b-policy.example"]; ok {
+		t.Error("sbx-b's host is still pinned after it unpinned")
+	}
+	l.PinFor("sbx-a", nil)
+	if _, ok := l.byHost["a-policy.example"]; !ok || len(l.pinned) != 0 {
+		t.Error("a host no owner pins did not rejoin the LRU")
+	}
+}
+
+// TestMintsBoundedPerSandbox: in node mode a sandbox's mints share one bound
+// whatever source address its connections use (its code may pick any of its
+// loopback addresses), so its flood leaves the other slots to other sandboxes.
+func TestMintsBoundedPerSandbox(t *testing.T) {
+	l := NewLeaves(testCA(t, caValidity), LeafOptions{MintConcurrency: 2})
+	release := l.acquireClient(mintKey{sandbox: "sbx-a"}) // sbx-a's one mint, running
+	l.sem <- struct{}{}
+	flood := make(chan error, 1)
+	from := &net.TCPAddr{IP: net.ParseIP("127.0.0.9"), Port: 40000}
+	go func() {
+		_, err := l.ServerConfigFor("sbx-a", from, "n2.flood.example", nil).GetCertificate(nil)
+		flood <- err
+	}()
+	done := make(chan error, 1)
+	go func() { _, err := l.ServerConfigFor("sbx-b", from, "other.example", nil).GetCertificate(nil); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("sbx-b's mint waited behind sbx-a's")
+	}
+	select {
+	case <-flood:
+		t.Fatal("sbx-a minted past its bound from another source address")
+	case <-time.After(50 * time.Millisecond):
+	}
+	<-l.sem
+	release()
+	if err := <-flood; err != nil {
+		t.Fatal(err)
 	}
 }
