@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"net/http"
 	"net/netip"
 
 	"github.com/rs/zerolog"
@@ -47,7 +48,7 @@ func (c *creds) snapshot(l *Loaded, sh shared, follow func(id string)) (*proxy.S
 		if err != nil {
 			return nil, err
 		}
-		c.live.p.Load().SetClient(tokenClient(l, snap))
+		c.live.p.Load().SetClientFunc(func() *http.Client { return tokenClient(l, snap) })
 		return snap, nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -61,7 +62,7 @@ func (c *creds) snapshot(l *Loaded, sh shared, follow func(id string)) (*proxy.S
 		cancel()
 		return nil, err
 	}
-	tokens.SetClient(tokenClient(l, snap))
+	tokens.SetClientFunc(func() *http.Client { return tokenClient(l, snap) })
 	tokens.StartAsync(ctx, store.FirstRead())
 	c.close()
 	c.store, c.key, c.stop = store, key, cancel

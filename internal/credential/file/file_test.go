@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -422,5 +423,44 @@ func eventuallyTrue(t *testing.T, what string, f func() bool) {
 			t.Fatalf("no %s after 5s", what)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// Backends of one file share its parse (a node's sandboxes each read the node's
+// file: one copy of its secrets, not one per sandbox); a changed file is parsed
+// anew, and a parse no Backend holds is let go.
+func TestBackendsShareTheParse(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "creds.json")
+	writeFile(t, path, `{"a": {"token": "one"}}`)
+	b1, b2 := New(path, Options{}), New(path, Options{})
+	for _, b := range []*Backend{b1, b2} {
+		if _, _, err := b.Read(context.Background(), "a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b1.snap.parsed == nil || b1.snap.parsed != b2.snap.parsed {
+		t.Fatal("two Backends of one file hold two parses")
+	}
+	first := b1.snap.parsed
+	writeFile(t, path, `{"a": {"token": "two"}}`)
+	b1.load(true)
+	if b1.snap.parsed == first {
+		t.Fatal("a changed file kept the old parse")
+	}
+	if sec, _, _ := b1.Read(context.Background(), "a"); sec.Headers[0].Value != "Bearer two" {
+		t.Errorf("after the change: %v", sec.Headers)
+	}
+	b1, b2, first = nil, nil, nil
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		runtime.GC()
+		parses.mu.Lock()
+		n := len(parses.m)
+		parses.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d parses kept with no Backend left", n)
+		}
 	}
 }

@@ -12,7 +12,10 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"runtime"
+	"sync"
 	"time"
+	"weak"
 
 	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/jsonnode"
@@ -29,7 +32,8 @@ type snapshot struct {
 	hash    [32]byte // of the content
 	gen     uint64   // bumped whenever the content or the failure changes
 	entries map[string]entry
-	err     error // the whole file failed: every Read returns it
+	err     error   // the whole file failed: every Read returns it
+	parsed  *parsed // what entries and err came from; keeps the shared parse alive
 }
 
 // entry is one credential of the file.
@@ -79,7 +83,8 @@ func (b *Backend) load(force bool) *snapshot {
 	if b.probe {
 		return b.store(next)
 	}
-	next.entries, next.err = parse(b.path, data)
+	next.parsed = parseShared(b.path, next.hash, data)
+	next.entries, next.err = next.parsed.entries, next.parsed.err
 	return b.store(next)
 }
 
@@ -127,6 +132,54 @@ func readFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("credentials file %s: larger than %d bytes", path, maxFileBytes)
 	}
 	return data, nil
+}
+
+// parsed is one parse of a credentials file's content. Every Backend that reads
+// the same content at the same path shares it (a node's sandboxes each have a
+// Backend of the node's file, and a parse holds every entry's secret, keys
+// included): it is never changed once made.
+type parsed struct {
+	entries map[string]entry
+	err     error
+}
+
+// parseKey is a file's path and its content's hash.
+type parseKey struct {
+	path string
+	hash [32]byte
+}
+
+// parses holds the parses that some snapshot still holds, weakly: a parse no
+// snapshot holds any more is collected, and its key removed.
+var parses = struct {
+	mu sync.Mutex
+	m  map[parseKey]weak.Pointer[parsed]
+}{m: map[parseKey]weak.Pointer[parsed]{}}
+
+// parseShared returns the parse of data, read from path with the given hash:
+// one already held by another Backend, or a new one.
+func parseShared(path string, hash [32]byte, data []byte) *parsed {
+	k := parseKey{path, hash}
+	parses.mu.Lock()
+	defer parses.mu.Unlock()
+	if p := parses.m[k].Value(); p != nil {
+		return p
+	}
+	p := &parsed{}
+	p.entries, p.err = parse(path, data)
+	parses.m[k] = weak.Make(p)
+	runtime.AddCleanup(p, forgetParse, k)
+	return p
+}
+
+// forgetParse removes k's entry once its parse has been collected (unless a
+// new parse took its place).
+func forgetParse(k parseKey) {
+	parses.mu.Lock()
+	defer parses.mu.Unlock()
+	if parses.m[k].Value() == nil {
+		delete(parses.m, k)
+	}
 }
 
 // parse splits the file into its credentials. A whole-file error never quotes content.

@@ -93,7 +93,7 @@ type tokenAnswer struct {
 // mintApp makes one token call: the App JWT for an installation token scoped to app's
 // repositories and permissions, through the client SetClient gave.
 func (m *Manager) mintApp(ctx context.Context, app *credential.GitHubApp) (*oauth2.Token, error) {
-	c := m.client.Load()
+	c := m.tokenClient()
 	if c == nil {
 		return nil, errNoClient
 	}

@@ -108,7 +108,7 @@ type Options struct {
 type Manager struct {
 	src    Source
 	o      Options
-	client atomic.Pointer[http.Client]
+	client atomic.Pointer[func() *http.Client] // SetClientFunc's, built at its first call
 	mu     sync.Mutex
 	states map[string]*state
 	styles authStyles // learnt client authentication, per endpoint and client
@@ -171,7 +171,22 @@ func New(src Source, o Options) *Manager {
 }
 
 // SetClient sets the HTTP client of token calls (NewClient's), e.g. after a reload.
-func (m *Manager) SetClient(c *http.Client) { m.client.Store(c) }
+func (m *Manager) SetClient(c *http.Client) { m.SetClientFunc(func() *http.Client { return c }) }
+
+// SetClientFunc is SetClient for a client built by newClient at the first token
+// call: most of a node's sandboxes name no minted credential, and need none.
+func (m *Manager) SetClientFunc(newClient func() *http.Client) {
+	get := sync.OnceValue(newClient)
+	m.client.Store(&get)
+}
+
+// tokenClient is the client SetClientFunc set; nil before.
+func (m *Manager) tokenClient() *http.Client {
+	if get := m.client.Load(); get != nil {
+		return (*get)()
+	}
+	return nil
+}
 
 // Start fetches a token for every minted credential of the Source (bounded by the call
 // timeout), then refreshes in the background until ctx ends. Call it once, after the
@@ -556,7 +571,7 @@ func (m *Manager) writeBack(ctx context.Context, st *state, v credential.Value) 
 // it: egressd_oauth_refresh_total counts the calls handed to that client, one per HTTP
 // exchange with the endpoint, and nothing else.
 func (m *Manager) call(ctx context.Context, st *state, style oauth2.AuthStyle) (*oauth2.Token, error) {
-	c := m.client.Load()
+	c := m.tokenClient()
 	if c == nil {
 		return nil, errNoClient
 	}
