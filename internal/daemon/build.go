@@ -27,7 +27,7 @@ import (
 // buildSnapshot turns a Loaded config into the Snapshot requests are served with.
 // self holds egressd's own bound addresses; the leaves and the credential store
 // outlive reloads and are built by the Daemon.
-func buildSnapshot(l *Loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds inject.Credentials, signer *hooks.Signer) (*proxy.Snapshot, error) {
+func buildSnapshot(l *Loaded, self []netip.AddrPort, live *netguard.SelfSet, leaves *mitm.Leaves, creds inject.Credentials, signer *hooks.Signer) (*proxy.Snapshot, error) {
 	cfg := l.Cfg
 	hk, err := runtimeHooks(l, signer, creds)
 	if err != nil {
@@ -37,6 +37,7 @@ func buildSnapshot(l *Loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds 
 		AllowCIDRs:       cfg.Network.AllowCIDRs,
 		UnsafeAllowCIDRs: cfg.Network.UnsafeAllowCIDRs,
 		Self:             self,
+		Live:             live,
 	})
 	if err != nil {
 		return nil, err
@@ -234,7 +235,7 @@ func Preflight(l *Loaded) []error {
 	if _, err := NewBackend(l, zerolog.Nop()); err != nil {
 		errs = append(errs, err)
 	}
-	snap, err := buildSnapshot(l, nil, nil, creds, nil)
+	snap, err := buildSnapshot(l, nil, nil, nil, creds, nil)
 	if err != nil {
 		return append(errs, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/egressd/egressd/internal/credential"
 	"github.com/egressd/egressd/internal/hooks"
 	"github.com/egressd/egressd/internal/metrics"
+	"github.com/egressd/egressd/internal/netguard"
 	"github.com/egressd/egressd/internal/proxy"
 	mitm "github.com/egressd/egressd/internal/tls"
 )
@@ -28,6 +29,7 @@ type creds struct {
 // addresses, the CA's leaves and the hook signer.
 type shared struct {
 	self   []netip.AddrPort
+	live   *netguard.SelfSet // a node's sandboxes' listeners outside a namespace of their own
 	leaves *mitm.Leaves
 	signer *hooks.Signer
 	log    zerolog.Logger
@@ -76,7 +78,7 @@ func (c *creds) snapshot(l *Loaded, sh shared, follow func(id string)) (*proxy.S
 // build is buildSnapshot with the placeholder replacer (whose derivation key is
 // loaded, or created, in state_dir: run writes it, check does not).
 func (c *creds) build(l *Loaded, sh shared) (*proxy.Snapshot, error) {
-	snap, err := buildSnapshot(l, sh.self, sh.leaves, &c.live, sh.signer)
+	snap, err := buildSnapshot(l, sh.self, sh.live, sh.leaves, &c.live, sh.signer)
 	if err != nil {
 		return nil, err
 	}

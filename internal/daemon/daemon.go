@@ -72,9 +72,10 @@ type Daemon struct {
 	// inherited holds the sockets a supervising parent passed (UseSockets); nil
 	// when this process opens its own.
 	inherited *sockets.Set
-	keep      *keep.Keeper    // see UseKeeper; nil: nothing outlives this process
-	hold      context.Context // see HoldUntilReady; nil: serve at once
-	serving   []net.Listener  // the proxy's listeners, which Close stops first
+	keep      *keep.Keeper     // see UseKeeper; nil: nothing outlives this process
+	live      netguard.SelfSet // node mode: sandboxes' listeners in egressd's own namespace
+	hold      context.Context  // see HoldUntilReady; nil: serve at once
+	serving   []net.Listener   // the proxy's listeners, which Close stops first
 
 	registry *node.Registry        // node mode's sandboxes; nil in a sidecar
 	vaults   *vaultSessions        // node mode's Vault sessions, shared by its sandboxes
@@ -362,7 +363,7 @@ func (d *Daemon) runtimeFor(l *Loaded) (*proxy.Snapshot, error) {
 
 // shared is what the Daemon's Snapshots, and its sandboxes', are built with.
 func (d *Daemon) shared() shared {
-	return shared{self: d.self, leaves: d.leaves, signer: d.signer, log: d.log, m: d.metrics, node: d.srv, vaults: d.vaults}
+	return shared{self: d.self, live: &d.live, leaves: d.leaves, signer: d.signer, log: d.log, m: d.metrics, node: d.srv, vaults: d.vaults}
 }
 
 // drainSettle is how long Close lets the connections accepted just before it

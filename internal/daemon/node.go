@@ -18,6 +18,7 @@ import (
 
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/keep"
+	"github.com/egressd/egressd/internal/netguard"
 	"github.com/egressd/egressd/internal/netns"
 	"github.com/egressd/egressd/internal/node"
 	"github.com/egressd/egressd/internal/proxy"
@@ -88,9 +89,11 @@ type sandbox struct {
 	pc      net.PacketConn
 	bound   map[string]string
 	stopDNS context.CancelFunc
-	keep    *keep.Keeper // holds a copy of each socket for the next worker
-	keys    []string     // the sockets' keys in keep
-	leaves  *mitm.Leaves // pins the sandbox's hook hosts' leaves
+	keep    *keep.Keeper      // holds a copy of each socket for the next worker
+	keys    []string          // the sockets' keys in keep
+	leaves  *mitm.Leaves      // pins the sandbox's hook hosts' leaves
+	live    *netguard.SelfSet // the node's own addresses, which the listeners join (markSelf)
+	marked  bool              // the listeners are in live
 
 	mu sync.Mutex // guards l and rebuilds
 	l  *Loaded
@@ -101,7 +104,7 @@ type sandbox struct {
 func (d *Daemon) startSandbox(l *Loaded) (*sandbox, error) {
 	s := &sandbox{l: l, log: d.log.With().Str("sandbox", l.Sandbox).Logger(), bound: map[string]string{}, keep: d.keep}
 	sh := d.shared()
-	s.leaves = sh.leaves
+	s.leaves, s.live = sh.leaves, sh.live
 	sh.log = s.log
 	snap, err := s.creds.snapshot(l, sh, nil)
 	if err != nil {
@@ -129,6 +132,7 @@ func (d *Daemon) startSandbox(l *Loaded) (*sandbox, error) {
 			return nil, err
 		}
 	}
+	s.markSelf(true)
 	s.log.Info().Str("netns", l.Netns).Any("listeners", s.bound).Msg("sandbox serving")
 	return s, nil
 }
@@ -165,6 +169,28 @@ func (s *sandbox) open(l *Loaded) error {
 	s.lns = append(s.lns, ln)
 	s.bound["dns"] = pc.LocalAddr().String()
 	return nil
+}
+
+// markSelf adds (or, with add false, removes) the sandbox's bound listeners to
+// the node's own addresses, which no sandbox's request may reach, when they are
+// in egressd's own namespace: no sandbox may have egressd connect it to another's
+// listener. Inside a namespace of its own, no address egressd dials reaches them.
+func (s *sandbox) markSelf(add bool) {
+	if s.live == nil || s.l.Netns != "" || s.marked == add {
+		return
+	}
+	s.marked = add
+	for _, ln := range s.lns {
+		ap, ok := ln.Addr().(*net.TCPAddr)
+		if !ok {
+			continue
+		}
+		if add {
+			s.live.Add(ap.AddrPort())
+		} else {
+			s.live.Remove(ap.AddrPort())
+		}
+	}
 }
 
 // listen opens (or takes) a TCP listener on address inside netnsPath.
@@ -282,6 +308,7 @@ func (s *sandbox) Drain(ctx context.Context) {
 		s.stopDNS()
 	}
 	s.closeSockets()
+	s.markSelf(false)
 	if s.srv != nil {
 		s.srv.Shutdown(ctx)
 		s.srv.Snapshot().Close()

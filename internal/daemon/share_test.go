@@ -299,3 +299,34 @@ func TestSandboxShares(t *testing.T) {
 		}
 	})
 }
+
+// TestNodeListenersAreSelf: a sandbox's listener in egressd's own namespace is
+// one of egressd's own addresses, which no request reaches: sandbox A, whose
+// policy allows B's listener's address (loopback, opened by the node's
+// unsafe_allow_cidrs), is refused internal_address (self) and B's listener sees
+// no request.
+func TestNodeListenersAreSelf(t *testing.T) {
+	netns.Run(t, func(t *testing.T) {
+		w := startNode(t, "memory: 64MiB")
+		b := w.register(t, "sbx-b", shareSpec)
+		_, port, _ := net.SplitHostPort(b["proxy"])
+		spec := fmt.Sprintf(`{"listeners": [{"name": "proxy", "address": "127.0.0.1:0"}],
+ "environment": {"network": {"allowlist": [{"domain": "up.test", "ports": [%s]}]}}}`, port)
+		a := w.register(t, "sbx-a", spec)
+		resp, err := w.client(a["proxy"], 10*time.Second).Get("http://up.test:" + port + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden || resp.Header.Get("Egressd-Reason") != "internal_address" {
+			t.Fatalf("A to B's listener: %d %s, want 403 internal_address", resp.StatusCode, resp.Header.Get("Egressd-Reason"))
+		}
+		var st struct {
+			Requests map[string]int64 `json:"requests"`
+		}
+		w.status(t, "sbx-b", &st)
+		if n := st.Requests["allow"] + st.Requests["deny"] + st.Requests["error"]; n != 0 {
+			t.Errorf("B's listener saw %d requests, want none", n)
+		}
+	})
+}

@@ -23,6 +23,10 @@ type Options struct {
 	// dialled. An unspecified address (0.0.0.0:p, [::]:p) means every local
 	// address with port p: loopback plus the interface addresses at New.
 	Self []netip.AddrPort
+	// Live lists more of egressd's listener addresses, which come and go while
+	// the Guard serves (a node's sandboxes' listeners outside a namespace of
+	// their own); nil for none.
+	Live *SelfSet
 }
 
 // Guard decides whether an address may be dialled. It is immutable and safe
@@ -33,6 +37,7 @@ type Guard struct {
 	selfPorts     map[uint16]struct{}         // ports of every Self entry
 	wildPorts     map[uint16]struct{}         // ports bound on an unspecified address
 	local         map[netip.Addr]struct{}     // interface addresses at New, for wildPorts
+	live          *SelfSet
 }
 
 // BlockedError is the error of a denied address. Callers map it to the
@@ -54,6 +59,7 @@ func New(o Options) (*Guard, error) {
 		selfPorts: map[uint16]struct{}{},
 		wildPorts: map[uint16]struct{}{},
 		local:     map[netip.Addr]struct{}{},
+		live:      o.Live,
 	}
 	var errs []error
 	g.allow = normPrefixes("allow_cidrs", o.AllowCIDRs, allowOpens, &errs)
@@ -189,6 +195,9 @@ func (g *Guard) carriesSelf(j *judgement, port uint16) bool {
 // connect to 0.0.0.0 or :: reaches the local host, so it is Self on any
 // listener port.
 func (g *Guard) isSelf(ip netip.Addr, port uint16) bool {
+	if g.live.has(ip, port) {
+		return true
+	}
 	if len(g.selfPorts) == 0 {
 		return false
 	}
