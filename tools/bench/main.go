@@ -182,7 +182,7 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 		}
 		rep.Paths = append(rep.Paths, rs...)
 	}
-	rep.Peers = env.w.peers.infos() // stops them
+	rep.Peers = env.w.peers.stop()
 	rep.PeakRSSBytes, rep.RSSError = env.e.peakRSS()
 	if lc, err := env.e.leafCache(); err != nil {
 		rep.LeafCacheError = err.Error()

@@ -50,7 +50,7 @@ type world struct {
 	up           *upstream
 	proxy        string            // http://127.0.0.1:port, egressd's bench listener
 	egressdRoots *x509.CertPool    // egressd's CA: what an intercepted tunnel's client trusts
-	peers        *peerSet          // nil for none
+	peers        peerSet           // nil for none
 	vars         map[string]string // the sandbox's environment (GET /v1/sandbox/env) of a path's own egressd
 }
 

@@ -95,8 +95,8 @@ func (b *rowBuilder) finish(peak int64) pathResult {
 // leg is one row's run through a proxy, egressd or a peer, in each round.
 type leg struct {
 	row  *rowBuilder
-	e    *egressd  // the egressd it runs through, nil for a peer
-	peer *peerProc // the peer it runs through, nil for egressd
+	e    *egressd // the egressd it runs through, nil for a peer
+	peer *peer    // the peer it runs through, nil for egressd
 	run  func(cpuFunc) (runResult, error)
 	// check returns the run's problems; it may adjust x's log first.
 	check func(round int, direct runResult, x *viaRun) []string
@@ -112,7 +112,10 @@ func (l leg) once(env pathEnv) (viaRun, error) {
 
 // finish is the leg's row, with its proxy's peak RSS.
 func (l leg) finish() pathResult {
-	if l.e != nil {
+	switch {
+	case l.run == nil:
+		return l.row.res
+	case l.e != nil:
 		peak, _ := l.e.peakRSS()
 		return l.row.finish(peak)
 	}
@@ -133,6 +136,9 @@ func runRounds(env pathEnv, direct func(round int) (runResult, error), legs, tai
 			slices.Reverse(order)
 		}
 		for _, l := range append(order, tail...) {
+			if l.run == nil { // a peer that does not carry the path
+				continue
+			}
 			x, err := l.once(env)
 			if err != nil {
 				return fmt.Errorf("through %s: %w", l.row.res.Path, err)
@@ -170,20 +176,13 @@ func measurePath(ctx context.Context, env pathEnv, p pathSpec) (pathResult, erro
 			return append(injectionProblems(p.inject, round, o.rounds, d, x.r), scrubProblems(p, x.r, x.log)...)
 		}}
 	l.row.res.NewConnPerRequest = p.newConn
-	peers, rows := w.peers.legs(ctx, p, w, lo)
+	peers := w.peers.legs(ctx, p, w, lo)
 	direct := func(int) (runResult, error) { return runCounted(ctx, p.direct(w), lo, w.up, nil) }
 	if err := runRounds(env, direct, []leg{l}, peers); err != nil {
 		return pathResult{}, err
 	}
 	res := l.finish()
-	for _, rb := range rows {
-		i := slices.IndexFunc(peers, func(pl leg) bool { return pl.row == rb })
-		if i >= 0 {
-			res.Peers = append(res.Peers, peers[i].finish())
-		} else {
-			res.Peers = append(res.Peers, rb.res)
-		}
-	}
+	res.Peers = finishAll(peers)
 	return res, nil
 }
 
