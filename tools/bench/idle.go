@@ -202,10 +202,9 @@ func (ir *idleResult) measureIdle(ctx context.Context, e *egressd) error {
 		return fmt.Errorf("egressd's VmRSS: %w", err)
 	}
 	ir.EgressdFDsIdle = countFDs(pid)
-	if m, err := e.Metrics(); err != nil {
+	ir.GoroutinesIdle, _ = e.metric("go_goroutines")
+	if ir.TunnelsActiveIdle, err = e.metric("egressd_tunnels_active"); err != nil {
 		ir.Problems = append(ir.Problems, "with all tunnels idle: /metrics: "+err.Error())
-	} else {
-		ir.GoroutinesIdle, ir.TunnelsActiveIdle = gauge(m, "go_goroutines"), gauge(m, "egressd_tunnels_active")
 	}
 	if ir.TunnelsActiveIdle >= 0 && ir.TunnelsActiveIdle != int64(ir.Opened) {
 		ir.Problems = append(ir.Problems, fmt.Sprintf("egressd_tunnels_active is %d with %d tunnels open and idle", ir.TunnelsActiveIdle, ir.Opened))
@@ -256,10 +255,12 @@ func openIdleTunnels(ctx context.Context, proxyAddr string, up *upstream, size, 
 	for range min(idleOpenConcurrency, n) {
 		wg.Go(func() {
 			for next.Add(1) <= int64(n) && openCtx.Err() == nil {
-				c, err := newClient(openCtx, t, new(atomic.Int64))
+				tctx, cancel := context.WithTimeout(openCtx, idleTunnelTimeout)
+				c, err := newClient(tctx, t, new(atomic.Int64))
 				if err == nil {
-					err = c.roundTripWithin(idleTunnelTimeout)
+					err = c.roundTrip()
 				}
+				cancel() // the tunnel's connection outlives its one request
 				mu.Lock()
 				if err != nil {
 					kinds[load.ErrorKind(err.Error())]++

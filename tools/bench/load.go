@@ -224,14 +224,6 @@ func (c *client) countHandshake(cs tls.ConnectionState, err error) {
 	}
 }
 
-// roundTripWithin is roundTrip bounded by within.
-func (c *client) roundTripWithin(within time.Duration) error {
-	ctx, cancel := context.WithTimeout(c.req.Context(), within)
-	defer cancel()
-	c.req = c.req.WithContext(ctx)
-	return c.roundTrip()
-}
-
 // roundTrip makes one request and has t.check read the whole body. A bodiless
 // request is reused (net/http allows it once the last body is closed), which
 // keeps the client's allocations out of the measurement; one with a body is a
@@ -251,7 +243,10 @@ func (c *client) roundTrip() error {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, resp.Body)
-		return statusError{code: resp.StatusCode, reason: resp.Header.Get("Egressd-Reason")}
+		if reason := resp.Header.Get("Egressd-Reason"); reason != "" {
+			return fmt.Errorf("status %d (Egressd-Reason: %s)", resp.StatusCode, reason)
+		}
+		return fmt.Errorf("status %d", resp.StatusCode)
 	}
 	return t.check(resp)
 }
@@ -277,18 +272,6 @@ func (c *client) loop(ctx context.Context, from, to time.Time) {
 			c.hist.Record(t1.Sub(t0))
 		}
 	}
-}
-
-type statusError struct {
-	code   int
-	reason string
-}
-
-func (e statusError) Error() string {
-	if e.reason == "" {
-		return fmt.Sprintf("status %d", e.code)
-	}
-	return fmt.Sprintf("status %d (Egressd-Reason: %s)", e.code, e.reason)
 }
 
 // newTransport builds a client's transport: HTTP/1.1 only (so every path

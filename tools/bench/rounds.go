@@ -165,16 +165,12 @@ func finishAll(legs []leg) []pathResult {
 // in each round, against the same direct run), checking on every run that the
 // upstream received exactly what egressd had to inject.
 func measurePath(ctx context.Context, env pathEnv, p pathSpec) (pathResult, error) {
-	w, o, lo := env.w, env.o, env.o.load()
+	w, lo := env.w, env.o.load()
 	injects := p.injects
 	if p.inject != injectNone {
 		injects = p.inject.String()
 	}
-	l := leg{row: newRow(p.name, p.desc, injects), e: env.e,
-		run: func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, p.viaProxy(w), lo, w.up, cpu) },
-		check: func(round int, d runResult, x *viaRun) []string {
-			return append(injectionProblems(p.inject, round, o.rounds, d, x.r), scrubProblems(p, x.r, x.log)...)
-		}}
+	l := egressdLeg(ctx, env, p, w, env.e, lo, newRow(p.name, p.desc, injects))
 	l.row.res.NewConnPerRequest = p.newConn
 	peers := w.peers.legs(ctx, p, w, lo)
 	direct := func(int) (runResult, error) { return runCounted(ctx, p.direct(w), lo, w.up, nil) }
@@ -184,6 +180,16 @@ func measurePath(ctx context.Context, env pathEnv, p pathSpec) (pathResult, erro
 	res := l.finish()
 	res.Peers = finishAll(peers)
 	return res, nil
+}
+
+// egressdLeg is p's row rb through e: p's viaProxy target on w, what reached
+// the upstream checked against what p injects, on every run.
+func egressdLeg(ctx context.Context, env pathEnv, p pathSpec, w *world, e *egressd, lo loadOptions, rb *rowBuilder) leg {
+	return leg{row: rb, e: e,
+		run: func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, p.viaProxy(w), lo, w.up, cpu) },
+		check: func(round int, d runResult, x *viaRun) []string {
+			return append(injectionProblems(p.inject, round, env.o.rounds, d, x.r), scrubProblems(p, x.r, x.log)...)
+		}}
 }
 
 // scrubProblems checks that on the credential paths, whose upstream reflects
