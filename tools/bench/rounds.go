@@ -183,12 +183,17 @@ func measurePath(ctx context.Context, env pathEnv, p pathSpec) (pathResult, erro
 }
 
 // egressdLeg is p's row rb through e: p's viaProxy target on w, what reached
-// the upstream checked against what p injects, on every run.
+// the upstream checked against what p injects, on every run, and that the
+// requests went through e at all (a transparent listener is easy to bypass).
 func egressdLeg(ctx context.Context, env pathEnv, p pathSpec, w *world, e *egressd, lo loadOptions, rb *rowBuilder) leg {
 	return leg{row: rb, e: e,
 		run: func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, p.viaProxy(w), lo, w.up, cpu) },
 		check: func(round int, d runResult, x *viaRun) []string {
-			return append(injectionProblems(p.inject, round, env.o.rounds, d, x.r), scrubProblems(p, x.r, x.log)...)
+			ps := append(injectionProblems(p.inject, round, env.o.rounds, d, x.r), scrubProblems(p, x.r, x.log)...)
+			if x.log.EgressLines == 0 {
+				ps = append(ps, runLabel("egressd", round, env.o.rounds)+": egressd logged no egress line: the requests did not go through it")
+			}
+			return ps
 		}}
 }
 
