@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -76,11 +77,8 @@ func (h *hookServer) url(path string) string {
 // trust makes the endpoint verify sampled assertions against e's signing key
 // (its /.well-known/jwks.json).
 func (h *hookServer) trust(e *egressd) error {
-	code, jwks, err := e.AdminGet("/.well-known/jwks.json")
-	if err == nil && code != http.StatusOK {
-		err = fmt.Errorf("status %d", code)
-	}
-	if err != nil {
+	var jwks json.RawMessage
+	if err := e.AdminJSON("/.well-known/jwks.json", http.StatusOK, &jwks); err != nil {
 		return fmt.Errorf("egressd's JWKS: %w", err)
 	}
 	return h.setVerifier(jwks)

@@ -100,10 +100,9 @@ func prepareIdleTunnels(o options) {
 		return
 	}
 	want := uint64(idleFDLimit)
-	if b, err := os.ReadFile("/proc/sys/fs/nr_open"); err == nil {
-		if n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil {
-			want = min(want, n)
-		}
+	b, _ := os.ReadFile("/proc/sys/fs/nr_open") // the most a hard limit may be
+	if n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil {
+		want = min(want, n)
 	}
 	if lim.Cur >= want {
 		idleFDSetup = fmt.Sprintf("RLIMIT_NOFILE already %d", lim.Cur)
@@ -130,7 +129,7 @@ func measureIdleTunnels(ctx context.Context, env pathEnv) ([]pathResult, error) 
 	if ir.Cap != "" {
 		fmt.Fprintf(env.stderr, "bench: %s: %s\n", idlePathName, ir.Cap)
 	}
-	if _, err := waitTunnelsZero(ctx, e); err != nil { // earlier paths' tunnels
+	if err := waitTunnelsZero(ctx, e); err != nil { // earlier paths' tunnels
 		ir.Problems = append(ir.Problems, "before opening: "+err.Error())
 	}
 	var err error
@@ -157,7 +156,7 @@ func measureIdleTunnels(ctx context.Context, env pathEnv) ([]pathResult, error) 
 	}
 	t1 := time.Now()
 	closeAll()
-	if _, err := waitTunnelsZero(ctx, e); err != nil {
+	if err := waitTunnelsZero(ctx, e); err != nil {
 		ir.Problems = append(ir.Problems, "after closing every tunnel: "+err.Error())
 	} else {
 		ir.ZeroAfterCloseSeconds = time.Since(t1).Seconds() // closing included
@@ -280,23 +279,23 @@ func openIdleTunnels(ctx context.Context, proxyAddr string, up *upstream, size, 
 }
 
 // waitTunnelsZero polls egressd_tunnels_active until it is 0, for up to
-// idleDrainTimeout, and returns how long that took.
-func waitTunnelsZero(ctx context.Context, e *egressd) (time.Duration, error) {
-	start := time.Now()
+// idleDrainTimeout.
+func waitTunnelsZero(ctx context.Context, e *egressd) error {
+	deadline := time.Now().Add(idleDrainTimeout)
 	for {
 		n, err := e.metric("egressd_tunnels_active")
-		switch {
+		switch late := time.Now().After(deadline); {
 		case err == nil && n == 0:
-			return time.Since(start), nil
+			return nil
 		case err == nil && n < 0:
-			return 0, errors.New("no egressd_tunnels_active in /metrics")
-		case time.Since(start) > idleDrainTimeout && err != nil:
-			return 0, fmt.Errorf("/metrics: %w", err)
-		case time.Since(start) > idleDrainTimeout:
-			return 0, fmt.Errorf("egressd_tunnels_active still %d after %s", n, idleDrainTimeout)
+			return errors.New("no egressd_tunnels_active in /metrics")
+		case late && err != nil:
+			return fmt.Errorf("/metrics: %w", err)
+		case late:
+			return fmt.Errorf("egressd_tunnels_active still %d after %s", n, idleDrainTimeout)
 		}
 		if err := sleepUntil(ctx, time.Now().Add(50*time.Millisecond)); err != nil {
-			return 0, fmt.Errorf("interrupted: %w", err)
+			return fmt.Errorf("interrupted: %w", err)
 		}
 	}
 }

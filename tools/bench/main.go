@@ -53,6 +53,7 @@ type options struct {
 	json, keep       bool
 	idleTunnels      int
 	peers            []peerKind // nil with -peers off
+	args             []string   // as given
 }
 
 func (o options) load() loadOptions {
@@ -95,7 +96,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var o options
+	o := options{args: args}
 	var paths, peers string
 	fs.StringVar(&o.egressd, "egressd", "", "path to the egressd binary (required)")
 	fs.DurationVar(&o.duration, "duration", 4*time.Second, "measured time per run (each path runs direct, then through egressd)")

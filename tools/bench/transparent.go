@@ -98,14 +98,9 @@ func reexecTransparent(ctx context.Context, env pathEnv) ([]pathResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := env.o
-	args := []string{"-rnm", "--", "/bin/sh", "-c", `ip link set lo up && exec "$0" "$@"`, exe,
-		"-egressd", o.egressd, "-duration", o.duration.String(), "-warmup", o.warmup.String(),
-		"-clients", strconv.Itoa(o.clients), "-size", strconv.Itoa(o.size), "-rounds", strconv.Itoa(o.rounds),
-		"-paths", "transparent", "-json"}
-	if o.keep {
-		args = append(args, "-keep")
-	}
+	// The same flags; the last -paths and -json win.
+	args := append([]string{"-rnm", "--", "/bin/sh", "-c", `ip link set lo up && exec "$0" "$@"`, exe}, env.o.args...)
+	args = append(args, "-paths", "transparent", "-json")
 	fmt.Fprintln(env.stderr, "bench: transparent: re-running the bench in a namespace of its own (unshare -rnm)")
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, "unshare", args...)
