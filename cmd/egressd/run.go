@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -11,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/egressd/egressd/internal/daemon"
+	"github.com/egressd/egressd/internal/keep"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/sockets"
 	"github.com/egressd/egressd/internal/supervise"
@@ -27,6 +29,7 @@ func cmdRun(args []string) int {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR2)
 	rep := supervise.Worker()
 	inherited, err := sockets.FromEnv()
+	kept, kerr := keep.Worker()
 	fs, cfgPath, _ := newFlags("run", stderr)
 	single := fs.Bool("no-supervise", false, "serve in this one process: no parent holds the sockets or restarts it (debugging; an outer supervisor)")
 	if err := fs.Parse(args); err != nil {
@@ -39,18 +42,27 @@ func cmdRun(args []string) int {
 	}
 	log := newLogger(l.Cfg.Log)
 	switch {
-	case err != nil:
-		log.Error().Err(err).Msg("egressd failed to start")
+	case errors.Join(err, kerr) != nil:
+		log.Error().Err(errors.Join(err, kerr)).Msg("egressd failed to start")
 		return exitRuntime
 	case rep != nil || *single:
-		return serve(*cfgPath, l, log, sigs, inherited, rep)
+		return serve(*cfgPath, l, log, sigs, worker{inherited, kept, rep})
 	}
 	return superviseWorkers(*cfgPath, l, log, sigs)
 }
 
+// worker is what a supervising parent gave this process: nothing at all with
+// --no-supervise.
+type worker struct {
+	inherited *sockets.Set        // the sockets it holds
+	kept      *keep.Keeper        // what earlier workers left with it, and where to leave more
+	rep       *supervise.Reporter // where to report serving and ready
+}
+
 // serve runs the daemon in this process until SIGTERM or SIGINT; SIGHUP reloads.
 // Under the supervisor, it serves the inherited sockets and reports to rep.
-func serve(cfgPath string, l *daemon.Loaded, log zerolog.Logger, sigs <-chan os.Signal, inherited *sockets.Set, rep *supervise.Reporter) int {
+func serve(cfgPath string, l *daemon.Loaded, log zerolog.Logger, sigs <-chan os.Signal, w worker) int {
+	rep := w.rep
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	hup := make(chan os.Signal, 1)
@@ -69,7 +81,8 @@ func serve(cfgPath string, l *daemon.Loaded, log zerolog.Logger, sigs <-chan os.
 	m := metrics.New()
 	m.SetBuild(version, commit)
 	d := daemon.New(cfgPath, log, m)
-	d.UseSockets(inherited)
+	d.UseSockets(w.inherited)
+	d.UseKeeper(w.kept)
 	if rep != nil && rep.Upgrade {
 		d.HoldUntilReady(ctx)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/egressd/egressd/internal/config"
 	"github.com/egressd/egressd/internal/dnsguard"
 	"github.com/egressd/egressd/internal/hooks"
+	"github.com/egressd/egressd/internal/keep"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/netguard"
 	"github.com/egressd/egressd/internal/node"
@@ -71,6 +72,7 @@ type Daemon struct {
 	// inherited holds the sockets a supervising parent passed (UseSockets); nil
 	// when this process opens its own.
 	inherited *sockets.Set
+	keep      *keep.Keeper    // see UseKeeper; nil: nothing outlives this process
 	hold      context.Context // see HoldUntilReady; nil: serve at once
 	serving   []net.Listener  // the proxy's listeners, which Close stops first
 
@@ -91,6 +93,12 @@ func New(cfgPath string, log zerolog.Logger, m *metrics.Metrics) *Daemon {
 // opened them) is opened here, with a warning; one set has that the config does
 // not name is closed here, with a warning (the parent keeps it open).
 func (d *Daemon) UseSockets(set *sockets.Set) { d.inherited = set }
+
+// UseKeeper makes node mode leave with the supervising parent (k) the sockets it
+// opens in sandboxes' namespaces, the node API's socket and the specs registered
+// through it, and take back at start what a previous worker left: a worker's death
+// then frees no sandbox's port and forgets no registration.
+func (d *Daemon) UseKeeper(k *keep.Keeper) { d.keep = k }
 
 // Self is egressd's own bound addresses (the DNS guard's, then the listeners' in
 // config order, then the admin listener's), which the guard never lets a request reach.

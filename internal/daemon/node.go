@@ -3,17 +3,21 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/keep"
 	"github.com/egressd/egressd/internal/netns"
 	"github.com/egressd/egressd/internal/node"
 	"github.com/egressd/egressd/internal/proxy"
@@ -82,6 +86,8 @@ type sandbox struct {
 	pc      net.PacketConn
 	bound   map[string]string
 	stopDNS context.CancelFunc
+	keep    *keep.Keeper // holds a copy of each socket for the next worker
+	keys    []string     // the sockets' keys in keep
 
 	mu sync.Mutex // guards l and rebuilds
 	l  *Loaded
@@ -90,7 +96,7 @@ type sandbox struct {
 // startSandbox builds l's Snapshot and credential store, opens its sockets inside
 // its network namespace and serves them.
 func (d *Daemon) startSandbox(l *Loaded) (*sandbox, error) {
-	s := &sandbox{l: l, log: d.log.With().Str("sandbox", l.Sandbox).Logger(), bound: map[string]string{}}
+	s := &sandbox{l: l, log: d.log.With().Str("sandbox", l.Sandbox).Logger(), bound: map[string]string{}, keep: d.keep}
 	sh := d.shared()
 	sh.log = s.log
 	snap, err := s.creds.snapshot(l, sh, nil)
@@ -99,6 +105,7 @@ func (d *Daemon) startSandbox(l *Loaded) (*sandbox, error) {
 	}
 	if err := s.open(l); err != nil {
 		s.closeSockets()
+		s.release()
 		s.creds.close()
 		snap.Close()
 		return nil, err
@@ -122,10 +129,15 @@ func (d *Daemon) startSandbox(l *Loaded) (*sandbox, error) {
 }
 
 // open opens the sandbox's listeners, then its DNS guard's sockets (the TCP one
-// last in lns), inside its network namespace.
+// last in lns), inside its network namespace; or takes those a previous worker
+// left with the supervising parent.
 func (s *sandbox) open(l *Loaded) error {
+	key, err := socketKeys(l)
+	if err != nil {
+		return err
+	}
 	for _, lc := range l.Cfg.Listeners {
-		ln, err := netns.Listen(l.Netns, "tcp", lc.Address.String())
+		ln, err := s.listen(key("listener/"+lc.Name, lc.Address.String()), l.Netns, lc.Address.String())
 		if err != nil {
 			return err
 		}
@@ -135,18 +147,55 @@ func (s *sandbox) open(l *Loaded) error {
 	if l.Cfg.DNS.Listen == "" {
 		return nil
 	}
-	pc, err := netns.ListenPacket(l.Netns, "udp", l.Cfg.DNS.Listen)
+	k := key("dns/udp", l.Cfg.DNS.Listen)
+	pc, err := keep.ListenPacket(s.keep, k, func() (net.PacketConn, error) { return netns.ListenPacket(l.Netns, "udp", l.Cfg.DNS.Listen) })
 	if err != nil {
 		return err
 	}
-	s.pc = pc
-	ln, err := netns.Listen(l.Netns, "tcp", pc.LocalAddr().String())
+	s.pc, s.keys = pc, append(s.keys, k)
+	ln, err := s.listen(key("dns/tcp", l.Cfg.DNS.Listen), l.Netns, pc.LocalAddr().String())
 	if err != nil {
 		return err
 	}
 	s.lns = append(s.lns, ln)
 	s.bound["dns"] = pc.LocalAddr().String()
 	return nil
+}
+
+// listen opens (or takes) a TCP listener on address inside netnsPath.
+func (s *sandbox) listen(key, netnsPath, address string) (net.Listener, error) {
+	ln, err := keep.Listen(s.keep, key, func() (net.Listener, error) { return netns.Listen(netnsPath, "tcp", address) })
+	if err == nil {
+		s.keys = append(s.keys, key)
+	}
+	return ln, err
+}
+
+// socketKeys returns the function that names each of l's sockets in keep: the
+// sandbox, the identity of its namespace (not only its path, which a new namespace
+// may take), the socket's role and its configured address. A socket is taken again
+// only by the spec that would have opened it.
+func socketKeys(l *Loaded) (func(role, address string) string, error) {
+	ns := "own"
+	if l.Netns != "" {
+		var st unix.Stat_t
+		if err := unix.Stat(l.Netns, &st); err != nil {
+			return nil, fmt.Errorf("netns: %s: %w", l.Netns, err)
+		}
+		ns = fmt.Sprintf("%d:%d", st.Dev, st.Ino)
+	}
+	return func(role, address string) string {
+		return strings.Join([]string{"sock", l.Sandbox, ns, role, address}, "/")
+	}, nil
+}
+
+// release lets go of the copies of the sandbox's sockets the parent keeps: the
+// sandbox is removed, or serves other sockets now.
+func (s *sandbox) release() {
+	for _, k := range s.keys {
+		s.keep.Release(k)
+	}
+	s.keys = nil
 }
 
 func (s *sandbox) closeSockets() {
@@ -195,15 +244,18 @@ func (s *sandbox) update(l *Loaded, sh shared) error {
 }
 
 // Close stops the sandbox's listeners and DNS guard and closes every connection it
-// holds at once: a removed sandbox is not drained.
+// holds at once: a removed sandbox is not drained. Its sockets close with it.
 func (s *sandbox) Close() {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	s.Drain(ctx)
+	s.release()
 }
 
 // Drain stops the sandbox's listeners and DNS guard, lets requests in flight finish
-// until ctx ends (egressd's SIGTERM), then closes what is left.
+// until ctx ends (egressd's SIGTERM), then closes what is left. The copies of its
+// sockets the parent keeps stay: a worker that drains is stopping or being
+// upgraded, and the parent closes them when egressd stops.
 func (s *sandbox) Drain(ctx context.Context) {
 	if s.stopDNS != nil {
 		s.stopDNS()
@@ -240,7 +292,9 @@ func (s *sandbox) Status() node.Status {
 
 // startNode starts node mode when the config has it: the registry, the watcher of
 // node.sandboxes_dir and the API on node.api_socket. Node mode's settings are read
-// at start only.
+// at start only. Under a supervisor, the sandboxes a previous worker served are
+// served again before the API answers: those of the directory, and those
+// registered through the API, on the sockets the parent kept.
 func (d *Daemon) startNode(n config.Node) error {
 	if !n.Enabled() {
 		return nil
@@ -248,23 +302,28 @@ func (d *Daemon) startNode(n config.Node) error {
 	d.registry = node.New(nodeHost{d}, n.MaxSandboxes, d.log)
 	ctx, cancel := context.WithCancel(context.Background())
 	d.vaults = newVaultSessions(ctx, d.log)
-	var api *http.Server
-	if n.APISocket != "" {
-		ln, err := node.ListenSocket(n.APISocket)
-		if err != nil {
-			cancel()
-			return err
-		}
-		if fi, err := os.Stat(filepath.Dir(n.APISocket)); err == nil && fi.Mode().Perm()&0o077 != 0 {
-			d.log.Warn().Str("dir", filepath.Dir(n.APISocket)).Str("mode", fi.Mode().Perm().String()).
-				Msg("node.api_socket's directory is open to other users: make it 0700, so no sandbox can reach the socket's path")
-		}
-		api = &http.Server{Handler: d.registry.Handler(), ReadHeaderTimeout: 10 * time.Second}
-		go api.Serve(ln)
-		d.log.Info().Str("listener", "node_api").Str("address", n.APISocket).Msg("listening")
+	if err := d.keep.Take(); err != nil {
+		d.log.Warn().Err(err).Msg("cannot take back what the previous worker left with the supervisor: sandboxes' sockets are opened anew")
+	}
+	ln, err := d.nodeAPISocket(n.APISocket)
+	if err != nil {
+		cancel()
+		return err
 	}
 	if n.SandboxesDir != "" {
-		go d.registry.WatchDir(ctx, n.SandboxesDir)
+		go d.registry.ScanDir(n.SandboxesDir).Watch(ctx)
+	}
+	if d.keep != nil {
+		d.registry.KeepSpecs(specKeeper{d.keep, d.log})
+		d.registry.Restore()
+		if gone := d.keep.Prune(); len(gone) > 0 {
+			d.log.Info().Int("released", len(gone)).Msg("let go of what the previous worker left for sandboxes no longer registered")
+		}
+	}
+	var api *http.Server
+	if ln != nil {
+		api = &http.Server{Handler: d.registry.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		go api.Serve(ln)
 	}
 	d.stopNode = func(ctx context.Context) {
 		cancel()
@@ -272,6 +331,54 @@ func (d *Daemon) startNode(n config.Node) error {
 			api.Close()
 		}
 		d.registry.Drain(ctx)
+		d.keep.Close()
 	}
 	return nil
+}
+
+// nodeAPISocket opens node.api_socket (nil for none), or takes the one the
+// supervisor kept: requests made while a worker restarts wait in its backlog.
+func (d *Daemon) nodeAPISocket(path string) (net.Listener, error) {
+	if path == "" {
+		return nil, nil
+	}
+	ln, err := keep.Listen(d.keep, "api/"+path, func() (net.Listener, error) { return node.ListenSocket(path) })
+	if err != nil {
+		return nil, err
+	}
+	if ul, ok := ln.(*net.UnixListener); ok && d.keep != nil {
+		ul.SetUnlinkOnClose(false) // the socket outlives this worker; the path must too
+	}
+	if fi, err := os.Stat(filepath.Dir(path)); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		d.log.Warn().Str("dir", filepath.Dir(path)).Str("mode", fi.Mode().Perm().String()).
+			Msg("node.api_socket's directory is open to other users: make it 0700, so no sandbox can reach the socket's path")
+	}
+	d.log.Info().Str("listener", "node_api").Str("address", path).Msg("listening")
+	return ln, nil
+}
+
+// specKeeper keeps API specs with the supervising parent (node.Keeper).
+type specKeeper struct {
+	k   *keep.Keeper
+	log zerolog.Logger
+}
+
+const specPrefix = "spec/"
+
+func (s specKeeper) KeepSpec(id string, data []byte) {
+	if err := s.k.Put(specPrefix+id, data); err != nil {
+		s.log.Warn().Err(err).Str("sandbox", id).Msg("cannot leave the spec with the supervisor: a worker restart would forget this registration")
+	}
+}
+
+func (s specKeeper) ForgetSpec(id string) { s.k.Forget(specPrefix + id) }
+
+func (s specKeeper) KeptSpecs() map[string][]byte {
+	specs := map[string][]byte{}
+	for _, key := range s.k.Keys(specPrefix) {
+		if data, err := s.k.Data(key); err == nil {
+			specs[strings.TrimPrefix(key, specPrefix)] = data
+		}
+	}
+	return specs
 }

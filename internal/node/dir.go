@@ -22,34 +22,41 @@ const DirPoll = time.Second
 // there yet, a port in use) waits before it is tried again, unchanged.
 var dirRetry = 5 * time.Second
 
-// dirWatch is the state of one watched directory: the hash of each spec file last
+// DirWatch is the state of one watched directory: the hash of each spec file last
 // applied (or refused), by sandbox ID, and when a spec that failed is tried again.
-type dirWatch struct {
+type DirWatch struct {
 	r     *Registry
 	dir   string
 	seen  map[string][sha256.Size]byte
 	retry map[string]time.Time
 }
 
-// WatchDir applies the specs in dir, then again every DirPoll until ctx ends: a new
-// or changed file is applied (a refused one logged at WARN with its problems, and
-// changing nothing), a removed one removes its sandbox.
-func (r *Registry) WatchDir(ctx context.Context, dir string) {
-	w := &dirWatch{r: r, dir: dir, seen: map[string][sha256.Size]byte{}, retry: map[string]time.Time{}}
+// ScanDir applies the specs in dir (a refused one logged at WARN with its
+// problems, and changing nothing) and returns the watch that applies what changes
+// there from now on (Watch).
+func (r *Registry) ScanDir(dir string) *DirWatch {
+	w := &DirWatch{r: r, dir: dir, seen: map[string][sha256.Size]byte{}, retry: map[string]time.Time{}}
+	w.scan()
+	return w
+}
+
+// Watch reads the directory again every DirPoll until ctx ends: a new or changed
+// file is applied, a removed one removes its sandbox.
+func (w *DirWatch) Watch(ctx context.Context) {
 	t := time.NewTicker(DirPoll)
 	defer t.Stop()
 	for {
-		w.scan()
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		w.scan()
 	}
 }
 
 // scan applies what changed in the directory since the last scan.
-func (w *dirWatch) scan() {
+func (w *DirWatch) scan() {
 	files, err := specFiles(w.dir)
 	if err != nil {
 		w.r.log.Warn().Err(err).Str("dir", w.dir).Msg("cannot read the sandboxes directory; the sandboxes stay as they are")

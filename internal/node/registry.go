@@ -72,12 +72,22 @@ type entry struct {
 	problems []config.Problem // of the spec in force (warnings), or of the last one refused
 }
 
+// Keeper keeps the specs registered through the API beyond this process: with
+// the supervising parent, which hands them to the next worker (internal/keep).
+// A spec file needs no keeping: the next worker reads the directory.
+type Keeper interface {
+	KeepSpec(id string, data []byte)
+	ForgetSpec(id string)
+	KeptSpecs() map[string][]byte // by sandbox ID: what a previous process kept
+}
+
 // Registry holds the sandboxes a node serves. Changes are serialised: one at a
 // time, so each is decided on what the others left.
 type Registry struct {
 	host Host
 	max  int
 	log  zerolog.Logger
+	keep Keeper // nil: nothing kept
 
 	mu      sync.Mutex
 	entries map[string]*entry
@@ -112,6 +122,7 @@ func (r *Registry) Apply(id string, data []byte, baseDir, source string) (Result
 		return Refused, problems
 	}
 	if prev != nil && prev.hash == spec.Hash() {
+		r.kept(id, data, source, prev)
 		prev.source, prev.problems = source, problems
 		return Unchanged, problems
 	}
@@ -128,11 +139,13 @@ func (r *Registry) Apply(id string, data []byte, baseDir, source string) (Result
 		problems = append(problems, config.Problem{Msg: err.Error()})
 		if sb == nil && prev != nil {
 			delete(r.entries, id) // Serve closed it
+			r.kept(id, nil, "", prev)
 		}
 		r.refused(r.entries[id], problems)
 		return Failed, problems
 	}
 	r.entries[id] = &entry{hash: spec.Hash(), source: source, sb: sb, problems: problems}
+	r.kept(id, data, source, prev)
 	if prev == nil {
 		return Created, problems
 	}
@@ -156,8 +169,42 @@ func (r *Registry) Remove(id, source string) bool {
 		return false
 	}
 	delete(r.entries, id)
+	r.kept(id, nil, "", e)
 	e.sb.Close()
 	return true
+}
+
+// KeepSpecs makes k keep every spec put in force through the API, from now on.
+func (r *Registry) KeepSpecs(k Keeper) { r.keep = k }
+
+// Restore puts in force again the API specs the Keeper kept. One that no longer
+// validates or serves (its namespace is gone, the node's config changed) is let
+// go, with the WARN line that says why: the node agent registers it again.
+func (r *Registry) Restore() {
+	specs := r.keep.KeptSpecs()
+	for id, data := range specs {
+		res, problems := r.Apply(id, data, "", SourceAPI)
+		r.logApply(id, "", res, problems)
+		if res == Refused || res == Failed {
+			r.keep.ForgetSpec(id)
+		}
+	}
+	if len(specs) > 0 {
+		r.log.Info().Int("sandboxes", len(specs)).Msg("sandboxes registered through the API before this worker started: registered again")
+	}
+}
+
+// kept tells the Keeper that sandbox id serves data from source now ("" when it
+// is gone), where it served prev's before (nil when new): an API spec is kept, one
+// that a file or a removal replaced is let go.
+func (r *Registry) kept(id string, data []byte, source string, prev *entry) {
+	switch {
+	case r.keep == nil:
+	case source == SourceAPI && (prev == nil || prev.source != SourceAPI || prev.hash != r.entries[id].hash):
+		r.keep.KeepSpec(id, data)
+	case source != SourceAPI && prev != nil && prev.source == SourceAPI:
+		r.keep.ForgetSpec(id)
+	}
 }
 
 // Info is GET /v1/sandboxes/{id}: the registry's view of a sandbox and its Status.

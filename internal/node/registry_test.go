@@ -6,10 +6,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -132,7 +134,7 @@ func TestWatchDir(t *testing.T) {
 	r := New(&host{}, 10, zerolog.New(&log))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go r.WatchDir(ctx, dir)
+	go r.ScanDir(dir).Watch(ctx)
 	file := filepath.Join(dir, "sbx-1.json")
 	write := func(s string) {
 		if err := os.WriteFile(file, []byte(s), 0o600); err != nil {
@@ -189,11 +191,53 @@ func TestWatchDirRetries(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "sbx-1.yaml"), []byte("ok"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	go r.WatchDir(ctx, dir)
+	go r.ScanDir(dir).Watch(ctx)
 	time.Sleep(300 * time.Millisecond)
 	if _, ok := r.Get("sbx-1"); ok {
 		t.Fatal("registered while Serve fails")
 	}
 	h.failing.Store(false)
 	waitFor(t, "registered once it can be served", func() bool { _, ok := r.Get("sbx-1"); return ok })
+}
+
+// specs is a Keeper in memory.
+type specs map[string]string
+
+func (s specs) KeepSpec(id string, data []byte) { s[id] = string(data) }
+func (s specs) ForgetSpec(id string)            { delete(s, id) }
+func (s specs) KeptSpecs() map[string][]byte {
+	out := map[string][]byte{}
+	for id, d := range s {
+		out[id] = []byte(d)
+	}
+	return out
+}
+
+// What the API put in force is kept; what a file or a removal replaced, a refused
+// spec never; Restore serves what was kept and lets go of what no longer validates.
+func TestKeepSpecs(t *testing.T) {
+	kept := specs{}
+	r := New(&host{}, 10, zerolog.Nop())
+	r.KeepSpecs(kept)
+	r.Apply("a", []byte("ok a"), "", SourceAPI)
+	r.Apply("a", []byte("bad"), "", SourceAPI)
+	r.Apply("b", []byte("ok b"), "", SourceAPI)
+	r.Apply("b", []byte("ok b file"), "/dir", SourceDir)
+	r.Apply("c", []byte("ok c"), "/dir", SourceDir)
+	r.Apply("d", []byte("ok d"), "", SourceAPI)
+	r.Remove("d", "")
+	if want := (specs{"a": "ok a"}); !maps.Equal(kept, want) {
+		t.Fatalf("kept %v, want %v", kept, want)
+	}
+
+	kept["e"] = "bad"
+	next := New(&host{}, 10, zerolog.Nop())
+	next.KeepSpecs(kept)
+	next.Restore()
+	if ids := next.IDs(); !slices.Equal(ids, []string{"a"}) {
+		t.Errorf("restored %v, want [a]", ids)
+	}
+	if want := (specs{"a": "ok a"}); !maps.Equal(kept, want) {
+		t.Errorf("kept %v after Restore, want %v: a spec that no longer validates is let go", kept, want)
+	}
 }

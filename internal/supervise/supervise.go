@@ -10,9 +10,14 @@
 // on (reload); SIGUSR2 starts a worker from the binary now at the same path and,
 // once it is ready, drains the old one: an upgrade with the same sockets.
 //
+// In node mode the parent also keeps what each worker leaves with it (package
+// keep): the sockets opened inside sandboxes' namespaces and the specs registered
+// through the node API, so that a worker's death frees no sandbox's port and
+// forgets no registration.
+//
 // The parent parses no request and holds no secret: it reads the config only for
 // the addresses it listens on, and afterwards only waits for signals and for its
-// children. docs/configuration.md ("Process model") is the user's view.
+// children; what workers leave with it, it holds without reading. docs/configuration.md ("Process model") is the user's view.
 package supervise
 
 import (
@@ -27,6 +32,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/egressd/egressd/internal/keep"
 	"github.com/egressd/egressd/internal/sockets"
 )
 
@@ -70,7 +76,7 @@ type Options struct {
 // egressd stops; it returns the exit code: the worker's when it stopped on
 // SIGTERM or SIGINT, or when the first worker failed to start.
 func Run(o Options) int {
-	s := &supervisor{o: o, events: make(chan event, 16)}
+	s := &supervisor{o: o, events: make(chan event, 16), kept: keep.NewStore()}
 	if s.o.Notify == nil {
 		s.o.Notify = func(string) {}
 	}
@@ -90,6 +96,7 @@ const exitRuntime = 2
 type supervisor struct {
 	o      Options
 	events chan event
+	kept   *keep.Store // what workers leave with the parent
 
 	current *worker   // the serving (or starting) worker; nil while a restart waits
 	next    *worker   // an upgrade's worker, until it is ready
@@ -182,6 +189,7 @@ func (s *supervisor) stop() {
 	for _, f := range s.o.Files {
 		f.Close()
 	}
+	s.kept.Close()
 }
 
 func stopTimer(t **time.Timer) {
@@ -373,12 +381,19 @@ func (s *supervisor) spawn(upgrade bool) (*worker, error) {
 		return nil, err
 	}
 	defer wr.Close() // the worker has its own copy
+	kept, err := s.kept.Attach()
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	defer kept.Close()
 	cmd := exec.Command(s.o.Exe, s.o.Args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.ExtraFiles = append(slices.Clone(s.o.Files), wr)
+	cmd.ExtraFiles = append(slices.Clone(s.o.Files), wr, kept)
 	cmd.Env = append(workerEnv(),
 		sockets.EnvWorker+"="+s.o.SocketsEnv,
-		fmt.Sprintf("%s=%d", EnvReport, 3+len(s.o.Files)))
+		fmt.Sprintf("%s=%d", EnvReport, 3+len(s.o.Files)),
+		fmt.Sprintf("%s=%d", keep.EnvFD, 4+len(s.o.Files)))
 	if upgrade {
 		cmd.Env = append(cmd.Env, EnvUpgrade+"=1")
 	}
@@ -440,7 +455,7 @@ func (s *supervisor) readReports(w *worker, r *os.File, done chan<- struct{}) {
 // systemd's notification socket (only the main process may use it).
 func workerEnv() []string {
 	return slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		for _, key := range []string{"NOTIFY_SOCKET", sockets.EnvWorker, EnvReport, EnvUpgrade} {
+		for _, key := range []string{"NOTIFY_SOCKET", sockets.EnvWorker, EnvReport, EnvUpgrade, keep.EnvFD} {
 			if strings.HasPrefix(kv, key+"=") {
 				return true
 			}

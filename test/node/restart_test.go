@@ -1,0 +1,128 @@
+package node_test
+
+import (
+	"net"
+	"net/http"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/egressd/egressd/internal/netns"
+)
+
+// A worker's death frees no sandbox's port and forgets no registration: the
+// supervising parent keeps the sockets egressd opened in the sandbox's namespace
+// and the spec registered through the API, and the next worker serves them. While
+// no worker runs, a process in the sandbox that tries to bind the port its traffic
+// is redirected to is refused, and a connection it makes waits in the backlog and
+// is answered by the next worker. An upgrade (SIGUSR2) hands them over the same
+// way; a DELETE lets the port go.
+func TestNodeWorkerRestart(t *testing.T) {
+	w := newWorld(t)
+	addSandbox(t, "sbx-r")
+	if code, body := w.put(t, "sbx-r", spec("sbx-r", "", "a.test+key")); code != http.StatusCreated {
+		t.Fatalf("PUT sbx-r: %d %s", code, body)
+	}
+	if status, reason := w.curl(t, "sbx-r", "a.test"); status != "200" {
+		t.Fatalf("before the restart: %s %s", status, reason)
+	}
+	first := w.e.ServingPid()
+
+	squatted := make(chan string, 1)
+	stop := make(chan struct{})
+	go squat("sbx-r", "127.0.0.1:"+transparentPort, stop, squatted)
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	during := make(chan string, 1)
+	go func() { status, _ := w.curl(t, "sbx-r", "a.test"); during <- status }()
+	second := w.waitNewWorker(t, first)
+	close(stop)
+	if s := <-squatted; s != "" {
+		t.Errorf("while the worker restarted, a process in the sandbox bound its port: %s", s)
+	}
+	if status := <-during; status != "200" {
+		t.Errorf("a request made while the worker restarted: %s, want 200 from the next worker", status)
+	}
+	w.servedAgain(t, "after a SIGKILL")
+
+	if err := w.e.SignalNow(syscall.SIGUSR2); err != nil {
+		t.Fatal(err)
+	}
+	w.waitNewWorker(t, second)
+	w.servedAgain(t, "after an upgrade")
+
+	if code := w.del(t, "sbx-r"); code != http.StatusNoContent {
+		t.Fatalf("DELETE: %d", code)
+	}
+	// The upgraded-from worker may still be draining: it lets go of its copy then.
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := bindIn("sbx-r", "127.0.0.1:"+transparentPort)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("2s after DELETE the port is still held: %v", err)
+		}
+	}
+}
+
+// servedAgain checks that sbx-r is registered (from the API) and served, with its
+// credential, by the worker now running.
+func (w *world) servedAgain(t *testing.T, when string) {
+	t.Helper()
+	code, info := w.get(t, "sbx-r")
+	if code != http.StatusOK || info["source"] != "api" {
+		t.Fatalf("%s: GET sbx-r: %d %v, want the API's registration kept", when, code, info)
+	}
+	if status, reason := w.curl(t, "sbx-r", "a.test"); status != "200" {
+		t.Errorf("%s: %s %s, want 200", when, status, reason)
+	}
+	if auths := w.up.authsFor("a.test"); len(auths) == 0 || auths[len(auths)-1] != "Bearer "+w.secrets["node"] {
+		t.Errorf("%s: the upstream saw %q last, want the node's credential", when, auths)
+	}
+}
+
+// waitNewWorker waits for a worker other than prev to have started, and returns it.
+func (w *world) waitNewWorker(t *testing.T, prev int) int {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if pid := w.e.ServingPid(); pid != prev {
+			return pid
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no new worker within 30s")
+		}
+	}
+}
+
+// squat tries to bind addr in sandbox name until stop closes, as a process in the
+// sandbox racing egressd's restart would; it reports the first success ("" for
+// none). It binds as root: a sandbox's own users can do no more.
+func squat(name, addr string, stop <-chan struct{}, got chan<- string) {
+	for {
+		select {
+		case <-stop:
+			got <- ""
+			return
+		default:
+		}
+		if err := bindIn(name, addr); err == nil {
+			got <- "bound " + addr
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// bindIn binds addr inside sandbox name and lets it go at once; EADDRINUSE when
+// the port is held.
+func bindIn(name, addr string) error {
+	return netns.Do("/run/netns/"+name, func() error {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return err
+		}
+		return ln.Close()
+	})
+}
