@@ -173,3 +173,20 @@ func TestWriteTextPeersRounds(t *testing.T) {
 		t.Errorf("no per-round ratios of goproxy:\n%s", out)
 	}
 }
+
+// A peer that was not built, or that does not intercept on an intercepted
+// path, has a row saying why, and its leg never runs.
+func TestPeerLegsSkipped(t *testing.T) {
+	ps := peerSet{{peerInfo: peerInfo{Peer: "goproxy", Skipped: "build failed"}, kind: peerKinds[0]},
+		{peerInfo: peerInfo{Peer: "smokescreen", Binary: "/c/smokescreen"}, kind: peerKinds[1]}}
+	p, _ := lookupPaths("intercept")
+	legs := ps.legs(t.Context(), p[0], &world{}, loadOptions{})
+	direct := func(int) (runResult, error) { return runResult{}, nil }
+	if err := runRounds(pathEnv{o: options{rounds: 2}}, direct, nil, legs); err != nil {
+		t.Fatal(err)
+	}
+	rows := finishAll(legs)
+	if len(rows) != 2 || rows[0].Skipped != "build failed" || rows[0].NotApplicable || !rows[1].NotApplicable || rows[1].Skipped == "" || len(rows[1].Rounds) != 0 {
+		t.Errorf("peer rows = %+v", rows)
+	}
+}
