@@ -130,8 +130,12 @@ var apiOps = []struct {
 	name string
 	call func(n *nodeEgressd, up *upstream, id string, i int) (time.Duration, error)
 }{
-	{"register", func(n *nodeEgressd, up *upstream, id string, i int) (time.Duration, error) { return n.register(up, id, i, 0) }},
-	{"change", func(n *nodeEgressd, up *upstream, id string, i int) (time.Duration, error) { return n.register(up, id, i, 1) }},
+	{"register", func(n *nodeEgressd, up *upstream, id string, i int) (time.Duration, error) {
+		return n.register(up, id, i, 0)
+	}},
+	{"change", func(n *nodeEgressd, up *upstream, id string, i int) (time.Duration, error) {
+		return n.register(up, id, i, 1)
+	}},
 	{"remove", func(n *nodeEgressd, _ *upstream, id string, _ int) (time.Duration, error) {
 		_, took, err := n.call(http.MethodDelete, id, "", http.StatusNoContent)
 		return took, err
