@@ -117,10 +117,9 @@ func (s *attackSummary) row(idle runResult, x viaRun, ae *egressd) pathResult {
 		"pre-tool calls to the hook URL, one at a time, each on a new connection (CONNECT, TLS, POST), through an egressd with limits.max_connections %d held by spliced tunnels and hooks.identify url, "+
 			"while %d fake calls a second flood it (CONNECT, TLS, a POST whose body never ends); direct columns: the same calls before the flood",
 		attackMaxConnections, floodRate), "as the hook row")
-	rb.res.NewConnPerRequest = true
+	rb.res.NewConnPerRequest, rb.e = true, ae
 	rb.add(idle, x)
-	peak, _ := ae.peakRSS()
-	res := rb.finish(peak)
+	res := rb.finish()
 	s.takeAttackLines(&res.Log)
 	res.Attack = s
 	res.Problems = append(res.Problems, s.problems()...)

@@ -284,25 +284,26 @@ func nodeRows(ctx context.Context, env pathEnv, one, many *nodeEgressd, sum *nod
 	}
 	lo, slow := env.o.load(), env.o.load()
 	slow.clients = nodeLatencyClients
-	row := func(name, desc string) *rowBuilder { return newRow(name, desc, injectCredential.String()) }
-	churning := egressdLeg(ctx, env, nodePath, wm, many.egressd, slow, row("node-churn",
-		fmt.Sprintf("as node-quiet, while other sandboxes are registered, changed and removed, %d a second", nodeChurnRate)))
+	through := func(n *nodeEgressd, w *world, lo loadOptions, name, desc string) *row {
+		return egressdRow(ctx, env, nodePath, w, n.egressd, lo, newRow(name, desc, injectCredential.String()))
+	}
+	churning := through(many, wm, slow, "node-churn", fmt.Sprintf("as node-quiet, while other sandboxes are registered, changed and removed, %d a second", nodeChurnRate))
 	churning.run = whileRunning(churning.run, func(ctx context.Context) { churn(ctx, env.w.up, many, sum) })
 	var rows []pathResult
-	for i, legs := range [][]leg{{
-		egressdLeg(ctx, env, nodePath, w1, one.egressd, lo, row("node-1", "the credential path through the only sandbox of a node")),
-		egressdLeg(ctx, env, nodePath, wm, many.egressd, lo, row(fmt.Sprintf("node-%d", nodeSandboxes), fmt.Sprintf("the credential path through one sandbox of a node serving %d", nodeSandboxes))),
+	for i, rs := range [][]*row{{
+		through(one, w1, lo, "node-1", "the credential path through the only sandbox of a node"),
+		through(many, wm, lo, fmt.Sprintf("node-%d", nodeSandboxes), fmt.Sprintf("the credential path through one sandbox of a node serving %d", nodeSandboxes)),
 	}, {
-		egressdLeg(ctx, env, nodePath, wm, many.egressd, slow, row("node-quiet", fmt.Sprintf("the probe sandbox's GETs, %d client(s), nothing else changing", nodeLatencyClients))),
+		through(many, wm, slow, "node-quiet", fmt.Sprintf("the probe sandbox's GETs, %d client(s), nothing else changing", nodeLatencyClients)),
 		churning,
 	}} {
 		direct := func(int) (runResult, error) {
 			return runCounted(ctx, nodePath.direct(env.w), []loadOptions{lo, slow}[i], env.w.up, nil)
 		}
-		if err := runRounds(env, direct, legs, nil); err != nil {
+		if err := runRounds(env, direct, rs, nil); err != nil {
 			return nil, err
 		}
-		rows = append(rows, finishAll(legs)...)
+		rows = append(rows, finishAll(rs)...)
 	}
 	return rows, nil
 }

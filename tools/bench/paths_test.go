@@ -118,13 +118,13 @@ func TestVaultPath(t *testing.T) {
 // (a transparent listener the DNAT missed): a problem of its row.
 func TestEgressdLegNoEgressLine(t *testing.T) {
 	ps, _ := lookupPaths("plain")
-	l := egressdLeg(t.Context(), pathEnv{o: options{rounds: 1}}, ps[0], &world{}, nil, loadOptions{}, newRow("plain", "", ""))
+	r := egressdRow(t.Context(), pathEnv{o: options{rounds: 1}}, ps[0], &world{}, nil, loadOptions{}, newRow("plain", "", ""))
 	x := viaRun{r: runResult{UpstreamRequests: 10}, log: logSummary{EgressLines: 10, Allowed200: 10}}
-	if got := l.check(0, runResult{UpstreamRequests: 10}, &x); len(got) != 0 {
+	if got := r.check(0, runResult{UpstreamRequests: 10}, &x); len(got) != 0 {
 		t.Errorf("problems with every request logged: %q", got)
 	}
 	x.log = logSummary{}
-	if got := l.check(0, runResult{UpstreamRequests: 10}, &x); len(got) != 1 || !strings.Contains(got[0], "logged no egress line") {
+	if got := r.check(0, runResult{UpstreamRequests: 10}, &x); len(got) != 1 || !strings.Contains(got[0], "logged no egress line") {
 		t.Errorf("problems with nothing logged = %q, want the missing egress lines", got)
 	}
 }

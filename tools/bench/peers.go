@@ -301,31 +301,32 @@ func startSmokescreen(ctx context.Context, p *peer, _ *upstream) error {
 	return err
 }
 
-// legs is p's peer rows, in -peers order: a leg through each peer that
-// carries it, and a leg that never runs, its row Skipped, for each other.
-func (ps peerSet) legs(ctx context.Context, p pathSpec, w *world, lo loadOptions) []leg {
+// rows is p's peer rows, in -peers order: a row through each peer that
+// carries p, and one that is not measured, Skipped, for each other.
+func (ps peerSet) rows(ctx context.Context, p pathSpec, w *world, lo loadOptions) []*row {
 	if p.peers == peersNone {
 		return nil
 	}
-	var legs []leg
+	var rows []*row
 	for _, peer := range ps {
-		l := leg{row: newRow(peer.Peer, "", ""), peer: peer}
+		r := newRow(peer.Peer, "", "")
 		switch {
 		case p.peers == peersIntercept && peer.kind.noMITM != "":
-			l.row.res.Skipped, l.row.res.NotApplicable = peer.kind.noMITM, true
+			r.res.Skipped, r.res.NotApplicable = peer.kind.noMITM, true
 		case peer.Skipped != "":
-			l.row.res.Skipped = peer.Skipped
+			r.res.Skipped = peer.Skipped
 		default:
 			t := p.viaProxy(w)
 			t.proxy = peer.proxyURL
 			if p.peers == peersIntercept {
 				t.roots = peer.roots
 			}
-			l.run = func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, t, lo, w.up, cpu) }
+			r.peer = peer
+			r.run = func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, t, lo, w.up, cpu) }
 		}
-		legs = append(legs, l)
+		rows = append(rows, r)
 	}
-	return legs
+	return rows
 }
 
 func (p *peer) cpuTime() (time.Duration, error) { return procfs.CPU(p.p.Pid()) }

@@ -58,7 +58,8 @@ func peerReport(rounds int) *report {
 				run.hist.Record(5e6)
 				rb.add(d, viaRun{r: run})
 			}
-			p.Peers = append(p.Peers, rb.finish(int64(14+i)<<20))
+			rb.res.PeakRSSBytes = int64(14+i) << 20
+			p.Peers = append(p.Peers, rb.finish())
 		}
 		r.Paths = append(r.Paths, p)
 	}
@@ -180,12 +181,12 @@ func TestPeerLegsSkipped(t *testing.T) {
 	ps := peerSet{{peerInfo: peerInfo{Peer: "goproxy", Skipped: "build failed"}, kind: peerKinds[0]},
 		{peerInfo: peerInfo{Peer: "smokescreen", Binary: "/c/smokescreen"}, kind: peerKinds[1]}}
 	p, _ := lookupPaths("intercept")
-	legs := ps.legs(t.Context(), p[0], &world{}, loadOptions{})
+	peerRows := ps.rows(t.Context(), p[0], &world{}, loadOptions{})
 	direct := func(int) (runResult, error) { return runResult{}, nil }
-	if err := runRounds(pathEnv{o: options{rounds: 2}}, direct, nil, legs); err != nil {
+	if err := runRounds(pathEnv{o: options{rounds: 2}}, direct, nil, peerRows); err != nil {
 		t.Fatal(err)
 	}
-	rows := finishAll(legs)
+	rows := finishAll(peerRows)
 	if len(rows) != 2 || rows[0].Skipped != "build failed" || rows[0].NotApplicable || !rows[1].NotApplicable || rows[1].Skipped == "" || len(rows[1].Rounds) != 0 {
 		t.Errorf("peer rows = %+v", rows)
 	}

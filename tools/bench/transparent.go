@@ -195,12 +195,12 @@ func measureTransparentRuns(ctx context.Context, env pathEnv, te *egressd, sb *n
 	tp.dialFrom = sb.Dial
 	explicit.dialAddr, explicit.proxy = "", te.proxyURL
 	via := func(t target) pathSpec { return pathSpec{viaProxy: func(*world) target { return t }} }
-	legs := []leg{egressdLeg(ctx, env, via(tp), env.w, te, lo, newRow("transparent", transparentPathSpec().desc, "")),
-		egressdLeg(ctx, env, via(explicit), env.w, te, lo, newRow(transparentExplicitRow, fmt.Sprintf("the transparent row's requests through the same egressd's explicit listener: CONNECT %s:%s from the bench's namespace, spliced (the transparent row's direct runs)", transparentHost, standInPort), ""))}
-	if err := runRounds(env, func(int) (runResult, error) { return runCounted(ctx, direct, lo, env.w.up, nil) }, legs, nil); err != nil {
+	rows := []*row{egressdRow(ctx, env, via(tp), env.w, te, lo, newRow("transparent", transparentPathSpec().desc, "")),
+		egressdRow(ctx, env, via(explicit), env.w, te, lo, newRow(transparentExplicitRow, fmt.Sprintf("the transparent row's requests through the same egressd's explicit listener: CONNECT %s:%s from the bench's namespace, spliced (the transparent row's direct runs)", transparentHost, standInPort), ""))}
+	if err := runRounds(env, func(int) (runResult, error) { return runCounted(ctx, direct, lo, env.w.up, nil) }, rows, nil); err != nil {
 		return nil, err
 	}
-	return finishAll(legs), nil
+	return finishAll(rows), nil
 }
 
 // allowStandIn lets the transparent path's clients dial the stand-in upstream
