@@ -225,10 +225,8 @@ func startWorld(ctx context.Context, env *pathEnv) (stop func(), err error) {
 	}
 	stops = append(stops, func() { env.e.stop() })
 	env.w = &world{up: up, proxy: env.e.proxyURL}
-	if intercepts(o.paths) {
-		if env.w.egressdRoots, err = env.e.CAPool(); err != nil {
-			return stop, err
-		}
+	if env.w.egressdRoots, err = env.e.CAPool(); err != nil {
+		return stop, err
 	}
 	env.w.peers, err = startPeers(ctx, o, env.dir, up, env.stderr) // nil with -peers off or no path they carry
 	stops = append(stops, func() { env.w.peers.stop() })

@@ -309,7 +309,7 @@ func nodeRows(ctx context.Context, env pathEnv, one, many *nodeEgressd, sum *nod
 }
 
 // nodePath is what the node rows send: the credential path's GETs.
-var nodePath = interceptPath("", credentialHost, injectCredential, false, peersNone, "")
+var nodePath = interceptPath("", credentialHost, injectCredential, peersNone, target{}, "")
 
 // probeWorld is w with the probe sandbox's listener as the proxy and the
 // node's CA as what intercepted tunnels trust.

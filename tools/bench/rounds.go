@@ -165,7 +165,7 @@ func measurePath(ctx context.Context, env pathEnv, p pathSpec) (pathResult, erro
 		injects = p.inject.String()
 	}
 	r := egressdRow(ctx, env, p, w, env.e, lo, newRow(p.name, p.desc, injects))
-	r.res.NewConnPerRequest = p.newConn
+	r.res.NewConnPerRequest = p.direct(w).newConnPerRequest
 	peers := w.peers.rows(ctx, p, w, lo)
 	direct := func(int) (runResult, error) { return runCounted(ctx, p.direct(w), lo, w.up, nil) }
 	if err := runRounds(env, direct, []*row{r}, peers); err != nil {
