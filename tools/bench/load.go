@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -120,12 +121,8 @@ func runLoad(ctx context.Context, t target, lo loadOptions, cpu cpuFunc) (runRes
 	}
 	r := runResult{ClientConns: dials.Load(), CPUSeconds: cpuUsed.Seconds()}
 	for _, c := range clients {
-		r.hist.Merge(c.hist)
-		r.Total += c.total
-		r.Errors += c.errors
-		addCounts(&r.ErrorKinds, c.errorKinds)
-		r.TLSHandshakes += c.handshakes.Load()
-		r.TLSResumed += c.resumed.Load()
+		c.r.TLSHandshakes, c.r.TLSResumed = c.handshakes.Load(), c.resumed.Load()
+		r.merge(c.r)
 	}
 	if cpuErr != nil {
 		r.CPUError = cpuErr.Error()
@@ -169,6 +166,24 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 	}
 }
 
+// merge adds x's counts, latencies and CPU time to r.
+func (r *runResult) merge(x runResult) {
+	r.Requests += x.Requests
+	r.Seconds += x.Seconds
+	r.Total += x.Total
+	r.Errors += x.Errors
+	addCounts(&r.ErrorKinds, x.ErrorKinds)
+	r.ClientConns += x.ClientConns
+	r.UpstreamConns += x.UpstreamConns
+	r.UpstreamRequests += x.UpstreamRequests
+	addCounts(&r.Injected, x.Injected)
+	r.TLSHandshakes += x.TLSHandshakes
+	r.TLSResumed += x.TLSResumed
+	r.CPUSeconds += x.CPUSeconds
+	r.CPUError = cmp.Or(x.CPUError, r.CPUError)
+	r.hist.Merge(x.hist)
+}
+
 // window sets the figures of a window of seconds from the latencies.
 func (r *runResult) window(seconds float64) {
 	r.Seconds, r.Requests = seconds, int64(r.hist.N())
@@ -189,9 +204,7 @@ type client struct {
 	tr                  *http.Transport
 	t                   target
 	req                 *http.Request
-	hist                load.Latencies
-	total, errors       int64
-	errorKinds          map[string]int64
+	r                   runResult    // its requests, errors and latencies
 	handshakes, resumed atomic.Int64 // added to by the transport's dialling goroutine
 }
 
@@ -261,15 +274,15 @@ func (c *client) loop(ctx context.Context, from, to time.Time) {
 		}
 		err := c.roundTrip()
 		t1 := time.Now()
-		c.total++
+		c.r.Total++
 		if err != nil {
-			c.errors++
-			addCount(&c.errorKinds, load.ErrorKind(err.Error()), 1)
+			c.r.Errors++
+			addCount(&c.r.ErrorKinds, load.ErrorKind(err.Error()), 1)
 			time.Sleep(errorBackoff)
 			continue
 		}
 		if t1.After(from) && !t1.After(to) {
-			c.hist.Record(t1.Sub(t0))
+			c.r.hist.Record(t1.Sub(t0))
 		}
 	}
 }
