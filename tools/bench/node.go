@@ -311,16 +311,13 @@ func nodeRows(ctx context.Context, env pathEnv, one, many *nodeEgressd, sum *nod
 // nodePath is what the node rows send: the credential path's GETs.
 var nodePath = interceptPath("", credentialHost, injectCredential, peersNone, target{}, "")
 
-// probeWorld is w with the probe sandbox's listener as the proxy and the
-// node's CA as what intercepted tunnels trust.
+// probeWorld is w through the probe sandbox's listener.
 func (n *nodeEgressd) probeWorld(w *world) (*world, error) {
-	pw := *w
 	addr, err := n.probeAddr()
-	pw.proxy = "http://" + addr
-	if err == nil {
-		pw.egressdRoots, err = n.CAPool()
+	if err != nil {
+		return nil, err
 	}
-	return &pw, err
+	return w.through(n.egressd, "http://"+addr)
 }
 
 // whileRunning is run with during running beside it, until run returns.

@@ -51,12 +51,11 @@ func measureOwn(ctx context.Context, env pathEnv, p pathSpec) ([]pathResult, err
 		return nil, fmt.Errorf("its egressd: %w", err)
 	}
 	defer e.stop()
-	w := *env.w
-	w.proxy, w.peers, env.w, env.e = e.proxyURL, nil, &w, e
-	if err := e.AdminJSON("/v1/sandbox/env", http.StatusOK, &w.vars); err != nil {
+	if env.w, err = env.w.through(e, e.proxyURL); err != nil {
 		return nil, err
 	}
-	if w.egressdRoots, err = e.CAPool(); err != nil {
+	env.e = e
+	if err := e.AdminJSON("/v1/sandbox/env", http.StatusOK, &env.w.vars); err != nil {
 		return nil, err
 	}
 	r, err := measurePath(ctx, env, p)

@@ -130,6 +130,16 @@ func interceptPath(name, host string, inj injection, peers peerUse, t target, de
 	}
 }
 
+// through is w with proxy, a listener of e, as the proxy, and e's CA as what
+// the clients of intercepted tunnels trust; no peer carries it.
+func (w *world) through(e *egressd, proxy string) (*world, error) {
+	t := *w
+	t.proxy, t.peers = proxy, nil
+	var err error
+	t.egressdRoots, err = e.CAPool()
+	return &t, err
+}
+
 // directTLS is t dialled straight to the upstream's TLS port.
 func (w *world) directTLS(t target) target { t.dialAddr, t.roots = w.up.tlsAddr, w.up.roots; return t }
 

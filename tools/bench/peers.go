@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/x509"
@@ -256,14 +255,9 @@ func startGoproxy(ctx context.Context, p *peer, up *upstream) error {
 
 // listeningLine is the address in goproxybare's "listening ADDR" line, or "".
 func listeningLine(path string) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if addr, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
+	b, _ := os.ReadFile(path)
+	for line := range strings.Lines(string(b)) {
+		if addr, ok := strings.CutPrefix(line, "listening "); ok {
 			return strings.TrimSpace(addr)
 		}
 	}

@@ -174,10 +174,8 @@ func (r *report) writeJSON(w io.Writer) error {
 }
 
 func (r *report) path(name string) *pathResult {
-	for i := range r.Paths {
-		if r.Paths[i].Path == name {
-			return &r.Paths[i]
-		}
+	if i := slices.IndexFunc(r.Paths, func(p pathResult) bool { return p.Path == name }); i >= 0 {
+		return &r.Paths[i]
 	}
 	return nil
 }
