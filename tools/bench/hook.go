@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -70,9 +71,7 @@ func startHookServer(up *upstream) (*hookServer, error) {
 func (h *hookServer) close() { h.srv.Close() }
 
 // url is https://hookHost:<port><path>.
-func (h *hookServer) url(path string) string {
-	return "https://" + hookHost + h.addr[strings.LastIndexByte(h.addr, ':'):] + path
-}
+func (h *hookServer) url(path string) string { return "https://" + hostAt(hookHost, h.addr) + path }
 
 // trust makes the endpoint verify sampled assertions against e's signing key
 // (its /.well-known/jwks.json).
@@ -122,21 +121,19 @@ func (h *hookServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(hookAllow)
 }
 
+// verify checks one assertion with pkg/hookauth, counting it verified or
+// refused; the first refusal is kept for the report.
 func (h *hookServer) verify(ctx context.Context, assertion string, body []byte) {
-	v := h.verifier.Load()
-	if v == nil {
-		h.refuse("no verifier: egressd's JWKS was not read")
+	err := errors.New("no verifier: egressd's JWKS was not read")
+	if v := h.verifier.Load(); v != nil {
+		_, err = v.Verify(ctx, assertion, body)
+	}
+	if err == nil {
+		h.n[cVerified].Add(1)
 		return
 	}
-	if _, err := v.Verify(ctx, assertion, body); err != nil {
-		h.refuse(err.Error())
-		return
-	}
-	h.n[cVerified].Add(1)
-}
-
-func (h *hookServer) refuse(why string) {
 	h.n[cRefused].Add(1)
+	why := err.Error()
 	h.firstErr.CompareAndSwap(nil, &why)
 }
 

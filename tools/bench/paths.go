@@ -150,9 +150,7 @@ func (w *world) httpURL() string  { return "http://" + localhostAddr(w.up.httpAd
 func (w *world) httpsURL() string { return "https://" + localhostAddr(w.up.tlsAddr) + "/" }
 
 // hostURL is https://host:<the upstream's TLS port>/.
-func (w *world) hostURL(host string) string {
-	return "https://" + host + w.up.tlsAddr[strings.LastIndexByte(w.up.tlsAddr, ':'):] + "/"
-}
+func (w *world) hostURL(host string) string { return "https://" + hostAt(host, w.up.tlsAddr) + "/" }
 
 func hasPath(ps []pathSpec, name string) bool {
 	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.name == name })

@@ -205,4 +205,8 @@ func (t *tally) countInjected(r *http.Request) {
 
 // localhostAddr turns 127.0.0.1:port into localhost:port: egressd decides on
 // the name and resolves it, as it would a real host.
-func localhostAddr(addr string) string { return "localhost" + addr[strings.LastIndexByte(addr, ':'):] }
+func localhostAddr(addr string) string { return hostAt("localhost", addr) }
+
+// hostAt is host with addr's port: the name a client asks for where only
+// the address is known.
+func hostAt(host, addr string) string { return host + addr[strings.LastIndexByte(addr, ':'):] }
