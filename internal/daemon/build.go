@@ -60,7 +60,7 @@ func buildSnapshot(l *Loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds 
 		DenyInTunnel: cfg.TLS.DenyInside(),
 	}
 	snap.Prepare()
-	if err := pinHookLeaves(leaves, hk); err != nil {
+	if err := pinHookLeaves(leaves, l.Sandbox, hk); err != nil {
 		// Not fatal: hooks.json may sit inside the sandbox, and a URL it names must not
 		// stop egressd. The leaf is minted again at the first tunnel to that host.
 		cfg.Warnings = append(cfg.Warnings, config.Problem{Path: "hooks", Warning: true, Msg: err.Error()})
@@ -68,10 +68,11 @@ func buildSnapshot(l *Loaded, self []netip.AddrPort, leaves *mitm.Leaves, creds 
 	return snap, nil
 }
 
-// pinHookLeaves pins the interception leaves of the hook hosts (minting them now, at
-// start and on every reload that builds a Snapshot), so that no flood of other TLS
-// names evicts them or makes a hook call wait for a mint slot.
-func pinHookLeaves(leaves *mitm.Leaves, hk *proxy.Hooks) error {
+// pinHookLeaves pins the interception leaves of the hook hosts of sandbox ("" for
+// egressd's own config), minting them now, at start and on every reload that
+// builds a Snapshot, so that no flood of other TLS names, from any sandbox, evicts
+// them or makes a hook call wait for a mint slot.
+func pinHookLeaves(leaves *mitm.Leaves, sandbox string, hk *proxy.Hooks) error {
 	if leaves == nil {
 		return nil
 	}
@@ -79,7 +80,7 @@ func pinHookLeaves(leaves *mitm.Leaves, hk *proxy.Hooks) error {
 	if hk != nil {
 		hosts = hk.Index.Hosts()
 	}
-	if err := leaves.Pin(hosts); err != nil {
+	if err := leaves.PinFor(sandbox, hosts); err != nil {
 		return fmt.Errorf("minting the hook hosts' leaves (each is tried again at its first tunnel): %w", err)
 	}
 	return nil

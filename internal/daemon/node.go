@@ -21,6 +21,7 @@ import (
 	"github.com/egressd/egressd/internal/netns"
 	"github.com/egressd/egressd/internal/node"
 	"github.com/egressd/egressd/internal/proxy"
+	mitm "github.com/egressd/egressd/internal/tls"
 )
 
 // Node mode: the Daemon is the registry's Host. Each sandbox is served by a
@@ -63,15 +64,16 @@ func (h nodeHost) Serve(spec node.Spec, prev node.Sandbox) (node.Sandbox, error)
 	sb, err := h.d.startSandbox(l)
 	switch {
 	case err == nil && p != nil:
-		p.Close()
+		p.stop()
 		return sb, nil
 	case err == nil:
 		return sb, nil
 	case p == nil:
 		return prev, err
 	}
-	p.Close()
+	p.stop()
 	if sb, err = h.d.startSandbox(l); err != nil {
+		p.unpin()
 		return nil, err
 	}
 	return sb, nil
@@ -88,6 +90,7 @@ type sandbox struct {
 	stopDNS context.CancelFunc
 	keep    *keep.Keeper // holds a copy of each socket for the next worker
 	keys    []string     // the sockets' keys in keep
+	leaves  *mitm.Leaves // pins the sandbox's hook hosts' leaves
 
 	mu sync.Mutex // guards l and rebuilds
 	l  *Loaded
@@ -98,6 +101,7 @@ type sandbox struct {
 func (d *Daemon) startSandbox(l *Loaded) (*sandbox, error) {
 	s := &sandbox{l: l, log: d.log.With().Str("sandbox", l.Sandbox).Logger(), bound: map[string]string{}, keep: d.keep}
 	sh := d.shared()
+	s.leaves = sh.leaves
 	sh.log = s.log
 	snap, err := s.creds.snapshot(l, sh, nil)
 	if err != nil {
@@ -106,6 +110,7 @@ func (d *Daemon) startSandbox(l *Loaded) (*sandbox, error) {
 	if err := s.open(l); err != nil {
 		s.closeSockets()
 		s.release()
+		s.unpin()
 		s.creds.close()
 		snap.Close()
 		return nil, err
@@ -243,13 +248,29 @@ func (s *sandbox) update(l *Loaded, sh shared) error {
 	return nil
 }
 
-// Close stops the sandbox's listeners and DNS guard and closes every connection it
-// holds at once: a removed sandbox is not drained. Its sockets close with it.
+// Close removes the sandbox: stop, and its hook hosts' leaves are no longer
+// pinned for it.
 func (s *sandbox) Close() {
+	s.stop()
+	s.unpin()
+}
+
+// stop stops the sandbox's listeners and DNS guard and closes every connection it
+// holds at once: a removed or replaced sandbox is not drained. Its sockets close
+// with it, unless its replacement serves them.
+func (s *sandbox) stop() {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	s.Drain(ctx)
 	s.release()
+}
+
+// unpin lets go of the pins of the sandbox's hook hosts' leaves (its ID's: a
+// replacement pins under the same ID before the sandbox it replaces stops).
+func (s *sandbox) unpin() {
+	if s.leaves != nil {
+		s.leaves.PinFor(s.l.Sandbox, nil)
+	}
 }
 
 // Drain stops the sandbox's listeners and DNS guard, lets requests in flight finish

@@ -25,11 +25,13 @@ import (
 const EnvFD = "EGRESSD_WORKER_KEEP_FD"
 
 // The operations. A worker asks for what is kept (opRequest) and gets each
-// descriptor (opHold) then opEnd; it leaves a descriptor (opHold) and takes one
-// back (opDrop, answered by opAck once the parent has closed its copy, so that the
-// worker may bind the address again at once).
+// descriptor (opHold) then opEnd, or asks for one key's (opGet) and gets it
+// (opHold) or opEnd; it leaves a descriptor (opHold) and takes one back (opDrop,
+// answered by opAck once the parent has closed its copy, so that the worker may
+// bind the address again at once).
 const (
 	opRequest = 'r'
+	opGet     = 'g'
 	opHold    = 'h'
 	opEnd     = 'e'
 	opDrop    = 'd'

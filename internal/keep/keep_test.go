@@ -194,3 +194,34 @@ func mustBind(t *testing.T, addr string) {
 	}
 	ln.Close()
 }
+
+// A worker that finds its address in use asks the parent for the key: another
+// worker (the one an upgrade replaces) may have left that socket after this one
+// started.
+func TestFetchAfterStart(t *testing.T) {
+	s := NewStore()
+	defer s.Close()
+	k2 := worker(t, s)
+	if err := k2.Take(); err != nil {
+		t.Fatal(err)
+	}
+	k1 := worker(t, s)
+	ln1, err := Listen(k1, "sock/x", func() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln1.Close()
+	waitKept(t, s, 1)
+	addr := ln1.Addr().String()
+	ln2, err := Listen(k2, "sock/x", func() (net.Listener, error) { return net.Listen("tcp", addr) })
+	if err != nil {
+		t.Fatalf("the address the other worker left: %v, want its socket", err)
+	}
+	defer ln2.Close()
+	if ln2.Addr().String() != addr {
+		t.Errorf("%s, want %s", ln2.Addr(), addr)
+	}
+	if _, err := Listen(k2, "sock/y", func() (net.Listener, error) { return net.Listen("tcp", addr) }); !errors.Is(err, syscall.EADDRINUSE) {
+		t.Errorf("another key on the same address: %v, want EADDRINUSE", err)
+	}
+}

@@ -65,7 +65,14 @@ func (s *Store) serve(c *link) {
 		}
 		switch op {
 		case opRequest:
-			err = s.handOver(c)
+			err = s.handOver(c, "")
+		case opGet:
+			closeFD(fd)
+			if key == "" {
+				err = c.send(opEnd, "", -1)
+			} else {
+				err = s.handOver(c, key)
+			}
 		case opHold:
 			s.hold(key, fd)
 		case opDrop:
@@ -81,13 +88,16 @@ func (s *Store) serve(c *link) {
 	}
 }
 
-// handOver sends a copy of every kept descriptor, then opEnd. The copies are
-// made under the lock and sent outside it: a worker that reads slowly delays no
-// other.
-func (s *Store) handOver(c *link) error {
+// handOver sends a copy of every kept descriptor (only key's, when key is set),
+// then opEnd. The copies are made under the lock and sent outside it: a worker
+// that reads slowly delays no other.
+func (s *Store) handOver(c *link, key string) error {
 	s.mu.Lock()
 	copies := make(map[string]int, len(s.fds))
 	for k, fd := range s.fds {
+		if key != "" && k != key {
+			continue
+		}
 		if nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0); err == nil {
 			copies[k] = nfd
 		}

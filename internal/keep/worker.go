@@ -65,9 +65,15 @@ func (k *Keeper) Take() error {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	return k.receive(opRequest, "")
+}
+
+// receive asks the parent for what it keeps (op opRequest) or for key's
+// descriptor (opGet), and holds what it sends, unclaimed.
+func (k *Keeper) receive(op byte, key string) error {
 	k.l.c.SetDeadline(time.Now().Add(replyTimeout))
 	defer k.l.c.SetDeadline(time.Time{})
-	if err := k.l.send(opRequest, "", -1); err != nil {
+	if err := k.l.send(op, key, -1); err != nil {
 		return fmt.Errorf("keep: asking the parent: %w", err)
 	}
 	for {
@@ -112,6 +118,11 @@ func claim[T any](k *Keeper, key string, open func() (T, error), from func(*os.F
 		return v, nil
 	}
 	v, err := open()
+	if errors.Is(err, syscall.EADDRINUSE) && k.fetch(key) {
+		// Another worker left it with the parent after this one started (a spec
+		// changed during an upgrade): serve that one.
+		return reuse(k, key, from)
+	}
 	if err != nil {
 		return v, err
 	}
@@ -119,6 +130,13 @@ func claim[T any](k *Keeper, key string, open func() (T, error), from func(*os.F
 		k.leave(key, sc)
 	}
 	return v, nil
+}
+
+// fetch asks the parent for key's descriptor; true when it had one.
+func (k *Keeper) fetch(key string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.receive(opGet, key) == nil && k.kept[key] != nil
 }
 
 // errNotKept is reuse's answer for a key nothing is kept under.

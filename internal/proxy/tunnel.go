@@ -505,7 +505,7 @@ func (c *conn) serveIntercepted(snap *Snapshot, t allowlist.Target, hello *clien
 	c.s.metrics.TunnelsActive.Inc()
 	defer c.s.metrics.TunnelsActive.Dec()
 	client := &replayConn{Conn: c.nc, r: io.MultiReader(bytes.NewReader(hello.raw), c.br)}
-	tc := tls.Server(client, snap.Leaves.ServerConfigFor(c.nc.RemoteAddr(), t.Host, []string{"h2", "http/1.1"}))
+	tc := tls.Server(client, snap.Leaves.ServerConfigFor(snap.Sandbox, c.nc.RemoteAddr(), t.Host, []string{"h2", "http/1.1"}))
 	tc.SetDeadline(time.Now().Add(snap.Limits.ReadHeader))
 	if err := tc.HandshakeContext(c.ctx); err != nil {
 		rec.refused(clientTLSFailure(err, client.wrote, t.Host))

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,9 +45,11 @@ type LeafOptions struct {
 	Validity        time.Duration // DefaultLeafValidity
 	CacheSize       int           // DefaultLeafCacheSize
 	MintConcurrency int           // DefaultMintConcurrency
-	// MintsPerClient bounds the mints one client address has running or waiting
-	// for a slot, so that one client's flood of new names leaves the other
-	// slots to others. Zero: half of MintConcurrency, at least 1.
+	// MintsPerClient bounds the mints one client has running or waiting for a
+	// slot, so that one client's flood of new names leaves the other slots to
+	// others. A client is a sandbox in node mode (whose code can pick any of its
+	// loopback addresses as a source), else a client address. Zero: half of
+	// MintConcurrency, at least 1.
 	MintsPerClient int
 	// OnLookup, if set, is called once per Get: hit is false exactly when that
 	// call minted (or failed to mint) a leaf; a Get served from the cache or
@@ -58,11 +61,11 @@ type LeafOptions struct {
 // LRU cache keyed by host, re-checking expiry on every hit (martian's
 // mitm.Config does the same). Safe for concurrent use.
 //
-// Pinned hosts (Pin: the hosts of hook URLs) are kept apart from the LRU: no
-// number of other names evicts their leaves, and their mints never wait for a
-// mint slot, so a flood of new TLS names cannot delay a hook call. Other mints
-// are bounded per client address too (ServerConfigFor, MintsPerClient), so one
-// client's flood leaves mint slots to the others.
+// Pinned hosts (PinFor: the hosts of hook URLs, of every sandbox a node serves)
+// are kept apart from the LRU: no number of other names evicts their leaves, and
+// their mints never wait for a mint slot, so a flood of new TLS names cannot
+// delay a hook call. Other mints are bounded per client too (ServerConfigFor,
+// MintsPerClient), so one client's flood leaves mint slots to the others.
 type Leaves struct {
 	ca        *CA
 	validity  time.Duration
@@ -78,11 +81,12 @@ type Leaves struct {
 	tickets *tls.Config
 
 	mu       sync.Mutex
-	lru      list.List                   // of *leafEntry, most recently used first
-	byHost   map[string]*list.Element    // into lru
-	flight   map[string]*mintCall        // mints in progress (singleflight)
-	pinned   map[string]*leafEntry       // Pin's hosts, outside the LRU; cert nil until minted
-	byClient map[netip.Addr]*clientMints // clients with mints running or waiting
+	lru      list.List                // of *leafEntry, most recently used first
+	byHost   map[string]*list.Element // into lru
+	flight   map[string]*mintCall     // mints in progress (singleflight)
+	pinned   map[string]*leafEntry    // pins' hosts, outside the LRU; cert nil until minted
+	pins     map[string][]string      // each owner's pinned hosts (PinFor)
+	byClient map[mintKey]*clientMints // clients with mints running or waiting
 
 	now   func() time.Time // time.Now; tests move the clock
 	mints atomic.Int64     // leaves minted; tests count them
@@ -102,6 +106,13 @@ type hostFuncs struct {
 	getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	wrap    func(tls.ConnectionState, *tls.SessionState) ([]byte, error)
 	unwrap  func([]byte, tls.ConnectionState) (*tls.SessionState, error)
+}
+
+// mintKey is a client whose mints MintsPerClient bounds: a sandbox (node
+// mode), or a client address.
+type mintKey struct {
+	sandbox string
+	ip      netip.Addr
 }
 
 // clientMints are one client's mints running or waiting for a slot.
@@ -126,7 +137,8 @@ func NewLeaves(ca *CA, o LeafOptions) *Leaves {
 		byHost:   make(map[string]*list.Element),
 		flight:   make(map[string]*mintCall),
 		pinned:   make(map[string]*leafEntry),
-		byClient: make(map[netip.Addr]*clientMints),
+		pins:     make(map[string][]string),
+		byClient: make(map[mintKey]*clientMints),
 		tickets:  &tls.Config{},
 		now:      time.Now,
 	}
@@ -145,12 +157,12 @@ func (l *Leaves) CA() *CA { return l.ca }
 // the chain [leaf, CA] and Leaf set. Concurrent Gets for a missing host mint
 // once; distinct hosts mint in parallel up to MintConcurrency.
 func (l *Leaves) Get(host string) (*tls.Certificate, error) {
-	return l.get(netip.Addr{}, host, l.lookup)
+	return l.get(mintKey{}, host, l.lookup)
 }
 
 // get is Get for a client (whose mints count against MintsPerClient), reporting
 // the lookup's result to count.
-func (l *Leaves) get(client netip.Addr, host string, count func(hit bool)) (*tls.Certificate, error) {
+func (l *Leaves) get(client mintKey, host string, count func(hit bool)) (*tls.Certificate, error) {
 	l.mu.Lock()
 	if cert := l.cachedLocked(host); cert != nil {
 		l.mu.Unlock()
@@ -194,13 +206,18 @@ func (l *Leaves) get(client netip.Addr, host string, count func(hit bool)) (*tls
 // each ticket names host, and a ticket for another host is ignored
 // (sessionFuncs).
 func (l *Leaves) ServerConfig(host string, nextProtos []string) *tls.Config {
-	return l.ServerConfigFor(nil, host, nextProtos)
+	return l.ServerConfigFor("", nil, host, nextProtos)
 }
 
-// ServerConfigFor is ServerConfig for a connection from client (its remote
-// address): a leaf it makes egressd mint counts against MintsPerClient.
-func (l *Leaves) ServerConfigFor(client net.Addr, host string, nextProtos []string) *tls.Config {
-	f := l.hostFuncs(clientIP(client), host)
+// ServerConfigFor is ServerConfig for a connection of sandbox ("" outside node
+// mode) from client (its remote address): a leaf it makes egressd mint counts
+// against the sandbox's MintsPerClient, or the client address's.
+func (l *Leaves) ServerConfigFor(sandbox string, client net.Addr, host string, nextProtos []string) *tls.Config {
+	key := mintKey{sandbox: sandbox}
+	if sandbox == "" {
+		key.ip = clientIP(client)
+	}
+	f := l.hostFuncs(key, host)
 	return &tls.Config{
 		GetCertificate: f.getCert,
 		WrapSession:    f.wrap,
@@ -258,7 +275,7 @@ func clientIP(a net.Addr) netip.Addr {
 
 // hostFuncs are host's callbacks: its cache entry's when it has one, else new
 // ones whose leaf lookup counts against client's mints.
-func (l *Leaves) hostFuncs(client netip.Addr, host string) hostFuncs {
+func (l *Leaves) hostFuncs(client mintKey, host string) hostFuncs {
 	l.mu.Lock()
 	if e, ok := l.pinned[host]; ok {
 		l.mu.Unlock()
@@ -330,40 +347,61 @@ func (l *Leaves) newEntry(host string, cert *tls.Certificate) *leafEntry {
 	return e
 }
 
-// Pin makes hosts (normalised, as Get takes them) the pinned hosts, replacing
-// the previous set, and mints the leaves they lack at once, outside the mint
-// queue and uncounted by OnLookup. A pinned leaf is never evicted; a re-mint
-// near its expiry skips the queue too. Hosts no longer pinned rejoin the LRU.
-// It returns the mint errors (Get retries those hosts).
-func (l *Leaves) Pin(hosts []string) error {
+// Pin is PinFor for egressd's own config (a sidecar's, or a node's top level).
+func (l *Leaves) Pin(hosts []string) error { return l.PinFor("", hosts) }
+
+// PinFor makes hosts (normalised, as Get takes them) owner's pinned hosts (a
+// sandbox's, in node mode), replacing what owner pinned before; nil unpins them.
+// The pinned hosts are every owner's together, so one sandbox's pins never undo
+// another's. It mints the leaves they lack at once, outside the mint queue and
+// uncounted by OnLookup. A pinned leaf is never evicted; a re-mint near its
+// expiry skips the queue too. Hosts no owner pins any more rejoin the LRU. It
+// returns the mint errors (Get retries those hosts).
+func (l *Leaves) PinFor(owner string, hosts []string) error {
 	l.mu.Lock()
-	old := l.pinned
-	l.pinned = make(map[string]*leafEntry, len(hosts))
+	if len(hosts) == 0 {
+		delete(l.pins, owner)
+	} else {
+		l.pins[owner] = slices.Clone(hosts)
+	}
+	l.repinLocked()
+	l.mu.Unlock()
+	var errs []error
 	for _, h := range hosts {
-		e, ok := old[h]
-		if !ok {
-			e = l.newEntry(h, nil)
-			if el, cached := l.byHost[h]; cached {
-				e.cert = el.Value.(*leafEntry).cert
-				l.lru.Remove(el)
-				delete(l.byHost, h)
-			}
+		if _, err := l.get(mintKey{}, h, func(bool) {}); err != nil {
+			errs = append(errs, err)
 		}
-		l.pinned[h] = e
+	}
+	return errors.Join(errs...)
+}
+
+// repinLocked makes the pinned set every owner's hosts: a newly pinned host
+// takes its cached leaf out of the LRU, one no longer pinned goes back to it.
+func (l *Leaves) repinLocked() {
+	old := l.pinned
+	l.pinned = make(map[string]*leafEntry, len(old))
+	for _, hosts := range l.pins {
+		for _, h := range hosts {
+			if _, done := l.pinned[h]; done {
+				continue
+			}
+			e, ok := old[h]
+			if !ok {
+				e = l.newEntry(h, nil)
+				if el, cached := l.byHost[h]; cached {
+					e.cert = el.Value.(*leafEntry).cert
+					l.lru.Remove(el)
+					delete(l.byHost, h)
+				}
+			}
+			l.pinned[h] = e
+		}
 	}
 	for h, e := range old {
 		if _, still := l.pinned[h]; !still && e.cert != nil {
 			l.storeLocked(h, e.cert)
 		}
 	}
-	l.mu.Unlock()
-	var errs []error
-	for _, h := range hosts {
-		if _, err := l.get(netip.Addr{}, h, func(bool) {}); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }
 
 func (l *Leaves) lookup(hit bool) {
@@ -375,7 +413,7 @@ func (l *Leaves) lookup(hit bool) {
 // mint makes a leaf for host once one of client's slots and then a mint slot
 // are free; a pinned host's mint takes neither (there are a few of them, and a
 // hook call must not queue).
-func (l *Leaves) mint(client netip.Addr, host string, pinned bool) (*tls.Certificate, error) {
+func (l *Leaves) mint(client mintKey, host string, pinned bool) (*tls.Certificate, error) {
 	if !pinned {
 		defer l.acquireClient(client)()
 		l.sem <- struct{}{}
@@ -387,7 +425,7 @@ func (l *Leaves) mint(client netip.Addr, host string, pinned bool) (*tls.Certifi
 
 // acquireClient takes one of client's MintsPerClient slots, waiting for one, and
 // returns its release.
-func (l *Leaves) acquireClient(client netip.Addr) (release func()) {
+func (l *Leaves) acquireClient(client mintKey) (release func()) {
 	l.mu.Lock()
 	cm, ok := l.byClient[client]
 	if !ok {

@@ -3,6 +3,7 @@ package mitm
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -69,14 +70,7 @@ func TestPinnedMintSkipsQueue(t *testing.T) {
 		}
 		done <- err
 	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("a pinned host's mint waited for a mint slot")
-	}
+	finishes(t, done, "a pinned host's mint waited for a mint slot")
 	go func() { _, err := l.Get("other.example"); done <- err }()
 	select {
 	case <-done:
@@ -146,44 +140,94 @@ func TestPinnedUnderConcurrentFlood(t *testing.T) {
 	}
 }
 
-// TestMintsBoundedPerClient: a client with MintsPerClient mints running waits for
-// one of them before it mints more, while another client takes the free slot: one
-// client's flood of new names cannot hold every mint slot.
-func TestMintsBoundedPerClient(t *testing.T) {
-	l := NewLeaves(testCA(t, caValidity), LeafOptions{MintConcurrency: 2})
-	if l.perClient != 1 {
-		t.Fatalf("MintsPerClient default %d, want half of 2", l.perClient)
+// TestPinsPerOwner: in node mode each sandbox pins its own hook hosts; one
+// sandbox's pins (a new spec with no hooks, its removal) never unpin another's.
+func TestPinsPerOwner(t *testing.T) {
+	l, _, _ := countingLeaves(t, LeafOptions{CacheSize: 1})
+	if err := l.PinFor("sbx-a", []string{"a-policy.example"}); err != nil {
+		t.Fatal(err)
 	}
-	flooder := &net.TCPAddr{IP: net.ParseIP("10.0.0.7"), Port: 40000}
-	other := &net.TCPAddr{IP: net.ParseIP("10.0.0.8"), Port: 40001}
-	release := l.acquireClient(clientIP(flooder)) // the flooder's one mint, running
-	l.sem <- struct{}{}                           // and the slot it holds
-	flood := make(chan error, 1)
-	go func() {
-		_, err := l.ServerConfigFor(flooder, "n2.flood.example", nil).GetCertificate(nil)
-		flood <- err
-	}()
-	done := make(chan error, 1)
-	go func() { _, err := l.ServerConfigFor(other, "other.example", nil).GetCertificate(nil); done <- err }()
+	if err := l.PinFor("sbx-b", []string{"b-policy.example"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.PinFor("sbx-b", nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		l.Get(fmt.Sprintf("flood-%d.example", i))
+	}
+	if _, ok := l.pinned["a-policy.example"]; !ok {
+		t.Fatal("another sandbox's pins undid sbx-a's")
+	}
+	if _, ok := l.pinned["b-policy.example"]; ok {
+		t.Error("sbx-b's host is still pinned after it unpinned")
+	}
+	l.PinFor("sbx-a", nil)
+	if _, ok := l.byHost["a-policy.example"]; !ok || len(l.pinned) != 0 {
+		t.Error("a host no owner pins did not rejoin the LRU")
+	}
+}
+
+// TestMintsBounded: a client with MintsPerClient mints running waits for one of
+// them before it mints more, while another client takes the free slot: one
+// client's flood of new names cannot hold every mint slot. Outside node mode a
+// client is an address; in node mode a sandbox, whatever source address its
+// connections use (its code may pick any of its loopback addresses).
+func TestMintsBounded(t *testing.T) {
+	addr := func(ip string) *net.TCPAddr { return &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000} }
+	for _, c := range []struct {
+		name                   string
+		holder                 mintKey // the flooder's one mint, running
+		flooder, other         string  // sandboxes
+		flooderAddr, otherAddr *net.TCPAddr
+	}{
+		{"per address", mintKey{ip: netip.MustParseAddr("10.0.0.7")}, "", "", addr("10.0.0.7"), addr("10.0.0.8")},
+		{"per sandbox", mintKey{sandbox: "sbx-a"}, "sbx-a", "sbx-b", addr("127.0.0.9"), addr("127.0.0.9")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l := NewLeaves(testCA(t, caValidity), LeafOptions{MintConcurrency: 2})
+			if l.perClient != 1 {
+				t.Fatalf("MintsPerClient default %d, want half of 2", l.perClient)
+			}
+			release := l.acquireClient(c.holder)
+			l.sem <- struct{}{} // and the slot it holds
+			flood := make(chan error, 1)
+			go func() {
+				_, err := l.ServerConfigFor(c.flooder, c.flooderAddr, "n2.flood.example", nil).GetCertificate(nil)
+				flood <- err
+			}()
+			done := make(chan error, 1)
+			go func() {
+				_, err := l.ServerConfigFor(c.other, c.otherAddr, "other.example", nil).GetCertificate(nil)
+				done <- err
+			}()
+			finishes(t, done, "another client's mint waited behind the flooder's")
+			select {
+			case <-flood:
+				t.Fatal("the flooder minted past its bound")
+			case <-time.After(50 * time.Millisecond):
+			}
+			<-l.sem
+			release()
+			if err := <-flood; err != nil {
+				t.Fatal(err)
+			}
+			if len(l.byClient) != 0 {
+				t.Errorf("%d clients left in the table after their mints", len(l.byClient))
+			}
+		})
+	}
+}
+
+// finishes waits for done's result, failing with why when it takes 5 s.
+func finishes(t *testing.T, done <-chan error, why string) {
+	t.Helper()
 	select {
 	case err := <-done:
 		if err != nil {
 			t.Fatal(err)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("another client's mint waited behind the flooder's")
-	}
-	select {
-	case <-flood:
-		t.Fatal("the flooder minted past its bound")
-	case <-time.After(50 * time.Millisecond):
-	}
-	<-l.sem
-	release()
-	if err := <-flood; err != nil {
-		t.Fatal(err)
-	}
-	if len(l.byClient) != 0 {
-		t.Errorf("%d clients left in the table after their mints", len(l.byClient))
+		t.Fatal(why)
 	}
 }
