@@ -358,18 +358,14 @@ func idleGoalLine(ir *idleResult) string {
 	case ir.Opened == 0 || ir.RSSIdleBytes <= 0:
 		return goal + "not measured"
 	case ir.Opened >= idleGoalTunnels:
-		verdict := "met"
-		if ir.RSSIdleBytes > idleGoalBytes {
-			verdict = "NOT met"
-		}
-		return fmt.Sprintf("%s%s (%s with %s idle)", goal, verdict, mib(ir.RSSIdleBytes), thousands(float64(ir.Opened)))
+		return fmt.Sprintf("%s%s (%s with %s idle)", goal, verdict(ir.RSSIdleBytes <= idleGoalBytes), mib(ir.RSSIdleBytes), thousands(float64(ir.Opened)))
 	}
 	est := float64(ir.RSSBeforeBytes) + idleGoalTunnels*ir.PerTunnelBytes
-	verdict := "would be met"
+	would := "would be met"
 	if est > idleGoalBytes {
-		verdict = "would NOT be met"
+		would = "would NOT be met"
 	}
-	return fmt.Sprintf("%s%s by extrapolation (%s before + %s × %s = %s; measured with %s)", goal, verdict,
+	return fmt.Sprintf("%s%s by extrapolation (%s before + %s × %s = %s; measured with %s)", goal, would,
 		mib(ir.RSSBeforeBytes), thousands(idleGoalTunnels), kib(ir.PerTunnelBytes), mib(int64(est)), thousands(float64(ir.Opened)))
 }
 

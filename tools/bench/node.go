@@ -380,10 +380,3 @@ func (r *report) writeNode(w io.Writer) {
 			many.CPUPerReqUS, thousands(float64(s.Sandboxes)), p.CPUPerReqUS, 100*d, 100*nodeGoalCPU, verdict(d <= nodeGoalCPU), 100*s.IdleCPU)
 	}
 }
-
-func verdict(ok bool) string {
-	if ok {
-		return "met"
-	}
-	return "NOT met"
-}
