@@ -357,9 +357,6 @@ func expectSize(n int) func(*http.Response) error {
 	}
 }
 
-// drain is a check that accepts any body.
-func drain(resp *http.Response) error { _, err := io.Copy(io.Discard, resp.Body); return err }
-
 // expectBody is a check: the body is exactly want, and no header in refuse is set.
 func expectBody(want []byte, refuse ...string) func(*http.Response) error {
 	return func(resp *http.Response) error {

@@ -152,7 +152,7 @@ func placeholderBody(secret string) []byte {
 // placeholderTarget is the path's POST with secret in its body.
 func placeholderTarget(w *world, secret string) target {
 	return target{url: strings.TrimSuffix(w.hostURL(placeholderHost), "/") + placeholderPath, method: http.MethodPost,
-		body: placeholderBody(secret), check: drain}
+		body: placeholderBody(secret)}
 }
 
 // servePlaceholder answers a placeholder-path POST: 200 and the usual body
