@@ -176,7 +176,7 @@ func TestWriteTextPeersRounds(t *testing.T) {
 }
 
 // A peer that was not built, or that does not intercept on an intercepted
-// path, has a row saying why, and its leg never runs.
+// path, has a row saying why, and it never runs.
 func TestPeerLegsSkipped(t *testing.T) {
 	ps := peerSet{{peerInfo: peerInfo{Peer: "goproxy", Skipped: "build failed"}, kind: peerKinds[0]},
 		{peerInfo: peerInfo{Peer: "smokescreen", Binary: "/c/smokescreen"}, kind: peerKinds[1]}}
