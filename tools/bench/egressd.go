@@ -80,16 +80,11 @@ func (e *egressd) peakRSS() (int64, string) {
 
 // metric is one series from /metrics, -1 when egressd does not export it.
 func (e *egressd) metric(series string) (int64, error) {
-	m, err := e.Metrics()
-	return gauge(m, series), err
-}
-
-// gauge is series' value in m, or -1 when there is none.
-func gauge(m map[string]float64, series string) int64 {
-	if v, ok := m[series]; ok {
-		return int64(v)
+	v, ok, err := e.Metric(series)
+	if !ok {
+		return -1, err
 	}
-	return -1
+	return int64(v), err
 }
 
 // leafCounts is egressd_leaf_cache_total by result.
@@ -101,15 +96,12 @@ type leafCounts struct {
 // leafCache scrapes egressd_leaf_cache_total from /metrics.
 func (e *egressd) leafCache() (leafCounts, error) {
 	m, err := e.Metrics()
-	if err != nil {
-		return leafCounts{}, err
-	}
 	hit, okHit := m[`egressd_leaf_cache_total{result="hit"}`]
 	miss, okMiss := m[`egressd_leaf_cache_total{result="miss"}`]
-	if !okHit && !okMiss {
-		return leafCounts{}, errors.New("no egressd_leaf_cache_total in /metrics")
+	if err == nil && !okHit && !okMiss {
+		err = errors.New("no egressd_leaf_cache_total in /metrics")
 	}
-	return leafCounts{Hit: int64(hit), Miss: int64(miss)}, nil
+	return leafCounts{Hit: int64(hit), Miss: int64(miss)}, err
 }
 
 // logSummary is what egressd logged during one run through it: the canonical

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -69,18 +71,13 @@ func startHookServer(up *upstream) (*hookServer, error) {
 func (h *hookServer) close() { h.srv.Close() }
 
 // url is https://hookHost:<port><path>.
-func (h *hookServer) url(path string) string {
-	return "https://" + hookHost + h.addr[strings.LastIndexByte(h.addr, ':'):] + path
-}
+func (h *hookServer) url(path string) string { return "https://" + hostAt(hookHost, h.addr) + path }
 
 // trust makes the endpoint verify sampled assertions against e's signing key
 // (its /.well-known/jwks.json).
 func (h *hookServer) trust(e *egressd) error {
-	code, jwks, err := e.AdminGet("/.well-known/jwks.json")
-	if err == nil && code != http.StatusOK {
-		err = fmt.Errorf("status %d", code)
-	}
-	if err != nil {
+	var jwks json.RawMessage
+	if err := e.AdminJSON("/.well-known/jwks.json", http.StatusOK, &jwks); err != nil {
 		return fmt.Errorf("egressd's JWKS: %w", err)
 	}
 	return h.setVerifier(jwks)
@@ -124,21 +121,19 @@ func (h *hookServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(hookAllow)
 }
 
+// verify checks one assertion with pkg/hookauth, counting it verified or
+// refused; the first refusal is kept for the report.
 func (h *hookServer) verify(ctx context.Context, assertion string, body []byte) {
-	v := h.verifier.Load()
-	if v == nil {
-		h.refuse("no verifier: egressd's JWKS was not read")
+	err := errors.New("no verifier: egressd's JWKS was not read")
+	if v := h.verifier.Load(); v != nil {
+		_, err = v.Verify(ctx, assertion, body)
+	}
+	if err == nil {
+		h.n[cVerified].Add(1)
 		return
 	}
-	if _, err := v.Verify(ctx, assertion, body); err != nil {
-		h.refuse(err.Error())
-		return
-	}
-	h.n[cVerified].Add(1)
-}
-
-func (h *hookServer) refuse(why string) {
 	h.n[cRefused].Add(1)
+	why := err.Error()
 	h.firstErr.CompareAndSwap(nil, &why)
 }
 
@@ -177,43 +172,44 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 	other := call
 	other.url = hs.url(hookOtherPath)
 	injects := transformHeader + " (transform)"
-	rows := []*rowBuilder{newRow("hook", hookPathSpec().desc, injects+" and "+hookauth.HeaderName+" (signed)"),
+	rows := []*row{newRow("hook", hookPathSpec().desc, injects+" and "+hookauth.HeaderName+" (signed)"),
 		newRow(hookOtherRow, fmt.Sprintf("the hook row's POSTs to https://%s:<port>%s: the same entry and transform, but no hook URL, so intercepted and forwarded as any request (the hook row's direct runs)", hookHost, hookOtherPath), injects)}
 	runDirect := func(round int) (runResult, error) {
 		d, c, _, err := hookRun(ctx, hs, e, direct, lo, nil)
-		for _, rb := range rows {
-			rb.res.Problems = append(rb.res.Problems, hookProblems(hookDirect, c, 0, runLabel("direct", round, env.o.rounds))...)
+		for _, r := range rows {
+			r.res.Problems = append(r.res.Problems, hookProblems(hookDirect, c, 0, runLabel("direct", round, env.o.rounds))...)
 		}
 		return d, err
 	}
-	legs := []leg{hookLeg(ctx, env, rows[0], call, hookCall), hookLeg(ctx, env, rows[1], other, hookOther)}
-	if err := runRounds(env, runDirect, legs, nil); err != nil {
+	hookRow(ctx, env, rows[0], call, hookCall)
+	hookRow(ctx, env, rows[1], other, hookOther)
+	if err := runRounds(env, runDirect, rows, nil); err != nil {
 		return nil, err
 	}
 	attacked, err := measureHookUnderAttack(ctx, env)
 	if err != nil {
 		return nil, err
 	}
-	return append(finishAll(legs), attacked), nil
+	return append(finishAll(rows), attacked), nil
 }
 
-// hookLeg is a row's runs of t through egressd, checked as kind.
-func hookLeg(ctx context.Context, env pathEnv, rb *rowBuilder, t target, kind int) leg {
+// hookRow makes r's runs t through egressd, checked as kind.
+func hookRow(ctx context.Context, env pathEnv, r *row, t target, kind int) {
 	var c counts
 	var allows int64
 	hs := env.w.up.hook
-	return leg{row: rb, e: env.e,
-		run: func(cpu cpuFunc) (r runResult, err error) {
-			r, c, allows, err = hookRun(ctx, hs, env.e, t, env.o.load(), cpu)
-			return r, err
-		},
-		check: func(round int, _ runResult, _ *viaRun) []string {
-			ps := hookProblems(kind, c, allows, runLabel("egressd", round, env.o.rounds))
-			if msg := hs.firstErr.Load(); c[cRefused] > 0 && msg != nil {
-				ps = append(ps, "first refusal: "+*msg)
-			}
-			return ps
-		}}
+	r.e = env.e
+	r.run = func(cpu cpuFunc) (x runResult, err error) {
+		x, c, allows, err = hookRun(ctx, hs, env.e, t, env.o.load(), cpu)
+		return x, err
+	}
+	r.check = func(round int, _ runResult, _ *viaRun) []string {
+		ps := hookProblems(kind, c, allows, runLabel("egressd", round, env.o.rounds))
+		if msg := hs.firstErr.Load(); c[cRefused] > 0 && msg != nil {
+			ps = append(ps, "first refusal: "+*msg)
+		}
+		return ps
+	}
 }
 
 // hookRun runs t with the endpoint's first assertion sampled, and returns what

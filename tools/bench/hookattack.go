@@ -1,12 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"regexp"
 	"time"
@@ -118,10 +117,9 @@ func (s *attackSummary) row(idle runResult, x viaRun, ae *egressd) pathResult {
 		"pre-tool calls to the hook URL, one at a time, each on a new connection (CONNECT, TLS, POST), through an egressd with limits.max_connections %d held by spliced tunnels and hooks.identify url, "+
 			"while %d fake calls a second flood it (CONNECT, TLS, a POST whose body never ends); direct columns: the same calls before the flood",
 		attackMaxConnections, floodRate), "as the hook row")
-	rb.res.NewConnPerRequest = true
+	rb.res.NewConnPerRequest, rb.e = true, ae
 	rb.add(idle, x)
-	peak, _ := ae.peakRSS()
-	res := rb.finish(peak)
+	res := rb.finish()
 	s.takeAttackLines(&res.Log)
 	res.Attack = s
 	res.Problems = append(res.Problems, s.problems()...)
@@ -209,14 +207,9 @@ func startAttackEgressd(ctx context.Context, env pathEnv) (*egressd, hookflood.C
 // probeOrdinary sends one ordinary GET (no hook call) through egressd at
 // proxyAddr and returns its status and Egressd-Reason.
 func probeOrdinary(proxyAddr, authority string) (int, string) {
-	nc, err := net.DialTimeout("tcp", proxyAddr, 2*time.Second)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer nc.Close()
-	nc.SetDeadline(time.Now().Add(10 * time.Second))
-	fmt.Fprintf(nc, "GET http://%s/ HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", authority, authority)
-	resp, err := http.ReadResponse(bufio.NewReader(nc), nil)
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+		Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: proxyAddr})}}
+	resp, err := c.Get("http://" + authority + "/")
 	if err != nil {
 		return 0, err.Error()
 	}

@@ -100,10 +100,9 @@ func prepareIdleTunnels(o options) {
 		return
 	}
 	want := uint64(idleFDLimit)
-	if b, err := os.ReadFile("/proc/sys/fs/nr_open"); err == nil {
-		if n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil {
-			want = min(want, n)
-		}
+	b, _ := os.ReadFile("/proc/sys/fs/nr_open") // the most a hard limit may be
+	if n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil {
+		want = min(want, n)
 	}
 	if lim.Cur >= want {
 		idleFDSetup = fmt.Sprintf("RLIMIT_NOFILE already %d", lim.Cur)
@@ -130,7 +129,7 @@ func measureIdleTunnels(ctx context.Context, env pathEnv) ([]pathResult, error) 
 	if ir.Cap != "" {
 		fmt.Fprintf(env.stderr, "bench: %s: %s\n", idlePathName, ir.Cap)
 	}
-	if _, err := waitTunnelsZero(ctx, e); err != nil { // earlier paths' tunnels
+	if err := waitTunnelsZero(ctx, e); err != nil { // earlier paths' tunnels
 		ir.Problems = append(ir.Problems, "before opening: "+err.Error())
 	}
 	var err error
@@ -157,7 +156,7 @@ func measureIdleTunnels(ctx context.Context, env pathEnv) ([]pathResult, error) 
 	}
 	t1 := time.Now()
 	closeAll()
-	if _, err := waitTunnelsZero(ctx, e); err != nil {
+	if err := waitTunnelsZero(ctx, e); err != nil {
 		ir.Problems = append(ir.Problems, "after closing every tunnel: "+err.Error())
 	} else {
 		ir.ZeroAfterCloseSeconds = time.Since(t1).Seconds() // closing included
@@ -202,10 +201,9 @@ func (ir *idleResult) measureIdle(ctx context.Context, e *egressd) error {
 		return fmt.Errorf("egressd's VmRSS: %w", err)
 	}
 	ir.EgressdFDsIdle = countFDs(pid)
-	if m, err := e.Metrics(); err != nil {
+	ir.GoroutinesIdle, _ = e.metric("go_goroutines")
+	if ir.TunnelsActiveIdle, err = e.metric("egressd_tunnels_active"); err != nil {
 		ir.Problems = append(ir.Problems, "with all tunnels idle: /metrics: "+err.Error())
-	} else {
-		ir.GoroutinesIdle, ir.TunnelsActiveIdle = gauge(m, "go_goroutines"), gauge(m, "egressd_tunnels_active")
 	}
 	if ir.TunnelsActiveIdle >= 0 && ir.TunnelsActiveIdle != int64(ir.Opened) {
 		ir.Problems = append(ir.Problems, fmt.Sprintf("egressd_tunnels_active is %d with %d tunnels open and idle", ir.TunnelsActiveIdle, ir.Opened))
@@ -256,10 +254,12 @@ func openIdleTunnels(ctx context.Context, proxyAddr string, up *upstream, size, 
 	for range min(idleOpenConcurrency, n) {
 		wg.Go(func() {
 			for next.Add(1) <= int64(n) && openCtx.Err() == nil {
-				c, err := newClient(openCtx, t, new(atomic.Int64))
+				tctx, cancel := context.WithTimeout(openCtx, idleTunnelTimeout)
+				c, err := newClient(tctx, t, new(atomic.Int64))
 				if err == nil {
-					err = c.roundTripWithin(idleTunnelTimeout)
+					err = c.roundTrip()
 				}
+				cancel() // the tunnel's connection outlives its one request
 				mu.Lock()
 				if err != nil {
 					kinds[load.ErrorKind(err.Error())]++
@@ -279,23 +279,23 @@ func openIdleTunnels(ctx context.Context, proxyAddr string, up *upstream, size, 
 }
 
 // waitTunnelsZero polls egressd_tunnels_active until it is 0, for up to
-// idleDrainTimeout, and returns how long that took.
-func waitTunnelsZero(ctx context.Context, e *egressd) (time.Duration, error) {
-	start := time.Now()
+// idleDrainTimeout.
+func waitTunnelsZero(ctx context.Context, e *egressd) error {
+	deadline := time.Now().Add(idleDrainTimeout)
 	for {
 		n, err := e.metric("egressd_tunnels_active")
-		switch {
+		switch late := time.Now().After(deadline); {
 		case err == nil && n == 0:
-			return time.Since(start), nil
+			return nil
 		case err == nil && n < 0:
-			return 0, errors.New("no egressd_tunnels_active in /metrics")
-		case time.Since(start) > idleDrainTimeout && err != nil:
-			return 0, fmt.Errorf("/metrics: %w", err)
-		case time.Since(start) > idleDrainTimeout:
-			return 0, fmt.Errorf("egressd_tunnels_active still %d after %s", n, idleDrainTimeout)
+			return errors.New("no egressd_tunnels_active in /metrics")
+		case late && err != nil:
+			return fmt.Errorf("/metrics: %w", err)
+		case late:
+			return fmt.Errorf("egressd_tunnels_active still %d after %s", n, idleDrainTimeout)
 		}
 		if err := sleepUntil(ctx, time.Now().Add(50*time.Millisecond)); err != nil {
-			return 0, fmt.Errorf("interrupted: %w", err)
+			return fmt.Errorf("interrupted: %w", err)
 		}
 	}
 }
@@ -358,18 +358,14 @@ func idleGoalLine(ir *idleResult) string {
 	case ir.Opened == 0 || ir.RSSIdleBytes <= 0:
 		return goal + "not measured"
 	case ir.Opened >= idleGoalTunnels:
-		verdict := "met"
-		if ir.RSSIdleBytes > idleGoalBytes {
-			verdict = "NOT met"
-		}
-		return fmt.Sprintf("%s%s (%s with %s idle)", goal, verdict, mib(ir.RSSIdleBytes), thousands(float64(ir.Opened)))
+		return fmt.Sprintf("%s%s (%s with %s idle)", goal, verdict(ir.RSSIdleBytes <= idleGoalBytes), mib(ir.RSSIdleBytes), thousands(float64(ir.Opened)))
 	}
 	est := float64(ir.RSSBeforeBytes) + idleGoalTunnels*ir.PerTunnelBytes
-	verdict := "would be met"
+	would := "would be met"
 	if est > idleGoalBytes {
-		verdict = "would NOT be met"
+		would = "would NOT be met"
 	}
-	return fmt.Sprintf("%s%s by extrapolation (%s before + %s × %s = %s; measured with %s)", goal, verdict,
+	return fmt.Sprintf("%s%s by extrapolation (%s before + %s × %s = %s; measured with %s)", goal, would,
 		mib(ir.RSSBeforeBytes), thousands(idleGoalTunnels), kib(ir.PerTunnelBytes), mib(int64(est)), thousands(float64(ir.Opened)))
 }
 

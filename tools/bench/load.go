@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -120,12 +121,8 @@ func runLoad(ctx context.Context, t target, lo loadOptions, cpu cpuFunc) (runRes
 	}
 	r := runResult{ClientConns: dials.Load(), CPUSeconds: cpuUsed.Seconds()}
 	for _, c := range clients {
-		r.hist.Merge(c.hist)
-		r.Total += c.total
-		r.Errors += c.errors
-		addCounts(&r.ErrorKinds, c.errorKinds)
-		r.TLSHandshakes += c.handshakes.Load()
-		r.TLSResumed += c.resumed.Load()
+		c.r.TLSHandshakes, c.r.TLSResumed = c.handshakes.Load(), c.resumed.Load()
+		r.merge(c.r)
 	}
 	if cpuErr != nil {
 		r.CPUError = cpuErr.Error()
@@ -169,6 +166,24 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 	}
 }
 
+// merge adds x's counts, latencies and CPU time to r.
+func (r *runResult) merge(x runResult) {
+	r.Requests += x.Requests
+	r.Seconds += x.Seconds
+	r.Total += x.Total
+	r.Errors += x.Errors
+	addCounts(&r.ErrorKinds, x.ErrorKinds)
+	r.ClientConns += x.ClientConns
+	r.UpstreamConns += x.UpstreamConns
+	r.UpstreamRequests += x.UpstreamRequests
+	addCounts(&r.Injected, x.Injected)
+	r.TLSHandshakes += x.TLSHandshakes
+	r.TLSResumed += x.TLSResumed
+	r.CPUSeconds += x.CPUSeconds
+	r.CPUError = cmp.Or(x.CPUError, r.CPUError)
+	r.hist.Merge(x.hist)
+}
+
 // window sets the figures of a window of seconds from the latencies.
 func (r *runResult) window(seconds float64) {
 	r.Seconds, r.Requests = seconds, int64(r.hist.N())
@@ -189,9 +204,7 @@ type client struct {
 	tr                  *http.Transport
 	t                   target
 	req                 *http.Request
-	hist                load.Latencies
-	total, errors       int64
-	errorKinds          map[string]int64
+	r                   runResult    // its requests, errors and latencies
 	handshakes, resumed atomic.Int64 // added to by the transport's dialling goroutine
 }
 
@@ -224,14 +237,6 @@ func (c *client) countHandshake(cs tls.ConnectionState, err error) {
 	}
 }
 
-// roundTripWithin is roundTrip bounded by within.
-func (c *client) roundTripWithin(within time.Duration) error {
-	ctx, cancel := context.WithTimeout(c.req.Context(), within)
-	defer cancel()
-	c.req = c.req.WithContext(ctx)
-	return c.roundTrip()
-}
-
 // roundTrip makes one request and has t.check read the whole body. A bodiless
 // request is reused (net/http allows it once the last body is closed), which
 // keeps the client's allocations out of the measurement; one with a body is a
@@ -251,7 +256,10 @@ func (c *client) roundTrip() error {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, resp.Body)
-		return statusError{code: resp.StatusCode, reason: resp.Header.Get("Egressd-Reason")}
+		if reason := resp.Header.Get("Egressd-Reason"); reason != "" {
+			return fmt.Errorf("status %d (Egressd-Reason: %s)", resp.StatusCode, reason)
+		}
+		return fmt.Errorf("status %d", resp.StatusCode)
 	}
 	return t.check(resp)
 }
@@ -266,29 +274,17 @@ func (c *client) loop(ctx context.Context, from, to time.Time) {
 		}
 		err := c.roundTrip()
 		t1 := time.Now()
-		c.total++
+		c.r.Total++
 		if err != nil {
-			c.errors++
-			addCount(&c.errorKinds, load.ErrorKind(err.Error()), 1)
+			c.r.Errors++
+			addCount(&c.r.ErrorKinds, load.ErrorKind(err.Error()), 1)
 			time.Sleep(errorBackoff)
 			continue
 		}
 		if t1.After(from) && !t1.After(to) {
-			c.hist.Record(t1.Sub(t0))
+			c.r.hist.Record(t1.Sub(t0))
 		}
 	}
-}
-
-type statusError struct {
-	code   int
-	reason string
-}
-
-func (e statusError) Error() string {
-	if e.reason == "" {
-		return fmt.Sprintf("status %d", e.code)
-	}
-	return fmt.Sprintf("status %d (Egressd-Reason: %s)", e.code, e.reason)
 }
 
 // newTransport builds a client's transport: HTTP/1.1 only (so every path
@@ -360,9 +356,6 @@ func expectSize(n int) func(*http.Response) error {
 		return nil
 	}
 }
-
-// drain is a check that accepts any body.
-func drain(resp *http.Response) error { _, err := io.Copy(io.Discard, resp.Body); return err }
 
 // expectBody is a check: the body is exactly want, and no header in refuse is set.
 func expectBody(want []byte, refuse ...string) func(*http.Response) error {

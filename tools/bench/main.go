@@ -53,6 +53,7 @@ type options struct {
 	json, keep       bool
 	idleTunnels      int
 	peers            []peerKind // nil with -peers off
+	args             []string   // as given
 }
 
 func (o options) load() loadOptions {
@@ -95,7 +96,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var o options
+	o := options{args: args}
 	var paths, peers string
 	fs.StringVar(&o.egressd, "egressd", "", "path to the egressd binary (required)")
 	fs.DurationVar(&o.duration, "duration", 4*time.Second, "measured time per run (each path runs direct, then through egressd)")
@@ -182,7 +183,7 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 		}
 		rep.Paths = append(rep.Paths, rs...)
 	}
-	rep.Peers = env.w.peers.infos() // stops them
+	rep.Peers = env.w.peers.stop()
 	rep.PeakRSSBytes, rep.RSSError = env.e.peakRSS()
 	if lc, err := env.e.leafCache(); err != nil {
 		rep.LeafCacheError = err.Error()
@@ -224,10 +225,8 @@ func startWorld(ctx context.Context, env *pathEnv) (stop func(), err error) {
 	}
 	stops = append(stops, func() { env.e.stop() })
 	env.w = &world{up: up, proxy: env.e.proxyURL}
-	if intercepts(o.paths) {
-		if env.w.egressdRoots, err = env.e.CAPool(); err != nil {
-			return stop, err
-		}
+	if env.w.egressdRoots, err = env.e.CAPool(); err != nil {
+		return stop, err
 	}
 	env.w.peers, err = startPeers(ctx, o, env.dir, up, env.stderr) // nil with -peers off or no path they carry
 	stops = append(stops, func() { env.w.peers.stop() })

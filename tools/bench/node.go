@@ -102,39 +102,53 @@ func nodeSpec(up *upstream, i, variant int) string {
 		addr, credentialHost, portNum(up.tlsAddr), credentialID, extra)
 }
 
-// call makes one API request and returns how long it took; want is the status
-// it must answer.
-func (n *nodeEgressd) call(method, id, body string, want ...int) (time.Duration, error) {
+// call makes one API request and returns its body and how long it took; want
+// is the status it must answer.
+func (n *nodeEgressd) call(method, id, body string, want ...int) ([]byte, time.Duration, error) {
 	req, err := http.NewRequest(method, "http://node/v1/sandboxes/"+id, strings.NewReader(body))
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
 	t0 := time.Now()
 	resp, err := n.api.Do(req)
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	took := time.Since(t0)
-	if !slices.Contains(want, resp.StatusCode) {
-		return took, fmt.Errorf("%s %s: %d: %s", method, id, resp.StatusCode, truncate(string(b), 300))
+	if err == nil && !slices.Contains(want, resp.StatusCode) {
+		err = fmt.Errorf("%s %s: %d: %s", method, id, resp.StatusCode, truncate(string(b), 300))
 	}
-	return took, nil
+	return b, took, err
+}
+
+// apiOps are the API operations timed and churned, in the order a sandbox
+// goes through them (apiOp).
+var apiOps = []string{"register", "change", "remove"}
+
+// apiOp makes apiOps[k] on sandbox id: registers it with spec i, changes it
+// (without changing what it allows), or removes it.
+func (n *nodeEgressd) apiOp(k int, up *upstream, id string, i int) (time.Duration, error) {
+	if apiOps[k] == "remove" {
+		_, took, err := n.call(http.MethodDelete, id, "", http.StatusNoContent)
+		return took, err
+	}
+	return n.register(up, id, i, k) // the change is variant 1
 }
 
 // register puts sandbox id with spec i in force.
 func (n *nodeEgressd) register(up *upstream, id string, i, variant int) (time.Duration, error) {
-	return n.call(http.MethodPut, id, nodeSpec(up, i, variant), http.StatusCreated, http.StatusOK)
+	_, took, err := n.call(http.MethodPut, id, nodeSpec(up, i, variant), http.StatusCreated, http.StatusOK)
+	return took, err
 }
 
 // probeAddr is the probe sandbox's listener address, from GET /v1/sandboxes/probe.
 func (n *nodeEgressd) probeAddr() (string, error) {
 	var info struct{ Listeners map[string]string }
-	resp, err := n.api.Get("http://node/v1/sandboxes/" + nodeProbe)
+	b, _, err := n.call(http.MethodGet, nodeProbe, "", http.StatusOK)
 	if err == nil {
-		defer resp.Body.Close()
-		err = json.NewDecoder(resp.Body).Decode(&info)
+		err = json.Unmarshal(b, &info)
 	}
 	if addr := info.Listeners["sbx"]; err == nil && loopbackOnly(addr) != nil {
 		err = fmt.Errorf("the probe sandbox's listener is %q", addr)
@@ -233,38 +247,21 @@ func sidecarRSS(ctx context.Context, env pathEnv) (int64, error) {
 // timeAPI times nodeAPIOps cycles of registering, changing and removing a
 // sandbox on the full node.
 func timeAPI(up *upstream, n *nodeEgressd, sum *nodeSummary) error {
-	var reg, chg, rm runResult
+	runs := make([]runResult, len(apiOps))
 	for i := range nodeAPIOps {
-		id, k := fmt.Sprintf("api-%d", i), nodeSandboxes+i
-		for _, op := range []struct {
-			r    *runResult
-			call func() (time.Duration, error)
-		}{
-			{&reg, func() (time.Duration, error) { return n.register(up, id, k, 0) }},
-			{&chg, func() (time.Duration, error) { return n.register(up, id, k, 1) }},
-			{&rm, func() (time.Duration, error) { return n.call(http.MethodDelete, id, "", http.StatusNoContent) }},
-		} {
-			took, err := op.call()
+		for j := range apiOps {
+			took, err := n.apiOp(j, up, fmt.Sprintf("api-%d", i), nodeSandboxes+i)
 			if err != nil {
 				return err
 			}
-			op.r.hist.Record(took)
+			runs[j].hist.Record(took)
 		}
 	}
-	for name, r := range map[string]*runResult{"register": &reg, "change": &chg, "remove": &rm} {
-		r.window(1)
-		sum.API[name] = *r
+	for j, op := range apiOps {
+		runs[j].window(1)
+		sum.API[op] = runs[j]
 	}
 	return nil
-}
-
-// nodeRow is one node row: the credential path through n's probe sandbox with
-// lo, while during runs.
-type nodeRow struct {
-	n          *nodeEgressd
-	name, desc string
-	lo         loadOptions
-	during     func(context.Context)
 }
 
 // nodeRows measures the node rows in two pairs, each pair after the same direct
@@ -272,57 +269,61 @@ type nodeRow struct {
 // one (CPU per request), then, with nodeLatencyClients, through the full one's
 // probe without and with churn (latency).
 func nodeRows(ctx context.Context, env pathEnv, one, many *nodeEgressd, sum *nodeSummary) ([]pathResult, error) {
-	quiet := func(context.Context) {}
+	w1, err := one.probeWorld(env.w)
+	if err != nil {
+		return nil, err
+	}
+	wm, err := many.probeWorld(env.w)
+	if err != nil {
+		return nil, err
+	}
 	lo, slow := env.o.load(), env.o.load()
 	slow.clients = nodeLatencyClients
+	through := func(n *nodeEgressd, w *world, lo loadOptions, name, desc string) *row {
+		return egressdRow(ctx, env, nodePath, w, n.egressd, lo, newRow(name, desc, injectCredential.String()))
+	}
+	churning := through(many, wm, slow, "node-churn", fmt.Sprintf("as node-quiet, while other sandboxes are registered, changed and removed, %d a second", nodeChurnRate))
+	churning.run = whileRunning(churning.run, func(ctx context.Context) { churn(ctx, env.w.up, many, sum) })
 	var rows []pathResult
-	for _, pair := range [][2]nodeRow{
-		{{one, "node-1", "the credential path through the only sandbox of a node", lo, quiet},
-			{many, fmt.Sprintf("node-%d", nodeSandboxes), fmt.Sprintf("the credential path through one sandbox of a node serving %d", nodeSandboxes), lo, quiet}},
-		{{many, "node-quiet", fmt.Sprintf("the probe sandbox's GETs, %d client(s), nothing else changing", nodeLatencyClients), slow, quiet},
-			{many, "node-churn", fmt.Sprintf("as node-quiet, while other sandboxes are registered, changed and removed, %d a second", nodeChurnRate), slow,
-				func(ctx context.Context) { churn(ctx, env.w.up, many, sum) }}},
-	} {
-		var legs []leg
-		for _, r := range pair {
-			l, err := nodeLeg(ctx, env, r)
-			if err != nil {
-				return nil, err
-			}
-			legs = append(legs, l)
-		}
+	for i, rs := range [][]*row{{
+		through(one, w1, lo, "node-1", "the credential path through the only sandbox of a node"),
+		through(many, wm, lo, fmt.Sprintf("node-%d", nodeSandboxes), fmt.Sprintf("the credential path through one sandbox of a node serving %d", nodeSandboxes)),
+	}, {
+		through(many, wm, slow, "node-quiet", fmt.Sprintf("the probe sandbox's GETs, %d client(s), nothing else changing", nodeLatencyClients)),
+		churning,
+	}} {
 		direct := func(int) (runResult, error) {
-			return runCounted(ctx, nodePath.direct(env.w), pair[0].lo, env.w.up, nil)
+			return runCounted(ctx, nodePath.direct(env.w), []loadOptions{lo, slow}[i], env.w.up, nil)
 		}
-		if err := runRounds(env, direct, legs, nil); err != nil {
+		if err := runRounds(env, direct, rs, nil); err != nil {
 			return nil, err
 		}
-		rows = append(rows, finishAll(legs)...)
+		rows = append(rows, finishAll(rs)...)
 	}
 	return rows, nil
 }
 
 // nodePath is what the node rows send: the credential path's GETs.
-var nodePath = interceptPath("", credentialHost, injectCredential, false, peersNone, "")
+var nodePath = interceptPath("", credentialHost, injectCredential, peersNone, target{}, "")
 
-func nodeLeg(ctx context.Context, env pathEnv, r nodeRow) (leg, error) {
-	addr, err := r.n.probeAddr()
-	w := *env.w
-	w.proxy = "http://" + addr
-	if err == nil {
-		w.egressdRoots, err = r.n.CAPool()
+// probeWorld is w through the probe sandbox's listener.
+func (n *nodeEgressd) probeWorld(w *world) (*world, error) {
+	addr, err := n.probeAddr()
+	if err != nil {
+		return nil, err
 	}
-	return leg{row: newRow(r.name, r.desc, injectCredential.String()), e: r.n.egressd,
-		run: func(cpu cpuFunc) (runResult, error) {
-			dctx, cancel := context.WithCancel(ctx)
-			done := make(chan struct{})
-			go func() { defer close(done); r.during(dctx) }()
-			defer func() { cancel(); <-done }()
-			return runCounted(ctx, nodePath.viaProxy(&w), r.lo, w.up, cpu)
-		},
-		check: func(round int, d runResult, x *viaRun) []string {
-			return append(injectionProblems(nodePath.inject, round, env.o.rounds, d, x.r), scrubProblems(nodePath, x.r, x.log)...)
-		}}, err
+	return w.through(n.egressd, "http://"+addr)
+}
+
+// whileRunning is run with during running beside it, until run returns.
+func whileRunning(run func(cpuFunc) (runResult, error), during func(context.Context)) func(cpuFunc) (runResult, error) {
+	return func(cpu cpuFunc) (runResult, error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); during(ctx) }()
+		defer func() { cancel(); <-done }()
+		return run(cpu)
+	}
 }
 
 // churn registers, changes and removes sandboxes at nodeChurnRate until ctx ends.
@@ -336,17 +337,9 @@ func churn(ctx context.Context, up *upstream, n *nodeEgressd, sum *nodeSummary) 
 			return
 		case <-tick.C:
 		}
+		k := i / len(apiOps) % 32
+		_, err := n.apiOp(i%len(apiOps), up, fmt.Sprintf("churn-%d", k), nodeSandboxes+nodeAPIOps+k)
 		i++
-		id, slot := fmt.Sprintf("churn-%d", i/3%32), nodeSandboxes+nodeAPIOps+int(i/3%32)
-		var err error
-		switch i % 3 {
-		case 0:
-			_, err = n.register(up, id, slot, 0)
-		case 1:
-			_, err = n.register(up, id, slot, 2)
-		default:
-			_, err = n.call(http.MethodDelete, id, "", http.StatusNoContent)
-		}
 		sum.ChurnOps++
 		if err != nil && ctx.Err() == nil {
 			sum.ChurnErrors++
@@ -386,11 +379,4 @@ func (r *report) writeNode(w io.Writer) {
 		fmt.Fprintf(w, "  CPU per request: %.1f µs with %s sandboxes vs %.1f with 1: %+.1f%% (goal within %.0f%%: %s); the full node idle: %.0f%% of a CPU\n",
 			many.CPUPerReqUS, thousands(float64(s.Sandboxes)), p.CPUPerReqUS, 100*d, 100*nodeGoalCPU, verdict(d <= nodeGoalCPU), 100*s.IdleCPU)
 	}
-}
-
-func verdict(ok bool) string {
-	if ok {
-		return "met"
-	}
-	return "NOT met"
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -52,12 +51,11 @@ func measureOwn(ctx context.Context, env pathEnv, p pathSpec) ([]pathResult, err
 		return nil, fmt.Errorf("its egressd: %w", err)
 	}
 	defer e.stop()
-	w := *env.w
-	w.proxy, w.peers, env.w, env.e = e.proxyURL, nil, &w, e
-	if err := e.AdminJSON("/v1/sandbox/env", http.StatusOK, &w.vars); err != nil {
+	if env.w, err = env.w.through(e, e.proxyURL); err != nil {
 		return nil, err
 	}
-	if w.egressdRoots, err = e.CAPool(); err != nil {
+	env.e = e
+	if err := e.AdminJSON("/v1/sandbox/env", http.StatusOK, &env.w.vars); err != nil {
 		return nil, err
 	}
 	r, err := measurePath(ctx, env, p)
@@ -71,7 +69,7 @@ func measureOwn(ctx context.Context, env pathEnv, p pathSpec) ([]pathResult, err
 // egressd's, since the bench measures the request path, not the login.
 const (
 	vaultdevScript    = "scripts/vaultdev.sh" // from the repository root, where make bench runs
-	vaultBuildTimeout = 15 * time.Minute      // a cold build takes minutes
+	buildTimeout      = 15 * time.Minute      // a cold build takes minutes
 	vaultStartTimeout = 60 * time.Second
 	// vaultRefresh is short so that egressd's background reads (never on the
 	// request path) fall inside every measured window.
@@ -85,7 +83,7 @@ func vaultSetup(ctx context.Context, env pathEnv) (ownSetup, error) {
 		return ownSetup{skip: "no " + vaultdevScript + " in the working directory (run from the repository root)"}, nil
 	}
 	fmt.Fprintf(env.stderr, "bench: vault path: %s build (cached: instant; a cold build takes about 5 minutes; leave vault out of -paths to skip it)\n", vaultdevScript)
-	bctx, cancel := context.WithTimeout(ctx, vaultBuildTimeout)
+	bctx, cancel := context.WithTimeout(ctx, buildTimeout)
 	defer cancel()
 	bin, err := vaultdev.Build(bctx, vaultdevScript)
 	if err != nil {
@@ -122,18 +120,6 @@ func vaultCredentials(addr, tokenFile string) *egressdtest.Credentials {
 	}}
 }
 
-// runBuild runs `script build names...` within timeout: its stdout, its stderr
-// and how it failed.
-func runBuild(ctx context.Context, timeout time.Duration, script string, names ...string) ([]byte, string, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, script, append([]string{"build"}, names...)...)
-	var errOut bytes.Buffer
-	cmd.Stderr = &errOut
-	out, err := cmd.Output()
-	return out, errOut.String(), err
-}
-
 func lastLine(s string) string {
 	s = strings.TrimSpace(s)
 	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
@@ -166,7 +152,7 @@ func placeholderBody(secret string) []byte {
 // placeholderTarget is the path's POST with secret in its body.
 func placeholderTarget(w *world, secret string) target {
 	return target{url: strings.TrimSuffix(w.hostURL(placeholderHost), "/") + placeholderPath, method: http.MethodPost,
-		body: placeholderBody(secret), check: drain}
+		body: placeholderBody(secret)}
 }
 
 // servePlaceholder answers a placeholder-path POST: 200 and the usual body

@@ -18,7 +18,6 @@ type pathSpec struct {
 	// upstream checks every request (injectionProblems).
 	inject  injection
 	injects string // what the report says is injected, when inject does not say it
-	newConn bool   // one TCP and TLS handshake per request
 	// own, when set, is the setup of an egressd of the path's own (own.go).
 	own func(context.Context, pathEnv) (ownSetup, error)
 	// measure, when set, replaces measurePath: the path makes its own runs and
@@ -50,7 +49,7 @@ type world struct {
 	up           *upstream
 	proxy        string            // http://127.0.0.1:port, egressd's bench listener
 	egressdRoots *x509.CertPool    // egressd's CA: what an intercepted tunnel's client trusts
-	peers        *peerSet          // nil for none
+	peers        peerSet           // nil for none
 	vars         map[string]string // the sandbox's environment (GET /v1/sandbox/env) of a path's own egressd
 }
 
@@ -80,16 +79,17 @@ var paths = []pathSpec{
 		viaProxy: func(w *world) target { return target{url: w.httpsURL(), proxy: w.proxy, roots: w.up.roots} },
 		peers:    peersTunnel,
 	},
-	interceptPath("intercept", transformHost, injectTransform, false, peersIntercept,
+	interceptPath("intercept", transformHost, injectTransform, peersIntercept, target{},
 		"GET https://"+transformHost+":<port>/ over HTTP/1.1 keep-alive; through egressd intercepted (client trusts egressd's CA), a transform sets "+transformHeader),
-	interceptPath("intercept-newconn", transformHost, injectTransform, true, peersIntercept,
+	interceptPath("intercept-newconn", transformHost, injectTransform, peersIntercept, target{newConnPerRequest: true},
 		"as intercept, but a new TCP+TLS connection per request (handshakes/s; egressd's leaf cache warm); direct: a new TLS connection per request"),
-	resumePath(),
-	interceptPath("credential", credentialHost, injectCredential, false, peersNone,
+	interceptPath("intercept-resume", transformHost, injectTransform, peersNone, target{newConnPerRequest: true, resumeSessions: true},
+		"as intercept-newconn, but each client keeps a TLS session cache, so every reconnection offers to resume (handshakes/s of resumed sessions); direct: the same against the upstream"),
+	interceptPath("credential", credentialHost, injectCredential, peersNone, target{},
 		"as intercept, but the entry names a file-backed credential (Authorization: Bearer) instead of a transform"),
-	interceptPath("oauth2", oauthHost, injectOAuth, false, peersNone,
+	interceptPath("oauth2", oauthHost, injectOAuth, peersNone, target{},
 		"as credential, but the entry names a file-backed oauth2 credential: the access token egressd got from the upstream's token endpoint (refresh-token grant, cached for its hour)"),
-	interceptPath("github_app", githubHost, injectGitHub, false, peersNone,
+	interceptPath("github_app", githubHost, injectGitHub, peersNone, target{},
 		"as oauth2, but a github_app credential on a \"github\": \"git\" entry: the installation token egressd minted at the upstream's token endpoint (App JWT, cached for its hour), sent as HTTP Basic x-access-token"),
 	vaultPath(),
 	{name: placeholderRow, own: ownConfigSetup(placeholderConfig),
@@ -115,32 +115,29 @@ var paths = []pathSpec{
 // vaultPath is the credential path through a second egressd whose token comes
 // from Vault; Vault is never on the request path after the first read.
 func vaultPath() pathSpec {
-	p := interceptPath("vault", credentialHost, injectVaultCredential, false, peersNone,
+	p := interceptPath("vault", credentialHost, injectVaultCredential, peersNone, target{},
 		"as credential, but through a second egressd whose credentials.backend is vault: the token is read from a Vault dev server (KV v2, refresh "+vaultRefresh.String()+") the bench starts; skipped without one")
 	p.own = vaultSetup
 	return p
 }
 
-// resumePath is intercept-newconn whose clients keep a TLS session cache, so
-// every reconnection offers to resume.
-func resumePath() pathSpec {
-	p := interceptPath("intercept-resume", transformHost, injectTransform, true, peersNone,
-		"as intercept-newconn, but each client keeps a TLS session cache, so every reconnection offers to resume (handshakes/s of resumed sessions); direct: the same against the upstream")
-	for _, mk := range []*func(*world) target{&p.direct, &p.viaProxy} {
-		inner := *mk
-		*mk = func(w *world) target { t := inner(w); t.resumeSessions = true; return t }
+// interceptPath is an HTTPS path to host whose entry injects inj, so egressd
+// terminates the tunnel with a leaf from its CA; t says how clients connect.
+func interceptPath(name, host string, inj injection, peers peerUse, t target, desc string) pathSpec {
+	return pathSpec{name: name, desc: desc, inject: inj, peers: peers,
+		direct:   func(w *world) target { d := t; d.url = w.hostURL(host); return w.directTLS(d) },
+		viaProxy: func(w *world) target { v := t; v.url = w.hostURL(host); return w.viaEgressd(v) },
 	}
-	return p
 }
 
-// interceptPath is an HTTPS path to host whose entry injects inj, so egressd
-// terminates the tunnel with a leaf from its CA.
-func interceptPath(name, host string, inj injection, newConn bool, peers peerUse, desc string) pathSpec {
-	return pathSpec{
-		name: name, desc: desc, inject: inj, newConn: newConn, peers: peers,
-		direct:   func(w *world) target { return w.directTLS(target{url: w.hostURL(host), newConnPerRequest: newConn}) },
-		viaProxy: func(w *world) target { return w.viaEgressd(target{url: w.hostURL(host), newConnPerRequest: newConn}) },
-	}
+// through is w with proxy, a listener of e, as the proxy, and e's CA as what
+// the clients of intercepted tunnels trust; no peer carries it.
+func (w *world) through(e *egressd, proxy string) (*world, error) {
+	t := *w
+	t.proxy, t.peers = proxy, nil
+	var err error
+	t.egressdRoots, err = e.CAPool()
+	return &t, err
 }
 
 // directTLS is t dialled straight to the upstream's TLS port.
@@ -153,14 +150,7 @@ func (w *world) httpURL() string  { return "http://" + localhostAddr(w.up.httpAd
 func (w *world) httpsURL() string { return "https://" + localhostAddr(w.up.tlsAddr) + "/" }
 
 // hostURL is https://host:<the upstream's TLS port>/.
-func (w *world) hostURL(host string) string {
-	return "https://" + host + w.up.tlsAddr[strings.LastIndexByte(w.up.tlsAddr, ':'):] + "/"
-}
-
-// intercepts reports whether any of ps needs the first egressd's CA.
-func intercepts(ps []pathSpec) bool {
-	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.inject != injectNone && p.own == nil })
-}
+func (w *world) hostURL(host string) string { return "https://" + hostAt(host, w.up.tlsAddr) + "/" }
 
 func hasPath(ps []pathSpec, name string) bool {
 	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.name == name })

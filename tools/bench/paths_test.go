@@ -38,12 +38,6 @@ func TestInterceptPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !intercepts(ps) {
-		t.Error("intercepts = false")
-	}
-	if plain, _ := lookupPaths("plain,connect"); intercepts(plain) {
-		t.Error("plain and connect intercept")
-	}
 	for _, p := range ps {
 		d, v := p.direct(w), p.viaProxy(w)
 		if d.url != v.url || !strings.HasSuffix(d.url, ".bench.test:1443/") || d.dialAddr != "127.0.0.1:1443" || v.proxy != w.proxy {
@@ -93,9 +87,6 @@ func TestVaultPath(t *testing.T) {
 	if err != nil || len(ps) != 1 || ps[0].own == nil || ps[0].inject != injectVaultCredential {
 		t.Fatalf("lookupPaths(vault) = %+v, %v", ps, err)
 	}
-	if intercepts(ps) {
-		t.Error("vault alone intercepts: its CA is the second egressd's")
-	}
 	w := &world{up: &upstream{tlsAddr: "127.0.0.1:1443"}, proxy: "http://127.0.0.1:3128"}
 	if d, v := ps[0].direct(w), ps[0].viaProxy(w); d.url != "https://"+credentialHost+":1443/" || v.url != d.url || v.proxy != w.proxy {
 		t.Errorf("vault: direct %+v, via %+v; want the credential path's host", d, v)
@@ -111,5 +102,20 @@ func TestVaultPath(t *testing.T) {
 	cred, _ := lookupPaths("credential")
 	if got := injectionProblems(cred[0].inject, 0, 1, runResult{}, runResult{UpstreamRequests: 10, Injected: map[string]int64{injectCredential.name: 10, injectVaultCredential.name: 1}}); len(got) == 0 {
 		t.Error("Vault's token on the credential path: no problem found")
+	}
+}
+
+// A run through an egressd that logged no egress line did not go through it
+// (a transparent listener the DNAT missed): a problem of its row.
+func TestEgressdLegNoEgressLine(t *testing.T) {
+	ps, _ := lookupPaths("plain")
+	r := egressdRow(t.Context(), pathEnv{o: options{rounds: 1}}, ps[0], &world{}, nil, loadOptions{}, newRow("plain", "", ""))
+	x := viaRun{r: runResult{UpstreamRequests: 10}, log: logSummary{EgressLines: 10, Allowed200: 10}}
+	if got := r.check(0, runResult{UpstreamRequests: 10}, &x); len(got) != 0 {
+		t.Errorf("problems with every request logged: %q", got)
+	}
+	x.log = logSummary{}
+	if got := r.check(0, runResult{UpstreamRequests: 10}, &x); len(got) != 1 || !strings.Contains(got[0], "logged no egress line") {
+		t.Errorf("problems with nothing logged = %q, want the missing egress lines", got)
 	}
 }

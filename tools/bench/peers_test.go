@@ -58,7 +58,8 @@ func peerReport(rounds int) *report {
 				run.hist.Record(5e6)
 				rb.add(d, viaRun{r: run})
 			}
-			p.Peers = append(p.Peers, rb.finish(int64(14+i)<<20))
+			rb.res.PeakRSSBytes = int64(14+i) << 20
+			p.Peers = append(p.Peers, rb.finish())
 		}
 		r.Paths = append(r.Paths, p)
 	}
@@ -171,5 +172,22 @@ func TestWriteTextPeersRounds(t *testing.T) {
 	}
 	if !strings.Contains(out, "    goproxy     0.30 0.31 0.32\n") {
 		t.Errorf("no per-round ratios of goproxy:\n%s", out)
+	}
+}
+
+// A peer that was not built, or that does not intercept on an intercepted
+// path, has a row saying why, and it never runs.
+func TestPeerLegsSkipped(t *testing.T) {
+	ps := peerSet{{peerInfo: peerInfo{Peer: "goproxy", Skipped: "build failed"}, kind: peerKinds[0]},
+		{peerInfo: peerInfo{Peer: "smokescreen", Binary: "/c/smokescreen"}, kind: peerKinds[1]}}
+	p, _ := lookupPaths("intercept")
+	peerRows := ps.rows(t.Context(), p[0], &world{}, loadOptions{})
+	direct := func(int) (runResult, error) { return runResult{}, nil }
+	if err := runRounds(pathEnv{o: options{rounds: 2}}, direct, nil, peerRows); err != nil {
+		t.Fatal(err)
+	}
+	rows := finishAll(peerRows)
+	if len(rows) != 2 || rows[0].Skipped != "build failed" || rows[0].NotApplicable || !rows[1].NotApplicable || rows[1].Skipped == "" || len(rows[1].Rounds) != 0 {
+		t.Errorf("peer rows = %+v", rows)
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"encoding/json"
 	"io"
 	"runtime"
@@ -93,23 +92,9 @@ func newRound(direct, via runResult) roundResult {
 func combine(runs []runResult) runResult {
 	var r runResult
 	rates := make([]float64, len(runs))
-	for i := range runs {
-		x := &runs[i]
+	for i, x := range runs {
 		rates[i] = x.ReqPerSec
-		r.Requests += x.Requests
-		r.Seconds += x.Seconds
-		r.Total += x.Total
-		r.Errors += x.Errors
-		addCounts(&r.ErrorKinds, x.ErrorKinds)
-		r.ClientConns += x.ClientConns
-		r.UpstreamConns += x.UpstreamConns
-		r.UpstreamRequests += x.UpstreamRequests
-		addCounts(&r.Injected, x.Injected)
-		r.TLSHandshakes += x.TLSHandshakes
-		r.TLSResumed += x.TLSResumed
-		r.CPUSeconds += x.CPUSeconds
-		r.CPUError = cmp.Or(x.CPUError, r.CPUError)
-		r.hist.Merge(x.hist)
+		r.merge(x)
 	}
 	r.ReqPerSec = median(rates)
 	r.setLatencies()
@@ -189,10 +174,8 @@ func (r *report) writeJSON(w io.Writer) error {
 }
 
 func (r *report) path(name string) *pathResult {
-	for i := range r.Paths {
-		if r.Paths[i].Path == name {
-			return &r.Paths[i]
-		}
+	if i := slices.IndexFunc(r.Paths, func(p pathResult) bool { return p.Path == name }); i >= 0 {
+		return &r.Paths[i]
 	}
 	return nil
 }

@@ -54,103 +54,103 @@ func measureVia(e *egressd, dns *dnsstub.Server, load func(cpuFunc) (runResult, 
 	return v, nil
 }
 
-// rowBuilder gathers the rounds of one row of the report.
-type rowBuilder struct {
+// row is one row of the report being measured: a run through one proxy (an
+// egressd or a peer) in each round, after that round's direct run.
+type row struct {
 	res           pathResult
 	directs, vias []runResult
 	leaf          *leafCounts
-}
-
-func newRow(name, desc, injects string) *rowBuilder {
-	return &rowBuilder{res: pathResult{Path: name, Description: desc, Injects: injects}}
-}
-
-// add records one round: its direct run and its run through the proxy.
-func (b *rowBuilder) add(direct runResult, x viaRun) {
-	b.res.Rounds = append(b.res.Rounds, newRound(direct, x.r))
-	b.directs, b.vias = append(b.directs, direct), append(b.vias, x.r)
-	b.res.Log.merge(x.log)
-	b.res.DNSQueries += x.dns
-	switch {
-	case x.leafErr != nil:
-		b.res.LeafCacheError = x.leafErr.Error()
-	case x.leaf != nil && b.leaf == nil:
-		b.leaf = x.leaf
-	case x.leaf != nil:
-		b.leaf = &leafCounts{b.leaf.Hit + x.leaf.Hit, b.leaf.Miss + x.leaf.Miss}
-	}
-}
-
-// finish sets the medians and the proxy's peak RSS so far.
-func (b *rowBuilder) finish(peak int64) pathResult {
-	b.res.Direct, b.res.Egressd = combine(b.directs), combine(b.vias)
-	b.res.finish()
-	if b.res.LeafCacheError == "" {
-		b.res.LeafCache = b.leaf
-	}
-	b.res.PeakRSSBytes = peak
-	return b.res
-}
-
-// leg is one row's run through a proxy, egressd or a peer, in each round.
-type leg struct {
-	row  *rowBuilder
-	e    *egressd  // the egressd it runs through, nil for a peer
-	peer *peerProc // the peer it runs through, nil for egressd
-	run  func(cpuFunc) (runResult, error)
+	e             *egressd // the egressd its runs go through, nil for a peer
+	peer          *peer    // the peer they go through, nil for an egressd
+	// run makes one run, sampling cpu; nil for a row that is not measured (a
+	// peer that does not carry the path: res.Skipped says why).
+	run func(cpu cpuFunc) (runResult, error)
 	// check returns the run's problems; it may adjust x's log first.
 	check func(round int, direct runResult, x *viaRun) []string
 }
 
-func (l leg) once(env pathEnv) (viaRun, error) {
-	if l.e != nil {
-		return measureVia(l.e, env.dns, l.run)
-	}
-	r, err := l.run(l.peer.cpuTime)
-	return viaRun{r: r}, err
+func newRow(name, desc, injects string) *row {
+	return &row{res: pathResult{Path: name, Description: desc, Injects: injects}}
 }
 
-// finish is the leg's row, with its proxy's peak RSS.
-func (l leg) finish() pathResult {
-	if l.e != nil {
-		peak, _ := l.e.peakRSS()
-		return l.row.finish(peak)
+// once makes one run and, through an egressd, reads what it did meanwhile.
+func (r *row) once(env pathEnv) (viaRun, error) {
+	if r.e != nil {
+		return measureVia(r.e, env.dns, r.run)
 	}
-	return l.row.finish(l.peer.peakRSS())
+	x, err := r.run(r.peer.cpuTime)
+	return viaRun{r: x}, err
 }
 
-// runRounds runs env.o.rounds rounds: a direct run, then each leg, their order
-// reversed every other round so that none always runs on the warmer egressd,
-// then each of tail (the peers) in order.
-func runRounds(env pathEnv, direct func(round int) (runResult, error), legs, tail []leg) error {
+// add records one round: its direct run and its run through the proxy.
+func (r *row) add(direct runResult, x viaRun) {
+	r.res.Rounds = append(r.res.Rounds, newRound(direct, x.r))
+	r.directs, r.vias = append(r.directs, direct), append(r.vias, x.r)
+	r.res.Log.merge(x.log)
+	r.res.DNSQueries += x.dns
+	switch {
+	case x.leafErr != nil:
+		r.res.LeafCacheError = x.leafErr.Error()
+	case x.leaf != nil && r.leaf == nil:
+		r.leaf = x.leaf
+	case x.leaf != nil:
+		r.leaf = &leafCounts{r.leaf.Hit + x.leaf.Hit, r.leaf.Miss + x.leaf.Miss}
+	}
+}
+
+// finish is the row with its medians and its proxy's peak RSS so far.
+func (r *row) finish() pathResult {
+	if len(r.res.Rounds) == 0 {
+		return r.res
+	}
+	r.res.Direct, r.res.Egressd = combine(r.directs), combine(r.vias)
+	r.res.finish()
+	if r.res.LeafCacheError == "" {
+		r.res.LeafCache = r.leaf
+	}
+	if r.e != nil {
+		r.res.PeakRSSBytes, _ = r.e.peakRSS()
+	} else if r.peer != nil {
+		r.res.PeakRSSBytes = r.peer.peakRSS()
+	}
+	return r.res
+}
+
+// runRounds runs env.o.rounds rounds: a direct run, then each row's run, their
+// order reversed every other round so that none always runs on the warmer
+// egressd, then each of tail (the peers) in order.
+func runRounds(env pathEnv, direct func(round int) (runResult, error), rows, tail []*row) error {
 	for round := range env.o.rounds {
 		d, err := direct(round)
 		if err != nil {
 			return fmt.Errorf("direct: %w", err)
 		}
-		order := slices.Clone(legs)
+		order := slices.Clone(rows)
 		if round%2 == 1 {
 			slices.Reverse(order)
 		}
-		for _, l := range append(order, tail...) {
-			x, err := l.once(env)
+		for _, r := range append(order, tail...) {
+			if r.run == nil {
+				continue
+			}
+			x, err := r.once(env)
 			if err != nil {
-				return fmt.Errorf("through %s: %w", l.row.res.Path, err)
+				return fmt.Errorf("through %s: %w", r.res.Path, err)
 			}
-			if l.check != nil {
-				l.row.res.Problems = append(l.row.res.Problems, l.check(round, d, &x)...)
+			if r.check != nil {
+				r.res.Problems = append(r.res.Problems, r.check(round, d, &x)...)
 			}
-			l.row.add(d, x)
+			r.add(d, x)
 		}
 	}
 	return nil
 }
 
-// finishAll is the rows of legs.
-func finishAll(legs []leg) []pathResult {
-	out := make([]pathResult, len(legs))
-	for i, l := range legs {
-		out[i] = l.finish()
+// finishAll is rows, finished.
+func finishAll(rows []*row) []pathResult {
+	out := make([]pathResult, len(rows))
+	for i, r := range rows {
+		out[i] = r.finish()
 	}
 	return out
 }
@@ -159,32 +159,37 @@ func finishAll(legs []leg) []pathResult {
 // in each round, against the same direct run), checking on every run that the
 // upstream received exactly what egressd had to inject.
 func measurePath(ctx context.Context, env pathEnv, p pathSpec) (pathResult, error) {
-	w, o, lo := env.w, env.o, env.o.load()
+	w, lo := env.w, env.o.load()
 	injects := p.injects
 	if p.inject != injectNone {
 		injects = p.inject.String()
 	}
-	l := leg{row: newRow(p.name, p.desc, injects), e: env.e,
-		run: func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, p.viaProxy(w), lo, w.up, cpu) },
-		check: func(round int, d runResult, x *viaRun) []string {
-			return append(injectionProblems(p.inject, round, o.rounds, d, x.r), scrubProblems(p, x.r, x.log)...)
-		}}
-	l.row.res.NewConnPerRequest = p.newConn
-	peers, rows := w.peers.legs(ctx, p, w, lo)
+	r := egressdRow(ctx, env, p, w, env.e, lo, newRow(p.name, p.desc, injects))
+	r.res.NewConnPerRequest = p.direct(w).newConnPerRequest
+	peers := w.peers.rows(ctx, p, w, lo)
 	direct := func(int) (runResult, error) { return runCounted(ctx, p.direct(w), lo, w.up, nil) }
-	if err := runRounds(env, direct, []leg{l}, peers); err != nil {
+	if err := runRounds(env, direct, []*row{r}, peers); err != nil {
 		return pathResult{}, err
 	}
-	res := l.finish()
-	for _, rb := range rows {
-		i := slices.IndexFunc(peers, func(pl leg) bool { return pl.row == rb })
-		if i >= 0 {
-			res.Peers = append(res.Peers, peers[i].finish())
-		} else {
-			res.Peers = append(res.Peers, rb.res)
-		}
-	}
+	res := r.finish()
+	res.Peers = finishAll(peers)
 	return res, nil
+}
+
+// egressdRow is r through e: p's viaProxy target on w, what reached the
+// upstream checked against what p injects, on every run, and that the
+// requests went through e at all (a transparent listener is easy to bypass).
+func egressdRow(ctx context.Context, env pathEnv, p pathSpec, w *world, e *egressd, lo loadOptions, r *row) *row {
+	r.e = e
+	r.run = func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, p.viaProxy(w), lo, w.up, cpu) }
+	r.check = func(round int, d runResult, x *viaRun) []string {
+		ps := append(injectionProblems(p.inject, round, env.o.rounds, d, x.r), scrubProblems(p, x.r, x.log)...)
+		if x.log.EgressLines == 0 {
+			ps = append(ps, runLabel("egressd", round, env.o.rounds)+": egressd logged no egress line: the requests did not go through it")
+		}
+		return ps
+	}
+	return r
 }
 
 // scrubProblems checks that on the credential paths, whose upstream reflects

@@ -363,3 +363,11 @@ func mib(b int64) string {
 	}
 	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
 }
+
+// verdict says whether a goal was met.
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
+}

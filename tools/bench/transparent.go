@@ -98,14 +98,9 @@ func reexecTransparent(ctx context.Context, env pathEnv) ([]pathResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := env.o
-	args := []string{"-rnm", "--", "/bin/sh", "-c", `ip link set lo up && exec "$0" "$@"`, exe,
-		"-egressd", o.egressd, "-duration", o.duration.String(), "-warmup", o.warmup.String(),
-		"-clients", strconv.Itoa(o.clients), "-size", strconv.Itoa(o.size), "-rounds", strconv.Itoa(o.rounds),
-		"-paths", "transparent", "-json"}
-	if o.keep {
-		args = append(args, "-keep")
-	}
+	// The same flags; the last -paths and -json win.
+	args := append([]string{"-rnm", "--", "/bin/sh", "-c", `ip link set lo up && exec "$0" "$@"`, exe}, env.o.args...)
+	args = append(args, "-paths", "transparent", "-json")
 	fmt.Fprintln(env.stderr, "bench: transparent: re-running the bench in a namespace of its own (unshare -rnm)")
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, "unshare", args...)
@@ -193,32 +188,19 @@ func measureTransparentInside(ctx context.Context, env pathEnv) (rows []pathResu
 // measureTransparentRuns returns the transparent row and the
 // transparent-explicit row, which share the direct runs.
 func measureTransparentRuns(ctx context.Context, env pathEnv, te *egressd, sb *netns.Sandbox) ([]pathResult, error) {
-	up, lo := env.w.up, env.o.load()
+	lo := env.o.load()
 	direct := target{url: "https://" + transparentHost + "/", dialAddr: net.JoinHostPort(standInAddr, standInPort),
-		allowDial: allowStandIn, roots: up.roots}
-	tp := direct
+		allowDial: allowStandIn, roots: env.w.up.roots}
+	tp, explicit := direct, direct
 	tp.dialFrom = sb.Dial
-	explicit := direct
 	explicit.dialAddr, explicit.proxy = "", te.proxyURL
-	rows := []*rowBuilder{newRow("transparent", transparentPathSpec().desc, ""),
-		newRow(transparentExplicitRow, fmt.Sprintf("the transparent row's requests through the same egressd's explicit listener: CONNECT %s:%s from the bench's namespace, spliced (the transparent row's direct runs)", transparentHost, standInPort), "")}
-	var legs []leg
-	for i, t := range []target{tp, explicit} {
-		legs = append(legs, leg{row: rows[i], e: te,
-			run: func(cpu cpuFunc) (runResult, error) { return runCounted(ctx, t, lo, up, cpu) },
-			check: func(round int, d runResult, x *viaRun) []string {
-				ps := injectionProblems(injectNone, round, env.o.rounds, d, x.r)
-				if x.log.EgressLines == 0 {
-					ps = append(ps, runLabel("egressd", round, env.o.rounds)+": egressd logged no egress line: the requests did not go through it")
-				}
-				return ps
-			}})
-	}
-	err := runRounds(env, func(int) (runResult, error) { return runCounted(ctx, direct, lo, up, nil) }, legs, nil)
-	if err != nil {
+	via := func(t target) pathSpec { return pathSpec{viaProxy: func(*world) target { return t }} }
+	rows := []*row{egressdRow(ctx, env, via(tp), env.w, te, lo, newRow("transparent", transparentPathSpec().desc, "")),
+		egressdRow(ctx, env, via(explicit), env.w, te, lo, newRow(transparentExplicitRow, fmt.Sprintf("the transparent row's requests through the same egressd's explicit listener: CONNECT %s:%s from the bench's namespace, spliced (the transparent row's direct runs)", transparentHost, standInPort), ""))}
+	if err := runRounds(env, func(int) (runResult, error) { return runCounted(ctx, direct, lo, env.w.up, nil) }, rows, nil); err != nil {
 		return nil, err
 	}
-	return finishAll(legs), nil
+	return finishAll(rows), nil
 }
 
 // allowStandIn lets the transparent path's clients dial the stand-in upstream

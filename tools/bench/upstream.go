@@ -93,7 +93,6 @@ type upstream struct {
 	caPEM             []byte // the throwaway CA that signed the HTTPS leaf
 	roots             *x509.CertPool
 	cert              tls.Certificate // the leaf, also the hook endpoint's and the transparent stand-in's
-	tokenCalls        atomic.Int64    // oauth2 and github_app token calls egressd made; not served requests
 	appKey            string          // the github_app path's App key (PEM)
 	hook              *hookServer     // when the hook path runs: egressd's config names it
 }
@@ -119,10 +118,6 @@ const (
 	githubCredentialID = "bench-github"
 	githubToken        = "ghs_bench-fake-installation-token-not-a-secret"
 	githubTokenPath    = "/app/installations/1/access_tokens"
-)
-
-var (
-	oauthTokenResponse = []byte(`{"access_token": "` + oauthAccessToken + `", "token_type": "Bearer", "expires_in": 3600}`)
 )
 
 func startUpstream(size int) (*upstream, error) {
@@ -158,17 +153,7 @@ func (u *upstream) fixedBody(size int) http.HandlerFunc {
 	body := bytes.Repeat([]byte("x"), size)
 	length, ctype := []string{strconv.Itoa(size)}, []string{"application/octet-stream"}
 	return func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == oauthTokenPath && r.Method == http.MethodPost {
-			u.tokenCalls.Add(1)
-			w.Header()["Content-Type"] = []string{"application/json"}
-			_, _ = w.Write(oauthTokenResponse)
-			return
-		}
-		if r.URL.Path == githubTokenPath && r.Method == http.MethodPost {
-			u.tokenCalls.Add(1)
-			w.Header()["Content-Type"] = []string{"application/json"}
-			w.WriteHeader(http.StatusCreated)
-			_, _ = fmt.Fprintf(w, `{"token": %q, "expires_at": %q}`, githubToken, time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
+		if serveToken(w, r) {
 			return
 		}
 		u.n[cServed].Add(1)
@@ -190,6 +175,26 @@ func (u *upstream) fixedBody(size int) http.HandlerFunc {
 	}
 }
 
+// serveToken answers egressd's token calls, which are no requests of a run:
+// the oauth2 credential's refresh-token grant, the github_app credential's
+// installation token.
+func serveToken(w http.ResponseWriter, r *http.Request) bool {
+	switch {
+	case r.Method != http.MethodPost:
+		return false
+	case r.URL.Path == oauthTokenPath:
+		w.Header()["Content-Type"] = []string{"application/json"}
+		_, _ = fmt.Fprintf(w, `{"access_token": %q, "token_type": "Bearer", "expires_in": 3600}`, oauthAccessToken)
+	case r.URL.Path == githubTokenPath:
+		w.Header()["Content-Type"] = []string{"application/json"}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = fmt.Fprintf(w, `{"token": %q, "expires_at": %q}`, githubToken, time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
+	default:
+		return false
+	}
+	return true
+}
+
 func (t *tally) countInjected(r *http.Request) {
 	for i, inj := range injections {
 		if v := r.Header[inj.header]; len(v) == 1 && v[0] == inj.value {
@@ -200,4 +205,8 @@ func (t *tally) countInjected(r *http.Request) {
 
 // localhostAddr turns 127.0.0.1:port into localhost:port: egressd decides on
 // the name and resolves it, as it would a real host.
-func localhostAddr(addr string) string { return "localhost" + addr[strings.LastIndexByte(addr, ':'):] }
+func localhostAddr(addr string) string { return hostAt("localhost", addr) }
+
+// hostAt is host with addr's port: the name a client asks for where only
+// the address is known.
+func hostAt(host, addr string) string { return host + addr[strings.LastIndexByte(addr, ':'):] }
