@@ -2,10 +2,12 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -53,9 +55,11 @@ func (h nodeHost) Load(id string, data []byte, baseDir string) (node.Spec, []con
 }
 
 // Serve changes prev in place when the spec keeps its sockets (the new Snapshot is
-// swapped in and open tunnels are decided again), else serves the spec anew and
-// closes prev. New sockets may need prev's addresses: when they cannot be opened
-// beside prev's, prev is closed first.
+// swapped in and open tunnels are decided again), else serves the spec anew, on the
+// sockets of prev's it names again (package keep hands them over), and stops prev.
+// When the new spec cannot be served, prev goes on serving as it was: its sockets
+// are never closed before its successor serves, so a sandbox's port is never free
+// for a process inside it to bind.
 func (h nodeHost) Serve(spec node.Spec, prev node.Sandbox) (node.Sandbox, error) {
 	l := spec.(nodeSpec).l
 	p, _ := prev.(*sandbox)
@@ -64,18 +68,13 @@ func (h nodeHost) Serve(spec node.Spec, prev node.Sandbox) (node.Sandbox, error)
 	}
 	sb, err := h.d.startSandbox(l)
 	switch {
-	case err == nil && p != nil:
-		p.stop()
-		return sb, nil
-	case err == nil:
-		return sb, nil
-	case p == nil:
+	case err != nil && p != nil:
+		p.repin() // the failed start unpinned the sandbox's hook hosts
 		return prev, err
-	}
-	p.stop()
-	if sb, err = h.d.startSandbox(l); err != nil {
-		p.unpin()
-		return nil, err
+	case err != nil:
+		return prev, err
+	case p != nil:
+		p.stop()
 	}
 	return sb, nil
 }
@@ -94,6 +93,7 @@ type sandbox struct {
 	leaves  *mitm.Leaves      // pins the sandbox's hook hosts' leaves
 	live    *netguard.SelfSet // the node's own addresses, which the listeners join (markSelf)
 	marked  bool              // the listeners are in live
+	ns      string            // the identity of the namespace the sockets are in (nsIdentity)
 
 	mu sync.Mutex // guards l and rebuilds
 	l  *Loaded
@@ -141,12 +141,13 @@ func (d *Daemon) startSandbox(l *Loaded) (*sandbox, error) {
 // last in lns), inside its network namespace; or takes those a previous worker
 // left with the supervising parent.
 func (s *sandbox) open(l *Loaded) error {
-	key, err := socketKeys(l)
+	key, ns, err := socketKeys(l)
 	if err != nil {
 		return err
 	}
+	s.ns = ns
 	for _, lc := range l.Cfg.Listeners {
-		ln, err := s.listen(key("listener/"+lc.Name, lc.Address.String()), l.Netns, lc.Address.String())
+		ln, err := s.listen(key("tcp", lc.Name, lc.Address.String()), l.Netns, lc.Address.String())
 		if err != nil {
 			return err
 		}
@@ -156,13 +157,13 @@ func (s *sandbox) open(l *Loaded) error {
 	if l.Cfg.DNS.Listen == "" {
 		return nil
 	}
-	k := key("dns/udp", l.Cfg.DNS.Listen)
+	k := key("udp", "dns", l.Cfg.DNS.Listen)
 	pc, err := keep.ListenPacket(s.keep, k, func() (net.PacketConn, error) { return netns.ListenPacket(l.Netns, "udp", l.Cfg.DNS.Listen) })
 	if err != nil {
 		return err
 	}
 	s.pc, s.keys = pc, append(s.keys, k)
-	ln, err := s.listen(key("dns/tcp", l.Cfg.DNS.Listen), l.Netns, pc.LocalAddr().String())
+	ln, err := s.listen(key("tcp", "dns", l.Cfg.DNS.Listen), l.Netns, pc.LocalAddr().String())
 	if err != nil {
 		return err
 	}
@@ -204,20 +205,48 @@ func (s *sandbox) listen(key, netnsPath, address string) (net.Listener, error) {
 
 // socketKeys returns the function that names each of l's sockets in keep: the
 // sandbox, the identity of its namespace (not only its path, which a new namespace
-// may take), the socket's role and its configured address. A socket is taken again
-// only by the spec that would have opened it.
-func socketKeys(l *Loaded) (func(role, address string) string, error) {
-	ns := "own"
-	if l.Netns != "" {
-		var st unix.Stat_t
-		if err := unix.Stat(l.Netns, &st); err != nil {
-			return nil, fmt.Errorf("netns: %s: %w", l.Netns, err)
-		}
-		ns = fmt.Sprintf("%d:%d", st.Dev, st.Ino)
+// may take), the network and the configured address; for an address with port 0
+// (any free port), the socket's name instead, since no two such sockets are one.
+// A spec that renames a listener, changes its mode or moves the DNS guard's TCP
+// socket to a listener keeps the very socket: no moment in which the port is
+// free for a process in the sandbox to bind.
+func socketKeys(l *Loaded) (key func(network, name, address string) string, ns string, err error) {
+	if ns, err = nsIdentity(l.Netns); err != nil {
+		return nil, "", err
 	}
-	return func(role, address string) string {
-		return strings.Join([]string{"sock", l.Sandbox, ns, role, address}, "/")
-	}, nil
+	return func(network, name, address string) string {
+		if ap, err := netip.ParseAddrPort(address); err != nil || ap.Port() != 0 {
+			name = ""
+		}
+		return strings.Join([]string{"sock", l.Sandbox, ns, network, address, name}, "/")
+	}, ns, nil
+}
+
+// nsChanged reports whether the sandbox's namespace path now names another
+// namespace than the one its sockets are in (deleted and made again, as a
+// sandbox restarted by its platform is): a path that is gone is no change.
+func (s *sandbox) nsChanged() bool {
+	s.mu.Lock()
+	path := s.l.Netns
+	s.mu.Unlock()
+	if path == "" {
+		return false
+	}
+	ns, err := nsIdentity(path)
+	return err == nil && ns != s.ns
+}
+
+// nsIdentity is the identity of the network namespace at path (its nsfs device
+// and inode), "own" for egressd's own.
+func nsIdentity(path string) (string, error) {
+	if path == "" {
+		return "own", nil
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return "", fmt.Errorf("netns: %s: %w", path, err)
+	}
+	return fmt.Sprintf("%d:%d", st.Dev, st.Ino), nil
 }
 
 // release lets go of the copies of the sandbox's sockets the parent keeps: the
@@ -252,7 +281,8 @@ func (s *sandbox) sameSockets(l *Loaded) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur := s.l.Cfg
-	return s.l.Netns == l.Netns && slices.Equal(cur.Listeners, l.Cfg.Listeners) && cur.DNS == l.Cfg.DNS &&
+	ns, err := nsIdentity(l.Netns)
+	return err == nil && ns == s.ns && slices.Equal(cur.Listeners, l.Cfg.Listeners) && cur.DNS == l.Cfg.DNS &&
 		cur.Limits.MaxConnections == l.Cfg.Limits.MaxConnections
 }
 
@@ -289,6 +319,13 @@ func (s *sandbox) stop() {
 	cancel()
 	s.Drain(ctx)
 	s.release()
+}
+
+// repin pins the hook hosts of the Snapshot the sandbox serves, for its ID.
+func (s *sandbox) repin() {
+	if err := pinHookLeaves(s.leaves, s.l.Sandbox, s.srv.Snapshot().Hooks); err != nil {
+		s.log.Warn().Err(err).Msg("hook hosts' leaves")
+	}
 }
 
 // unpin lets go of the pins of the sandbox's hook hosts' leaves (its ID's: a
@@ -361,6 +398,9 @@ func (d *Daemon) startNode(n config.Node) error {
 	if n.SandboxesDir != "" {
 		go d.registry.ScanDir(n.SandboxesDir).Watch(ctx)
 	}
+	// A namespace made anew at a sandbox's path has none of its sockets: until it
+	// is served, a process in it could bind the ports its traffic is sent to.
+	go d.registry.RenewEvery(ctx, func(sb node.Sandbox) bool { return sb.(*sandbox).nsChanged() })
 	if d.keep != nil {
 		d.registry.KeepSpecs(specKeeper{d.keep, d.log})
 		d.registry.Restore()
@@ -405,7 +445,8 @@ func (d *Daemon) nodeAPISocket(path string) (net.Listener, error) {
 	return ln, nil
 }
 
-// specKeeper keeps API specs with the supervising parent (node.Keeper).
+// specKeeper keeps the specs in force with the supervising parent (node.Keeper),
+// each as JSON in a memory file the parent holds without reading.
 type specKeeper struct {
 	k   *keep.Keeper
 	log zerolog.Logger
@@ -413,19 +454,25 @@ type specKeeper struct {
 
 const specPrefix = "spec/"
 
-func (s specKeeper) KeepSpec(id string, data []byte) {
-	if err := s.k.Put(specPrefix+id, data); err != nil {
+func (s specKeeper) KeepSpec(id string, k node.Kept) {
+	data, err := json.Marshal(k)
+	if err == nil {
+		err = s.k.Put(specPrefix+id, data)
+	}
+	if err != nil {
 		s.log.Warn().Err(err).Str("sandbox", id).Msg("cannot leave the spec with the supervisor: a worker restart would forget this registration")
 	}
 }
 
 func (s specKeeper) ForgetSpec(id string) { s.k.Forget(specPrefix + id) }
 
-func (s specKeeper) KeptSpecs() map[string][]byte {
-	specs := map[string][]byte{}
+func (s specKeeper) KeptSpecs() map[string]node.Kept {
+	specs := map[string]node.Kept{}
 	for _, key := range s.k.Keys(specPrefix) {
-		if data, err := s.k.Data(key); err == nil {
-			specs[strings.TrimPrefix(key, specPrefix)] = data
+		var k node.Kept
+		data, err := s.k.Data(key)
+		if err == nil && json.Unmarshal(data, &k) == nil {
+			specs[strings.TrimPrefix(key, specPrefix)] = k
 		}
 	}
 	return specs

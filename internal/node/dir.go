@@ -42,8 +42,11 @@ func (r *Registry) ScanDir(dir string) *DirWatch {
 
 // Watch reads the directory again every DirPoll until ctx ends: a new or changed
 // file is applied, a removed one removes its sandbox.
-func (w *DirWatch) Watch(ctx context.Context) {
-	t := time.NewTicker(DirPoll)
+func (w *DirWatch) Watch(ctx context.Context) { every(ctx, DirPoll, w.scan) }
+
+// every calls fn every d until ctx ends.
+func every(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
@@ -51,7 +54,7 @@ func (w *DirWatch) Watch(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		w.scan()
+		fn()
 	}
 }
 

@@ -66,19 +66,28 @@ const (
 
 // entry is one registered sandbox.
 type entry struct {
+	spec     Spec
 	hash     string
 	source   string
 	sb       Sandbox
 	problems []config.Problem // of the spec in force (warnings), or of the last one refused
 }
 
-// Keeper keeps the specs registered through the API beyond this process: with
-// the supervising parent, which hands them to the next worker (internal/keep).
-// A spec file needs no keeping: the next worker reads the directory.
+// Keeper keeps the specs in force beyond this process: with the supervising
+// parent, which hands them to the next worker (internal/keep). The API's, which
+// nothing else holds; a file's too, since the file may hold a spec refused since
+// (the sandbox goes on with the last good one, and so must the next worker).
 type Keeper interface {
-	KeepSpec(id string, data []byte)
+	KeepSpec(id string, k Kept)
 	ForgetSpec(id string)
-	KeptSpecs() map[string][]byte // by sandbox ID: what a previous process kept
+	KeptSpecs() map[string]Kept // by sandbox ID: what a previous process kept
+}
+
+// Kept is a spec in force, as kept.
+type Kept struct {
+	Source  string `json:"source"`
+	BaseDir string `json:"base_dir"`
+	Data    []byte `json:"data"`
 }
 
 // Registry holds the sandboxes a node serves. Changes are serialised: one at a
@@ -122,7 +131,7 @@ func (r *Registry) Apply(id string, data []byte, baseDir, source string) (Result
 		return Refused, problems
 	}
 	if prev != nil && prev.hash == spec.Hash() {
-		r.kept(id, data, source, prev)
+		r.kept(id, Kept{source, baseDir, data}, prev)
 		prev.source, prev.problems = source, problems
 		return Unchanged, problems
 	}
@@ -139,13 +148,13 @@ func (r *Registry) Apply(id string, data []byte, baseDir, source string) (Result
 		problems = append(problems, config.Problem{Msg: err.Error()})
 		if sb == nil && prev != nil {
 			delete(r.entries, id) // Serve closed it
-			r.kept(id, nil, "", prev)
+			r.kept(id, Kept{}, prev)
 		}
 		r.refused(r.entries[id], problems)
 		return Failed, problems
 	}
-	r.entries[id] = &entry{hash: spec.Hash(), source: source, sb: sb, problems: problems}
-	r.kept(id, data, source, prev)
+	r.entries[id] = &entry{spec: spec, hash: spec.Hash(), source: source, sb: sb, problems: problems}
+	r.kept(id, Kept{source, baseDir, data}, prev)
 	if prev == nil {
 		return Created, problems
 	}
@@ -169,41 +178,87 @@ func (r *Registry) Remove(id, source string) bool {
 		return false
 	}
 	delete(r.entries, id)
-	r.kept(id, nil, "", e)
+	r.kept(id, Kept{}, e)
 	e.sb.Close()
 	return true
 }
 
-// KeepSpecs makes k keep every spec put in force through the API, from now on.
+// KeepSpecs makes k keep every spec put in force, from now on.
 func (r *Registry) KeepSpecs(k Keeper) { r.keep = k }
 
-// Restore puts in force again the API specs the Keeper kept. One that no longer
-// validates or serves (its namespace is gone, the node's config changed) is let
-// go, with the WARN line that says why: the node agent registers it again.
+// Restore puts in force again the specs the Keeper kept, after the directory's
+// first scan: an API spec always; a file's only when its file is still there but
+// served nothing (it was refused since: the sandbox goes on with its last good
+// spec). One that no longer validates or serves (its namespace is gone, the
+// node's config changed) is let go, with the WARN line that says why: the node
+// agent registers it again.
 func (r *Registry) Restore() {
-	specs := r.keep.KeptSpecs()
-	for id, data := range specs {
-		res, problems := r.Apply(id, data, "", SourceAPI)
+	restored := 0
+	for id, k := range r.keep.KeptSpecs() {
+		if k.Source == SourceDir && !r.lastGood(id, k.BaseDir) {
+			continue
+		}
+		res, problems := r.Apply(id, k.Data, k.BaseDir, k.Source)
 		r.logApply(id, "", res, problems)
 		if res == Refused || res == Failed {
 			r.keep.ForgetSpec(id)
+			continue
 		}
+		restored++
 	}
-	if len(specs) > 0 {
-		r.log.Info().Int("sandboxes", len(specs)).Msg("sandboxes registered through the API before this worker started: registered again")
+	if restored > 0 {
+		r.log.Info().Int("sandboxes", restored).Msg("sandboxes served before this worker started: registered again")
 	}
 }
 
-// kept tells the Keeper that sandbox id serves data from source now ("" when it
-// is gone), where it served prev's before (nil when new): an API spec is kept, one
-// that a file or a removal replaced is let go.
-func (r *Registry) kept(id string, data []byte, source string, prev *entry) {
+// lastGood reports whether a kept spec file's spec is needed: its file is still
+// in dir and nothing serves id (the file's spec was refused). A file that is gone
+// took its sandbox with it.
+func (r *Registry) lastGood(id, dir string) bool {
+	r.mu.Lock()
+	_, served := r.entries[id]
+	r.mu.Unlock()
+	files, err := specFiles(dir)
+	if _, there := files[id]; err == nil && !there {
+		r.keep.ForgetSpec(id)
+	}
+	return !served && err == nil && files[id] != ""
+}
+
+// kept tells the Keeper that sandbox id serves k now (a zero k: it is gone),
+// where it served prev's before (nil when new).
+func (r *Registry) kept(id string, k Kept, prev *entry) {
 	switch {
 	case r.keep == nil:
-	case source == SourceAPI && (prev == nil || prev.source != SourceAPI || prev.hash != r.entries[id].hash):
-		r.keep.KeepSpec(id, data)
-	case source != SourceAPI && prev != nil && prev.source == SourceAPI:
+	case k.Source == "":
 		r.keep.ForgetSpec(id)
+	case prev == nil || prev.source != k.Source || prev.hash != r.entries[id].hash:
+		r.keep.KeepSpec(id, k)
+	}
+}
+
+// RenewEvery calls Renew every DirPoll until ctx ends.
+func (r *Registry) RenewEvery(ctx context.Context, stale func(Sandbox) bool) {
+	every(ctx, DirPoll, func() { r.Renew(stale) })
+}
+
+// Renew serves anew, with the spec it has, every sandbox stale reports (its
+// network namespace was made anew at the same path: its sockets are in the old
+// one). One that cannot be served anew goes on as it was, with a WARN line.
+func (r *Registry) Renew(stale func(Sandbox) bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, e := range r.entries {
+		if !stale(e.sb) {
+			continue
+		}
+		sb, err := r.host.Serve(e.spec, e.sb)
+		if err != nil {
+			r.log.Warn().Err(err).Str("sandbox", id).Msg("cannot serve the sandbox in its new network namespace; it keeps its sockets in the old one")
+			continue
+		}
+		e.sb = sb
+		r.log.Info().Str("sandbox", id).Msg("the sandbox's network namespace was made anew: it is served in the new one")
 	}
 }
 

@@ -201,43 +201,65 @@ func TestWatchDirRetries(t *testing.T) {
 }
 
 // specs is a Keeper in memory.
-type specs map[string]string
+type specs map[string]Kept
 
-func (s specs) KeepSpec(id string, data []byte) { s[id] = string(data) }
-func (s specs) ForgetSpec(id string)            { delete(s, id) }
-func (s specs) KeptSpecs() map[string][]byte {
-	out := map[string][]byte{}
-	for id, d := range s {
-		out[id] = []byte(d)
+func (s specs) KeepSpec(id string, k Kept) { s[id] = k }
+func (s specs) ForgetSpec(id string)       { delete(s, id) }
+func (s specs) KeptSpecs() map[string]Kept { return maps.Clone(s) }
+func (s specs) data() map[string]string {
+	out := map[string]string{}
+	for id, k := range s {
+		out[id] = k.Source + ":" + string(k.Data)
 	}
 	return out
 }
 
-// What the API put in force is kept; what a file or a removal replaced, a refused
-// spec never; Restore serves what was kept and lets go of what no longer validates.
+// What is put in force is kept, from either source, until it is removed; a
+// refused spec never. Restore serves the kept API specs, and a file's only when
+// its file is still there but was refused (the last good one), and lets go of
+// what no longer validates or whose file is gone.
 func TestKeepSpecs(t *testing.T) {
+	dir := t.TempDir()
 	kept := specs{}
 	r := New(&host{}, 10, zerolog.Nop())
 	r.KeepSpecs(kept)
 	r.Apply("a", []byte("ok a"), "", SourceAPI)
 	r.Apply("a", []byte("bad"), "", SourceAPI)
 	r.Apply("b", []byte("ok b"), "", SourceAPI)
-	r.Apply("b", []byte("ok b file"), "/dir", SourceDir)
-	r.Apply("c", []byte("ok c"), "/dir", SourceDir)
+	r.Apply("b", []byte("ok b file"), dir, SourceDir)
+	r.Apply("c", []byte("ok c"), dir, SourceDir)
+	r.Apply("c", []byte("bad"), dir, SourceDir)
 	r.Apply("d", []byte("ok d"), "", SourceAPI)
 	r.Remove("d", "")
-	if want := (specs{"a": "ok a"}); !maps.Equal(kept, want) {
-		t.Fatalf("kept %v, want %v", kept, want)
+	r.Apply("e", []byte("ok e"), dir, SourceDir)
+	want := map[string]string{"a": "api:ok a", "b": "dir:ok b file", "c": "dir:ok c", "e": "dir:ok e"}
+	if got := kept.data(); !maps.Equal(got, want) {
+		t.Fatalf("kept %v, want %v", got, want)
 	}
 
-	kept["e"] = "bad"
+	// The next process: b's file serves it again, c's file is refused (its last
+	// good spec is restored), e's file is gone, f's kept spec no longer validates.
+	for name, data := range map[string]string{"b.json": "ok b file", "c.json": "bad"} {
+		os.WriteFile(filepath.Join(dir, name), []byte(data), 0o600)
+	}
+	kept["f"] = Kept{Source: SourceAPI, Data: []byte("bad")}
 	next := New(&host{}, 10, zerolog.Nop())
 	next.KeepSpecs(kept)
+	next.ScanDir(dir)
 	next.Restore()
-	if ids := next.IDs(); !slices.Equal(ids, []string{"a"}) {
-		t.Errorf("restored %v, want [a]", ids)
+	if ids := next.IDs(); !slices.Equal(ids, []string{"a", "b", "c"}) {
+		t.Errorf("serving %v, want [a b c]", ids)
 	}
-	if want := (specs{"a": "ok a"}); !maps.Equal(kept, want) {
-		t.Errorf("kept %v after Restore, want %v: a spec that no longer validates is let go", kept, want)
+	if info, _ := next.Get("c"); info.Source != SourceDir || info.SpecHash != hashOf("ok c") {
+		t.Errorf("c: %+v, want its last good spec from the directory", info)
 	}
+	want = map[string]string{"a": "api:ok a", "b": "dir:ok b file", "c": "dir:ok c"}
+	if got := kept.data(); !maps.Equal(got, want) {
+		t.Errorf("kept %v after Restore, want %v", got, want)
+	}
+}
+
+func hashOf(data string) string {
+	sum := sha256.Sum256([]byte(data))
+	return hex.EncodeToString(sum[:])
 }

@@ -3,11 +3,15 @@ package node_test
 import (
 	"net"
 	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/egressd/egressd/internal/netns"
+	"github.com/egressd/egressd/internal/node"
 )
 
 // A worker's death frees no sandbox's port and forgets no registration: the
@@ -125,4 +129,69 @@ func bindIn(name, addr string) error {
 		}
 		return ln.Close()
 	})
+}
+
+// A sandbox's port is never free, whatever happens to its spec: renaming a
+// listener keeps the very socket (a squatter in the sandbox never binds it); a
+// spec file refused since, across a worker's death, keeps the last good spec and
+// its sockets; a namespace made anew at the same path is served in the new one.
+func TestNodeSocketsNeverFree(t *testing.T) {
+	w := newWorld(t)
+	addSandbox(t, "sbx-s")
+	file := filepath.Join(w.dir, "sandboxes.d", "sbx-s.json")
+	good := spec("sbx-s", "", "a.test+key")
+	writeSpec(t, file, good)
+	w.waitRegistered(t, "sbx-s", 5*time.Second)
+	addr := "127.0.0.1:" + transparentPort
+
+	squatted := make(chan string, 1)
+	stop := make(chan struct{})
+	go squat("sbx-s", addr, stop, squatted)
+	renamed := strings.Replace(good, `"name": "transparent"`, `"name": "redirected"`, 1)
+	writeSpec(t, file, renamed)
+	w.waitListener(t, "sbx-s", "redirected")
+	if status, reason := w.curl(t, "sbx-s", "a.test"); status != "200" {
+		t.Errorf("after the rename: %s %s", status, reason)
+	}
+
+	writeSpec(t, file, `{"netns": "/run/netns/sbx-s", "listeners": []}`)
+	time.Sleep(2 * node.DirPoll) // the refused file is read and logged
+	first := w.e.ServingPid()
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	w.waitNewWorker(t, first)
+	close(stop)
+	if s := <-squatted; s != "" {
+		t.Errorf("a process in the sandbox bound its port: %s", s)
+	}
+	w.waitListener(t, "sbx-s", "redirected")
+	if status, reason := w.curl(t, "sbx-s", "a.test"); status != "200" {
+		t.Errorf("the last good spec after a worker's death: %s %s", status, reason)
+	}
+
+	exec.Command("ip", "netns", "del", "sbx-s").Run()
+	addSandbox(t, "sbx-s")
+	for deadline := time.Now().Add(5 * time.Second); bindIn("sbx-s", addr) == nil; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the namespace made anew was not served within 5s")
+		}
+	}
+	if status, reason := w.curl(t, "sbx-s", "a.test"); status != "200" {
+		t.Errorf("in the namespace made anew: %s %s", status, reason)
+	}
+}
+
+// waitListener waits until sandbox id serves a listener called name.
+func (w *world) waitListener(t *testing.T, id, name string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		code, info := w.get(t, id)
+		if l, _ := info["listeners"].(map[string]any); code == http.StatusOK && l[name] != nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s serves no listener %q after 10s: %d %v", id, name, code, info)
+		}
+	}
 }
