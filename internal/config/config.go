@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/egressd/egressd/internal/allowlist"
@@ -139,6 +140,18 @@ type Listener struct {
 	// RedirectGateway (a DNAT from the sandbox's own namespace: never loopback),
 	// or "" (unsaid: a loopback address is then warned about).
 	Redirect string
+	// PeerUIDs, when set, admits only connections whose process runs as one of
+	// these users (read from the kernel's socket table: a loopback listener's
+	// peers are this host's processes); the others are closed at accept. A node's
+	// sandbox and its agent runtime share a namespace: this is how a role: hooks
+	// listener there is the runtime's alone.
+	PeerUIDs []uint32
+}
+
+// Equal reports whether l and o are the same listener, every field equal.
+func (l Listener) Equal(o Listener) bool {
+	return l.Name == o.Name && l.Address == o.Address && l.Mode == o.Mode && l.Role == o.Role &&
+		l.Redirect == o.Redirect && slices.Equal(l.PeerUIDs, o.PeerUIDs)
 }
 
 // Values of Listener.Redirect.

@@ -40,11 +40,12 @@ type rawNode struct {
 }
 
 type rawListener struct {
-	Name     string `yaml:"name"`
-	Address  string `yaml:"address"`
-	Mode     string `yaml:"mode"`
-	Role     string `yaml:"role"`
-	Redirect string `yaml:"redirect"`
+	Name     string   `yaml:"name"`
+	Address  string   `yaml:"address"`
+	Mode     string   `yaml:"mode"`
+	Role     string   `yaml:"role"`
+	Redirect string   `yaml:"redirect"`
+	PeerUIDs []uint32 `yaml:"peer_uids"`
 }
 
 type rawAdmin struct {

@@ -114,6 +114,7 @@ func ParseSandbox(node *Config, id string, data []byte, baseDir string) (*Sandbo
 	cfg.baseDir = node.baseDir
 	cfg.raw = raw
 	netns := sandboxNetns(spec.Netns, ps)
+	sandboxHooksListeners(cfg, netns, ps)
 	cfg.Rules = sandboxPolicy(spec.Environment.node, cfg, ps)
 	ps.list = append(ps.list[:decoded], slices.DeleteFunc(ps.list[decoded:], func(p Problem) bool { return !specProblem(p, node) })...)
 	if err := ps.err(); err != nil {
@@ -209,6 +210,23 @@ func sandboxCredentials(node *Config, r rawSandboxCredentials, id string, ps *pr
 		c.Vault.KVPrefix = expand(node.Credentials.Vault.KVPrefix)
 	}
 	return c
+}
+
+// sandboxHooksListeners refuses a role: hooks listener inside the sandbox's own
+// namespace that admits everyone: every process of the sandbox reaches it, and
+// with hooks.identify: listener its traffic would be taken for the runtime's hook
+// calls (signed as such, and never refused for memory).
+func sandboxHooksListeners(cfg *Config, netns string, ps *problems) {
+	if netns == "" || cfg.Hooks.Identify != IdentifyListener {
+		return
+	}
+	for i, l := range cfg.Listeners {
+		if l.Role == RoleHooks && l.PeerUIDs == nil {
+			ps.errorf(indexPath("listeners", i)+".peer_uids", "a role: hooks listener inside the sandbox's netns is reachable by every "+
+				"process of the sandbox: set peer_uids to the agent runtime's UID, so no other process's traffic is taken for its hook calls "+
+				"(or use hooks.identify: runtime_auth)")
+		}
+	}
 }
 
 // sandboxNetns checks the spec's network namespace path.

@@ -148,3 +148,26 @@ credentials:
 		t.Errorf("own prefix: %v %+v", err, sb)
 	}
 }
+
+// A role: hooks listener inside the sandbox's netns must name the runtime's UID:
+// every process of the sandbox reaches it. peer_uids needs a loopback listener.
+func TestSandboxHooksListenerPeers(t *testing.T) {
+	node := parseNode(t, testNode)
+	spec := func(hooks string) string {
+		return `netns: /run/netns/a
+listeners:
+  - {name: t, address: "127.0.0.1:15002", mode: transparent}
+  - ` + hooks + `
+environment: {network: {allowlist: [{domain: a.test}]}}
+`
+	}
+	_, err := ParseSandbox(node, "a", []byte(spec(`{name: h, address: "127.0.0.1:15003", role: hooks}`)), "")
+	wantProblems(t, err, "listeners[1].peer_uids: a role: hooks listener inside the sandbox's netns is reachable by every process")
+	if _, err := ParseSandbox(node, "a", []byte(spec(`{name: h, address: "127.0.0.1:15003", role: hooks, peer_uids: [1001]}`)), ""); err != nil {
+		t.Errorf("with peer_uids: %v", err)
+	}
+	_, err = ParseSandbox(node, "a", []byte(spec(`{name: h, address: "10.0.0.1:15003", role: hooks, peer_uids: [1001]}`)), "")
+	wantProblems(t, err, "listeners[1].peer_uids: only a loopback listener's peers")
+	_, err = ParseSandbox(node, "a", []byte(spec(`{name: h, address: "127.0.0.1:15003", role: hooks, peer_uids: [-1]}`)), "")
+	wantProblems(t, err, "listeners[1].peer_uids[0]: expected an integer")
+}

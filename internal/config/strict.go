@@ -78,7 +78,7 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 		if s, ok := d.str(n, path); ok {
 			v.SetString(s)
 		}
-	case reflect.Int, reflect.Int64:
+	case reflect.Int, reflect.Int64, reflect.Uint32:
 		d.integer(n, v, path)
 	case reflect.Bool:
 		d.boolean(n, v, path)

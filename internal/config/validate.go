@@ -139,7 +139,23 @@ func (v *validator) listener(r rawListener, path string) Listener {
 	}
 	l.Address, _ = v.addrPort(r.Address, path+".address", DefaultListenerAddress, true)
 	l.Redirect = v.redirect(r, l, path)
+	l.PeerUIDs = v.peerUIDs(r, l, path)
 	return l
+}
+
+// peerUIDs checks a listener's peer_uids: only a loopback listener's peers are
+// this host's processes, whose users the kernel knows.
+func (v *validator) peerUIDs(r rawListener, l Listener, path string) []uint32 {
+	switch {
+	case r.PeerUIDs == nil:
+		return nil
+	case len(r.PeerUIDs) == 0:
+		v.ps.errorf(path+".peer_uids", "empty: it would admit no connection; list the agent runtime's UID, or drop the key")
+	case l.Address.IsValid() && !l.Address.Addr().IsLoopback():
+		v.ps.errorf(path+".peer_uids", "only a loopback listener's peers are processes of this host, whose users egressd can read; "+
+			"listen on 127.0.0.1 (inside the sandbox's netns) or drop peer_uids")
+	}
+	return slices.Clone(r.PeerUIDs)
 }
 
 // admin parses admin.address ("" turns the admin listener off) and

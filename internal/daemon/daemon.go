@@ -149,7 +149,10 @@ func (d *Daemon) Start(l *Loaded) error {
 	}
 	d.errc = make(chan error, socks.Len()+1)
 	for _, lc := range l.Cfg.Listeners {
-		ln := socks.Get(sockets.TCP, listenerSocket(lc.Name)).Listener()
+		ln, err := admitPeers(socks.Get(sockets.TCP, listenerSocket(lc.Name)).Listener(), "", lc, d.log)
+		if err != nil {
+			return err
+		}
 		d.srv.InitMetrics(lc)
 		d.serving = append(d.serving, ln)
 		go func() { d.errc <- d.srv.Serve(ln, lc) }()

@@ -152,6 +152,9 @@ func (s *sandbox) open(l *Loaded) error {
 			return err
 		}
 		s.lns = append(s.lns, ln)
+		if s.lns[len(s.lns)-1], err = admitPeers(ln, l.Netns, lc, s.log); err != nil {
+			return err
+		}
 		s.bound[lc.Name] = ln.Addr().String()
 	}
 	if l.Cfg.DNS.Listen == "" {
@@ -282,7 +285,7 @@ func (s *sandbox) sameSockets(l *Loaded) bool {
 	defer s.mu.Unlock()
 	cur := s.l.Cfg
 	ns, err := nsIdentity(l.Netns)
-	return err == nil && ns == s.ns && slices.Equal(cur.Listeners, l.Cfg.Listeners) && cur.DNS == l.Cfg.DNS &&
+	return err == nil && ns == s.ns && slices.EqualFunc(cur.Listeners, l.Cfg.Listeners, config.Listener.Equal) && cur.DNS == l.Cfg.DNS &&
 		cur.Limits.MaxConnections == l.Cfg.Limits.MaxConnections
 }
 

@@ -10,6 +10,10 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/rs/zerolog"
+
+	"github.com/egressd/egressd/internal/config"
+	"github.com/egressd/egressd/internal/peeruid"
 	"github.com/egressd/egressd/internal/sockets"
 )
 
@@ -192,4 +196,19 @@ func listenUnix(path, key string) (net.Listener, error) {
 		return nil, fmt.Errorf("%s: %w", key, err)
 	}
 	return ln, nil
+}
+
+// admitPeers returns ln, or, when lc names peer_uids, ln admitting only the
+// connections of processes running as one of them (package peeruid), looked up in
+// the namespace at netnsPath ("" for egressd's own). On an error ln is left open:
+// the caller closes it with the rest.
+func admitPeers(ln net.Listener, netnsPath string, lc config.Listener, log zerolog.Logger) (net.Listener, error) {
+	if lc.PeerUIDs == nil {
+		return ln, nil
+	}
+	w, err := peeruid.Wrap(ln, netnsPath, lc.PeerUIDs, lc.Name, log)
+	if err != nil {
+		return ln, err
+	}
+	return w, nil
 }

@@ -284,7 +284,7 @@ func restartKeys(running, next *config.Config) []string {
 		diff("listeners", true)
 	} else {
 		for i, lc := range running.Listeners {
-			diff(fmt.Sprintf("listeners[%d]", i), lc != next.Listeners[i])
+			diff(fmt.Sprintf("listeners[%d]", i), !lc.Equal(next.Listeners[i]))
 		}
 	}
 	ra, na := running.Admin, next.Admin

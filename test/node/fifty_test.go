@@ -85,7 +85,7 @@ func fiftySpec(id string, plain, hooks bool) string {
 func withListeners(id, spec string) string {
 	return fmt.Sprintf(`{"netns": "/run/netns/%s",
  "listeners": [{"name": "transparent", "address": "127.0.0.1:%s", "mode": "transparent"},
-               {"name": "hooks", "address": "127.0.0.1:15003", "mode": "proxy", "role": "hooks"}], `, id, transparentPort) + strings.TrimPrefix(spec, "{")
+               {"name": "hooks", "address": "127.0.0.1:15003", "mode": "proxy", "role": "hooks", "peer_uids": [0]}], `, id, transparentPort) + strings.TrimPrefix(spec, "{")
 }
 
 // makeFifty makes the namespaces and registers the sandboxes, four at a time.

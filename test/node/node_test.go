@@ -80,7 +80,7 @@ func (w *world) drain(t *testing.T) {
 // runtime, a DNS guard, its policy with an inline hooks.json, its own credentials.
 var specA = `{"netns": "/run/netns/sbx-a",
  "listeners": [{"name": "transparent", "address": "127.0.0.1:` + transparentPort + `", "mode": "transparent"},
-               {"name": "hooks", "address": "127.0.0.1:15003", "mode": "proxy", "role": "hooks"}],
+               {"name": "hooks", "address": "127.0.0.1:15003", "mode": "proxy", "role": "hooks", "peer_uids": [0]}],
  "dns": {"listen": "127.0.0.1:15053"},
  "environment": {"network": {"allowlist": [{"domain": "a.test", "credential": "key"}, {"domain": "c.test"}]},
    "env": {"TOKEN": {"credential": "ph"}},
@@ -318,9 +318,17 @@ func (w *world) hookClaim(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), `"allow"`) {
 		t.Fatalf("the hook call: %v %s", err, out)
 	}
+	// The same call from the sandbox's code (another UID than the runtime's, the
+	// listener's peer_uids) is closed at accept: no hook call, nothing signed.
+	forged, err := exec.Command("ip", "netns", "exec", "sbx-a", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+		"curl", "-s", "-k", "-m", "10", "-x", "http://127.0.0.1:15003", "-H", "Content-Type: application/json",
+		"-d", `{"tool_name": "bash"}`, "https://a.test/hook").CombinedOutput()
+	if err == nil {
+		t.Errorf("a hook call from the sandbox's UID was answered: %s", forged)
+	}
 	calls := w.up.hookCalls()
 	if len(calls) != 1 {
-		t.Fatalf("the endpoint saw %d hook calls, want 1", len(calls))
+		t.Fatalf("the endpoint saw %d hook calls, want 1 (the runtime's)", len(calls))
 	}
 	for _, sb := range []string{"sbx-a", "sbx-b"} {
 		v, err := hookauth.NewVerifier(hookauth.Options{Audience: "https://a.test", Sandbox: sb,

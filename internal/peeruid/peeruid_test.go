@@ -1,0 +1,79 @@
+package peeruid
+
+import (
+	"net"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+const nobody = 65534
+
+// Only peers running as one of the UIDs are accepted; a connection whose
+// process closed it before egressd looked (its socket then kept by the kernel
+// alone, and once in TIME_WAIT its UID reads 0) is refused, whoever made it.
+func TestAcceptsByUID(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		uids   []uint32
+		as     int    // the connecting process's UID; -1: this process
+		script string // after connecting on fd 3
+		admit  bool
+	}{
+		{"this process, admitted", []uint32{0}, -1, "", true},
+		{"this process, not among them", []uint32{nobody}, -1, "", false},
+		{"nobody, admitted", []uint32{nobody}, nobody, "sleep 3", true},
+		{"nobody, not among them", []uint32{0}, nobody, "sleep 3", false},
+		{"nobody, closed before the look", []uint32{nobody}, nobody, "echo forged >&3; exec 3>&-", false},
+		{"nobody, closed, as uid 0", []uint32{0}, nobody, "echo forged >&3; exec 3>&-", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			inner, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln, err := Wrap(inner, "", c.uids, "hooks", zerolog.Nop())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			port := strconv.Itoa(inner.Addr().(*net.TCPAddr).Port)
+			if c.as < 0 {
+				conn, err := net.Dial("tcp", inner.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close()
+			} else {
+				cmd := exec.Command("bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/"+port+"; "+c.script)
+				cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(c.as), Gid: uint32(c.as)}}
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				defer func() { cmd.Process.Kill(); cmd.Wait() }()
+				if c.script != "sleep 3" {
+					cmd.Wait() // the process has closed its end
+				}
+			}
+			if got := admits(t, ln); got != c.admit {
+				t.Errorf("admitted %v, want %v", got, c.admit)
+			}
+		})
+	}
+}
+
+// admits reports whether ln's Accept returns a connection within a second.
+func admits(t *testing.T, ln *Listener) bool {
+	t.Helper()
+	ln.Listener.(*net.TCPListener).SetDeadline(time.Now().Add(time.Second))
+	c, err := ln.Accept()
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
