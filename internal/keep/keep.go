@@ -1,6 +1,6 @@
 // Package keep lets a worker leave descriptors in its supervising parent's
 // keeping, so that they outlive the worker: the sockets node mode opens inside
-// sandboxes' network namespaces and the specs registered through the node API. A
+// sandboxes' network namespaces and the sandbox specs in force. A
 // new worker takes back what its predecessor left, so a worker's death leaves no
 // moment in which a sandbox's port is free for a process inside it to bind, and no
 // registration is forgotten. docs/node.md ("Restarts") is the user's view.

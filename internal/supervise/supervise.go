@@ -11,8 +11,8 @@
 // once it is ready, drains the old one: an upgrade with the same sockets.
 //
 // In node mode the parent also keeps what each worker leaves with it (package
-// keep): the sockets opened inside sandboxes' namespaces and the specs registered
-// through the node API, so that a worker's death frees no sandbox's port and
+// keep): the sockets opened inside sandboxes' namespaces and the sandbox specs in
+// force, so that a worker's death frees no sandbox's port and
 // forgets no registration.
 //
 // The parent parses no request and holds no secret: it reads the config only for
