@@ -96,8 +96,8 @@ func New(cfgPath string, log zerolog.Logger, m *metrics.Metrics) *Daemon {
 func (d *Daemon) UseSockets(set *sockets.Set) { d.inherited = set }
 
 // UseKeeper makes node mode leave with the supervising parent (k) the sockets it
-// opens in sandboxes' namespaces, the node API's socket and the specs registered
-// through it, and take back at start what a previous worker left: a worker's death
+// opens in sandboxes' namespaces, the node API's socket and the sandbox specs in
+// force, and take back at start what a previous worker left: a worker's death
 // then frees no sandbox's port and forgets no registration.
 func (d *Daemon) UseKeeper(k *keep.Keeper) { d.keep = k }
 
