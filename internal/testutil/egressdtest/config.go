@@ -30,11 +30,12 @@ type Config struct {
 
 // Listener is one listeners[] item.
 type Listener struct {
-	Name     string `yaml:"name"`
-	Address  string `yaml:"address"`
-	Mode     string `yaml:"mode,omitempty"`
-	Role     string `yaml:"role,omitempty"`
-	Redirect string `yaml:"redirect,omitempty"`
+	Name     string   `yaml:"name"`
+	Address  string   `yaml:"address"`
+	Mode     string   `yaml:"mode,omitempty"`
+	Role     string   `yaml:"role,omitempty"`
+	Redirect string   `yaml:"redirect,omitempty"`
+	PeerUIDs []uint32 `yaml:"peer_uids,omitempty"`
 }
 
 // Admin is the admin listener. Address "" leaves egressd's default.
