@@ -225,3 +225,43 @@ func TestFetchAfterStart(t *testing.T) {
 		t.Errorf("another key on the same address: %v, want EADDRINUSE", err)
 	}
 }
+
+// Before Prune, a socket taken from the parent that a failed start claimed and
+// released waits unclaimed for what comes next (a last good spec); Prune then
+// lets it go.
+func TestReleaseBeforePrune(t *testing.T) {
+	s := NewStore()
+	defer s.Close()
+	k1 := worker(t, s)
+	ln, err := Listen(k1, "sock/a", func() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	waitKept(t, s, 1)
+	die(k1, ln)
+	k2 := worker(t, s)
+	if err := k2.Take(); err != nil {
+		t.Fatal(err)
+	}
+	taken := func() net.Listener {
+		ln, err := Listen(k2, "sock/a", func() (net.Listener, error) { return nil, errors.New("opened anew, not taken") })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ln
+	}
+	failed := taken() // a start that fails lets go of what it took
+	failed.Close()
+	k2.Release("sock/a")
+	if _, err := net.Listen("tcp", addr); !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("after a failed start released it: %v, want the socket still held", err)
+	}
+	restored := taken()
+	restored.Close()
+	k2.Release("sock/a")
+	if gone := k2.Prune(); len(gone) != 1 {
+		t.Errorf("pruned %v, want the released socket", gone)
+	}
+	mustBind(t, addr)
+}

@@ -21,15 +21,17 @@ const replyTimeout = 30 * time.Second
 // Keeper is a worker's side. A nil *Keeper (no supervising parent: egressd run
 // --no-supervise) keeps nothing: Listen and ListenPacket only open.
 type Keeper struct {
-	mu   sync.Mutex
-	l    *link
-	kept map[string]*entry
+	mu     sync.Mutex
+	l      *link
+	kept   map[string]*entry
+	pruned bool // Prune ran: what is taken from the parent and unclaimed is let go
 }
 
 // entry is one descriptor the parent keeps, with this worker's own copy.
 type entry struct {
-	fd   int
-	refs int // how many users have it; 0: taken from the parent, not claimed yet
+	fd    int
+	refs  int  // how many users have it; 0: taken from the parent, not claimed yet
+	taken bool // taken from the parent (Take)
 }
 
 // Worker returns this process's Keeper when its supervising parent passed one
@@ -84,7 +86,7 @@ func (k *Keeper) receive(op byte, key string) error {
 		case op == opEnd:
 			return nil
 		case op == opHold && fd >= 0:
-			k.replace(key, &entry{fd: fd})
+			k.replace(key, &entry{fd: fd, taken: true})
 		default:
 			closeFD(fd)
 		}
@@ -193,7 +195,10 @@ func (k *Keeper) Release(key string) {
 	if e == nil {
 		return
 	}
-	if e.refs--; e.refs <= 0 {
+	// Before Prune, a socket taken from the parent waits unclaimed, whatever a
+	// start that failed did with it: a last good spec restored after it (a file
+	// that can no longer be served, say) serves it.
+	if e.refs--; e.refs <= 0 && (k.pruned || !e.taken) {
 		k.dropLocked(key)
 	}
 }
@@ -216,6 +221,7 @@ func (k *Keeper) Prune() []string {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.pruned = true
 	var gone []string
 	for key, e := range k.kept {
 		if e.refs == 0 {

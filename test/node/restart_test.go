@@ -1,10 +1,12 @@
 package node_test
 
 import (
+	"fmt"
 	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -147,20 +149,24 @@ func TestNodeSocketsNeverFree(t *testing.T) {
 	squatted := make(chan string, 1)
 	stop := make(chan struct{})
 	go squat("sbx-s", addr, stop, squatted)
+	first := listenInode(t, "sbx-s", transparentPort)
 	renamed := strings.Replace(good, `"name": "transparent"`, `"name": "redirected"`, 1)
 	writeSpec(t, file, renamed)
 	w.waitListener(t, "sbx-s", "redirected")
+	if got := listenInode(t, "sbx-s", transparentPort); got != first {
+		t.Errorf("renaming the listener changed its socket (inode %s, then %s)", first, got)
+	}
 	if status, reason := w.curl(t, "sbx-s", "a.test"); status != "200" {
 		t.Errorf("after the rename: %s %s", status, reason)
 	}
 
 	writeSpec(t, file, `{"netns": "/run/netns/sbx-s", "listeners": []}`)
 	time.Sleep(2 * node.DirPoll) // the refused file is read and logged
-	first := w.e.ServingPid()
-	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+	worker := w.e.ServingPid()
+	if err := syscall.Kill(worker, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	w.waitNewWorker(t, first)
+	w.waitNewWorker(t, worker)
 	close(stop)
 	if s := <-squatted; s != "" {
 		t.Errorf("a process in the sandbox bound its port: %s", s)
@@ -169,6 +175,36 @@ func TestNodeSocketsNeverFree(t *testing.T) {
 	if status, reason := w.curl(t, "sbx-s", "a.test"); status != "200" {
 		t.Errorf("the last good spec after a worker's death: %s %s", status, reason)
 	}
+
+	// A spec file the node cannot serve (a port the sandbox's code holds) keeps
+	// the last good spec, across a worker's death too.
+	held, err := netns.Listen("/run/netns/sbx-s", "tcp", "127.0.0.1:16001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (the port it cannot have last: the start claims the others first)
+	writeSpec(t, file, strings.Replace(renamed, `"mode": "transparent"}]`, `"mode": "transparent"}, {"name": "taken", "address": "127.0.0.1:16001"}]`, 1))
+	time.Sleep(2 * node.DirPoll)
+	stop, squatted = make(chan struct{}), make(chan string, 1)
+	go squat("sbx-s", addr, stop, squatted)
+	before := listenInode(t, "sbx-s", transparentPort)
+	second := w.e.ServingPid()
+	if err := syscall.Kill(second, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	w.waitNewWorker(t, second)
+	w.waitListener(t, "sbx-s", "redirected")
+	close(stop)
+	if s := <-squatted; s != "" {
+		t.Errorf("with an unservable spec file, a worker's death freed the port: %s", s)
+	}
+	if status, reason := w.curl(t, "sbx-s", "a.test"); status != "200" {
+		t.Errorf("the last good spec after an unservable file and a worker's death: %s %s", status, reason)
+	}
+	if after := listenInode(t, "sbx-s", transparentPort); after != before {
+		t.Errorf("the listening socket changed (inode %s, then %s): the port was free for a moment", before, after)
+	}
+	held.Close()
 
 	exec.Command("ip", "netns", "del", "sbx-s").Run()
 	addSandbox(t, "sbx-s")
@@ -194,4 +230,24 @@ func (w *world) waitListener(t *testing.T, id, name string) {
 			t.Fatalf("%s serves no listener %q after 10s: %d %v", id, name, code, info)
 		}
 	}
+}
+
+// listenInode is the inode of the socket listening on 127.0.0.1:port in sandbox
+// name: the same inode is the very same socket.
+func listenInode(t *testing.T, name, port string) string {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", name, "cat", "/proc/net/tcp").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := strconv.Atoi(port)
+	local := fmt.Sprintf("0100007F:%04X", p)
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 9 && f[1] == local && f[3] == "0A" {
+			return f[9]
+		}
+	}
+	t.Fatalf("nothing listens on 127.0.0.1:%s in %s", port, name)
+	return ""
 }
