@@ -1,7 +1,9 @@
 // Package peeruid admits a loopback listener's connections by the user the
 // connecting process runs as, read from the kernel's socket table (sock_diag,
-// through vishvananda/netlink) in the listener's network namespace: what
-// SO_PEERCRED is for a Unix socket. A node's sandbox and its agent runtime share a
+// over vishvananda/netlink's netlink socket) in the listener's network namespace:
+// what SO_PEERCRED is for a Unix socket. Each lookup asks for the one socket by
+// its addresses (the kernel's exact lookup, a hash probe), never a dump of the
+// namespace's sockets, so a flood of connections costs each lookup nothing. A node's sandbox and its agent runtime share a
 // namespace, so its role: hooks listener tells the runtime apart by its UID, not
 // by anything the connection says (docs/node.md).
 package peeruid
@@ -15,7 +17,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/egressd/egressd/internal/netns"
@@ -23,6 +26,9 @@ import (
 
 // tcpEstablished is TCP_ESTABLISHED in the kernel's socket states.
 const tcpEstablished = 1
+
+// lookupTimeout bounds a lookup: the kernel answers at once.
+const lookupTimeout = time.Second
 
 // warnEvery bounds the WARN lines of refused connections: one per interval per
 // listener, with the count since the last.
@@ -36,19 +42,19 @@ type Listener struct {
 	name string
 	log  zerolog.Logger
 
-	mu      sync.Mutex      // serialises lookups: one netlink socket
-	h       *netlink.Handle // nil once closed
-	refused int             // since the last WARN
-	warned  time.Time       // the last WARN
+	mu      sync.Mutex       // serialises lookups: one netlink socket
+	diag    *nl.SocketHandle // in the listener's namespace; nil once closed
+	refused int              // since the last WARN
+	warned  time.Time        // the last WARN
 }
 
 // Wrap returns ln admitting only peers that run as one of uids. ln must be a
 // loopback TCP listener opened in the network namespace at netnsPath ("" for
 // egressd's own): the lookup runs there.
 func Wrap(ln net.Listener, netnsPath string, uids []uint32, name string, log zerolog.Logger) (*Listener, error) {
-	var h *netlink.Handle
+	var sock *nl.NetlinkSocket
 	open := func() (err error) {
-		h, err = netlink.NewHandle(unix.NETLINK_INET_DIAG)
+		sock, err = nl.GetNetlinkSocketAt(vnetns.None(), vnetns.None(), unix.NETLINK_INET_DIAG)
 		return err
 	}
 	var err error
@@ -60,7 +66,12 @@ func Wrap(ln net.Listener, netnsPath string, uids []uint32, name string, log zer
 	if err != nil {
 		return nil, fmt.Errorf("listener %q: peer_uids: the kernel's socket table: %w", name, err)
 	}
-	return &Listener{Listener: ln, uids: slices.Clone(uids), name: name, log: log, h: h}, nil
+	tv := unix.NsecToTimeval(lookupTimeout.Nanoseconds())
+	if err := errors.Join(sock.SetSendTimeout(&tv), sock.SetReceiveTimeout(&tv)); err != nil {
+		sock.Close()
+		return nil, fmt.Errorf("listener %q: peer_uids: %w", name, err)
+	}
+	return &Listener{Listener: ln, uids: slices.Clone(uids), name: name, log: log, diag: &nl.SocketHandle{Socket: sock}}, nil
 }
 
 // Accept returns the next connection whose peer runs as one of the UIDs.
@@ -83,23 +94,33 @@ func (l *Listener) Accept() (net.Conn, error) {
 // closed and kept only by the kernel (its UID then reads 0).
 var errNotLive = errors.New("the peer's socket is not an established connection of a live process")
 
-// peer is the UID of the process at c's other end: the socket whose source is
-// c's remote address and whose destination is c's local one.
+// peer is the UID of the process at c's other end: the socket whose local
+// address is c's remote one and whose remote address is c's local one.
 func (l *Listener) peer(c net.Conn) (uint32, error) {
+	local, lok := c.RemoteAddr().(*net.TCPAddr)
+	remote, rok := c.LocalAddr().(*net.TCPAddr)
+	if !lok || !rok {
+		return 0, errors.New("not a TCP connection")
+	}
+	req, err := exactRequest(local, remote)
+	if err != nil {
+		return 0, err
+	}
 	l.mu.Lock()
-	if l.h == nil {
+	if l.diag == nil {
 		l.mu.Unlock()
 		return 0, net.ErrClosed
 	}
-	s, err := l.h.SocketGet(c.RemoteAddr(), c.LocalAddr())
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_INET_DIAG: l.diag}
+	msgs, err := req.Execute(unix.NETLINK_INET_DIAG, nl.SOCK_DIAG_BY_FAMILY)
 	l.mu.Unlock()
-	switch {
-	case err != nil:
+	if err != nil {
 		return 0, err
-	case s.INode == 0 || s.State != tcpEstablished:
-		return s.UID, errNotLive
 	}
-	return s.UID, nil
+	if len(msgs) != 1 {
+		return 0, fmt.Errorf("sock_diag: %d answers", len(msgs))
+	}
+	return parseDiag(msgs[0])
 }
 
 // refuse logs a refused connection: at most one WARN per warnEvery, with the
@@ -123,9 +144,9 @@ func (l *Listener) refuse(uid uint32, err error) {
 func (l *Listener) Close() error {
 	err := l.Listener.Close()
 	l.mu.Lock()
-	if l.h != nil {
-		l.h.Close()
-		l.h = nil
+	if l.diag != nil {
+		l.diag.Socket.Close()
+		l.diag = nil
 	}
 	l.mu.Unlock()
 	return err

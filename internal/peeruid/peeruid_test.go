@@ -1,6 +1,8 @@
 package peeruid
 
 import (
+	"bufio"
+	"fmt"
 	"net"
 	"os/exec"
 	"strconv"
@@ -76,4 +78,60 @@ func admits(t *testing.T, ln *Listener) bool {
 	}
 	c.Close()
 	return true
+}
+
+// A flood from another user (connections held open, thousands of them, as fast
+// as a sandbox's code can make them) delays an admitted peer's connection by no
+// more than it takes to turn the flood away: each lookup is one socket's, not a
+// walk of every socket the flood holds.
+func TestFloodTurnedAwayQuickly(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := Wrap(inner, "", []uint32{0}, "hooks", zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const flood = 4000
+	script := fmt.Sprintf(`import socket, sys, time
+held = []
+for _ in range(%d):
+    s = socket.socket()
+    s.connect(("127.0.0.1", %d))
+    held.append(s)
+print("ready", flush=True)
+time.sleep(30)`, flood, inner.Addr().(*net.TCPAddr).Port)
+	cmd := exec.Command("/usr/bin/python3", "-c", script) // the system one: another user may run it
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+		t.Fatalf("the flood: %v", err)
+	}
+	// The flood waits in the backlog, the runtime's connection behind it.
+	start := time.Now()
+	runtime, err := net.Dial("tcp", inner.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer runtime.Close()
+	accepted := make(chan time.Time, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- time.Now()
+			c.Close()
+		}
+	}()
+	select {
+	case at := <-accepted:
+		t.Logf("the admitted peer's connection accepted %v after it connected, behind %d refused", at.Sub(start), flood)
+	case <-time.After(3 * time.Second):
+		t.Fatalf("the admitted peer's connection still waits 3s behind %d refused", flood)
+	}
 }
