@@ -398,6 +398,9 @@ func (d *Daemon) startNode(n config.Node) error {
 		cancel()
 		return err
 	}
+	if d.keep != nil {
+		d.registry.KeepSpecs(specKeeper{d.keep, d.log})
+	}
 	if n.SandboxesDir != "" {
 		go d.registry.ScanDir(n.SandboxesDir).Watch(ctx)
 	}
@@ -405,7 +408,6 @@ func (d *Daemon) startNode(n config.Node) error {
 	// is served, a process in it could bind the ports its traffic is sent to.
 	go d.registry.RenewEvery(ctx, func(sb node.Sandbox) bool { return sb.(*sandbox).nsChanged() })
 	if d.keep != nil {
-		d.registry.KeepSpecs(specKeeper{d.keep, d.log})
 		d.registry.Restore()
 		if gone := d.keep.Prune(); len(gone) > 0 {
 			d.log.Info().Int("released", len(gone)).Msg("let go of what the previous worker left for sandboxes no longer registered")

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"slices"
@@ -76,6 +77,9 @@ func (w *DirWatch) scan() {
 			continue
 		}
 		w.seen[id] = sum
+		if w.r.isBuried(id, hex.EncodeToString(sum[:])) {
+			continue // the API removed what this very file put in force
+		}
 		res, problems := w.r.Apply(id, data, w.dir, SourceDir)
 		w.r.logApply(id, file, res, problems)
 		delete(w.retry, id)
@@ -87,6 +91,7 @@ func (w *DirWatch) scan() {
 		if _, ok := files[id]; !ok {
 			delete(w.seen, id)
 			delete(w.retry, id)
+			w.r.unbury(id)
 			if w.r.Remove(id, SourceDir) {
 				w.r.log.Info().Str("sandbox", id).Msg("sandbox removed: its spec file is gone")
 			}

@@ -98,6 +98,11 @@ type Registry struct {
 	log  zerolog.Logger
 	keep Keeper // nil: nothing kept
 
+	// buried holds, by ID, the spec hash of each sandbox a spec file put in force
+	// that the API removed: its file, unchanged, does not bring it back, in this
+	// process or the next (the Keeper keeps the record).
+	buried map[string]string
+
 	mu      sync.Mutex
 	entries map[string]*entry
 }
@@ -154,6 +159,7 @@ func (r *Registry) Apply(id string, data []byte, baseDir, source string) (Result
 		return Failed, problems
 	}
 	r.entries[id] = &entry{spec: spec, hash: spec.Hash(), source: source, sb: sb, problems: problems}
+	delete(r.buried, id)
 	r.kept(id, Kept{source, baseDir, data}, prev)
 	if prev == nil {
 		return Created, problems
@@ -179,12 +185,65 @@ func (r *Registry) Remove(id, source string) bool {
 	}
 	delete(r.entries, id)
 	r.kept(id, Kept{}, e)
+	if source == "" && e.source == SourceDir {
+		r.bury(id, e.hash)
+	}
 	e.sb.Close()
 	return true
 }
 
-// KeepSpecs makes k keep every spec put in force, from now on.
-func (r *Registry) KeepSpecs(k Keeper) { r.keep = k }
+// sourceBuried marks a kept record that is no spec: the hash of a spec file
+// whose sandbox the API removed.
+const sourceBuried = "buried"
+
+// bury remembers that the API removed the sandbox spec file hash put in force.
+func (r *Registry) bury(id, hash string) {
+	if r.buried == nil {
+		r.buried = map[string]string{}
+	}
+	r.buried[id] = hash
+	if r.keep != nil {
+		r.keep.KeepSpec(id, Kept{Source: sourceBuried, Data: []byte(hash)})
+	}
+}
+
+// isBuried reports whether a spec file for id with this hash stays unapplied:
+// the API removed the sandbox it put in force, and the file has not changed.
+func (r *Registry) isBuried(id, hash string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h, ok := r.buried[id]
+	return ok && h == hash
+}
+
+// unbury forgets id's record: its file is gone.
+func (r *Registry) unbury(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.buried[id]; ok {
+		delete(r.buried, id)
+		if r.keep != nil {
+			r.keep.ForgetSpec(id)
+		}
+	}
+}
+
+// KeepSpecs makes k keep every spec put in force, from now on, and takes back
+// the records of spec files whose sandboxes the API removed. Call it before the
+// directory's first scan.
+func (r *Registry) KeepSpecs(k Keeper) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.keep = k
+	for id, kept := range k.KeptSpecs() {
+		if kept.Source == sourceBuried {
+			if r.buried == nil {
+				r.buried = map[string]string{}
+			}
+			r.buried[id] = string(kept.Data)
+		}
+	}
+}
 
 // Restore puts in force again the specs the Keeper kept, after the directory's
 // first scan: an API spec always; a file's only when its file is still there but
@@ -195,7 +254,7 @@ func (r *Registry) KeepSpecs(k Keeper) { r.keep = k }
 func (r *Registry) Restore() {
 	restored := 0
 	for id, k := range r.keep.KeptSpecs() {
-		if k.Source == SourceDir && !r.lastGood(id, k.BaseDir) {
+		if k.Source == sourceBuried || k.Source == SourceDir && !r.lastGood(id, k.BaseDir) {
 			continue
 		}
 		res, problems := r.Apply(id, k.Data, k.BaseDir, k.Source)

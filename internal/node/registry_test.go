@@ -263,3 +263,37 @@ func hashOf(data string) string {
 	sum := sha256.Sum256([]byte(data))
 	return hex.EncodeToString(sum[:])
 }
+
+// A sandbox its spec file put in force and the API removed stays removed while
+// the file is unchanged, in the next process too; a changed file brings it back,
+// and a removed file takes the record with it.
+func TestAPIRemovalOfAFileSandbox(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "a.json")
+	os.WriteFile(file, []byte("ok a"), 0o600)
+	kept := specs{}
+	r := New(&host{}, 10, zerolog.Nop())
+	r.KeepSpecs(kept)
+	r.ScanDir(dir)
+	if !r.Remove("a", "") {
+		t.Fatal("DELETE removed nothing")
+	}
+	next := New(&host{}, 10, zerolog.Nop())
+	next.KeepSpecs(kept)
+	w := next.ScanDir(dir)
+	next.Restore()
+	if ids := next.IDs(); len(ids) != 0 {
+		t.Fatalf("the next process serves %v: the unchanged file brought back what the API removed", ids)
+	}
+	os.WriteFile(file, []byte("ok a, changed"), 0o600)
+	w.scan()
+	if ids := next.IDs(); !slices.Equal(ids, []string{"a"}) {
+		t.Fatalf("after the file changed: %v, want [a]", ids)
+	}
+	next.Remove("a", "")
+	os.Remove(file)
+	w.scan()
+	if len(kept) != 0 {
+		t.Errorf("kept %v after the file is gone, want nothing", kept.data())
+	}
+}
