@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"syscall"
@@ -14,6 +15,20 @@ import (
 )
 
 const nobody = 65534
+
+// TestMain skips the package where a process of another user cannot be started
+// (not root), unless make test asks for every namespace test to run.
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("EGRESSD_REQUIRE_NETNS") != "" {
+			fmt.Fprintln(os.Stderr, "peeruid: these tests run processes as another user: run them as root")
+			os.Exit(1)
+		}
+		fmt.Println("SKIP: peeruid's tests run processes as another user, which needs root")
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 
 // Only peers running as one of the UIDs are accepted; a connection whose
 // process closed it before egressd looked (its socket then kept by the kernel
