@@ -35,7 +35,10 @@ func TestRunWorkerRestarted(t *testing.T) {
 	if err := syscall.Kill(worker, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	// At once, while the worker is dead or restarting: the parent's socket takes it.
+	// Once the worker is dead (a connection its last moment accepted would die
+	// with it, as docs/configuration.md says), while the next one may still be
+	// starting: the parent's socket takes it.
+	egressdtest.WaitDead(t, worker)
 	nc, err := net.DialTimeout("tcp", d.Proxy, time.Second)
 	if err != nil {
 		t.Fatalf("a connection right after the worker was killed: %v, want it to wait in the backlog", err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/egressd/egressd/internal/netns"
 	"github.com/egressd/egressd/internal/node"
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
 )
 
 // A worker's death frees no sandbox's port and forgets no registration: the
@@ -40,6 +41,7 @@ func TestNodeWorkerRestart(t *testing.T) {
 	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	egressdtest.WaitDead(t, first) // a connection its last moment accepted would die with it
 	during := make(chan string, 1)
 	go func() { status, _ := w.curl(t, "sbx-r", "a.test"); during <- status }()
 	second := w.waitNewWorker(t, first)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -134,4 +135,20 @@ func (e *Egressd) OutputTail(n int) string {
 		return ""
 	}
 	return "; egressd said:\n" + string(b)
+}
+
+// WaitDead waits until process pid has exited (a zombie its parent has yet to
+// reap, or gone), so its descriptors are closed: a connection made afterwards
+// can no longer be accepted by it and die with it.
+func WaitDead(t testing.TB, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil || strings.Contains(string(b), ") Z ") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d still runs 5s after it was killed", pid)
+		}
+	}
 }
