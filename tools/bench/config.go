@@ -84,6 +84,10 @@ func benchConfig(up *upstream, dnsAddr string, vault *egressdtest.Credentials, m
 	return cfg, files
 }
 
+// benchMaxConnections is egressd's limits.max_connections: above the most
+// clients a run may have, since the bench measures the request path, not the limit.
+const benchMaxConnections = 2 * maxClients
+
 // portNum is the port of a host:port address (0 when it has none).
 func portNum(addr string) int {
 	ap, err := netip.ParseAddrPort(addr)

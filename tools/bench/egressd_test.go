@@ -92,7 +92,7 @@ func TestConfigNamesOnlyLoopback(t *testing.T) {
 	for _, want := range []string{
 		"ports: [1080, 1443]", "address: 127.0.0.1:0", "unsafe_allow_cidrs: [127.0.0.0/8]", "level: info",
 		"resolver: 127.0.0.1:5353", "domain: inject.bench.test", "X-Bench-Injected: bench-transform-value",
-		"domain: cred.bench.test", "credential: bench-cred", "intercept: auto", "max_connections: 30000",
+		"domain: cred.bench.test", "credential: bench-cred", "intercept: auto", "max_connections: 8192",
 	} {
 		if !strings.Contains(y, want) {
 			t.Errorf("config lacks %q:\n%s", want, y)

@@ -51,7 +51,6 @@ type options struct {
 	rounds           int
 	paths            []pathSpec
 	json, keep       bool
-	idleTunnels      int
 	peers            []peerKind // nil with -peers off
 	args             []string   // as given
 }
@@ -106,7 +105,6 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.rounds, "rounds", 1, "direct/egressd run pairs per path, alternated; the report gives the median ratio")
 	fs.StringVar(&paths, "paths", defaultPaths, "comma-separated paths to measure: "+strings.Join(pathNames(), ", "))
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON")
-	fs.IntVar(&o.idleTunnels, "idle-tunnels", defaultIdleTunnels, fmt.Sprintf("idle CONNECT tunnels the %s path opens (1 to %d)", idlePathName, maxIdleTunnels))
 	fs.StringVar(&peers, "peers", peersDefault, "peer proxies measured beside egressd on the paths they can carry ("+strings.Join(names(peerKinds, peerKind.key), ", ")+"), built by "+peersScript+" from the repository root; \""+scriptOff+"\" measures none")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temp dir (egressd config and log) and print its path")
 	fs.Usage = func() {
@@ -148,8 +146,6 @@ func (o options) validate() error {
 		return fmt.Errorf("-size %d: want 0 to %d", o.size, maxSize)
 	case o.rounds < 1 || o.rounds > maxRounds:
 		return fmt.Errorf("-rounds %d: want 1 to %d", o.rounds, maxRounds)
-	case o.idleTunnels < 1 || o.idleTunnels > maxIdleTunnels:
-		return fmt.Errorf("-idle-tunnels %d: want 1 to %d", o.idleTunnels, maxIdleTunnels)
 	}
 	if _, err := os.Stat(o.egressd); err != nil {
 		return fmt.Errorf("-egressd: %w (run make build first)", err)
@@ -218,7 +214,6 @@ func startWorld(ctx context.Context, env *pathEnv) (stop func(), err error) {
 		return stop, fmt.Errorf("DNS stub: %w", err)
 	}
 	stops = append(stops, func() { env.dns.Close() })
-	prepareIdleTunnels(o) // before egressd, which inherits the fd limit
 	cfg, files := benchConfig(up, env.dns.Addr, nil, benchMaxConnections)
 	if env.e, err = startEgressd(ctx, o.egressd, env.dir, cfg, files); err != nil {
 		return stop, fmt.Errorf("egressd: %w", err)

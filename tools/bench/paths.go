@@ -109,7 +109,6 @@ var paths = []pathSpec{
 	hookPathSpec(),
 	transparentPathSpec(),
 	nodePathSpec(),
-	idlePathSpec(), // not in defaultPaths: make bench-idle
 }
 
 // vaultPath is the credential path through a second egressd whose token comes

@@ -60,7 +60,6 @@ type pathResult struct {
 	// Problems are failed checks of what reached the far side.
 	Problems []string       `json:"problems,omitempty"`
 	Attack   *attackSummary `json:"attack,omitempty"`
-	Idle     *idleResult    `json:"idle_tunnels,omitempty"`
 	Node     *nodeSummary   `json:"node,omitempty"`
 	// Peers are the peers' rows, in -peers order; NotApplicable: the peer does
 	// not intercept, so it has no figures on this path.
@@ -158,8 +157,7 @@ func ratioRange(rounds []roundResult) (lo, hi float64) {
 // failed reports whether anything went wrong that the numbers alone hide.
 func (r *report) failed() bool {
 	for _, p := range r.Paths {
-		if p.Direct.Errors > 0 || p.Egressd.Errors > 0 || p.Egressd.CPUError != "" || len(p.Log.Unexpected) > 0 || len(p.Problems) > 0 ||
-			(p.Idle != nil && len(p.Idle.Problems) > 0) {
+		if p.Direct.Errors > 0 || p.Egressd.Errors > 0 || p.Egressd.CPUError != "" || len(p.Log.Unexpected) > 0 || len(p.Problems) > 0 {
 			return true
 		}
 	}

@@ -33,7 +33,6 @@ func (r *report) writeText(w io.Writer) error {
 	}
 	r.writePeers(w)
 	r.writeNotes(w)
-	r.writeIdle(w)
 	r.writeNode(w)
 	if err := r.writeDetails(w); err != nil {
 		return err
@@ -86,8 +85,6 @@ func (r *report) writeMain(w io.Writer) error {
 	t.row("path", "direct req/s", via+" req/s", "ratio", "ratio min-max", "direct p50/p99", via+" p50/p99", via+" CPU µs/req", via+" VmHWM")
 	for _, p := range r.Paths {
 		switch {
-		case p.Idle != nil:
-			t.row(p.Path, "idle: below", "-", "-", "-", "-", "-", "-", mib(p.PeakRSSBytes))
 		case p.Skipped != "":
 			t.row(p.Path, "skipped", "-", "-", "-", "-", "-", "-", "-")
 		default:
@@ -254,7 +251,7 @@ func (r *report) writeDetails(w io.Writer) error {
 	pw := r.pathWidth()
 	fmt.Fprintf(tw, "%-*s\t%-7s\trequests\terrors\tclient conns\tupstream conns\tupstream reqs\tinjected\tmean\tmax\tegressd egress lines\tallowed 200\tleaf hit/miss\tDNS queries\t\n", pw, "path", "run")
 	for _, p := range r.Paths {
-		if p.Skipped != "" || p.Idle != nil {
+		if p.Skipped != "" {
 			continue
 		}
 		for _, run := range p.namedRuns() {
@@ -363,6 +360,8 @@ func mib(b int64) string {
 	}
 	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
 }
+
+func kib(b float64) string { return fmt.Sprintf("%.1f KiB", b/1024) }
 
 // verdict says whether a goal was met.
 func verdict(ok bool) string {
