@@ -2,7 +2,6 @@ package daemon_test
 
 import (
 	"bufio"
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -25,6 +24,7 @@ import (
 	"github.com/egressd/egressd/internal/daemon"
 	"github.com/egressd/egressd/internal/metrics"
 	"github.com/egressd/egressd/internal/testutil/dnsstub"
+	"github.com/egressd/egressd/internal/testutil/egressdtest"
 	"github.com/egressd/egressd/internal/testutil/netns"
 	"github.com/egressd/egressd/internal/testutil/syncbuf"
 	"github.com/egressd/egressd/internal/testutil/testpki"
@@ -36,7 +36,7 @@ import (
 type nodeWorld struct {
 	dir   string
 	m     *metrics.Metrics
-	api   *http.Client
+	api   *egressdtest.NodeAPI
 	roots *x509.CertPool // the upstream's CA and egressd's
 	up    *testpki.CA
 }
@@ -94,10 +94,7 @@ func startNode(t *testing.T, limits string) *nodeWorld {
 	}
 	t.Cleanup(d.Close)
 	socket := filepath.Join(w.dir, "run", "node.sock")
-	w.api = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", socket)
-		}}}
+	w.api = egressdtest.NewNodeAPI(socket)
 	caPEM, err := os.ReadFile(filepath.Join(w.dir, "state", "ca.pem"))
 	if err != nil {
 		t.Fatal(err)
@@ -119,15 +116,9 @@ const shareSpec = `{"listeners": [{"name": "proxy", "address": "127.0.0.1:0"},
 // register puts spec for id and returns its bound listeners.
 func (w *nodeWorld) register(t *testing.T, id, spec string) map[string]string {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPut, "http://node/v1/sandboxes/"+id, strings.NewReader(spec))
-	resp, err := w.api.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("PUT %s: %d %s", id, resp.StatusCode, body)
+	code, body, err := w.api.Do(http.MethodPut, id, spec)
+	if err != nil || code != http.StatusCreated {
+		t.Fatalf("PUT %s: %d %s %v", id, code, body, err)
 	}
 	var st struct {
 		Listeners map[string]string `json:"listeners"`
@@ -139,12 +130,11 @@ func (w *nodeWorld) register(t *testing.T, id, spec string) map[string]string {
 // status decodes GET /v1/sandboxes/{id} into v.
 func (w *nodeWorld) status(t *testing.T, id string, v any) {
 	t.Helper()
-	resp, err := w.api.Get("http://node/v1/sandboxes/" + id)
-	if err != nil {
-		t.Fatal(err)
+	_, body, err := w.api.Do(http.MethodGet, id, "")
+	if err == nil {
+		err = json.Unmarshal(body, v)
 	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
 }

@@ -82,13 +82,10 @@ func startVault(t *testing.T, ca *testpki.CA) *vaultdev.Server {
 
 func vaultClient(t *testing.T, v *vaultdev.Server) *api.Client {
 	t.Helper()
-	cfg := api.DefaultConfig()
-	cfg.Address = v.Addr
-	c, err := api.NewClient(cfg)
+	c, err := v.Client()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.SetToken(v.RootToken)
 	return c
 }
 

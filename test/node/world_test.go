@@ -2,7 +2,6 @@ package node_test
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -146,7 +145,7 @@ type world struct {
 	dir     string
 	socket  string
 	bundle  string // the CA bundle the sandboxes trust: egressd's CA and the upstream's
-	api     *http.Client
+	api     *egressdtest.NodeAPI
 	secrets map[string]string // credential file name -> its secret
 }
 
@@ -193,10 +192,7 @@ func newWorldWith(t *testing.T, creds string, hosts []string, extra map[string]s
 		LoopbackOnly: true, ProxyListener: "node_api", Wait: egressdtest.WaitReady})
 	t.Cleanup(func() { w.stop(t) })
 	w.socket = filepath.Join(w.dir, "run", "node.sock")
-	w.api = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", w.socket)
-		}}}
+	w.api = egressdtest.NewNodeAPI(w.socket)
 	w.bundle = w.writeBundle(t)
 	return w
 }
@@ -255,36 +251,30 @@ func spec(netnsName, creds string, allow ...string) string {
 // put registers spec for sandbox id through the API and returns the status.
 func (w *world) put(t *testing.T, id, spec string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPut, "http://node/v1/sandboxes/"+id, strings.NewReader(spec))
-	return w.do(t, req)
+	return w.do(t, http.MethodPut, id, spec)
 }
 
 func (w *world) del(t *testing.T, id string) int {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodDelete, "http://node/v1/sandboxes/"+id, nil)
-	code, _ := w.do(t, req)
+	code, _ := w.do(t, http.MethodDelete, id, "")
 	return code
 }
 
 func (w *world) get(t *testing.T, id string) (int, map[string]any) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, "http://node/v1/sandboxes/"+id, nil)
-	code, body := w.do(t, req)
+	code, body := w.do(t, http.MethodGet, id, "")
 	var v map[string]any
 	json.Unmarshal([]byte(body), &v)
 	return code, v
 }
 
-func (w *world) do(t *testing.T, req *http.Request) (int, string) {
+func (w *world) do(t *testing.T, method, id, body string) (int, string) {
 	t.Helper()
-	resp, err := w.api.Do(req)
+	code, b, err := w.api.Do(method, id, body)
 	if err != nil {
-		t.Fatalf("%s %s: %v", req.Method, req.URL.Path, err)
+		t.Fatalf("%s %s: %v", method, id, err)
 	}
-	defer resp.Body.Close()
-	var b bytes.Buffer
-	b.ReadFrom(resp.Body)
-	return resp.StatusCode, b.String()
+	return code, string(b)
 }
 
 // addSandbox makes network namespace name (sandboxCommands) with the REDIRECT

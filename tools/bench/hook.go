@@ -37,7 +37,6 @@ const (
 	hookVerifyEvery = 1024
 	hookMaxBody     = 64 << 10
 	envBench        = "env_bench" // the env claim of every assertion
-
 )
 
 var hookAllow = []byte(hookAllowBody)
@@ -160,9 +159,8 @@ func hookPathSpec() pathSpec {
 // the hook row, the intercept-post row (both sharing the direct runs) and the
 // hook-attack row.
 func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
-	w, e, lo := env.w, env.e, env.o.load()
-	hs := w.up.hook
-	if err := hs.trust(e); err != nil {
+	w, hs := env.w, env.w.up.hook
+	if err := hs.trust(env.e); err != nil {
 		return nil, err
 	}
 	direct := target{url: hs.url(hookURLPath), dialAddr: hs.addr, roots: w.up.roots,
@@ -172,17 +170,14 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 	other := call
 	other.url = hs.url(hookOtherPath)
 	injects := transformHeader + " (transform)"
-	rows := []*row{newRow("hook", hookPathSpec().desc, injects+" and "+hookauth.HeaderName+" (signed)"),
-		newRow(hookOtherRow, fmt.Sprintf("the hook row's POSTs to https://%s:<port>%s: the same entry and transform, but no hook URL, so intercepted and forwarded as any request (the hook row's direct runs)", hookHost, hookOtherPath), injects)}
-	runDirect := func(round int) (runResult, error) {
-		d, c, _, err := hookRun(ctx, hs, e, direct, lo, nil)
-		for _, r := range rows {
-			r.res.Problems = append(r.res.Problems, hookProblems(hookDirect, c, 0, runLabel("direct", round, env.o.rounds))...)
-		}
+	var dc counts // the last direct run's, checked with each row's run
+	hook := newRow("hook", hookPathSpec().desc, injects+" and "+hookauth.HeaderName+" (signed)")
+	post := newRow(hookOtherRow, fmt.Sprintf("the hook row's POSTs to https://%s:<port>%s: the same entry and transform, but no hook URL, so intercepted and forwarded as any request (the hook row's direct runs)", hookHost, hookOtherPath), injects)
+	rows := []*row{hookRow(ctx, env, &dc, call, hookCall, hook), hookRow(ctx, env, &dc, other, hookOther, post)}
+	runDirect := func(int) (d runResult, err error) {
+		d, dc, err = hs.run(ctx, direct, env.o.load(), nil)
 		return d, err
 	}
-	hookRow(ctx, env, rows[0], call, hookCall)
-	hookRow(ctx, env, rows[1], other, hookOther)
 	if err := runRounds(env, runDirect, rows, nil); err != nil {
 		return nil, err
 	}
@@ -193,40 +188,42 @@ func measureHook(ctx context.Context, env pathEnv) ([]pathResult, error) {
 	return append(finishAll(rows), attacked), nil
 }
 
-// hookRow makes r's runs t through egressd, checked as kind.
-func hookRow(ctx context.Context, env pathEnv, r *row, t target, kind int) {
+// hookRow is r with runs of t through egressd, checked as kind, each after a
+// direct run whose counts *direct holds, with the endpoint's first assertion
+// sampled and egressd's allowed hook calls (/metrics) counted.
+func hookRow(ctx context.Context, env pathEnv, direct *counts, t target, kind int, r *row) *row {
 	var c counts
-	var allows int64
+	var allows int64 // -1 when /metrics could not be read
 	hs := env.w.up.hook
 	r.e = env.e
 	r.run = func(cpu cpuFunc) (x runResult, err error) {
-		x, c, allows, err = hookRun(ctx, hs, env.e, t, env.o.load(), cpu)
+		hs.sampleNext.Store(true)
+		before, beforeErr := hookAllows(env.e)
+		x, c, err = hs.run(ctx, t, env.o.load(), cpu)
+		allows = -1
+		if after, err := hookAllows(env.e); err == nil && beforeErr == nil {
+			allows = after - before
+		}
 		return x, err
 	}
 	r.check = func(round int, _ runResult, _ *viaRun) []string {
-		ps := hookProblems(kind, c, allows, runLabel("egressd", round, env.o.rounds))
+		ps := hookProblems(hookDirect, *direct, 0, runLabel("direct", round, env.o.rounds))
+		ps = append(ps, hookProblems(kind, c, allows, runLabel("egressd", round, env.o.rounds))...)
 		if msg := hs.firstErr.Load(); c[cRefused] > 0 && msg != nil {
 			ps = append(ps, "first refusal: "+*msg)
 		}
 		return ps
 	}
+	return r
 }
 
-// hookRun runs t with the endpoint's first assertion sampled, and returns what
-// the endpoint counted and how much egressd's allowed hook calls grew (-1 when
-// /metrics could not be read).
-func hookRun(ctx context.Context, hs *hookServer, e *egressd, t target, lo loadOptions, cpu cpuFunc) (runResult, counts, int64, error) {
-	hs.sampleNext.Store(true)
-	allowBefore, allowErr := hookAllows(e)
-	before := hs.counts()
+// run is runLoad of t with what the endpoint counted of it.
+func (h *hookServer) run(ctx context.Context, t target, lo loadOptions, cpu cpuFunc) (runResult, counts, error) {
+	before := h.counts()
 	r, err := runLoad(ctx, t, lo, cpu)
-	c := hs.counts().sub(before)
+	c := h.counts().sub(before)
 	r.fill(c)
-	allows := int64(-1)
-	if allowAfter, err := hookAllows(e); err == nil && allowErr == nil {
-		allows = allowAfter - allowBefore
-	}
-	return r, c, allows, err
+	return r, c, err
 }
 
 // Kinds of hook-path runs, for hookProblems.

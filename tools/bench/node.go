@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
@@ -63,7 +61,7 @@ func nodePathSpec() pathSpec {
 // nodeEgressd is a node egressd and a client of its API socket.
 type nodeEgressd struct {
 	*egressd
-	api *http.Client
+	api *egressdtest.NodeAPI
 }
 
 // nodeConfig is benchConfig's but for its listeners, policy and hooks: a node's
@@ -82,11 +80,7 @@ func startNode(ctx context.Context, env pathEnv, name string) (*nodeEgressd, err
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	sock := filepath.Join(dir, nodeSocket)
-	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-	}
-	return &nodeEgressd{egressd: e, api: &http.Client{Timeout: requestTimeout, Transport: &http.Transport{DialContext: dial}}}, nil
+	return &nodeEgressd{egressd: e, api: egressdtest.NewNodeAPI(filepath.Join(dir, nodeSocket))}, nil
 }
 
 // nodeSpec is sandbox i's spec: a proxy listener on its own loopback address and
@@ -105,20 +99,11 @@ func nodeSpec(up *upstream, i, variant int) string {
 // call makes one API request and returns its body and how long it took; want
 // is the status it must answer.
 func (n *nodeEgressd) call(method, id, body string, want ...int) ([]byte, time.Duration, error) {
-	req, err := http.NewRequest(method, "http://node/v1/sandboxes/"+id, strings.NewReader(body))
-	if err != nil {
-		return nil, 0, err
-	}
 	t0 := time.Now()
-	resp, err := n.api.Do(req)
-	if err != nil {
-		return nil, 0, err
-	}
-	b, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	code, b, err := n.api.Do(method, id, body)
 	took := time.Since(t0)
-	if err == nil && !slices.Contains(want, resp.StatusCode) {
-		err = fmt.Errorf("%s %s: %d: %s", method, id, resp.StatusCode, truncate(string(b), 300))
+	if err == nil && !slices.Contains(want, code) {
+		err = fmt.Errorf("%s %s: %d: %s", method, id, code, truncate(string(b), 300))
 	}
 	return b, took, err
 }
@@ -141,19 +126,6 @@ func (n *nodeEgressd) apiOp(k int, up *upstream, id string, i int) (time.Duratio
 func (n *nodeEgressd) register(up *upstream, id string, i, variant int) (time.Duration, error) {
 	_, took, err := n.call(http.MethodPut, id, nodeSpec(up, i, variant), http.StatusCreated, http.StatusOK)
 	return took, err
-}
-
-// probeAddr is the probe sandbox's listener address, from GET /v1/sandboxes/probe.
-func (n *nodeEgressd) probeAddr() (string, error) {
-	var info struct{ Listeners map[string]string }
-	b, _, err := n.call(http.MethodGet, nodeProbe, "", http.StatusOK)
-	if err == nil {
-		err = json.Unmarshal(b, &info)
-	}
-	if addr := info.Listeners["sbx"]; err == nil && loopbackOnly(addr) != nil {
-		err = fmt.Errorf("the probe sandbox's listener is %q", addr)
-	}
-	return info.Listeners["sbx"], err
 }
 
 // measureNode runs the node rows: memory and API times while filling the large
@@ -306,9 +278,18 @@ func nodeRows(ctx context.Context, env pathEnv, one, many *nodeEgressd, sum *nod
 // nodePath is what the node rows send: the credential path's GETs.
 var nodePath = interceptPath("", credentialHost, injectCredential, peersNone, target{}, "")
 
-// probeWorld is w through the probe sandbox's listener.
+// probeWorld is w through the probe sandbox's listener, whose address GET
+// /v1/sandboxes/probe tells.
 func (n *nodeEgressd) probeWorld(w *world) (*world, error) {
-	addr, err := n.probeAddr()
+	var info struct{ Listeners map[string]string }
+	b, _, err := n.call(http.MethodGet, nodeProbe, "", http.StatusOK)
+	if err == nil {
+		err = json.Unmarshal(b, &info)
+	}
+	addr := info.Listeners["sbx"]
+	if err == nil && loopbackOnly(addr) != nil {
+		err = fmt.Errorf("the probe sandbox's listener is %q", addr)
+	}
 	if err != nil {
 		return nil, err
 	}

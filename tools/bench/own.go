@@ -14,7 +14,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
-	vault "github.com/hashicorp/vault/api"
 
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
 	"github.com/egressd/egressd/internal/testutil/vaultdev"
@@ -102,11 +101,8 @@ func vaultSetup(ctx context.Context, env pathEnv) (ownSetup, error) {
 	s := ownSetup{stop: srv.Stop}
 	s.cfg, s.files = benchConfig(env.w.up, env.dns.Addr, vaultCredentials(srv.Addr, "vault-token"), benchMaxConnections)
 	s.files["vault-token"] = srv.RootToken + "\n"
-	cfg := vault.DefaultConfig()
-	cfg.Address, cfg.HttpClient = srv.Addr, &http.Client{Transport: &http.Transport{}, Timeout: 5 * time.Second} // no environment proxy
-	c, err := vault.NewClient(cfg)
+	c, err := srv.Client()
 	if err == nil {
-		c.SetToken(srv.RootToken)
 		_, err = c.KVv2("secret").Put(ctx, vaultKVPrefix+"/"+credentialID, map[string]any{"token": vaultCredentialToken})
 	}
 	return s, err

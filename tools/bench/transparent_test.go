@@ -60,7 +60,7 @@ func TestInsideRefusesHostNamespace(t *testing.T) {
 		t.Skip("this test runs in a namespace with only lo")
 	}
 	t.Setenv(envBenchNetns, "1")
-	if _, err := measureTransparent(context.Background(), pathEnv{}); err == nil || !strings.Contains(err.Error(), "not a namespace of the bench's own") {
-		t.Errorf("measureTransparent in the host's namespace: %v", err)
+	if _, err := measureTransparentInside(context.Background(), pathEnv{}); err == nil || !strings.Contains(err.Error(), "outside the loopback-only namespace") {
+		t.Errorf("measureTransparentInside in the host's namespace: %v", err)
 	}
 }

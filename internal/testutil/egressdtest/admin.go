@@ -25,11 +25,15 @@ var adminClient = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: 
 
 // unixClient talks to the admin listener on the Unix socket at path.
 func unixClient(path string) *http.Client {
-	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
+	return &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: dialUnix(path), DisableKeepAlives: true}, Timeout: adminTimeout}
+}
+
+// dialUnix dials the Unix socket at path whatever address it is asked for.
+func dialUnix(path string) func(ctx context.Context, _, _ string) (net.Conn, error) {
+	return func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", path)
 	}
-	return &http.Client{Transport: &http.Transport{Proxy: nil, DialContext: dial, DisableKeepAlives: true}, Timeout: adminTimeout}
 }
 
 // healthPaths are served by the health listener when there is one.

@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -17,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/hashicorp/vault/api"
 
 	"github.com/egressd/egressd/internal/testutil/proc"
 )
@@ -50,6 +53,18 @@ type Server struct {
 	LogPath   string // its stderr
 
 	p *proc.Proc
+}
+
+// Client is a client of s's HTTP API with the root token; it never uses the
+// environment's proxy.
+func (s *Server) Client() (*api.Client, error) {
+	cfg := api.DefaultConfig()
+	cfg.Address, cfg.HttpClient = s.Addr, &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}
+	c, err := api.NewClient(cfg)
+	if err == nil {
+		c.SetToken(s.RootToken)
+	}
+	return c, err
 }
 
 // Start runs bin on 127.0.0.1:0 at logLevel ("warn", "error"), with its ready file
