@@ -66,7 +66,11 @@ func measureHookUnderAttack(ctx context.Context, env pathEnv) (pathResult, error
 	defer ae.stop()
 	sum := &attackSummary{MaxConnections: attackMaxConnections}
 	held := holdTunnels(ctx, caller.Proxy, env.w.up, env.o.size, attackMaxConnections)
-	defer held.close()
+	defer func() {
+		for _, tr := range held {
+			tr.CloseIdleConnections()
+		}
+	}()
 	sum.Held = int64(len(held))
 	hs := env.w.up.hook
 	before := hs.counts()
@@ -202,23 +206,15 @@ func startAttackEgressd(ctx context.Context, env pathEnv) (*egressd, hookflood.C
 	return ae, c, err
 }
 
-// tunnels are idle CONNECT tunnels: each a transport holding its one connection.
-type tunnels []*http.Transport
-
-func (ts tunnels) close() {
-	for _, tr := range ts {
-		tr.CloseIdleConnections()
-	}
-}
-
 // holdTunnels opens up to n CONNECT tunnels through the proxy at proxyAddr to
 // the upstream's TLS port, each with a TLS handshake and one GET through it
 // (the upstream closes a TLS connection that sent no request, never an idle
-// keep-alive one), and leaves them open; it stops at the first that fails,
-// which the row reports as fewer held.
-func holdTunnels(ctx context.Context, proxyAddr string, up *upstream, size, n int) tunnels {
+// keep-alive one), and leaves them open, each a transport holding its one
+// connection; it stops at the first that fails, which the row reports as
+// fewer held.
+func holdTunnels(ctx context.Context, proxyAddr string, up *upstream, size, n int) []*http.Transport {
 	t := target{url: "https://" + localhostAddr(up.tlsAddr) + "/", proxy: "http://" + proxyAddr, roots: up.roots, check: expectSize(size)}
-	var held tunnels
+	var held []*http.Transport
 	for range n {
 		c, err := newClient(ctx, t, new(atomic.Int64))
 		if err == nil {
