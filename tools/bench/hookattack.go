@@ -72,10 +72,7 @@ func measureHookUnderAttack(ctx context.Context, env pathEnv) (pathResult, error
 		}
 	}()
 	sum.Held = int64(len(held))
-	hs := env.w.up.hook
-	before := hs.counts()
-	idle, _ := realCalls(ctx, caller, floodFor-2*floodSettle, nil)
-	idle.fill(hs.counts().sub(before))
+	idle, _ := realCalls(ctx, env.w.up.hook, caller, floodFor-2*floodSettle, nil)
 	fl, err := hookflood.Start("", hookflood.Options{Proxy: caller.Proxy, Host: hookHost, Port: caller.Port, Path: hookURLPath,
 		Rate: floodRate, For: floodFor, Hold: floodHold, MaxOpen: floodOpen})
 	if err != nil {
@@ -84,9 +81,8 @@ func measureHookUnderAttack(ctx context.Context, env pathEnv) (pathResult, error
 	defer fl.Stop()
 	time.Sleep(floodSettle)
 	sum.ProbeStatus, sum.ProbeReason = probeOrdinary(caller.Proxy, localhostAddr(env.w.up.httpAddr))
-	before = hs.counts()
 	x, err := measureVia(ae, env.dns, func(cpu cpuFunc) (r runResult, err error) {
-		r, sum.Outcomes = realCalls(ctx, caller, floodFor-2*floodSettle-time.Second, cpu)
+		r, sum.Outcomes = realCalls(ctx, env.w.up.hook, caller, floodFor-2*floodSettle-time.Second, cpu)
 		return r, nil
 	})
 	if err == nil {
@@ -95,7 +91,6 @@ func measureHookUnderAttack(ctx context.Context, env pathEnv) (pathResult, error
 	if err != nil {
 		return pathResult{}, err
 	}
-	x.r.fill(hs.counts().sub(before))
 	sum.NotAnswered = x.r.Errors
 	return sum.row(idle, x, ae), nil
 }
@@ -130,10 +125,11 @@ func (s *attackSummary) row(idle runResult, x viaRun, ae *egressd) pathResult {
 
 // realCalls makes the runtime's calls one after another, callGap apart, for d,
 // and returns them as a run (a call that got no answer is an error, counted by
-// what went wrong) with the calls counted by outcome. cpu, when set, is
-// egressd's CPU time, sampled over the run.
-func realCalls(ctx context.Context, c hookflood.Caller, d time.Duration, cpu cpuFunc) (runResult, map[string]int64) {
+// what went wrong; hs's counts filled in) with the calls counted by outcome.
+// cpu, when set, is egressd's CPU time, sampled over the run.
+func realCalls(ctx context.Context, hs *hookServer, c hookflood.Caller, d time.Duration, cpu cpuFunc) (runResult, map[string]int64) {
 	var r runResult
+	before := hs.counts()
 	outcomes := map[string]int64{}
 	var cpu0 time.Duration
 	if cpu != nil {
@@ -162,6 +158,7 @@ func realCalls(ctx context.Context, c hookflood.Caller, d time.Duration, cpu cpu
 	}
 	r.ClientConns = r.Total
 	r.window(seconds)
+	r.fill(hs.counts().sub(before))
 	return r, outcomes
 }
 
