@@ -53,13 +53,18 @@ func TestAllowStandIn(t *testing.T) {
 	}
 }
 
-// TestInsideRefusesHostNamespace: the copy's measure function refuses to run
-// where lo is not the only interface, whatever the environment says.
+// TestInsideRefusesHostNamespace: where lo is not the only interface, the path
+// is not measured as the copy, whatever the environment says (here, with no
+// egressd-netns in the working directory, it is skipped), and the copy's
+// measure function refuses to run.
 func TestInsideRefusesHostNamespace(t *testing.T) {
 	if netns.Inside() {
 		t.Skip("this test runs in a namespace with only lo")
 	}
 	t.Setenv(envBenchNetns, "1")
+	if rows, err := measureTransparent(context.Background(), pathEnv{}); err != nil || len(rows) != 1 || rows[0].Skipped == "" {
+		t.Errorf("measureTransparent in the host's namespace: %+v, %v", rows, err)
+	}
 	if _, err := measureTransparentInside(context.Background(), pathEnv{}); err == nil || !strings.Contains(err.Error(), "outside the loopback-only namespace") {
 		t.Errorf("measureTransparentInside in the host's namespace: %v", err)
 	}
