@@ -28,8 +28,9 @@
 // pipe this process must drain: a stalled test cannot stall egressd's logging, and a
 // loud run costs no memory. Lines, Cursor and the waits read the log file.
 //
-// Refusal is egressd's refusal body, and FreePorts picks egressd's own ports when
-// a config must name them. The echo upstream the suites pair with this package is
+// Refusal is egressd's refusal body, FreePorts picks egressd's own ports when a
+// config must name them, and NodeAPI registers, reads and removes a node egressd's
+// sandboxes on its API socket (docs/node.md). The echo upstream the suites pair with this package is
 // internal/testutil/echo; the Vault dev server is internal/testutil/vaultdev.
 //
 // The API is shared by four suites; extend it, do not change what a name means.
