@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -72,31 +71,26 @@ func (h *hookServer) close() { h.srv.Close() }
 // url is https://hookHost:<port><path>.
 func (h *hookServer) url(path string) string { return "https://" + hostAt(hookHost, h.addr) + path }
 
-// trust makes the endpoint verify sampled assertions against e's signing key
-// (its /.well-known/jwks.json).
+// trust makes the endpoint verify sampled assertions against e's signing key,
+// which pkg/hookauth reads from e's /.well-known/jwks.json, as a policy
+// endpoint does.
 func (h *hookServer) trust(e *egressd) error {
-	var jwks json.RawMessage
-	if err := e.AdminJSON("/.well-known/jwks.json", http.StatusOK, &jwks); err != nil {
-		return fmt.Errorf("egressd's JWKS: %w", err)
-	}
-	return h.setVerifier(jwks)
+	return h.setVerifier(hookauth.Options{JWKSURL: "http://" + e.Admin + "/.well-known/jwks.json"})
 }
 
-func (h *hookServer) setVerifier(jwks []byte) error {
-	keys, err := hookauth.ParseJWKS(jwks)
-	if err != nil {
-		return fmt.Errorf("egressd's JWKS: %w", err)
-	}
-	aud, err := hookauth.Origin(h.url(hookURLPath))
-	if err != nil {
+// setVerifier makes the endpoint verify with o, for the hook URL's origin and
+// the bench's environment.
+func (h *hookServer) setVerifier(o hookauth.Options) error {
+	var err error
+	if o.Audience, err = hookauth.Origin(h.url(hookURLPath)); err != nil {
 		return err
 	}
-	v, err := hookauth.NewVerifier(hookauth.Options{Audience: aud, Env: envBench, Keys: keys})
-	if err != nil {
-		return err
+	o.Env = envBench
+	v, err := hookauth.NewVerifier(o)
+	if err == nil {
+		h.verifier.Store(v)
 	}
-	h.verifier.Store(v)
-	return nil
+	return err
 }
 
 // ServeHTTP reads the body, counts what the request carried and answers
@@ -123,7 +117,7 @@ func (h *hookServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // verify checks one assertion with pkg/hookauth, counting it verified or
 // refused; the first refusal is kept for the report.
 func (h *hookServer) verify(ctx context.Context, assertion string, body []byte) {
-	err := errors.New("no verifier: egressd's JWKS was not read")
+	err := errors.New("no verifier: the endpoint trusts no egressd")
 	if v := h.verifier.Load(); v != nil {
 		_, err = v.Verify(ctx, assertion, body)
 	}

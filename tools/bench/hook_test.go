@@ -86,7 +86,11 @@ func TestHookServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := hs.setVerifier(signer.JWKS()); err != nil {
+	keys, err := hookauth.ParseJWKS(signer.JWKS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hs.setVerifier(hookauth.Options{Keys: keys}); err != nil {
 		t.Fatal(err)
 	}
 	aud, _ := hookauth.Origin(hs.url(hookURLPath))
