@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"strings"
@@ -78,12 +76,9 @@ func (e *egressd) peakRSS() (int64, string) {
 	return n, ""
 }
 
-// metric is one series from /metrics, -1 when egressd does not export it.
+// metric is one series from /metrics, 0 when egressd does not export it.
 func (e *egressd) metric(series string) (int64, error) {
-	v, ok, err := e.Metric(series)
-	if !ok {
-		return -1, err
-	}
+	v, _, err := e.Metric(series)
 	return int64(v), err
 }
 
@@ -122,11 +117,8 @@ func (s *logSummary) merge(o logSummary) {
 	s.Allowed200 += o.Allowed200
 	s.Scrubbed += o.Scrubbed
 	addCounts(&s.Unexpected, o.Unexpected)
-	for _, ex := range o.Examples {
-		if len(s.Examples) < maxExamples {
-			s.Examples = append(s.Examples, ex)
-		}
-	}
+	s.Examples = append(s.Examples, o.Examples...)
+	s.Examples = s.Examples[:min(len(s.Examples), maxExamples)]
 }
 
 // scanLog summarises the log from offset from, once egressd has stopped
@@ -134,20 +126,11 @@ func (s *logSummary) merge(o logSummary) {
 func (e *egressd) scanLog(from int64) (logSummary, error) {
 	e.settleLog()
 	var s logSummary
-	f, err := os.Open(e.LogPath)
-	if err != nil {
-		return s, err
+	b, err := e.Cursor(from).Raw()
+	for line := range bytes.Lines(b) {
+		s.add(line)
 	}
-	defer f.Close()
-	if _, err := f.Seek(from, io.SeekStart); err != nil {
-		return s, err
-	}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		s.add(sc.Bytes())
-	}
-	return s, sc.Err()
+	return s, err
 }
 
 // settleLog waits, up to logSettle, for the log to stop growing.
