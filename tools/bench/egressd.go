@@ -216,14 +216,10 @@ func unexpectedKey(line []byte, isEgress bool) (string, bool) {
 	}
 	if isEgress {
 		k := fmt.Sprintf("%s %s: decision=%s status=%d", l.Method, l.Scheme, l.Decision, l.Status)
-		if l.Reason != "" {
-			k += " reason=" + l.Reason
-		}
-		if l.Detail != "" {
-			k += " detail=" + l.Detail
-		}
-		if l.Error != "" {
-			k += " error=" + load.ErrorKind(l.Error)
+		for _, f := range [][2]string{{"reason", l.Reason}, {"detail", l.Detail}, {"error", load.ErrorKind(l.Error)}} {
+			if f[1] != "" {
+				k += " " + f[0] + "=" + f[1]
+			}
 		}
 		return k, true
 	}

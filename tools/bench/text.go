@@ -140,12 +140,10 @@ func (r *report) writePeers(w io.Writer) {
 func (r *report) writeNotes(w io.Writer) {
 	fmt.Fprintln(w)
 	for _, p := range r.Paths {
-		if p.Skipped != "" {
+		switch {
+		case p.Skipped != "":
 			fmt.Fprintf(w, "%s: skipped: %s\n", p.Path, p.Skipped)
-		}
-	}
-	for _, p := range r.Paths {
-		if p.NewConnPerRequest {
+		case p.NewConnPerRequest:
 			fmt.Fprintf(w, "%s: a new TCP+TLS connection per request, so %s client TLS handshakes/s direct, %s through egressd (%s egressd->upstream conns over its runs); resumed: %s direct, %s through egressd\n",
 				p.Path, thousands(p.Direct.ReqPerSec), thousands(p.Egressd.ReqPerSec), thousands(float64(p.Egressd.UpstreamConns)),
 				resumedShare(p.Direct), resumedShare(p.Egressd))
