@@ -211,7 +211,7 @@ func (r *report) writeLeafNote(w io.Writer) {
 	case r.LeafCacheError != "":
 		fmt.Fprintf(w, "egressd leaf cache: unavailable (%s)\n", r.LeafCacheError)
 	case r.LeafCache != nil:
-		fmt.Fprintf(w, "egressd leaf cache (egressd_leaf_cache_total, /metrics at the end): %s hits, %s misses; per path: the details' leaf hit/miss\n",
+		fmt.Fprintf(w, "egressd leaf cache (egressd_leaf_cache_total, /metrics at the end): %s hits, %s misses; per path in the details' leaf hit/miss column\n",
 			thousands(float64(r.LeafCache.Hit)), thousands(float64(r.LeafCache.Miss)))
 	}
 }
