@@ -84,10 +84,9 @@ func (r *report) writeMain(w io.Writer) error {
 	}
 	t.row("path", "direct req/s", via+" req/s", "ratio", "ratio min-max", "direct p50/p99", via+" p50/p99", via+" CPU µs/req", via+" VmHWM")
 	for _, p := range r.Paths {
-		switch {
-		case p.Skipped != "":
+		if p.Skipped != "" {
 			t.row(p.Path, "skipped", "-", "-", "-", "-", "-", "-", "-")
-		default:
+		} else {
 			t.figures(p.Path, thousands(p.Direct.ReqPerSec), p.Egressd, p.Ratio, p.CPUPerReqUS, p.Rounds, latencies(p.Direct), p.PeakRSSBytes)
 		}
 		for _, pr := range p.Peers { // "—": it does not intercept; reasons under the table
