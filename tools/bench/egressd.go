@@ -67,13 +67,10 @@ func (e *egressd) stop() string {
 // cpuTime is egressd's CPU time so far (user + system).
 func (e *egressd) cpuTime() (time.Duration, error) { return procfs.CPU(e.ServingPid()) }
 
-// peakRSS is VmHWM, the resident set's high-water mark over the whole run.
-func (e *egressd) peakRSS() (int64, string) {
-	n, err := procfs.PeakRSS(e.ServingPid())
-	if err != nil {
-		return 0, err.Error()
-	}
-	return n, ""
+// peakRSS is VmHWM, the resident set's high-water mark so far (0 when unreadable).
+func (e *egressd) peakRSS() int64 {
+	n, _ := procfs.PeakRSS(e.ServingPid())
+	return n
 }
 
 // metric is one series from /metrics, 0 when egressd does not export it.

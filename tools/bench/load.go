@@ -96,16 +96,15 @@ func runLoad(ctx context.Context, t target, lo loadOptions, cpu cpuFunc) (runRes
 	runCtx, cancel := context.WithDeadline(ctx, to.Add(requestTimeout))
 	defer cancel()
 	var dials atomic.Int64
-	var wg sync.WaitGroup
 	clients := make([]*client, lo.clients)
 	for i := range clients {
-		c, err := newClient(runCtx, t, &dials)
-		if err != nil {
-			cancel()
-			wg.Wait()
+		var err error
+		if clients[i], err = newClient(runCtx, t, &dials); err != nil {
 			return runResult{}, err
 		}
-		clients[i] = c
+	}
+	var wg sync.WaitGroup
+	for _, c := range clients {
 		wg.Go(func() { c.loop(runCtx, from, to) })
 	}
 	var cpuUsed time.Duration

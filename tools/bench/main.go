@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/hookflood"
+	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
 // Exit codes: the report was printed and nothing failed; it was printed but
@@ -181,7 +182,9 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 		rep.Paths = append(rep.Paths, rs...)
 	}
 	rep.Peers = env.w.peers.stop()
-	rep.PeakRSSBytes, rep.RSSError = env.e.peakRSS()
+	if rep.PeakRSSBytes, err = procfs.PeakRSS(env.e.ServingPid()); err != nil {
+		rep.RSSError = err.Error()
+	}
 	if lc, err := env.e.leafCache(); err != nil {
 		rep.LeafCacheError = err.Error()
 	} else {

@@ -102,7 +102,7 @@ func (r *row) finish() pathResult {
 		r.res.LeafCache = &r.leaf
 	}
 	if r.e != nil {
-		r.res.PeakRSSBytes, _ = r.e.peakRSS()
+		r.res.PeakRSSBytes = r.e.peakRSS()
 	} else if r.peer != nil {
 		r.res.PeakRSSBytes = r.peer.peakRSS()
 	}
