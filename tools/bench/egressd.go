@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"strings"
@@ -69,21 +67,15 @@ func (e *egressd) stop() string {
 // cpuTime is egressd's CPU time so far (user + system).
 func (e *egressd) cpuTime() (time.Duration, error) { return procfs.CPU(e.ServingPid()) }
 
-// peakRSS is VmHWM, the resident set's high-water mark over the whole run.
-func (e *egressd) peakRSS() (int64, string) {
-	n, err := procfs.PeakRSS(e.ServingPid())
-	if err != nil {
-		return 0, err.Error()
-	}
-	return n, ""
+// peakRSS is VmHWM, the resident set's high-water mark so far (0 when unreadable).
+func (e *egressd) peakRSS() int64 {
+	n, _ := procfs.PeakRSS(e.ServingPid())
+	return n
 }
 
-// metric is one series from /metrics, -1 when egressd does not export it.
+// metric is one series from /metrics, 0 when egressd does not export it.
 func (e *egressd) metric(series string) (int64, error) {
-	v, ok, err := e.Metric(series)
-	if !ok {
-		return -1, err
-	}
+	v, _, err := e.Metric(series)
 	return int64(v), err
 }
 
@@ -122,11 +114,8 @@ func (s *logSummary) merge(o logSummary) {
 	s.Allowed200 += o.Allowed200
 	s.Scrubbed += o.Scrubbed
 	addCounts(&s.Unexpected, o.Unexpected)
-	for _, ex := range o.Examples {
-		if len(s.Examples) < maxExamples {
-			s.Examples = append(s.Examples, ex)
-		}
-	}
+	s.Examples = append(s.Examples, o.Examples...)
+	s.Examples = s.Examples[:min(len(s.Examples), maxExamples)]
 }
 
 // scanLog summarises the log from offset from, once egressd has stopped
@@ -134,20 +123,11 @@ func (s *logSummary) merge(o logSummary) {
 func (e *egressd) scanLog(from int64) (logSummary, error) {
 	e.settleLog()
 	var s logSummary
-	f, err := os.Open(e.LogPath)
-	if err != nil {
-		return s, err
+	b, err := e.Cursor(from).Raw()
+	for line := range bytes.Lines(b) {
+		s.add(line)
 	}
-	defer f.Close()
-	if _, err := f.Seek(from, io.SeekStart); err != nil {
-		return s, err
-	}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		s.add(sc.Bytes())
-	}
-	return s, sc.Err()
+	return s, err
 }
 
 // settleLog waits, up to logSettle, for the log to stop growing.
@@ -233,14 +213,10 @@ func unexpectedKey(line []byte, isEgress bool) (string, bool) {
 	}
 	if isEgress {
 		k := fmt.Sprintf("%s %s: decision=%s status=%d", l.Method, l.Scheme, l.Decision, l.Status)
-		if l.Reason != "" {
-			k += " reason=" + l.Reason
-		}
-		if l.Detail != "" {
-			k += " detail=" + l.Detail
-		}
-		if l.Error != "" {
-			k += " error=" + load.ErrorKind(l.Error)
+		for _, f := range [][2]string{{"reason", l.Reason}, {"detail", l.Detail}, {"error", load.ErrorKind(l.Error)}} {
+			if f[1] != "" {
+				k += " " + f[0] + "=" + f[1]
+			}
 		}
 		return k, true
 	}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -95,16 +96,15 @@ func runLoad(ctx context.Context, t target, lo loadOptions, cpu cpuFunc) (runRes
 	runCtx, cancel := context.WithDeadline(ctx, to.Add(requestTimeout))
 	defer cancel()
 	var dials atomic.Int64
-	var wg sync.WaitGroup
 	clients := make([]*client, lo.clients)
 	for i := range clients {
-		c, err := newClient(runCtx, t, &dials)
-		if err != nil {
-			cancel()
-			wg.Wait()
+		var err error
+		if clients[i], err = newClient(runCtx, t, &dials); err != nil {
 			return runResult{}, err
 		}
-		clients[i] = c
+	}
+	var wg sync.WaitGroup
+	for _, c := range clients {
 		wg.Go(func() { c.loop(runCtx, from, to) })
 	}
 	var cpuUsed time.Duration
@@ -215,15 +215,16 @@ func newClient(ctx context.Context, t target, dials *atomic.Int64) (*client, err
 	}
 	c := &client{tr: tr, t: t}
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{TLSHandshakeDone: c.countHandshake})
-	if c.req, err = http.NewRequestWithContext(ctx, t.method, t.url, nil); err != nil {
+	var body io.Reader
+	if t.body != nil {
+		body = bytes.NewReader(t.body) // and GetBody, which roundTrip uses
+	}
+	if c.req, err = http.NewRequestWithContext(ctx, t.method, t.url, body); err != nil {
 		return nil, err
 	}
-	for k, v := range t.header {
-		c.req.Header[k] = v
-	}
+	maps.Copy(c.req.Header, t.header)
 	if t.body != nil {
 		c.req.Header.Set("Content-Type", "application/json")
-		c.req.ContentLength = int64(len(t.body))
 	}
 	return c, nil
 }
@@ -243,11 +244,9 @@ func (c *client) countHandshake(cs tls.ConnectionState, err error) {
 // fresh copy, so the transport never sees a reader it may still hold.
 func (c *client) roundTrip() error {
 	req, t := c.req, c.t
-	if t.body != nil {
-		req = new(http.Request)
-		*req = *c.req
-		req.Body = io.NopCloser(bytes.NewReader(t.body))
-		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(t.body)), nil }
+	if req.GetBody != nil {
+		req = c.req.WithContext(c.req.Context())
+		req.Body, _ = c.req.GetBody() // a new reader of t.body
 	}
 	resp, err := c.tr.RoundTrip(req)
 	if err != nil {

@@ -17,11 +17,13 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/hookflood"
+	"github.com/egressd/egressd/internal/testutil/procfs"
 )
 
 // Exit codes: the report was printed and nothing failed; it was printed but
@@ -96,14 +98,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o := options{args: args}
-	var paths, peers string
+	var pathList, peers string
 	fs.StringVar(&o.egressd, "egressd", "", "path to the egressd binary (required)")
 	fs.DurationVar(&o.duration, "duration", 4*time.Second, "measured time per run (each path runs direct, then through egressd)")
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up before each run")
 	fs.IntVar(&o.clients, "clients", 64, "concurrent clients, each with its own keep-alive connection")
 	fs.IntVar(&o.size, "size", 1024, "response body size in bytes")
 	fs.IntVar(&o.rounds, "rounds", 1, "direct/egressd run pairs per path, alternated; the report gives the median ratio")
-	fs.StringVar(&paths, "paths", defaultPaths, "comma-separated paths to measure: "+strings.Join(pathNames(), ", "))
+	fs.StringVar(&pathList, "paths", defaultPaths, "comma-separated paths to measure: "+strings.Join(names(paths, pathSpec.key), ", "))
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON")
 	fs.StringVar(&peers, "peers", peersDefault, "peer proxies measured beside egressd on the paths they can carry ("+strings.Join(names(peerKinds, peerKind.key), ", ")+"), built by "+peersScript+" from the repository root; \""+scriptOff+"\" measures none")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temp dir (egressd config and log) and print its path")
@@ -118,7 +120,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	var err error
-	if o.paths, err = lookupPaths(paths); err != nil {
+	if o.paths, err = lookupPaths(pathList); err != nil {
 		return o, err
 	}
 	if o.peers, err = parsePeers(peers); err != nil {
@@ -180,7 +182,9 @@ func run(ctx context.Context, o options, stderr io.Writer) (*report, error) {
 		rep.Paths = append(rep.Paths, rs...)
 	}
 	rep.Peers = env.w.peers.stop()
-	rep.PeakRSSBytes, rep.RSSError = env.e.peakRSS()
+	if rep.PeakRSSBytes, err = procfs.PeakRSS(env.e.ServingPid()); err != nil {
+		rep.RSSError = err.Error()
+	}
 	if lc, err := env.e.leafCache(); err != nil {
 		rep.LeafCacheError = err.Error()
 	} else {
@@ -204,7 +208,8 @@ func startWorld(ctx context.Context, env *pathEnv) (stop func(), err error) {
 		return stop, fmt.Errorf("upstream: %w", err)
 	}
 	stops = append(stops, up.close)
-	if hasPath(o.paths, "hook") { // before egressd: its config names the endpoint
+	// The hook endpoint starts before egressd: its config names the endpoint.
+	if slices.ContainsFunc(o.paths, func(p pathSpec) bool { return p.name == "hook" }) {
 		if up.hook, err = startHookServer(up); err != nil {
 			return stop, fmt.Errorf("hook endpoint: %w", err)
 		}

@@ -74,9 +74,9 @@ var paths = []pathSpec{
 		name: "connect",
 		desc: "GET https://localhost:<port>/ over HTTP/1.1 keep-alive; through egressd in a CONNECT tunnel (spliced)",
 		direct: func(w *world) target {
-			return target{url: w.httpsURL(), dialAddr: w.up.tlsAddr, roots: w.up.roots}
+			return target{url: w.hostURL("localhost"), dialAddr: w.up.tlsAddr, roots: w.up.roots}
 		},
-		viaProxy: func(w *world) target { return target{url: w.httpsURL(), proxy: w.proxy, roots: w.up.roots} },
+		viaProxy: func(w *world) target { return target{url: w.hostURL("localhost"), proxy: w.proxy, roots: w.up.roots} },
 		peers:    peersTunnel,
 	},
 	interceptPath("intercept", transformHost, injectTransform, peersIntercept, target{},
@@ -145,17 +145,10 @@ func (w *world) directTLS(t target) target { t.dialAddr, t.roots = w.up.tlsAddr,
 // viaEgressd is t through egressd, intercepted: the client trusts egressd's CA.
 func (w *world) viaEgressd(t target) target { t.proxy, t.roots = w.proxy, w.egressdRoots; return t }
 
-func (w *world) httpURL() string  { return "http://" + localhostAddr(w.up.httpAddr) + "/" }
-func (w *world) httpsURL() string { return "https://" + localhostAddr(w.up.tlsAddr) + "/" }
+func (w *world) httpURL() string { return "http://" + localhostAddr(w.up.httpAddr) + "/" }
 
 // hostURL is https://host:<the upstream's TLS port>/.
 func (w *world) hostURL(host string) string { return "https://" + hostAt(host, w.up.tlsAddr) + "/" }
-
-func hasPath(ps []pathSpec, name string) bool {
-	return slices.ContainsFunc(ps, func(p pathSpec) bool { return p.name == name })
-}
-
-func pathNames() []string { return names(paths, pathSpec.key) }
 
 func (p pathSpec) key() string { return p.name }
 

@@ -44,8 +44,8 @@ type pathResult struct {
 	Skipped           string `json:"skipped,omitempty"` // why it was not measured
 	Injects           string `json:"injects,omitempty"`
 	NewConnPerRequest bool   `json:"new_conn_per_request,omitempty"`
-	// Direct and Egressd are every round's runs together: req/s is the median
-	// of the rounds, latencies over all requests, counts are sums.
+	// Direct and Egressd are every round's runs together (runResult.merge):
+	// req/s is the median of the rounds, latencies over all requests, counts are sums.
 	Direct  runResult `json:"direct"`
 	Egressd runResult `json:"egressd"`
 	// Ratio and CPUPerReqUS are medians over the rounds.
@@ -87,19 +87,6 @@ func newRound(direct, via runResult) roundResult {
 	return r
 }
 
-// combine folds the rounds' runs of one side of a row into one result.
-func combine(runs []runResult) runResult {
-	var r runResult
-	rates := make([]float64, len(runs))
-	for i, x := range runs {
-		rates[i] = x.ReqPerSec
-		r.merge(x)
-	}
-	r.ReqPerSec = median(rates)
-	r.setLatencies()
-	return r
-}
-
 // median of vs (the mean of the middle two for an even count); 0 for none.
 func median(vs []float64) float64 {
 	if len(vs) == 0 {
@@ -123,24 +110,20 @@ func newReport(o options) *report {
 	}}
 }
 
-// finish sets the medians over the rounds.
-func (p *pathResult) finish() { p.Ratio, p.CPUPerReqUS = roundMedians(p.Rounds) }
-
-// roundMedians is the median ratio over rounds and, when every round has a CPU
-// figure, the median CPU per request (else 0).
-func roundMedians(rounds []roundResult) (ratio, cpuPerReq float64) {
-	ratios := make([]float64, len(rounds))
-	var cpus []float64
-	for i, r := range rounds {
-		ratios[i] = r.Ratio
+// finish sets the medians over the rounds: the ratio, each side's req/s and,
+// when every round has a CPU figure, the CPU per request (else 0).
+func (p *pathResult) finish() {
+	var ratios, directs, vias, cpus []float64
+	for _, r := range p.Rounds {
+		ratios, directs, vias = append(ratios, r.Ratio), append(directs, r.DirectReqPerSec), append(vias, r.EgressdReqPerSec)
 		if r.cpuOK {
 			cpus = append(cpus, r.CPUPerReqUS)
 		}
 	}
-	if len(cpus) == len(rounds) {
-		cpuPerReq = median(cpus)
+	p.Ratio, p.Direct.ReqPerSec, p.Egressd.ReqPerSec = median(ratios), median(directs), median(vias)
+	if len(cpus) == len(p.Rounds) {
+		p.CPUPerReqUS = median(cpus)
 	}
-	return median(ratios), cpuPerReq
 }
 
 // ratioRange is the lowest and highest ratio over rounds.

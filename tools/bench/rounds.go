@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -21,11 +22,11 @@ type pathEnv struct {
 }
 
 // viaRun is one run through a proxy and, through egressd, what egressd did
-// meanwhile (leaf is nil through a peer).
+// meanwhile.
 type viaRun struct {
 	r       runResult
 	log     logSummary
-	leaf    *leafCounts
+	leaf    leafCounts
 	leafErr error
 	dns     int64
 }
@@ -44,24 +45,18 @@ func measureVia(e *egressd, dns *dnsstub.Server, load func(cpuFunc) (runResult, 
 	if v.log, err = e.scanLog(from); err != nil {
 		return v, fmt.Errorf("egressd log: %w", err)
 	}
-	if leafErr == nil {
-		var after leafCounts
-		if after, leafErr = e.leafCache(); leafErr == nil {
-			v.leaf = &leafCounts{after.Hit - leafBefore.Hit, after.Miss - leafBefore.Miss}
-		}
-	}
-	v.leafErr = leafErr
+	leafAfter, err := e.leafCache()
+	v.leaf, v.leafErr = leafCounts{leafAfter.Hit - leafBefore.Hit, leafAfter.Miss - leafBefore.Miss}, cmp.Or(leafErr, err)
 	return v, nil
 }
 
 // row is one row of the report being measured: a run through one proxy (an
 // egressd or a peer) in each round, after that round's direct run.
 type row struct {
-	res           pathResult
-	directs, vias []runResult
-	leaf          *leafCounts
-	e             *egressd // the egressd its runs go through, nil for a peer
-	peer          *peer    // the peer they go through, nil for an egressd
+	res  pathResult
+	leaf leafCounts // its growth over the runs through an egressd
+	e    *egressd   // the egressd its runs go through, nil for a peer
+	peer *peer      // the peer they go through, nil for an egressd
 	// run makes one run, sampling cpu; nil for a row that is not measured (a
 	// peer that does not carry the path: res.Skipped says why).
 	run func(cpu cpuFunc) (runResult, error)
@@ -85,16 +80,13 @@ func (r *row) once(env pathEnv) (viaRun, error) {
 // add records one round: its direct run and its run through the proxy.
 func (r *row) add(direct runResult, x viaRun) {
 	r.res.Rounds = append(r.res.Rounds, newRound(direct, x.r))
-	r.directs, r.vias = append(r.directs, direct), append(r.vias, x.r)
+	r.res.Direct.merge(direct)
+	r.res.Egressd.merge(x.r)
 	r.res.Log.merge(x.log)
 	r.res.DNSQueries += x.dns
-	switch {
-	case x.leafErr != nil:
+	r.leaf = leafCounts{r.leaf.Hit + x.leaf.Hit, r.leaf.Miss + x.leaf.Miss}
+	if x.leafErr != nil {
 		r.res.LeafCacheError = x.leafErr.Error()
-	case x.leaf != nil && r.leaf == nil:
-		r.leaf = x.leaf
-	case x.leaf != nil:
-		r.leaf = &leafCounts{r.leaf.Hit + x.leaf.Hit, r.leaf.Miss + x.leaf.Miss}
 	}
 }
 
@@ -103,13 +95,14 @@ func (r *row) finish() pathResult {
 	if len(r.res.Rounds) == 0 {
 		return r.res
 	}
-	r.res.Direct, r.res.Egressd = combine(r.directs), combine(r.vias)
 	r.res.finish()
-	if r.res.LeafCacheError == "" {
-		r.res.LeafCache = r.leaf
+	r.res.Direct.setLatencies()
+	r.res.Egressd.setLatencies()
+	if r.e != nil && r.res.LeafCacheError == "" {
+		r.res.LeafCache = &r.leaf
 	}
 	if r.e != nil {
-		r.res.PeakRSSBytes, _ = r.e.peakRSS()
+		r.res.PeakRSSBytes = r.e.peakRSS()
 	} else if r.peer != nil {
 		r.res.PeakRSSBytes = r.peer.peakRSS()
 	}

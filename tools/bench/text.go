@@ -65,15 +65,15 @@ func (t table) row(label string, cells ...string) {
 	fmt.Fprintf(t.tw, "%-*s\t%s\t\n", t.pw, label, strings.Join(cells, "\t"))
 }
 
-// figures are the cells of a measured row.
-func (t table) figures(label, direct string, via runResult, ratio, cpu float64, rounds []roundResult, directLat string, hwm int64) {
-	lo, hi := ratioRange(rounds)
-	cpuCell := fmt.Sprintf("%.1f", cpu)
-	if via.CPUError != "" {
-		cpuCell = "n/a"
+// figures writes p's measured row; a peer's has no direct cells.
+func (t table) figures(label string, p pathResult, direct, directLat string) {
+	lo, hi := ratioRange(p.Rounds)
+	cpu := fmt.Sprintf("%.1f", p.CPUPerReqUS)
+	if p.Egressd.CPUError != "" {
+		cpu = "n/a"
 	}
-	t.row(label, direct, thousands(via.ReqPerSec), fmt.Sprintf("%.2f", ratio), fmt.Sprintf("%.2f-%.2f", lo, hi),
-		directLat, latencies(via), cpuCell, mib(hwm))
+	t.row(label, direct, thousands(p.Egressd.ReqPerSec), fmt.Sprintf("%.2f", p.Ratio), fmt.Sprintf("%.2f-%.2f", lo, hi),
+		directLat, latencies(p.Egressd), cpu, mib(p.PeakRSSBytes))
 }
 
 func (r *report) writeMain(w io.Writer) error {
@@ -84,11 +84,10 @@ func (r *report) writeMain(w io.Writer) error {
 	}
 	t.row("path", "direct req/s", via+" req/s", "ratio", "ratio min-max", "direct p50/p99", via+" p50/p99", via+" CPU µs/req", via+" VmHWM")
 	for _, p := range r.Paths {
-		switch {
-		case p.Skipped != "":
+		if p.Skipped != "" {
 			t.row(p.Path, "skipped", "-", "-", "-", "-", "-", "-", "-")
-		default:
-			t.figures(p.Path, thousands(p.Direct.ReqPerSec), p.Egressd, p.Ratio, p.CPUPerReqUS, p.Rounds, latencies(p.Direct), p.PeakRSSBytes)
+		} else {
+			t.figures(p.Path, p, thousands(p.Direct.ReqPerSec), latencies(p.Direct))
 		}
 		for _, pr := range p.Peers { // "—": it does not intercept; reasons under the table
 			switch {
@@ -97,7 +96,7 @@ func (r *report) writeMain(w io.Writer) error {
 			case pr.Skipped != "":
 				t.row("  "+pr.Path, "", "skipped", "-", "-", "", "-", "-", "-")
 			default:
-				t.figures("  "+pr.Path, "", pr.Egressd, pr.Ratio, pr.CPUPerReqUS, pr.Rounds, "", pr.PeakRSSBytes)
+				t.figures("  "+pr.Path, pr, "", "")
 			}
 		}
 	}
@@ -140,14 +139,12 @@ func (r *report) writePeers(w io.Writer) {
 func (r *report) writeNotes(w io.Writer) {
 	fmt.Fprintln(w)
 	for _, p := range r.Paths {
-		if p.Skipped != "" {
+		switch {
+		case p.Skipped != "":
 			fmt.Fprintf(w, "%s: skipped: %s\n", p.Path, p.Skipped)
-		}
-	}
-	for _, p := range r.Paths {
-		if p.NewConnPerRequest {
+		case p.NewConnPerRequest:
 			fmt.Fprintf(w, "%s: a new TCP+TLS connection per request, so %s client TLS handshakes/s direct, %s through egressd (%s egressd->upstream conns over its runs); resumed: %s direct, %s through egressd\n",
-				p.Path, thousands(p.Direct.ReqPerSec), thousands(p.Egressd.ReqPerSec), thousands(float64(p.Egressd.UpstreamConns)),
+				p.Path, thousands(p.Direct.ReqPerSec), thousands(p.Egressd.ReqPerSec), thousands(p.Egressd.UpstreamConns),
 				resumedShare(p.Direct), resumedShare(p.Egressd))
 		}
 	}
@@ -213,19 +210,14 @@ func (r *report) writeLeafNote(w io.Writer) {
 	case r.LeafCacheError != "":
 		fmt.Fprintf(w, "egressd leaf cache: unavailable (%s)\n", r.LeafCacheError)
 	case r.LeafCache != nil:
-		fmt.Fprintf(w, "egressd leaf cache (egressd_leaf_cache_total, /metrics at the end): %s hits, %s misses; per path:", thousands(float64(r.LeafCache.Hit)), thousands(float64(r.LeafCache.Miss)))
-		for _, p := range r.Paths {
-			if p.LeafCache != nil {
-				fmt.Fprintf(w, " %s %s/%s", p.Path, thousands(float64(p.LeafCache.Hit)), thousands(float64(p.LeafCache.Miss)))
-			}
-		}
-		fmt.Fprintln(w)
+		fmt.Fprintf(w, "egressd leaf cache (egressd_leaf_cache_total, /metrics at the end): %s hits, %s misses; per path in the details' leaf hit/miss column\n",
+			thousands(r.LeafCache.Hit), thousands(r.LeafCache.Miss))
 	}
 }
 
 // resumedShare is how many of a run's TLS handshakes resumed a session.
 func resumedShare(r runResult) string {
-	return fmt.Sprintf("%s of %s", thousands(float64(r.TLSResumed)), thousands(float64(r.TLSHandshakes)))
+	return fmt.Sprintf("%s of %s", thousands(r.TLSResumed), thousands(r.TLSHandshakes))
 }
 
 func (r *report) pathWidth() int {
@@ -257,16 +249,15 @@ func (r *report) writeDetails(w io.Writer) error {
 		for _, run := range p.namedRuns() {
 			lines, ok, leaf, dns := "-", "-", "-", "-"
 			if run.name == "egressd" {
-				lines, ok = thousands(float64(p.Log.EgressLines)), thousands(float64(p.Log.Allowed200))
-				dns = thousands(float64(p.DNSQueries))
+				lines, ok, dns = thousands(p.Log.EgressLines), thousands(p.Log.Allowed200), thousands(p.DNSQueries)
 				if p.LeafCache != nil {
-					leaf = thousands(float64(p.LeafCache.Hit)) + "/" + thousands(float64(p.LeafCache.Miss))
+					leaf = thousands(p.LeafCache.Hit) + "/" + thousands(p.LeafCache.Miss)
 				}
 			}
 			x := run.r
 			fmt.Fprintf(tw, "%-*s\t%-7s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", pw, p.Path, run.name,
-				thousands(float64(x.Total)), x.Errors, x.ClientConns, x.UpstreamConns,
-				thousands(float64(x.UpstreamRequests)), thousands(float64(total(x.Injected))),
+				thousands(x.Total), x.Errors, x.ClientConns, x.UpstreamConns,
+				thousands(x.UpstreamRequests), thousands(total(x.Injected)),
 				dur(x.MeanUS), dur(x.MaxUS), lines, ok, leaf, dns)
 		}
 	}
@@ -342,8 +333,8 @@ func dur(us float64) string {
 func seconds(s float64) string { return time.Duration(s * float64(time.Second)).String() }
 
 // thousands rounds v and groups its digits: 12345.6 -> "12,346".
-func thousands(v float64) string {
-	s := strconv.FormatInt(int64(v+0.5), 10)
+func thousands[N int64 | float64](v N) string {
+	s := strconv.FormatInt(int64(float64(v)+0.5), 10)
 	var b strings.Builder
 	for i, c := range s {
 		if i > 0 && (len(s)-i)%3 == 0 {

@@ -44,11 +44,9 @@ type counts [numCounts]int64
 
 func (t *tally) counts() (c counts) {
 	for i := range t.n {
-		if i != cAccepted {
-			c[i] = t.n[i].Load()
-		}
+		c[i] = t.n[i].Load()
 	}
-	c[cAccepted] = t.srv.Conns()
+	c[cAccepted] = t.srv.Conns() // the echo server counts them
 	return c
 }
 

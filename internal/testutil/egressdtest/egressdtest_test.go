@@ -118,3 +118,23 @@ func TestCursorKeepsTheRest(t *testing.T) {
 		t.Fatalf("WaitNth = %v, %v", l, err)
 	}
 }
+
+// TestCursorRaw: Raw returns the complete lines undecoded, a line that is not
+// JSON included, holds back an unfinished last line, and moves past what it returned.
+func TestCursorRaw(t *testing.T) {
+	dir := t.TempDir()
+	path := dir + "/" + egressdtest.LogName
+	if err := os.WriteFile(path, []byte(`{"message":"a"}`+"\nnot json\n"+`{"mess`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := egressdtest.Open(dir).Cursor(0)
+	if b, err := c.Raw(); err != nil || string(b) != `{"message":"a"}`+"\nnot json\n" {
+		t.Fatalf("Raw = %q, %v", b, err)
+	}
+	if err := os.WriteFile(path, []byte(`{"message":"a"}`+"\nnot json\n"+`{"message":"b"}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := c.Raw(); err != nil || string(b) != `{"message":"b"}`+"\n" {
+		t.Fatalf("Raw after the line ended = %q, %v", b, err)
+	}
+}

@@ -92,6 +92,20 @@ func (c *Cursor) Next() ([]Line, error) {
 
 // read decodes the complete lines past off.
 func (c *Cursor) read() ([]Line, error) {
+	b, err := c.Raw()
+	var out []Line
+	for raw := range bytes.Lines(b) {
+		var l Line
+		if (c.Skip == nil || !c.Skip(raw)) && json.Unmarshal(raw, &l) == nil {
+			out = append(out, l)
+		}
+	}
+	return out, err
+}
+
+// Raw returns the complete lines past off, undecoded (not JSON ones too), and
+// moves past them; it ignores Skip and the lines a Wait left pending.
+func (c *Cursor) Raw() ([]byte, error) {
 	f, err := os.Open(c.e.LogPath)
 	if err != nil {
 		return nil, err
@@ -106,14 +120,7 @@ func (c *Cursor) read() ([]Line, error) {
 	}
 	end := bytes.LastIndexByte(b, '\n') + 1 // a partial last line waits for its end
 	c.off += int64(end)
-	var out []Line
-	for raw := range bytes.Lines(b[:end]) {
-		var l Line
-		if (c.Skip == nil || !c.Skip(raw)) && json.Unmarshal(raw, &l) == nil {
-			out = append(out, l)
-		}
-	}
-	return out, nil
+	return b[:end], nil
 }
 
 // Wait returns the next line that match accepts, waiting up to within.
