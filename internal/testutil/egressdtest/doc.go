@@ -30,8 +30,9 @@
 //
 // Refusal is egressd's refusal body, FreePorts picks egressd's own ports when a
 // config must name them, and NodeAPI registers, reads and removes a node egressd's
-// sandboxes on its API socket (docs/node.md). The echo upstream the suites pair with this package is
-// internal/testutil/echo; the Vault dev server is internal/testutil/vaultdev.
+// sandboxes on its API socket (docs/node.md). The echo upstream the suites pair
+// with this package is internal/testutil/echo; the Vault dev server is
+// internal/testutil/vaultdev.
 //
 // The API is shared by four suites; extend it, do not change what a name means.
 package egressdtest

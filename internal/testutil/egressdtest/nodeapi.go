@@ -11,7 +11,7 @@ import (
 // between requests, as an agent runtime's client would.
 type NodeAPI struct{ c *http.Client }
 
-// NewNodeAPI talks to the API socket at path.
+// NewNodeAPI talks to the API socket at socket.
 func NewNodeAPI(socket string) *NodeAPI {
 	tr := &http.Transport{Proxy: nil, DialContext: dialUnix(socket)}
 	return &NodeAPI{c: &http.Client{Transport: tr, Timeout: adminTimeout}}
