@@ -102,7 +102,7 @@ IDLE_TUNNELS ?= 10000
 bench-idle: build
 	ulimit -n $$((2 * $(IDLE_TUNNELS) + 4096)) 2>/dev/null || echo "bench-idle: the fd limit stays $$(ulimit -n): raising it takes root"; \
 	  EGRESSD_IDLE_TUNNELS=$(IDLE_TUNNELS) EGRESSD_CONFORMANCE_BIN=$(BIN)/egressd \
-	  $(GO) test -count=1 -v -run '^TestIdleTunnelsMemory$$' -timeout 10m ./test/conformance/ | grep -v '^=== RUN'
+	  $(GO) test -count=1 -v -run '^TestIdleTunnelsMemory$$' -timeout 10m ./test/conformance/
 
 ## soak: SOAK_DURATION (default 10m) of mixed traffic, reloads and credential rotations
 ## through bin/egressd, in a loopback-only network namespace; fails on goroutine, fd or

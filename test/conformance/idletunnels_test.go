@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/egressd/egressd/internal/testutil/egressdtest"
+	"github.com/egressd/egressd/internal/testutil/load"
 )
 
 // envIdleTunnels is how many tunnels TestIdleTunnelsMemory holds; make bench-idle
@@ -107,7 +108,7 @@ func fitFDLimit(t *testing.T, n int) int {
 
 // openIdleTunnels opens n tunnels, idleOpenAtOnce at a time, each a client of
 // its own whose one connection stays open; it returns those that opened and the
-// failures by message.
+// failures grouped by kind (load.ErrorKind: ports masked).
 func (k *kase) openIdleTunnels(n int) ([]*http.Client, map[string]int) {
 	var (
 		mu       sync.Mutex
@@ -127,7 +128,7 @@ func (k *kase) openIdleTunnels(n int) ([]*http.Client, map[string]int) {
 				err := getOnce(c, "https://allowed.test/")
 				mu.Lock()
 				if err != nil {
-					failures[err.Error()]++
+					failures[load.ErrorKind(err.Error())]++
 				} else {
 					clients = append(clients, c)
 				}
